@@ -1,0 +1,1 @@
+//! Command handling and the reconciler.

@@ -1,0 +1,537 @@
+//! The agent's TOML configuration: parsed strictly (unknown keys are errors) and validated once
+//! at start. A bad file exits with code 64 (EX_USAGE).
+
+use crate::domain::{FabricName, Guid, PortSelector};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use thiserror::Error;
+
+/// The default config path.
+pub const DEFAULT_PATH: &str = "/etc/fabric-agent/config.toml";
+/// The default unix socket.
+pub const DEFAULT_SOCKET: &str = "/run/fabric-agent/agent.sock";
+
+/// Why a configuration was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax, an unknown key or a wrong type.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The path.
+        path: PathBuf,
+        /// What the TOML parser said (with line and column).
+        message: String,
+    },
+    /// A value that parses but makes no sense.
+    #[error("invalid {key}: {reason}")]
+    Invalid {
+        /// The dotted key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This node's id; defaults to the host name.
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// The fabric this node's InfiniBand ports are cabled to.
+    pub fabric: String,
+    /// Where the durable store lives.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// Listeners.
+    #[serde(default)]
+    pub listen: ListenConfig,
+    /// The subnet-manager backend.
+    #[serde(default)]
+    pub subnet_manager: SubnetManagerConfig,
+    /// The port observer.
+    #[serde(default)]
+    pub observer: ObserverConfig,
+    /// Which ports belong to the fabric.
+    #[serde(default)]
+    pub ports: PortsConfig,
+    /// Event log retention.
+    #[serde(default)]
+    pub events: EventsConfig,
+    /// Reconciler timing.
+    #[serde(default)]
+    pub reconciler: ReconcilerConfig,
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/fabric-agent")
+}
+
+/// Listener settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Unix socket for local use (the CLI).
+    #[serde(default = "default_socket")]
+    pub unix_socket: PathBuf,
+    /// Its mode, octal text, default "0660".
+    #[serde(default = "default_socket_mode")]
+    pub unix_socket_mode: String,
+    /// TCP address for the control plane (mTLS unless `plaintext_loopback`).
+    #[serde(default)]
+    pub tcp: Option<SocketAddr>,
+    /// Serve plaintext gRPC on `tcp`. Only allowed for loopback addresses.
+    #[serde(default)]
+    pub plaintext_loopback: bool,
+    /// TLS settings for `tcp`.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+}
+
+fn default_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_SOCKET)
+}
+fn default_socket_mode() -> String {
+    "0660".to_owned()
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig {
+            unix_socket: default_socket(),
+            unix_socket_mode: default_socket_mode(),
+            tcp: None,
+            plaintext_loopback: false,
+            tls: None,
+        }
+    }
+}
+
+impl ListenConfig {
+    /// The unix socket mode as a number.
+    pub fn socket_mode(&self) -> Result<u32, ConfigError> {
+        u32::from_str_radix(self.unix_socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| invalid("listen.unix_socket_mode", "expected octal like \"0660\""))
+    }
+}
+
+/// Server-side TLS with client-certificate verification (mTLS).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain of this agent.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// PEM CA bundle that client certificates must chain to.
+    pub client_ca: PathBuf,
+    /// Client identities allowed to call (a certificate's DNS/URI SAN or subject CN).
+    pub allowed_clients: Vec<String>,
+}
+
+/// Which backend programs keys, with each backend's settings.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SubnetManagerConfig {
+    /// The backend.
+    #[serde(default)]
+    pub backend: Backend,
+    /// `embedded` settings.
+    #[serde(default)]
+    pub embedded: crate::sm::embedded::EmbeddedConfig,
+    /// `opensm` settings (SM host).
+    #[serde(default)]
+    pub opensm: Option<crate::sm::opensm::OpenSmConfig>,
+    /// `remote` settings (nodes of an OpenSM fabric).
+    #[serde(default)]
+    pub remote: Option<crate::sm::remote::RemoteConfig>,
+    /// `ufm` settings.
+    #[serde(default)]
+    pub ufm: Option<crate::sm::ufm::UfmConfig>,
+}
+
+/// Subnet-manager backend names.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// In-process simulated SM (demos, soft-RoCE rigs).
+    #[default]
+    Embedded,
+    /// OpenSM's partitions file on this host.
+    Opensm,
+    /// The SM host's agent over gRPC.
+    Remote,
+    /// NVIDIA UFM REST.
+    Ufm,
+}
+
+/// Port observer settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObserverConfig {
+    /// "auto" (verbs, then sysfs), "embedded", "smp", "sysfs" or "verbs". Default: "embedded"
+    /// with the embedded backend, else "auto".
+    #[serde(default)]
+    pub kind: Option<ObserverKind>,
+    /// Poll interval while a transition is pending, milliseconds.
+    #[serde(default = "default_fast_poll")]
+    pub fast_poll_ms: u64,
+    /// Poll interval when idle (a safety net for event-driven observers), milliseconds.
+    #[serde(default = "default_slow_poll")]
+    pub slow_poll_ms: u64,
+    /// sysfs root (default `/sys/class/infiniband`).
+    #[serde(default = "default_sysfs_root")]
+    pub sysfs_root: PathBuf,
+    /// umad device for the smp observer.
+    #[serde(default = "default_umad")]
+    pub umad_device: PathBuf,
+    /// SMP reply timeout, milliseconds.
+    #[serde(default = "default_smp_timeout")]
+    pub smp_timeout_ms: u64,
+    /// SMP retries after a timeout.
+    #[serde(default = "default_smp_retries")]
+    pub smp_retries: u32,
+}
+
+fn default_fast_poll() -> u64 {
+    50
+}
+fn default_slow_poll() -> u64 {
+    5_000
+}
+fn default_sysfs_root() -> PathBuf {
+    PathBuf::from("/sys/class/infiniband")
+}
+fn default_umad() -> PathBuf {
+    PathBuf::from("/dev/infiniband/umad0")
+}
+fn default_smp_timeout() -> u64 {
+    200
+}
+fn default_smp_retries() -> u32 {
+    3
+}
+
+impl Default for ObserverConfig {
+    fn default() -> Self {
+        ObserverConfig {
+            kind: None,
+            fast_poll_ms: default_fast_poll(),
+            slow_poll_ms: default_slow_poll(),
+            sysfs_root: default_sysfs_root(),
+            umad_device: default_umad(),
+            smp_timeout_ms: default_smp_timeout(),
+            smp_retries: default_smp_retries(),
+        }
+    }
+}
+
+impl ObserverConfig {
+    /// Fast poll interval.
+    pub fn fast_poll(&self) -> Duration {
+        Duration::from_millis(self.fast_poll_ms)
+    }
+    /// Slow poll interval.
+    pub fn slow_poll(&self) -> Duration {
+        Duration::from_millis(self.slow_poll_ms)
+    }
+}
+
+/// Observer names.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ObserverKind {
+    /// verbs when devices are found, else sysfs.
+    Auto,
+    /// The embedded fabric's tables.
+    Embedded,
+    /// SMPs over umad.
+    Smp,
+    /// sysfs polling.
+    Sysfs,
+    /// libibverbs queries and async events.
+    Verbs,
+}
+
+/// Port selection.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PortsConfig {
+    /// Device name patterns (`*` wildcard). Empty with empty `guids`: every InfiniBand port.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// Port GUIDs.
+    #[serde(default)]
+    pub guids: Vec<String>,
+}
+
+/// Event log retention.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsConfig {
+    /// Keep at most this many newest events (older ones are pruned).
+    #[serde(default = "default_retention")]
+    pub retain: u64,
+    /// Keep RELEASED attachments listed for this many seconds.
+    #[serde(default = "default_released_retention")]
+    pub released_retain_secs: u64,
+}
+
+fn default_retention() -> u64 {
+    100_000
+}
+fn default_released_retention() -> u64 {
+    7 * 24 * 3600
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig {
+            retain: default_retention(),
+            released_retain_secs: default_released_retention(),
+        }
+    }
+}
+
+/// Reconciler timing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcilerConfig {
+    /// First retry delay after a failed apply, milliseconds.
+    #[serde(default = "default_backoff_initial")]
+    pub backoff_initial_ms: u64,
+    /// Retry delay cap, milliseconds.
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max_ms: u64,
+    /// Re-apply the desired set this often even when nothing changed (heals SM-side loss), seconds.
+    #[serde(default = "default_resync")]
+    pub resync_secs: u64,
+}
+
+fn default_backoff_initial() -> u64 {
+    200
+}
+fn default_backoff_max() -> u64 {
+    30_000
+}
+fn default_resync() -> u64 {
+    300
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        ReconcilerConfig {
+            backoff_initial_ms: default_backoff_initial(),
+            backoff_max_ms: default_backoff_max(),
+            resync_secs: default_resync(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates config text (`path` is for messages).
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        FabricName::parse(&self.fabric).map_err(|e| invalid("fabric", e.to_string()))?;
+        if let Some(id) = &self.node_id {
+            crate::domain::InstanceId::parse(id).map_err(|e| invalid("node_id", e.to_string()))?;
+        }
+        self.listen.socket_mode()?;
+        if let Some(addr) = self.listen.tcp {
+            match (&self.listen.tls, self.listen.plaintext_loopback) {
+                (Some(_), true) => {
+                    return Err(invalid(
+                        "listen.plaintext_loopback",
+                        "set either [listen.tls] or plaintext_loopback, not both",
+                    ))
+                }
+                (None, false) => {
+                    return Err(invalid(
+                        "listen.tcp",
+                        "TCP needs [listen.tls] (mTLS) or plaintext_loopback = true on a loopback address",
+                    ))
+                }
+                (None, true) if !addr.ip().is_loopback() => {
+                    return Err(invalid(
+                        "listen.plaintext_loopback",
+                        format!("{addr} is not a loopback address; plaintext is only allowed on loopback"),
+                    ))
+                }
+                (Some(tls), false) if tls.allowed_clients.is_empty() => {
+                    return Err(invalid(
+                        "listen.tls.allowed_clients",
+                        "must name at least one client identity",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if self.observer.fast_poll_ms == 0
+            || self.observer.slow_poll_ms < self.observer.fast_poll_ms
+        {
+            return Err(invalid(
+                "observer.slow_poll_ms",
+                "poll intervals must be > 0 and slow_poll_ms >= fast_poll_ms",
+            ));
+        }
+        if self.reconciler.backoff_initial_ms == 0
+            || self.reconciler.backoff_max_ms < self.reconciler.backoff_initial_ms
+        {
+            return Err(invalid(
+                "reconciler.backoff_max_ms",
+                "backoff must be > 0 and backoff_max_ms >= backoff_initial_ms",
+            ));
+        }
+        if self.events.retain < 1000 {
+            return Err(invalid("events.retain", "keep at least 1000 events"));
+        }
+        self.port_selector()?;
+        let sm = &self.subnet_manager;
+        match sm.backend {
+            Backend::Embedded => sm
+                .embedded
+                .validate()
+                .map_err(|r| invalid("subnet_manager.embedded", r))?,
+            Backend::Opensm if sm.opensm.is_none() => {
+                return Err(invalid(
+                    "subnet_manager.opensm",
+                    "backend = \"opensm\" needs [subnet_manager.opensm]",
+                ))
+            }
+            Backend::Remote if sm.remote.is_none() => {
+                return Err(invalid(
+                    "subnet_manager.remote",
+                    "backend = \"remote\" needs [subnet_manager.remote]",
+                ))
+            }
+            Backend::Ufm if sm.ufm.is_none() => {
+                return Err(invalid(
+                    "subnet_manager.ufm",
+                    "backend = \"ufm\" needs [subnet_manager.ufm]",
+                ))
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The node id: configured, or the host name.
+    pub fn node_id(&self) -> String {
+        self.node_id.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "localhost".to_owned())
+        })
+    }
+
+    /// The observer to run, resolving the default.
+    pub fn observer_kind(&self) -> ObserverKind {
+        self.observer
+            .kind
+            .unwrap_or(match self.subnet_manager.backend {
+                Backend::Embedded => ObserverKind::Embedded,
+                _ => ObserverKind::Auto,
+            })
+    }
+
+    /// The port selection as a domain value.
+    pub fn port_selector(&self) -> Result<PortSelector, ConfigError> {
+        let guids = self
+            .ports
+            .guids
+            .iter()
+            .map(|g| g.parse::<Guid>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid("ports.guids", e.to_string()))?;
+        Ok(PortSelector {
+            devices: self.ports.devices.clone(),
+            guids,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(s, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = parse("fabric = \"fab1\"\nnode_id = \"n1\"\n").unwrap();
+        assert_eq!(c.subnet_manager.backend, Backend::Embedded);
+        assert_eq!(c.observer_kind(), ObserverKind::Embedded);
+        assert_eq!(c.listen.socket_mode().unwrap(), 0o660);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        assert!(matches!(
+            parse("fabric = \"f\"\nbogus = 1\n"),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert!(matches!(
+            parse("fabric = \"a b\"\n"),
+            Err(ConfigError::Invalid { .. })
+        ));
+        let plain_public =
+            "fabric = \"f\"\n[listen]\ntcp = \"0.0.0.0:7443\"\nplaintext_loopback = true\n";
+        assert!(matches!(
+            parse(plain_public),
+            Err(ConfigError::Invalid {
+                key: "listen.plaintext_loopback",
+                ..
+            })
+        ));
+        let no_tls = "fabric = \"f\"\n[listen]\ntcp = \"127.0.0.1:7443\"\n";
+        assert!(matches!(
+            parse(no_tls),
+            Err(ConfigError::Invalid {
+                key: "listen.tcp",
+                ..
+            })
+        ));
+        let ok = "fabric = \"f\"\n[listen]\ntcp = \"127.0.0.1:7443\"\nplaintext_loopback = true\n";
+        assert!(parse(ok).is_ok());
+    }
+}

@@ -1,0 +1,125 @@
+use super::{validate_label, DomainError, LabelRules, Membership, PKeyValue, Partition};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+const INSTANCE_RULES: LabelRules = LabelRules {
+    max_len: 128,
+    punctuation: "._:-",
+};
+
+/// A tenant instance on this node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct InstanceId(String);
+
+impl InstanceId {
+    /// Validates an instance id: 1-128 characters `[A-Za-z0-9._:-]`.
+    pub fn parse(s: &str) -> Result<Self, DomainError> {
+        validate_label("instance_id", s, INSTANCE_RULES)?;
+        Ok(InstanceId(s.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where an attachment is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AttachmentState {
+    /// Desired state persisted, not yet handed to the subnet manager.
+    Pending,
+    /// The subnet manager accepted the key; waiting for the ports.
+    Programming,
+    /// Every fabric port holds the key.
+    Active,
+    /// Was active; the key vanished from a fabric port and is being re-applied.
+    Drifted,
+    /// Release requested; waiting until no fabric port holds the key.
+    Releasing,
+    /// No fabric port holds the key. Final.
+    Released,
+    /// A condition retries cannot fix; see the attachment's reason.
+    Failed,
+}
+
+impl AttachmentState {
+    /// Every state, in life order.
+    pub const ALL: [AttachmentState; 7] = [
+        AttachmentState::Pending,
+        AttachmentState::Programming,
+        AttachmentState::Active,
+        AttachmentState::Drifted,
+        AttachmentState::Releasing,
+        AttachmentState::Released,
+        AttachmentState::Failed,
+    ];
+
+    /// The API's name for the state.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttachmentState::Pending => "PENDING",
+            AttachmentState::Programming => "PROGRAMMING",
+            AttachmentState::Active => "ACTIVE",
+            AttachmentState::Drifted => "DRIFTED",
+            AttachmentState::Releasing => "RELEASING",
+            AttachmentState::Released => "RELEASED",
+            AttachmentState::Failed => "FAILED",
+        }
+    }
+
+    /// Whether the node should hold the key in this state.
+    pub fn wants_key(self) -> bool {
+        matches!(
+            self,
+            AttachmentState::Pending
+                | AttachmentState::Programming
+                | AttachmentState::Active
+                | AttachmentState::Drifted
+        )
+    }
+
+    /// Whether the release was requested (RELEASING or RELEASED).
+    pub fn is_released_or_releasing(self) -> bool {
+        matches!(self, AttachmentState::Releasing | AttachmentState::Released)
+    }
+}
+
+impl fmt::Display for AttachmentState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One instance's membership in one partition on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    /// The instance.
+    pub instance_id: InstanceId,
+    /// The partition, as the attach request described it.
+    pub partition: Partition,
+    /// Full or limited.
+    pub membership: Membership,
+    /// Current state.
+    pub state: AttachmentState,
+    /// Why FAILED, or the last transient error; empty otherwise.
+    pub reason: String,
+    /// Creation time, Unix nanoseconds.
+    pub created_unix_ns: i64,
+    /// Last state change, Unix nanoseconds.
+    pub updated_unix_ns: i64,
+}
+
+impl Attachment {
+    /// The 16-bit table entry this attachment puts on the ports.
+    pub fn pkey_value(&self) -> PKeyValue {
+        self.partition.pkey.value(self.membership)
+    }
+}

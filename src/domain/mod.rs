@@ -1,0 +1,21 @@
+//! Domain types: P_Keys, GUIDs, partitions, attachments, ports and events. Pure: no I/O.
+
+mod attachment;
+mod error;
+mod event;
+mod guid;
+mod ident;
+mod membership;
+mod partition;
+mod pkey;
+mod port;
+
+pub use attachment::{Attachment, AttachmentState, InstanceId};
+pub use error::DomainError;
+pub use event::{Event, EventKind};
+pub use guid::Guid;
+pub use ident::{validate_label, LabelRules};
+pub use membership::{KeySetting, Membership, NodeMemberships};
+pub use partition::{FabricName, Partition, PartitionId};
+pub use pkey::{PKey, PKeyValue};
+pub use port::{Inventory, LinkLayer, PortInfo, PortSelector, PortState};

@@ -1,0 +1,38 @@
+//! fabric-agent: the per-node agent of a GPU cloud's InfiniBand partitions.
+//!
+//! The control plane asks it (gRPC) to attach an instance on this node to a partition (a P_Key)
+//! and to release it when the instance is terminated. The agent programs the key through the
+//! fabric's subnet manager and reports, durably, ACTIVE when every fabric port holds the key and
+//! RELEASED when none does.
+//!
+//! # Layout
+//! Dependencies point downward: `api` -> `agent` -> {`sm`, `observe`, `store`} -> {`mad`, `sys`,
+//! `sim`, `domain`}.
+//!
+//! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`
+//! - [`config`]   — the TOML configuration, parsed strictly and validated once at start
+//! - [`api`]      — tonic services (thin); `convert` holds every protobuf <-> domain mapping
+//! - [`agent`]    — command handling, the reconciler (pure `plan` + `runner`), event publishing
+//! - [`store`]    — durable desired state and the ordered event log (redb)
+//! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm
+//! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs
+//! - [`sim`]      — the embedded simulated fabric's port tables
+//! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O
+//! - [`sys`]      — the only unsafe code: umad device I/O and libibverbs wrappers
+//! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events: pure types
+//! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG, STOPPING
+//! - [`proto`]    — generated gRPC code
+
+pub mod agent;
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod mad;
+pub mod observe;
+pub mod proto;
+pub mod sim;
+pub mod sm;
+pub mod store;
+pub mod sys;
+pub mod systemd;

@@ -1,0 +1,1 @@
+//! MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O.

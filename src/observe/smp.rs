@@ -1,0 +1,1 @@
+//! SMP observer over umad. Placeholder until the wire layer lands.

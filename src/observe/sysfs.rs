@@ -1,0 +1,1 @@
+//! sysfs observer. Placeholder until it lands.

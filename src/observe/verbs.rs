@@ -1,0 +1,1 @@
+//! libibverbs observer. Placeholder until it lands.

@@ -1,0 +1,134 @@
+//! Embedded backend: an in-process simulated subnet manager programming [`SimFabric`]'s tables.
+//! The zero-dependency default for demos, laptops and soft-RoCE rigs (RoCE has no SM).
+//!
+//! Fault injection for tests and demos: when `fault_file` is set, every apply first reads it:
+//! `unreachable` fails the apply as unavailable, `slow <ms>` delays it, `refuse <text>` refuses
+//! it; an absent or empty file means healthy.
+
+use super::{ApplyOutcome, SmError, SubnetManager};
+use crate::domain::{NodeMemberships, PKeyValue};
+use crate::sim::SimFabric;
+use async_trait::async_trait;
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `[subnet_manager.embedded]` settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddedConfig {
+    /// Simulated InfiniBand ports (1-16).
+    #[serde(default = "default_ports")]
+    pub ports: u8,
+    /// P_Key table size per port, default partition included (2-512).
+    #[serde(default = "default_table_size")]
+    pub pkey_table_size: usize,
+    /// Time between an accepted apply and the tables changing, milliseconds.
+    #[serde(default)]
+    pub apply_delay_ms: u64,
+    /// Optional fault-injection file (see the module docs).
+    #[serde(default)]
+    pub fault_file: Option<PathBuf>,
+}
+
+fn default_ports() -> u8 {
+    2
+}
+fn default_table_size() -> usize {
+    64
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        EmbeddedConfig {
+            ports: default_ports(),
+            pkey_table_size: default_table_size(),
+            apply_delay_ms: 0,
+            fault_file: None,
+        }
+    }
+}
+
+impl EmbeddedConfig {
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=16).contains(&self.ports) {
+            return Err("ports must be 1-16".into());
+        }
+        if !(2..=512).contains(&self.pkey_table_size) {
+            return Err("pkey_table_size must be 2-512".into());
+        }
+        Ok(())
+    }
+}
+
+/// The embedded subnet manager.
+pub struct EmbeddedSm {
+    fabric: Arc<SimFabric>,
+    apply_delay: Duration,
+    fault_file: Option<PathBuf>,
+}
+
+impl EmbeddedSm {
+    /// Wraps a simulated fabric.
+    pub fn new(fabric: Arc<SimFabric>, config: &EmbeddedConfig) -> EmbeddedSm {
+        EmbeddedSm {
+            fabric,
+            apply_delay: Duration::from_millis(config.apply_delay_ms),
+            fault_file: config.fault_file.clone(),
+        }
+    }
+
+    async fn injected_fault(&self) -> Result<(), SmError> {
+        let Some(path) = &self.fault_file else {
+            return Ok(());
+        };
+        let text = tokio::fs::read_to_string(path).await.unwrap_or_default();
+        let line = text.trim();
+        if line == "unreachable" {
+            return Err(SmError::Unavailable("embedded SM: injected outage".into()));
+        }
+        if let Some(ms) = line.strip_prefix("slow ") {
+            let ms = ms.trim().parse::<u64>().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if let Some(why) = line.strip_prefix("refuse ") {
+            return Err(SmError::Refused(format!("embedded SM: {why}")));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SubnetManager for EmbeddedSm {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn apply(&self, desired: &NodeMemberships) -> Result<ApplyOutcome, SmError> {
+        self.injected_fault().await?;
+        let keys: Vec<PKeyValue> = desired
+            .keys
+            .iter()
+            .map(|(k, s)| k.value(s.membership))
+            .collect();
+        let detail = format!("{} keys programmed on the simulated ports", keys.len());
+        if self.apply_delay.is_zero() {
+            self.fabric
+                .program(&keys)
+                .map_err(|e| SmError::Refused(e.to_string()))?;
+        } else {
+            // Like a real SM: accept now, program the ports a little later.
+            let fabric = self.fabric.clone();
+            let delay = self.apply_delay;
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Err(e) = fabric.program(&keys) {
+                    tracing::warn!(error = %e, "embedded SM: programming tables failed");
+                }
+            });
+        }
+        Ok(ApplyOutcome { detail })
+    }
+}

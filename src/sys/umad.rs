@@ -1,0 +1,1 @@
+//! umad transport. Placeholder until the wire layer lands.

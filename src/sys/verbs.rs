@@ -1,0 +1,1 @@
+//! libibverbs wrappers. Placeholder until they land.
