@@ -1,1 +1,378 @@
-//! Command handling and the reconciler.
+//! The agent: command handling (attach, release, queries), the reconciler, and event publishing.
+//!
+//! Commands validate, persist durably and then wake the reconciler; the reconciler
+//! (`runner`) applies the node's desired set through the subnet manager, reads the ports through
+//! the observer and commits the state changes that `plan` decides. Every state change and its
+//! event are committed together before the event is published.
+
+mod admission;
+mod assemble;
+mod error;
+mod plan;
+mod ports;
+mod runner;
+mod status;
+mod watch;
+
+pub use admission::AttachRequest;
+pub use assemble::{assemble, read_ports_once, Assembled};
+pub use error::AgentError;
+pub use status::{NodeView, SmStatus};
+
+use crate::domain::{
+    Attachment, AttachmentState, Event, EventKind, FabricName, Inventory, PortSelector,
+};
+use crate::observe::PortObserver;
+use crate::sm::SubnetManager;
+use crate::store::{Batch, Store};
+use admission::Admission;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{broadcast, Notify};
+
+/// The longest an RPC may wait for a state.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// Filters for [`Agent::list`]; `None` matches everything.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only this state.
+    pub state: Option<AttachmentState>,
+    /// Only this partition id.
+    pub partition_id: Option<String>,
+    /// Only this instance id.
+    pub instance_id: Option<String>,
+}
+
+/// The parts an agent is made of (see [`assemble`]).
+pub struct AgentParts {
+    /// This node's id.
+    pub node_id: String,
+    /// This node's fabric.
+    pub fabric: FabricName,
+    /// The durable store.
+    pub store: Arc<Store>,
+    /// The subnet-manager backend.
+    pub sm: Arc<dyn SubnetManager>,
+    /// The port observer.
+    pub observer: Arc<dyn PortObserver>,
+    /// Why this observer was chosen.
+    pub observer_reason: String,
+    /// Which ports belong to the fabric.
+    pub selector: PortSelector,
+    /// Reconciler timing.
+    pub reconciler: crate::config::ReconcilerConfig,
+    /// How long RELEASED attachments stay listed.
+    pub released_retain: Duration,
+}
+
+/// A cheap handle to the running agent.
+#[derive(Clone)]
+pub struct Agent {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    parts: AgentParts,
+    /// Serialises read-check-commit of attachments between commands and the reconciler.
+    write: tokio::sync::Mutex<()>,
+    events: broadcast::Sender<Event>,
+    changed: tokio::sync::watch::Sender<u64>,
+    wake: Notify,
+    status: Mutex<status::Status>,
+    started: Instant,
+    heartbeat_ms: AtomicU64,
+}
+
+/// Unix time in nanoseconds.
+pub fn now_unix_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Agent {
+    /// Creates the agent. Call [`Agent::read_ports`] before serving and [`Agent::reconcile`]
+    /// to start the reconciler.
+    pub fn new(parts: AgentParts) -> Agent {
+        let status = status::Status::new(parts.sm.backend());
+        Agent {
+            shared: Arc::new(Shared {
+                parts,
+                write: tokio::sync::Mutex::new(()),
+                events: broadcast::channel(4096).0,
+                changed: tokio::sync::watch::channel(0).0,
+                wake: Notify::new(),
+                status: Mutex::new(status),
+                started: Instant::now(),
+                heartbeat_ms: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Reads the ports once (the first inventory, before READY).
+    pub async fn read_ports(&self) -> Result<Inventory, AgentError> {
+        let mut inv = self
+            .shared
+            .parts
+            .observer
+            .inventory()
+            .await
+            .map_err(|e| AgentError::Unavailable(e.to_string()))?;
+        self.shared.parts.selector.apply(&mut inv);
+        self.status().inventory = Some(inv.clone());
+        Ok(inv)
+    }
+
+    /// Starts the reconciler; it stops when `shutdown` turns true.
+    pub fn reconcile(
+        &self,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(runner::run(self.clone(), shutdown))
+    }
+
+    /// Attaches an instance to a partition (idempotent). Replies after the change is durable;
+    /// with `wait`, waits up to that long for ACTIVE. Returns the attachment and whether it was
+    /// created by this call.
+    pub async fn attach(
+        &self,
+        request: AttachRequest,
+        wait: Option<Duration>,
+    ) -> Result<(Attachment, bool), AgentError> {
+        let (attachment, created) = {
+            let _guard = self.shared.write.lock().await;
+            let attachments = self.store().attachments()?;
+            let capacity = self
+                .status()
+                .inventory
+                .as_ref()
+                .map(Inventory::tenant_key_capacity)
+                .ok_or_else(|| AgentError::Unavailable("ports not read yet".into()))?;
+            match admission::admit(&request, &self.shared.parts.fabric, &attachments, capacity)? {
+                Admission::Existing(a) => (*a, false),
+                Admission::Create => {
+                    let now = now_unix_ns();
+                    let a = Attachment {
+                        instance_id: request.instance_id,
+                        partition: request.partition,
+                        membership: request.membership,
+                        state: AttachmentState::Pending,
+                        reason: String::new(),
+                        created_unix_ns: now,
+                        updated_unix_ns: now,
+                    };
+                    let event = changed_event(&a, None, "attach requested");
+                    self.commit(Batch {
+                        upserts: vec![a.clone()],
+                        events: vec![event],
+                        ..Default::default()
+                    })?;
+                    (a, true)
+                }
+            }
+        };
+        self.shared.wake.notify_one();
+        let attachment = match wait {
+            Some(d) => {
+                self.wait_for(attachment.instance_id.as_str(), d, |s| {
+                    matches!(s, AttachmentState::Active | AttachmentState::Failed)
+                        || s.is_released_or_releasing()
+                })
+                .await?
+            }
+            None => attachment,
+        };
+        Ok((attachment, created))
+    }
+
+    /// The instance was terminated: its attachment goes RELEASING (idempotent). With `wait`,
+    /// waits up to that long for RELEASED.
+    pub async fn release(
+        &self,
+        instance_id: &str,
+        wait: Option<Duration>,
+    ) -> Result<Attachment, AgentError> {
+        let attachment = {
+            let _guard = self.shared.write.lock().await;
+            let mut a = self.get(instance_id)?;
+            if !a.state.is_released_or_releasing() {
+                let from = a.state;
+                a.state = AttachmentState::Releasing;
+                a.reason.clear();
+                a.updated_unix_ns = now_unix_ns();
+                let event = changed_event(&a, Some(from), "instance terminated");
+                self.commit(Batch {
+                    upserts: vec![a.clone()],
+                    events: vec![event],
+                    ..Default::default()
+                })?;
+            }
+            a
+        };
+        self.shared.wake.notify_one();
+        match wait {
+            Some(d) => {
+                self.wait_for(instance_id, d, |s| s == AttachmentState::Released)
+                    .await
+            }
+            None => Ok(attachment),
+        }
+    }
+
+    /// One attachment by instance id.
+    pub fn get(&self, instance_id: &str) -> Result<Attachment, AgentError> {
+        self.store().attachment(instance_id)?.ok_or_else(|| {
+            AgentError::NotFound(format!("no attachment for instance {instance_id:?}"))
+        })
+    }
+
+    /// Attachments matching a filter.
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<Attachment>, AgentError> {
+        Ok(self
+            .store()
+            .attachments()?
+            .into_iter()
+            .filter(|a| filter.state.is_none_or(|s| a.state == s))
+            .filter(|a| {
+                filter
+                    .partition_id
+                    .as_deref()
+                    .is_none_or(|p| a.partition.id.as_str() == p)
+            })
+            .filter(|a| {
+                filter
+                    .instance_id
+                    .as_deref()
+                    .is_none_or(|i| a.instance_id.as_str() == i)
+            })
+            .collect())
+    }
+
+    /// This node's view: ports, subnet manager, counts.
+    pub fn node(&self) -> Result<NodeView, AgentError> {
+        let attachments = self.store().attachments()?;
+        let (first_seq, last_seq) = self.store().event_bounds()?;
+        let status = self.status();
+        let parts = &self.shared.parts;
+        Ok(NodeView {
+            node_id: parts.node_id.clone(),
+            fabric: parts.fabric.as_str().to_owned(),
+            ports: status
+                .inventory
+                .as_ref()
+                .map(|i| i.ports.clone())
+                .unwrap_or_default(),
+            pkey_capacity: status
+                .inventory
+                .as_ref()
+                .map(Inventory::tenant_key_capacity)
+                .unwrap_or(0),
+            sm: status.sm.clone(),
+            observer: parts.observer.kind().to_owned(),
+            observer_reason: parts.observer_reason.clone(),
+            counts: AttachmentState::ALL
+                .iter()
+                .map(|s| {
+                    (
+                        *s,
+                        attachments.iter().filter(|a| a.state == *s).count() as u64,
+                    )
+                })
+                .collect(),
+            first_event_seq: first_seq,
+            last_event_seq: last_seq,
+        })
+    }
+
+    /// Events after `after`, replayed from the log and then followed live, through a channel.
+    pub fn watch(
+        &self,
+        after: u64,
+        follow: bool,
+    ) -> Result<tokio::sync::mpsc::Receiver<Result<Event, AgentError>>, AgentError> {
+        watch::start(self.clone(), after, follow)
+    }
+
+    /// Time since the reconciler last went round its loop.
+    pub fn reconciler_idle_for(&self) -> Duration {
+        let beat = Duration::from_millis(self.shared.heartbeat_ms.load(Ordering::Relaxed));
+        self.shared.started.elapsed().saturating_sub(beat)
+    }
+
+    /// One line for systemd's STATUS=.
+    pub fn status_line(&self) -> String {
+        match self.node() {
+            Ok(n) => {
+                let count = |s| n.counts.get(&s).copied().unwrap_or(0);
+                format!(
+                    "{} active, {} pending, {} releasing, {} released; SM {} {}",
+                    count(AttachmentState::Active),
+                    count(AttachmentState::Pending)
+                        + count(AttachmentState::Programming)
+                        + count(AttachmentState::Drifted),
+                    count(AttachmentState::Releasing),
+                    count(AttachmentState::Released),
+                    n.sm.backend,
+                    if n.sm.reachable { "ok" } else { "unreachable" },
+                )
+            }
+            Err(e) => format!("store error: {e}"),
+        }
+    }
+
+    fn store(&self) -> &Store {
+        &self.shared.parts.store
+    }
+
+    fn status(&self) -> std::sync::MutexGuard<'_, status::Status> {
+        self.shared.status.lock().expect("status lock")
+    }
+
+    /// Commits a batch and publishes its events. Callers hold the write lock.
+    fn commit(&self, batch: Batch) -> Result<Vec<Event>, AgentError> {
+        let events = self.store().commit(batch, now_unix_ns())?;
+        for e in &events {
+            // No receiver is fine: watchers replay from the log.
+            let _ = self.shared.events.send(e.clone());
+        }
+        self.shared.changed.send_modify(|g| *g += 1);
+        Ok(events)
+    }
+
+    async fn wait_for(
+        &self,
+        instance_id: &str,
+        wait: Duration,
+        done: impl Fn(AttachmentState) -> bool,
+    ) -> Result<Attachment, AgentError> {
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        let mut changes = self.shared.changed.subscribe();
+        loop {
+            changes.mark_unchanged();
+            let a = self.get(instance_id)?;
+            if done(a.state) {
+                return Ok(a);
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return Ok(a);
+            }
+        }
+    }
+}
+
+fn changed_event(a: &Attachment, from: Option<AttachmentState>, reason: &str) -> EventKind {
+    EventKind::AttachmentChanged {
+        instance_id: a.instance_id.as_str().to_owned(),
+        partition_id: a.partition.id.as_str().to_owned(),
+        pkey_value: a.pkey_value(),
+        from,
+        to: a.state,
+        reason: reason.to_owned(),
+    }
+}

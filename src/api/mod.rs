@@ -1,1 +1,13 @@
-//! gRPC services.
+//! gRPC: the `fabric.agent.v1.FabricAgent` service, health, reflection, and the listeners
+//! (unix socket; TCP with mTLS and a client allowlist, or plaintext on loopback when asked).
+//! Handlers only translate: `convert` holds every protobuf <-> domain mapping and the one
+//! error -> status mapping.
+
+mod auth;
+pub mod convert;
+mod server;
+mod service;
+
+pub use auth::ClientAllowlist;
+pub use server::{serve, Listeners, ServeError};
+pub use service::AgentService;

@@ -1,1 +1,210 @@
-//! Durable store.
+//! The durable store: desired attachments and the ordered event log in one redb database.
+//!
+//! Every change is one ACID write transaction committed with immediate durability (fsync), and a
+//! state change and the events reporting it commit together, so after a crash at any moment the
+//! log and the attachments agree and sequence numbers continue without gaps or duplicates.
+//!
+//! Retention: the log keeps the newest `events.retain` events (default 100,000); older ones are
+//! pruned in the transaction that appends new ones. RELEASED attachments are pruned once older
+//! than `events.released_retain_secs` (default 7 days).
+
+mod error;
+mod tables;
+
+pub use error::StoreError;
+
+use crate::domain::{Attachment, AttachmentState, Event, EventKind, InstanceId};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use std::path::Path;
+use tables::{ATTACHMENTS, EVENTS, META};
+
+const LAST_SEQ: &str = "last_seq";
+
+/// The agent's durable store.
+pub struct Store {
+    db: Database,
+    retain: u64,
+}
+
+/// A batch of changes committed atomically.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Attachments to insert or replace.
+    pub upserts: Vec<Attachment>,
+    /// Attachments to delete (pruning).
+    pub deletes: Vec<InstanceId>,
+    /// Events to append, in order.
+    pub events: Vec<EventKind>,
+}
+
+impl Batch {
+    /// Whether the batch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.deletes.is_empty() && self.events.is_empty()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the database file; `retain` bounds the event log.
+    pub fn open(path: &Path, retain: u64) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Io(format!("{}: {e}", dir.display())))?;
+        }
+        let db = Database::create(path)?;
+        let txn = db.begin_write()?;
+        // Create every table so readers never meet a missing one.
+        txn.open_table(ATTACHMENTS)?;
+        txn.open_table(EVENTS)?;
+        txn.open_table(META)?;
+        txn.open_table(tables::SM_NODES)?;
+        txn.commit()?;
+        Ok(Store { db, retain })
+    }
+
+    /// Every attachment, ordered by instance id.
+    pub fn attachments(&self) -> Result<Vec<Attachment>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(ATTACHMENTS)?;
+        let mut out = Vec::new();
+        for row in table.iter()? {
+            let (_, v) = row?;
+            out.push(decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// One attachment.
+    pub fn attachment(&self, instance: &str) -> Result<Option<Attachment>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(ATTACHMENTS)?;
+        table.get(instance)?.map(|v| decode(v.value())).transpose()
+    }
+
+    /// Commits a batch: attachment changes and the events reporting them, atomically and
+    /// durably. Returns the events with their sequence numbers, to publish after the commit.
+    pub fn commit(&self, batch: Batch, now_unix_ns: i64) -> Result<Vec<Event>, StoreError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let txn = self.db.begin_write()?;
+        let mut appended = Vec::with_capacity(batch.events.len());
+        {
+            let mut attachments = txn.open_table(ATTACHMENTS)?;
+            for a in &batch.upserts {
+                attachments.insert(a.instance_id.as_str(), encode(a)?.as_slice())?;
+            }
+            for id in &batch.deletes {
+                attachments.remove(id.as_str())?;
+            }
+            let mut meta = txn.open_table(META)?;
+            let mut seq = match meta.get(LAST_SEQ)? {
+                Some(v) => u64_from(v.value())?,
+                None => 0,
+            };
+            let mut events = txn.open_table(EVENTS)?;
+            for kind in batch.events {
+                seq += 1;
+                let event = Event {
+                    seq,
+                    time_unix_ns: now_unix_ns,
+                    kind,
+                };
+                events.insert(seq, encode(&event)?.as_slice())?;
+                appended.push(event);
+            }
+            meta.insert(LAST_SEQ, seq.to_be_bytes().as_slice())?;
+            // Prune the oldest events beyond retention.
+            let len = events.len()?;
+            if len > self.retain {
+                let cut = seq - self.retain;
+                events.retain_in(..=cut, |_, _| false)?;
+            }
+        }
+        txn.commit()?;
+        Ok(appended)
+    }
+
+    /// Up to `limit` events with `seq > after`, oldest first.
+    pub fn events_after(&self, after: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(EVENTS)?;
+        let mut out = Vec::new();
+        for row in table.range(after.saturating_add(1)..)?.take(limit) {
+            let (_, v) = row?;
+            out.push(decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// (oldest retained seq, newest seq); (0, 0) when the log is empty.
+    pub fn event_bounds(&self) -> Result<(u64, u64), StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(EVENTS)?;
+        let first = table.first()?.map(|(k, _)| k.value()).unwrap_or(0);
+        let last = table.last()?.map(|(k, _)| k.value()).unwrap_or(0);
+        Ok((first, last))
+    }
+
+    /// Reads an opaque value (used for the simulated fabric's tables).
+    pub fn meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(META)?;
+        Ok(table.get(key)?.map(|v| v.value().to_vec()))
+    }
+
+    /// Writes an opaque value durably.
+    pub fn set_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(META)?.insert(key, value)?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Every value of the SM-host node-membership table (node id -> JSON).
+    pub fn sm_nodes(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(tables::SM_NODES)?;
+        let mut out = Vec::new();
+        for row in table.iter()? {
+            let (k, v) = row?;
+            out.push((k.value().to_owned(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Replaces one node's entry of the SM-host node-membership table durably.
+    pub fn put_sm_node(&self, node_id: &str, value: &[u8]) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(tables::SM_NODES)?.insert(node_id, value)?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Instance ids of RELEASED attachments last updated before `cutoff_unix_ns`.
+    pub fn expired_released(&self, cutoff_unix_ns: i64) -> Result<Vec<InstanceId>, StoreError> {
+        Ok(self
+            .attachments()?
+            .into_iter()
+            .filter(|a| a.state == AttachmentState::Released && a.updated_unix_ns < cutoff_unix_ns)
+            .map(|a| a.instance_id)
+            .collect())
+    }
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(v).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(b).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn u64_from(b: &[u8]) -> Result<u64, StoreError> {
+    b.try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt("last_seq is not 8 bytes".into()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! Builds an agent from the configuration: the store, the subnet-manager backend and the port
+//! observer.
+
+use super::{Agent, AgentError, AgentParts};
+use crate::config::{Backend, Config, ObserverKind};
+use crate::domain::FabricName;
+use crate::observe::embedded::EmbeddedObserver;
+use crate::observe::PortObserver;
+use crate::sim::{SimFabric, SimPersistence};
+use crate::sm::embedded::EmbeddedSm;
+use crate::sm::SubnetManager;
+use crate::store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+
+const SIM_TABLES: &str = "sim_tables";
+
+/// An assembled agent plus the pieces other services of the daemon need.
+pub struct Assembled {
+    /// The agent.
+    pub agent: Agent,
+    /// The store (shared with the agent).
+    pub store: Arc<Store>,
+}
+
+/// Keeps the simulated fabric's tables in the agent's store.
+struct StoredSimTables(Arc<Store>);
+
+impl SimPersistence for StoredSimTables {
+    fn load(&self) -> Option<Vec<Vec<u16>>> {
+        let bytes = self.0.meta(SIM_TABLES).ok()??;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn save(&self, tables: &[Vec<u16>]) -> Result<(), String> {
+        let bytes = serde_json::to_vec(tables).map_err(|e| e.to_string())?;
+        self.0
+            .set_meta(SIM_TABLES, &bytes)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Opens the store and builds the backend and observer the configuration asks for.
+pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
+    let node_id = config.node_id();
+    let store = Arc::new(Store::open(
+        &config.state_dir.join("state.redb"),
+        config.events.retain,
+    )?);
+    let kind = config.observer_kind();
+    let sm_cfg = &config.subnet_manager;
+    let needs_sim = sm_cfg.backend == Backend::Embedded || kind == ObserverKind::Embedded;
+    let sim = needs_sim.then(|| {
+        Arc::new(SimFabric::new(
+            &node_id,
+            sm_cfg.embedded.ports,
+            sm_cfg.embedded.pkey_table_size,
+            Box::new(StoredSimTables(store.clone())),
+        ))
+    });
+    let sm: Arc<dyn SubnetManager> = match sm_cfg.backend {
+        Backend::Embedded => Arc::new(EmbeddedSm::new(
+            sim.clone().expect("sim built for the embedded backend"),
+            &sm_cfg.embedded,
+        )),
+        other => {
+            return Err(AgentError::Unavailable(format!(
+                "subnet manager backend {other:?} is not built into this agent"
+            )))
+        }
+    };
+    let (observer, observer_reason): (Arc<dyn PortObserver>, String) = match kind {
+        ObserverKind::Embedded => (
+            Arc::new(EmbeddedObserver::new(
+                sim.clone().expect("sim built for the embedded observer"),
+                config.observer.slow_poll(),
+            )),
+            "configured: the embedded simulated fabric".to_owned(),
+        ),
+        other => {
+            return Err(AgentError::Unavailable(format!(
+                "observer {other:?} is not built into this agent"
+            )))
+        }
+    };
+    let agent = Agent::new(AgentParts {
+        node_id,
+        fabric: FabricName::parse(&config.fabric)?,
+        store: store.clone(),
+        sm,
+        observer,
+        observer_reason,
+        selector: config
+            .port_selector()
+            .map_err(|e| AgentError::Unavailable(e.to_string()))?,
+        reconciler: config.reconciler.clone(),
+        released_retain: Duration::from_secs(config.events.released_retain_secs),
+    });
+    Ok(Assembled { agent, store })
+}
+
+/// Reads the ports once through the configured observer, without a daemon (`fabric-agent
+/// ports`). Returns the observer's kind and the inventory with fabric ports marked.
+pub async fn read_ports_once(
+    config: &Config,
+) -> Result<(&'static str, crate::domain::Inventory), AgentError> {
+    let kind = config.observer_kind();
+    if kind == ObserverKind::Embedded {
+        return Err(AgentError::FailedPrecondition(
+            "the embedded fabric's tables live in the daemon: use `fabric-agent node`".into(),
+        ));
+    }
+    Err(AgentError::Unavailable(format!(
+        "observer {kind:?} is not built into this agent"
+    )))
+}

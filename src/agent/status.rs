@@ -1,0 +1,62 @@
+//! What the agent knows right now besides the store: the latest inventory and the subnet
+//! manager's health, and the node view built from them.
+
+use crate::domain::{AttachmentState, Inventory, PortInfo};
+use std::collections::BTreeMap;
+
+/// The subnet manager's health as the reconciler last saw it.
+#[derive(Debug, Clone, Default)]
+pub struct SmStatus {
+    /// Backend name.
+    pub backend: String,
+    /// Whether the last apply succeeded.
+    pub reachable: bool,
+    /// The last error; empty when healthy.
+    pub last_error: String,
+    /// When the last apply succeeded, Unix ns (0: never).
+    pub last_apply_unix_ns: i64,
+    /// Applies attempted since start.
+    pub applies: u64,
+}
+
+pub(super) struct Status {
+    pub inventory: Option<Inventory>,
+    pub sm: SmStatus,
+}
+
+impl Status {
+    pub fn new(backend: &str) -> Status {
+        Status {
+            inventory: None,
+            sm: SmStatus {
+                backend: backend.to_owned(),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+/// Everything `GetNode` reports.
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    /// Node id.
+    pub node_id: String,
+    /// Fabric name.
+    pub fabric: String,
+    /// Every port, fabric or not.
+    pub ports: Vec<PortInfo>,
+    /// Tenant keys every fabric port can hold.
+    pub pkey_capacity: usize,
+    /// Subnet manager health.
+    pub sm: SmStatus,
+    /// Observer kind.
+    pub observer: String,
+    /// Why that observer.
+    pub observer_reason: String,
+    /// Attachments per state.
+    pub counts: BTreeMap<AttachmentState, u64>,
+    /// Oldest retained event.
+    pub first_event_seq: u64,
+    /// Newest event.
+    pub last_event_seq: u64,
+}

@@ -1,0 +1,344 @@
+//! Protobuf <-> domain conversions and the single `AgentError` -> `tonic::Status` mapping.
+
+use crate::agent::{AgentError, AttachRequest, ListFilter, NodeView, SmStatus};
+use crate::domain::{
+    Attachment, AttachmentState, DomainError, Event, EventKind, InstanceId, LinkLayer, Membership,
+    Partition, PortInfo, PortState,
+};
+use crate::proto::agent as pb;
+use std::time::Duration;
+use tonic::{Code, Status};
+
+/// The one place errors become gRPC statuses.
+pub fn status(e: AgentError) -> Status {
+    let code = match &e {
+        AgentError::Invalid(_) => Code::InvalidArgument,
+        AgentError::FailedPrecondition(_) => Code::FailedPrecondition,
+        AgentError::AlreadyExists(_) => Code::AlreadyExists,
+        AgentError::ResourceExhausted(_) => Code::ResourceExhausted,
+        AgentError::NotFound(_) => Code::NotFound,
+        AgentError::Unavailable(_) => Code::Unavailable,
+        AgentError::OutOfRange(_) => Code::OutOfRange,
+        AgentError::Store(_) => Code::Internal,
+    };
+    Status::new(code, e.to_string())
+}
+
+fn invalid(field: &'static str, reason: &str) -> AgentError {
+    AgentError::Invalid(DomainError::invalid(field, reason))
+}
+
+/// Validates an attach request into the domain form plus its wait.
+pub fn attach_request(
+    r: pb::AttachPartitionRequest,
+) -> Result<(AttachRequest, Option<Duration>), AgentError> {
+    let p = r
+        .partition
+        .ok_or_else(|| invalid("partition", "required"))?;
+    let partition = Partition::new(&p.id, &p.name, &p.workspace, &p.account, &p.fabric, p.pkey)?;
+    let membership = match pb::Membership::try_from(r.membership) {
+        Ok(pb::Membership::Unspecified | pb::Membership::Full) => Membership::Full,
+        Ok(pb::Membership::Limited) => Membership::Limited,
+        Err(_) => return Err(invalid("membership", "unknown value")),
+    };
+    Ok((
+        AttachRequest {
+            instance_id: InstanceId::parse(&r.instance_id)?,
+            partition,
+            membership,
+        },
+        wait(r.wait_ms)?,
+    ))
+}
+
+/// Validates a wait in milliseconds (at most 600,000).
+pub fn wait(ms: Option<u32>) -> Result<Option<Duration>, AgentError> {
+    match ms {
+        Some(ms) if Duration::from_millis(u64::from(ms)) > crate::agent::MAX_WAIT => {
+            Err(invalid("wait_ms", "at most 600000"))
+        }
+        Some(ms) => Ok(Some(Duration::from_millis(u64::from(ms)))),
+        None => Ok(None),
+    }
+}
+
+/// Validates an instance id field.
+pub fn instance_id(s: &str) -> Result<String, AgentError> {
+    Ok(InstanceId::parse(s)?.as_str().to_owned())
+}
+
+/// Validates list filters.
+pub fn list_filter(r: pb::ListAttachmentsRequest) -> Result<ListFilter, AgentError> {
+    let state = r
+        .state
+        .map(|s| {
+            pb::AttachmentState::try_from(s)
+                .ok()
+                .and_then(state_from_pb)
+                .ok_or_else(|| invalid("state", "unknown attachment state"))
+        })
+        .transpose()?;
+    if let Some(id) = &r.instance_id {
+        instance_id(id)?;
+    }
+    if let Some(p) = &r.partition_id {
+        crate::domain::PartitionId::parse(p)?;
+    }
+    Ok(ListFilter {
+        state,
+        partition_id: r.partition_id,
+        instance_id: r.instance_id,
+    })
+}
+
+fn state_from_pb(s: pb::AttachmentState) -> Option<AttachmentState> {
+    Some(match s {
+        pb::AttachmentState::Unspecified => return None,
+        pb::AttachmentState::Pending => AttachmentState::Pending,
+        pb::AttachmentState::Programming => AttachmentState::Programming,
+        pb::AttachmentState::Active => AttachmentState::Active,
+        pb::AttachmentState::Drifted => AttachmentState::Drifted,
+        pb::AttachmentState::Releasing => AttachmentState::Releasing,
+        pb::AttachmentState::Released => AttachmentState::Released,
+        pb::AttachmentState::Failed => AttachmentState::Failed,
+    })
+}
+
+/// A domain state as the protobuf enum.
+pub fn state_to_pb(s: AttachmentState) -> pb::AttachmentState {
+    match s {
+        AttachmentState::Pending => pb::AttachmentState::Pending,
+        AttachmentState::Programming => pb::AttachmentState::Programming,
+        AttachmentState::Active => pb::AttachmentState::Active,
+        AttachmentState::Drifted => pb::AttachmentState::Drifted,
+        AttachmentState::Releasing => pb::AttachmentState::Releasing,
+        AttachmentState::Released => pb::AttachmentState::Released,
+        AttachmentState::Failed => pb::AttachmentState::Failed,
+    }
+}
+
+fn timestamp(unix_ns: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: unix_ns.div_euclid(1_000_000_000),
+        nanos: unix_ns.rem_euclid(1_000_000_000) as i32,
+    }
+}
+
+fn membership_to_pb(m: Membership) -> pb::Membership {
+    match m {
+        Membership::Full => pb::Membership::Full,
+        Membership::Limited => pb::Membership::Limited,
+    }
+}
+
+/// A partition as protobuf.
+pub fn partition_to_pb(p: &Partition) -> pb::Partition {
+    pb::Partition {
+        id: p.id.as_str().to_owned(),
+        name: p.name.clone(),
+        workspace: p.workspace.clone(),
+        account: p.account.clone(),
+        fabric: p.fabric.as_str().to_owned(),
+        pkey: u32::from(p.pkey.base()),
+    }
+}
+
+/// An attachment as protobuf.
+pub fn attachment_to_pb(a: &Attachment) -> pb::Attachment {
+    pb::Attachment {
+        instance_id: a.instance_id.as_str().to_owned(),
+        partition: Some(partition_to_pb(&a.partition)),
+        membership: membership_to_pb(a.membership) as i32,
+        state: state_to_pb(a.state) as i32,
+        reason: a.reason.clone(),
+        created: Some(timestamp(a.created_unix_ns)),
+        updated: Some(timestamp(a.updated_unix_ns)),
+        pkey_value: u32::from(a.pkey_value().0),
+    }
+}
+
+fn port_state_to_pb(s: PortState) -> pb::PortState {
+    match s {
+        PortState::Unknown => pb::PortState::Unspecified,
+        PortState::Down => pb::PortState::Down,
+        PortState::Init => pb::PortState::Init,
+        PortState::Armed => pb::PortState::Armed,
+        PortState::Active => pb::PortState::Active,
+        PortState::ActiveDefer => pb::PortState::ActiveDefer,
+    }
+}
+
+/// A port as protobuf.
+pub fn port_to_pb(p: &PortInfo) -> pb::Port {
+    pb::Port {
+        device: p.device.clone(),
+        port_number: u32::from(p.port_number),
+        port_guid: p.port_guid.to_string(),
+        node_guid: p.node_guid.to_string(),
+        lid: u32::from(p.lid),
+        sm_lid: u32::from(p.sm_lid),
+        state: port_state_to_pb(p.state) as i32,
+        link_layer: match p.link_layer {
+            LinkLayer::Unknown => pb::LinkLayer::Unspecified,
+            LinkLayer::Infiniband => pb::LinkLayer::Infiniband,
+            LinkLayer::Ethernet => pb::LinkLayer::Ethernet,
+        } as i32,
+        fabric_port: p.fabric_port,
+        pkeys: p.entries().map(|k| u32::from(k.0)).collect(),
+        pkey_table_size: p.pkeys.len() as u32,
+    }
+}
+
+fn sm_to_pb(s: &SmStatus) -> pb::SubnetManagerStatus {
+    pb::SubnetManagerStatus {
+        backend: s.backend.clone(),
+        reachable: s.reachable,
+        last_error: s.last_error.clone(),
+        last_apply: (s.last_apply_unix_ns > 0).then(|| timestamp(s.last_apply_unix_ns)),
+        applies: s.applies,
+    }
+}
+
+/// The node view as protobuf.
+pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
+    pb::GetNodeResponse {
+        node_id: n.node_id,
+        fabric: n.fabric,
+        ports: n.ports.iter().map(port_to_pb).collect(),
+        subnet_manager: Some(sm_to_pb(&n.sm)),
+        observer: n.observer,
+        observer_reason: n.observer_reason,
+        attachment_counts: n
+            .counts
+            .iter()
+            .map(|(s, c)| (s.name().to_owned(), *c))
+            .collect(),
+        last_event_seq: n.last_event_seq,
+        first_event_seq: n.first_event_seq,
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        pkey_capacity: n.pkey_capacity as u32,
+    }
+}
+
+/// An event as protobuf.
+pub fn event_to_pb(e: &Event, node_id: &str) -> pb::Event {
+    use pb::event::Kind;
+    let kind = match &e.kind {
+        EventKind::AttachmentChanged {
+            instance_id,
+            partition_id,
+            pkey_value,
+            from,
+            to,
+            reason,
+        } => Kind::AttachmentChanged(pb::AttachmentChanged {
+            instance_id: instance_id.clone(),
+            partition_id: partition_id.clone(),
+            pkey_value: u32::from(pkey_value.0),
+            from: from.map_or(pb::AttachmentState::Unspecified, state_to_pb) as i32,
+            to: state_to_pb(*to) as i32,
+            reason: reason.clone(),
+        }),
+        EventKind::PKeyTableChanged {
+            device,
+            port_number,
+            port_guid,
+            added,
+            removed,
+        } => Kind::PkeyTableChanged(pb::PKeyTableChanged {
+            device: device.clone(),
+            port_number: u32::from(*port_number),
+            port_guid: port_guid.to_string(),
+            added: added.iter().map(|k| u32::from(k.0)).collect(),
+            removed: removed.iter().map(|k| u32::from(k.0)).collect(),
+        }),
+        EventKind::PortStateChanged {
+            device,
+            port_number,
+            port_guid,
+            from,
+            to,
+        } => Kind::PortStateChanged(pb::PortStateChanged {
+            device: device.clone(),
+            port_number: u32::from(*port_number),
+            port_guid: port_guid.to_string(),
+            from: port_state_to_pb(*from) as i32,
+            to: port_state_to_pb(*to) as i32,
+        }),
+        EventKind::SubnetManagerChanged {
+            backend,
+            reachable,
+            error,
+        } => Kind::SubnetManagerChanged(pb::SubnetManagerChanged {
+            backend: backend.clone(),
+            reachable: *reachable,
+            error: error.clone(),
+        }),
+        EventKind::ForeignPKey {
+            device,
+            port_number,
+            port_guid,
+            pkey_value,
+        } => Kind::ForeignPkey(pb::ForeignPKey {
+            device: device.clone(),
+            port_number: u32::from(*port_number),
+            port_guid: port_guid.to_string(),
+            pkey_value: u32::from(pkey_value.0),
+        }),
+    };
+    pb::Event {
+        seq: e.seq,
+        time: Some(timestamp(e.time_unix_ns)),
+        node_id: node_id.to_owned(),
+        kind: Some(kind),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(pkey: u32) -> pb::AttachPartitionRequest {
+        pb::AttachPartitionRequest {
+            partition: Some(pb::Partition {
+                id: "ibpart_a".into(),
+                name: "a".into(),
+                workspace: "ws".into(),
+                account: "acct".into(),
+                fabric: "fab1".into(),
+                pkey,
+            }),
+            instance_id: "i-1".into(),
+            membership: 0,
+            wait_ms: None,
+        }
+    }
+
+    #[test]
+    fn attach_validation_maps_to_invalid_argument() {
+        for bad in [0, 0x7FFF, 0x8001, 0x10000] {
+            let e = attach_request(request(bad)).unwrap_err();
+            assert_eq!(status(e).code(), Code::InvalidArgument, "pkey {bad:#x}");
+        }
+        let (r, _) = attach_request(request(0x12)).unwrap();
+        assert_eq!(r.membership, Membership::Full);
+        let mut too_long = request(0x12);
+        too_long.wait_ms = Some(600_001);
+        assert_eq!(
+            status(attach_request(too_long).unwrap_err()).code(),
+            Code::InvalidArgument
+        );
+        let mut no_partition = request(0x12);
+        no_partition.partition = None;
+        assert_eq!(
+            status(attach_request(no_partition).unwrap_err()).code(),
+            Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn timestamps_split_nanoseconds() {
+        let t = timestamp(1_500_000_000_123);
+        assert_eq!((t.seconds, t.nanos), (1500, 123));
+    }
+}

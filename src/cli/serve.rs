@@ -1,0 +1,103 @@
+//! `fabric-agent serve`: the daemon's life from config to drained exit.
+
+use crate::agent::{assemble, Assembled};
+use crate::api::{serve, AgentService, Listeners};
+use crate::config::Config;
+use crate::systemd;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+/// Exit code for a bad configuration (EX_USAGE... sysexits' EX_USAGE is 64).
+pub const EXIT_CONFIG: u8 = 64;
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(config_path: &Path) -> ExitCode {
+    let config = match Config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("error: cannot install signal handlers");
+        return ExitCode::from(71);
+    };
+    let Assembled { agent, .. } = match assemble(&config) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            return ExitCode::FAILURE;
+        }
+    };
+    // READY waits for the first inventory; keep trying (observer may come up late) unless told
+    // to stop.
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match agent.read_ports().await {
+            Ok(inv) => {
+                tracing::info!(
+                    ports = inv.ports.len(),
+                    fabric_ports = inv.fabric_ports().count(),
+                    "ports read"
+                );
+                break;
+            }
+            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "reading ports failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = term.recv() => return ExitCode::SUCCESS,
+            _ = int.recv() => return ExitCode::SUCCESS,
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
+    let listeners = match Listeners::bind(&config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (stop, stopped) = watch::channel(false);
+    let reconciler = agent.reconcile(stopped.clone());
+    let server = tokio::spawn(serve(
+        listeners,
+        AgentService::new(agent.clone(), config.node_id()),
+        stopped.clone(),
+    ));
+    if let Some(interval) = systemd::watchdog_interval() {
+        tokio::spawn(systemd::watchdog(agent.clone(), interval, stopped.clone()));
+    }
+    tracing::info!(node = %config.node_id(), fabric = %config.fabric, socket = %config.listen.unix_socket.display(), "ready");
+    systemd::ready(&agent.status_line());
+    let mut server = server;
+    let failed = tokio::select! {
+        _ = term.recv() => false,
+        _ = int.recv() => false,
+        r = &mut server => {
+            tracing::error!(result = ?r, "gRPC server stopped unexpectedly");
+            true
+        }
+    };
+    systemd::stopping();
+    tracing::info!("stopping: draining calls");
+    let _ = stop.send(true);
+    if !failed && tokio::time::timeout(DRAIN, server).await.is_err() {
+        tracing::warn!("calls still running after {DRAIN:?}; exiting anyway");
+    }
+    let _ = tokio::time::timeout(DRAIN, reconciler).await;
+    tracing::info!("stopped");
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
