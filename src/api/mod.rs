@@ -4,6 +4,7 @@
 //! error -> status mapping.
 
 mod auth;
+pub mod client;
 pub mod convert;
 mod server;
 mod service;

@@ -1,0 +1,60 @@
+//! Client channels to a fabric-agent daemon: over its unix socket, or over TCP (mTLS when the
+//! URL is https). Used by the CLI and by anything embedding the client.
+
+use hyper_util::rt::TokioIo;
+use std::path::{Path, PathBuf};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
+
+/// PEM material for an https endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// CA bundle the server's certificate must chain to.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key (mTLS).
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// Server name to verify instead of the URL's host.
+    pub domain: Option<String>,
+}
+
+/// Connects over a unix socket.
+pub async fn unix(path: &Path) -> Result<Channel, String> {
+    let path = path.to_owned();
+    let shown = path.display().to_string();
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await
+        .map_err(|e| format!("cannot reach the agent at {shown}: {e}"))
+}
+
+/// Connects over TCP; `tls` applies to https URLs.
+pub async fn tcp(url: &str, tls: &ClientTls) -> Result<Channel, String> {
+    let mut endpoint =
+        Endpoint::from_shared(url.to_owned()).map_err(|e| format!("endpoint {url}: {e}"))?;
+    if url.starts_with("https://") {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        let mut config = ClientTlsConfig::new();
+        if let Some(ca) = &tls.ca {
+            config = config.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        if let Some(domain) = &tls.domain {
+            config = config.domain_name(domain.clone());
+        }
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|e| format!("TLS: {e}"))?;
+    }
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| format!("cannot reach {url}: {e}"))
+}

@@ -1,0 +1,395 @@
+//! The daemon over its unix socket: the attachment life cycle, idempotency and every rejection.
+
+mod common;
+
+use common::*;
+use fabric_agent::proto::agent as pb;
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_goes_active_and_release_goes_released_idempotently() {
+    let d = Daemon::start("");
+    let mut c = d.client().await;
+    let r = c
+        .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.created);
+    let a = r.attachment.unwrap();
+    assert_eq!(state(&a), pb::AttachmentState::Active);
+    assert_eq!(a.pkey_value, 0x8012);
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        node.ports.iter().all(|p| p.pkeys.contains(&0x8012)),
+        "{:?}",
+        node.ports
+    );
+    assert_eq!(node.attachment_counts["ACTIVE"], 1);
+
+    let again = c
+        .attach_partition(attach("i-1", partition("ibpart_a", 0x12), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!again.created, "re-attach is idempotent");
+    assert_eq!(
+        state(&again.attachment.unwrap()),
+        pb::AttachmentState::Active
+    );
+
+    let rel = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "i-1".into(),
+            wait_ms: Some(5000),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        state(&rel.attachment.unwrap()),
+        pb::AttachmentState::Released
+    );
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(node
+        .ports
+        .iter()
+        .all(|p| !p.pkeys.iter().any(|k| k & 0x7fff == 0x12)));
+    let before = node.last_event_seq;
+    let rel2 = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "i-1".into(),
+            wait_ms: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        state(&rel2.attachment.unwrap()),
+        pb::AttachmentState::Released
+    );
+    let after = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .last_event_seq;
+    assert_eq!(before, after, "re-release records nothing");
+
+    let evs = events(&mut c, 0).await;
+    assert_gap_free(&evs);
+    let states: Vec<i32> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(pb::event::Kind::AttachmentChanged(a)) => Some(a.to),
+            _ => None,
+        })
+        .collect();
+    use pb::AttachmentState::*;
+    assert_eq!(
+        states,
+        [Pending, Programming, Active, Releasing, Released]
+            .map(|s| s as i32)
+            .to_vec()
+    );
+    let list = c
+        .list_attachments(pb::ListAttachmentsRequest {
+            state: Some(Released as i32),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.attachments.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_have_clear_codes_and_persist_nothing() {
+    // Three slots per port: the default partition plus two tenant keys.
+    let d = Daemon::start("[subnet_manager.embedded]\npkey_table_size = 3\n");
+    let mut c = d.client().await;
+    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
+        .await
+        .unwrap();
+    c.attach_partition(attach("i-9", partition("ibpart_b", 0x13), Some(5000)))
+        .await
+        .unwrap();
+    c.attach_partition(attach("i-gone", partition("ibpart_b", 0x13), Some(5000)))
+        .await
+        .unwrap();
+    c.release_instance(pb::ReleaseInstanceRequest {
+        instance_id: "i-gone".into(),
+        wait_ms: None,
+    })
+    .await
+    .unwrap();
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let count = |c: &pb::GetNodeResponse| c.attachment_counts.values().sum::<u64>();
+    let (seq, n) = (node.last_event_seq, count(&node));
+
+    let mut other_fabric = partition("ibpart_c", 0x20);
+    other_fabric.fabric = "fab2".into();
+    let mut bad_id = partition("ibpart_c", 0x20);
+    bad_id.id = "part_c".into();
+    let mut empty_name = partition("ibpart_c", 0x20);
+    empty_name.name = String::new();
+    let mut long_ws = partition("ibpart_c", 0x20);
+    long_ws.workspace = "w".repeat(64);
+    let cases: Vec<(pb::AttachPartitionRequest, Code, &str)> = vec![
+        (
+            attach("i-2", partition("ibpart_c", 0), None),
+            Code::InvalidArgument,
+            "0x0000",
+        ),
+        (
+            attach("i-2", partition("ibpart_c", 0x7fff), None),
+            Code::InvalidArgument,
+            "default partition",
+        ),
+        (
+            attach("i-2", partition("ibpart_c", 0x8012), None),
+            Code::InvalidArgument,
+            "above 0x7fff",
+        ),
+        (
+            attach("i-2", bad_id, None),
+            Code::InvalidArgument,
+            "partition.id",
+        ),
+        (
+            attach("i-2", empty_name, None),
+            Code::InvalidArgument,
+            "partition.name",
+        ),
+        (
+            attach("i-2", long_ws, None),
+            Code::InvalidArgument,
+            "partition.workspace",
+        ),
+        (
+            attach("", partition("ibpart_c", 0x20), None),
+            Code::InvalidArgument,
+            "instance_id",
+        ),
+        (
+            attach("i 2", partition("ibpart_c", 0x20), None),
+            Code::InvalidArgument,
+            "instance_id",
+        ),
+        (
+            attach("i-2", other_fabric, None),
+            Code::FailedPrecondition,
+            "fab2",
+        ),
+        (
+            attach("i-1", partition("ibpart_c", 0x20), None),
+            Code::FailedPrecondition,
+            "whole life",
+        ),
+        (
+            attach("i-1", partition("ibpart_a", 0x21), None),
+            Code::AlreadyExists,
+            "P_Key",
+        ),
+        (
+            attach("i-3", partition("ibpart_a", 0x21), None),
+            Code::AlreadyExists,
+            "P_Key",
+        ),
+        (
+            attach("i-3", partition("ibpart_z", 0x12), None),
+            Code::FailedPrecondition,
+            "in use",
+        ),
+        (
+            attach("i-gone", partition("ibpart_b", 0x13), None),
+            Code::FailedPrecondition,
+            "released",
+        ),
+        (
+            attach("i-4", partition("ibpart_d", 0x30), None),
+            Code::ResourceExhausted,
+            "hold 2",
+        ),
+        (
+            attach("i-2", partition("ibpart_c", 0x20), Some(600_001)),
+            Code::InvalidArgument,
+            "wait_ms",
+        ),
+    ];
+    for (req, code, needle) in cases {
+        let what = format!("{req:?}");
+        let err = c.attach_partition(req).await.expect_err(&what);
+        assert_eq!(err.code(), code, "{what}: {}", err.message());
+        assert!(
+            err.message().contains(needle),
+            "{what}: message {:?} lacks {needle:?}",
+            err.message()
+        );
+    }
+    let mut limited = attach("i-1", partition("ibpart_a", 0x12), None);
+    limited.membership = pb::Membership::Limited as i32;
+    assert_eq!(
+        c.attach_partition(limited).await.unwrap_err().code(),
+        Code::AlreadyExists
+    );
+    let nf = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "nobody".into(),
+            wait_ms: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(nf.code(), Code::NotFound);
+    let bad = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "a/b".into(),
+            wait_ms: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert_eq!(
+        c.get_attachment(pb::GetAttachmentRequest {
+            instance_id: "nobody".into()
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        Code::NotFound
+    );
+
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(node.last_event_seq, seq, "a rejection must record no event");
+    assert_eq!(count(&node), n, "a rejection must persist no attachment");
+}
+
+#[test]
+fn a_bad_config_exits_64_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, "fabric = \"fab1\"\nbogus = true\n").unwrap();
+    for sub in ["serve", "check-config"] {
+        let out = std::process::Command::new(BIN)
+            .arg("--config")
+            .arg(&cfg)
+            .arg(sub)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{sub}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("bogus"), "{sub}: {err}");
+    }
+    std::fs::write(
+        &cfg,
+        "fabric = \"fab1\"\n[listen]\ntcp = \"0.0.0.0:1\"\nplaintext_loopback = true\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("--config")
+        .arg(&cfg)
+        .arg("check-config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_subnet_manager_never_yields_a_false_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fault = tmp.path().join("fault");
+    let extra = format!(
+        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
+        fault.display()
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
+        .await
+        .unwrap();
+
+    std::fs::write(&fault, "unreachable").unwrap();
+    let r = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "i-1".into(),
+            wait_ms: Some(1500),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let a = r.attachment.unwrap();
+    assert_eq!(
+        state(&a),
+        pb::AttachmentState::Releasing,
+        "no RELEASED while the SM cannot remove the key"
+    );
+    assert!(
+        a.reason.contains("unavailable"),
+        "reason shows the SM error: {:?}",
+        a.reason
+    );
+    let r = c
+        .attach_partition(attach("i-2", partition("ibpart_b", 0x13), Some(1000)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state(&r.attachment.unwrap()), pb::AttachmentState::Pending);
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let sm = node.subnet_manager.unwrap();
+    assert!(!sm.reachable && sm.last_error.contains("outage"), "{sm:?}");
+
+    std::fs::write(&fault, "").unwrap();
+    let a = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "i-1".into(),
+            wait_ms: Some(5000),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .attachment
+        .unwrap();
+    assert_eq!(state(&a), pb::AttachmentState::Released);
+    assert!(a.reason.is_empty());
+    let b = c
+        .attach_partition(attach("i-2", partition("ibpart_b", 0x13), Some(5000)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state(&b.attachment.unwrap()), pb::AttachmentState::Active);
+    let evs = events(&mut c, 0).await;
+    let sm_events: Vec<bool> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(pb::event::Kind::SubnetManagerChanged(s)) => Some(s.reachable),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sm_events,
+        vec![false, true],
+        "one event when lost, one when back"
+    );
+}
