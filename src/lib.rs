@@ -21,6 +21,7 @@
 //! - [`sys`]      — the only unsafe code: umad device I/O and libibverbs wrappers
 //! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events: pure types
 //! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG, STOPPING
+//! - [`tls`]      — the process-wide rustls crypto provider
 //! - [`proto`]    — generated gRPC code
 
 pub mod agent;
@@ -36,3 +37,4 @@ pub mod sm;
 pub mod store;
 pub mod sys;
 pub mod systemd;
+pub mod tls;

@@ -15,10 +15,15 @@ async fn watch_replays_after_restart_then_follows_live() {
     let mut d = Daemon::prepare(tmp.path(), "");
     d.spawn(&[]);
     let mut c = d.client().await;
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000))).await.unwrap();
-    c.release_instance(pb::ReleaseInstanceRequest { instance_id: "i-1".into(), wait_ms: Some(5000) })
+    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
         .await
         .unwrap();
+    c.release_instance(pb::ReleaseInstanceRequest {
+        instance_id: "i-1".into(),
+        wait_ms: Some(5000),
+    })
+    .await
+    .unwrap();
     let before = events(&mut c, 0).await;
     assert!(before.len() >= 5);
     assert!(d.stop().success(), "SIGTERM exits 0");
@@ -26,18 +31,27 @@ async fn watch_replays_after_restart_then_follows_live() {
     d.spawn(&[]);
     let mut c = d.client().await;
     let replayed = events(&mut c, 0).await;
-    assert_eq!(&replayed[..before.len()], &before[..], "the log survives a restart unchanged");
+    assert_eq!(
+        &replayed[..before.len()],
+        &before[..],
+        "the log survives a restart unchanged"
+    );
     assert_gap_free(&replayed);
 
     // Follow from the newest seq: the next attach's events arrive live, numbered on.
     let last = replayed.last().unwrap().seq;
     let mut stream = c
-        .watch_events(pb::WatchEventsRequest { after_seq: last, no_follow: false })
+        .watch_events(pb::WatchEventsRequest {
+            after_seq: last,
+            no_follow: false,
+        })
         .await
         .unwrap()
         .into_inner();
     let mut c2 = d.client().await;
-    c2.attach_partition(attach("i-2", partition("ibpart_b", 0x13), None)).await.unwrap();
+    c2.attach_partition(attach("i-2", partition("ibpart_b", 0x13), None))
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     while let Ok(Some(e)) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
         let e = e.unwrap();
@@ -49,13 +63,19 @@ async fn watch_replays_after_restart_then_follows_live() {
     }
     assert_eq!(seen.first(), Some(&(last + 1)));
     assert!(seen.windows(2).all(|w| w[1] == w[0] + 1), "{seen:?}");
-    assert!(seen.len() >= 3, "PENDING, PROGRAMMING, ACTIVE at least: {seen:?}");
+    assert!(
+        seen.len() >= 3,
+        "PENDING, PROGRAMMING, ACTIVE at least: {seen:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_burst_loses_nothing_acknowledged() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut d = Daemon::prepare(tmp.path(), "[subnet_manager.embedded]\npkey_table_size = 128\n");
+    let mut d = Daemon::prepare(
+        tmp.path(),
+        "[subnet_manager.embedded]\npkey_table_size = 128\n",
+    );
     d.spawn(&[]);
     // 100 instances, each in its own partition: each attaches, half of them are then released.
     let acks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -71,7 +91,10 @@ async fn kill_9_during_a_burst_loses_nothing_acknowledged() {
                 acked.push("attached");
                 acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if i % 2 == 0 {
-                    let r = pb::ReleaseInstanceRequest { instance_id: id.clone(), wait_ms: None };
+                    let r = pb::ReleaseInstanceRequest {
+                        instance_id: id.clone(),
+                        wait_ms: None,
+                    };
                     if c.release_instance(r).await.is_ok() {
                         acked.push("released");
                         acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -99,14 +122,24 @@ async fn kill_9_during_a_burst_loses_nothing_acknowledged() {
     d.spawn(&[]);
     let mut c = d.client().await;
     for (id, a) in &acked {
-        let got = c.get_attachment(pb::GetAttachmentRequest { instance_id: id.clone() }).await;
+        let got = c
+            .get_attachment(pb::GetAttachmentRequest {
+                instance_id: id.clone(),
+            })
+            .await;
         match a.as_slice() {
             [] => {}
             ["attached"] => assert!(got.is_ok(), "acknowledged attach of {id} lost"),
             _ => {
-                let s = state(&got.unwrap_or_else(|e| panic!("acknowledged {id} lost: {e}")).into_inner());
+                let s = state(
+                    &got.unwrap_or_else(|e| panic!("acknowledged {id} lost: {e}"))
+                        .into_inner(),
+                );
                 assert!(
-                    matches!(s, pb::AttachmentState::Releasing | pb::AttachmentState::Released),
+                    matches!(
+                        s,
+                        pb::AttachmentState::Releasing | pb::AttachmentState::Released
+                    ),
                     "acknowledged release of {id} lost: {s:?}"
                 );
             }
@@ -115,20 +148,33 @@ async fn kill_9_during_a_burst_loses_nothing_acknowledged() {
     // Everything converges after the restart.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let list = c.list_attachments(pb::ListAttachmentsRequest::default()).await.unwrap().into_inner();
+        let list = c
+            .list_attachments(pb::ListAttachmentsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
         let settled = list.attachments.iter().all(|a| {
-            matches!(state(a), pb::AttachmentState::Active | pb::AttachmentState::Released)
+            matches!(
+                state(a),
+                pb::AttachmentState::Active | pb::AttachmentState::Released
+            )
         });
         if settled {
             for a in &list.attachments {
-                let released = acked.get(&a.instance_id).is_some_and(|x| x.contains(&"released"));
+                let released = acked
+                    .get(&a.instance_id)
+                    .is_some_and(|x| x.contains(&"released"));
                 if released {
                     assert_eq!(state(a), pb::AttachmentState::Released, "{}", a.instance_id);
                 }
             }
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "not converged: {:?}", list.attachments);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not converged: {:?}",
+            list.attachments
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let evs = events(&mut c, 0).await;
@@ -138,7 +184,11 @@ async fn kill_9_during_a_burst_loses_nothing_acknowledged() {
     for e in &evs {
         if let Some(pb::event::Kind::AttachmentChanged(a)) = &e.kind {
             let prev = last.insert(a.instance_id.clone(), a.to).unwrap_or(0);
-            assert_eq!(a.from, prev, "event {} of {} does not continue its history", e.seq, a.instance_id);
+            assert_eq!(
+                a.from, prev,
+                "event {} of {} does not continue its history",
+                e.seq, a.instance_id
+            );
         }
     }
 }

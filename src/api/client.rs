@@ -30,7 +30,7 @@ pub async fn unix(path: &Path) -> Result<Channel, String> {
             }
         }))
         .await
-        .map_err(|e| format!("cannot reach the agent at {shown}: {e}"))
+        .map_err(|e| format!("cannot reach the agent at {shown}: {}", chain(&e)))
 }
 
 /// Connects over TCP; `tls` applies to https URLs.
@@ -38,6 +38,7 @@ pub async fn tcp(url: &str, tls: &ClientTls) -> Result<Channel, String> {
     let mut endpoint =
         Endpoint::from_shared(url.to_owned()).map_err(|e| format!("endpoint {url}: {e}"))?;
     if url.starts_with("https://") {
+        crate::tls::install_crypto_provider();
         let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
         let mut config = ClientTlsConfig::new();
         if let Some(ca) = &tls.ca {
@@ -56,5 +57,16 @@ pub async fn tcp(url: &str, tls: &ClientTls) -> Result<Channel, String> {
     endpoint
         .connect()
         .await
-        .map_err(|e| format!("cannot reach {url}: {e}"))
+        .map_err(|e| format!("cannot reach {url}: {}", chain(&e)))
+}
+
+/// An error with its causes, `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    msg
 }

@@ -73,6 +73,7 @@ impl Listeners {
                 let tls = match &config.tls {
                     None => None,
                     Some(t) => {
+                        crate::tls::install_crypto_provider();
                         let read = |p: &PathBuf| {
                             std::fs::read(p)
                                 .map_err(|e| ServeError::Tls(format!("{}: {e}", p.display())))
