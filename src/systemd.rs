@@ -28,8 +28,9 @@ pub fn watchdog_interval() -> Option<Duration> {
     sd_notify::watchdog_enabled()
 }
 
-/// Pets the watchdog at half its interval while the reconciler keeps going round its loop, and
-/// refreshes STATUS= when it changes. A stuck reconciler stops the pets and systemd restarts us.
+/// Pets the watchdog at half its interval, each time only after the reconciler answered a probe
+/// (it went round its loop), and refreshes STATUS= when it changes. A stuck reconciler stops the
+/// pets and systemd restarts the service.
 pub async fn watchdog(agent: Agent, interval: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(interval / 2);
     let mut last_status = String::new();
@@ -38,8 +39,8 @@ pub async fn watchdog(agent: Agent, interval: Duration, mut shutdown: watch::Rec
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
-        if agent.reconciler_idle_for() >= interval {
-            tracing::error!(idle = ?agent.reconciler_idle_for(), "reconciler stalled; withholding WATCHDOG=1");
+        if !agent.probe_reconciler(interval / 4).await {
+            tracing::error!("reconciler did not answer the watchdog probe; withholding WATCHDOG=1");
             continue;
         }
         let status = agent.status_line();

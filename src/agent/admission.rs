@@ -161,23 +161,23 @@ mod tests {
         ));
         let same = existing(&r, AttachmentState::Active);
         assert!(matches!(
-            admit(&r, &fab(), &[same.clone()], 4),
+            admit(&r, &fab(), std::slice::from_ref(&same), 4),
             Ok(Admission::Existing(_))
         ));
         let moved = req("i1", "ibpart_b", 0x11);
         assert!(matches!(
-            admit(&moved, &fab(), &[same.clone()], 4),
+            admit(&moved, &fab(), std::slice::from_ref(&same), 4),
             Err(AgentError::FailedPrecondition(_))
         ));
         let rekeyed = req("i1", "ibpart_a", 0x11);
         assert!(matches!(
-            admit(&rekeyed, &fab(), &[same.clone()], 4),
+            admit(&rekeyed, &fab(), std::slice::from_ref(&same), 4),
             Err(AgentError::AlreadyExists(_))
         ));
         let mut limited = r.clone();
         limited.membership = Membership::Limited;
         assert!(matches!(
-            admit(&limited, &fab(), &[same.clone()], 4),
+            admit(&limited, &fab(), std::slice::from_ref(&same), 4),
             Err(AgentError::AlreadyExists(_))
         ));
         let released = existing(&r, AttachmentState::Released);
@@ -187,17 +187,22 @@ mod tests {
         ));
         let other_instance_rekeyed = req("i2", "ibpart_a", 0x11);
         assert!(matches!(
-            admit(&other_instance_rekeyed, &fab(), &[same.clone()], 4),
+            admit(
+                &other_instance_rekeyed,
+                &fab(),
+                std::slice::from_ref(&same),
+                4
+            ),
             Err(AgentError::AlreadyExists(_))
         ));
         let key_clash = req("i2", "ibpart_z", 0x10);
         assert!(matches!(
-            admit(&key_clash, &fab(), &[same.clone()], 4),
+            admit(&key_clash, &fab(), std::slice::from_ref(&same), 4),
             Err(AgentError::FailedPrecondition(_))
         ));
         let second = req("i2", "ibpart_b", 0x11);
         assert!(matches!(
-            admit(&second, &fab(), &[same.clone()], 1),
+            admit(&second, &fab(), std::slice::from_ref(&same), 1),
             Err(AgentError::ResourceExhausted(_))
         ));
         let same_partition = req("i2", "ibpart_a", 0x10);

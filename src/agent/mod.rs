@@ -26,9 +26,8 @@ use crate::observe::PortObserver;
 use crate::sm::SubnetManager;
 use crate::store::{Batch, Store};
 use admission::Admission;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{broadcast, Notify};
 
 /// The longest an RPC may wait for a state.
@@ -81,8 +80,10 @@ struct Shared {
     changed: tokio::sync::watch::Sender<u64>,
     wake: Notify,
     status: Mutex<status::Status>,
-    started: Instant,
-    heartbeat_ms: AtomicU64,
+    /// Counts reconciler loop turns.
+    beats: tokio::sync::watch::Sender<u64>,
+    /// When the apply in progress started (None: not applying).
+    applying_since: Mutex<Option<std::time::Instant>>,
 }
 
 /// Unix time in nanoseconds.
@@ -106,8 +107,8 @@ impl Agent {
                 changed: tokio::sync::watch::channel(0).0,
                 wake: Notify::new(),
                 status: Mutex::new(status),
-                started: Instant::now(),
-                heartbeat_ms: AtomicU64::new(0),
+                beats: tokio::sync::watch::channel(0).0,
+                applying_since: Mutex::new(None),
             }),
         }
     }
@@ -296,10 +297,20 @@ impl Agent {
         watch::start(self.clone(), after, follow)
     }
 
-    /// Time since the reconciler last went round its loop.
-    pub fn reconciler_idle_for(&self) -> Duration {
-        let beat = Duration::from_millis(self.shared.heartbeat_ms.load(Ordering::Relaxed));
-        self.shared.started.elapsed().saturating_sub(beat)
+    /// Wakes the reconciler and reports whether it went round its loop within `limit`, or is
+    /// inside an apply that has not yet reached its own timeout: the watchdog's proof of life.
+    pub async fn probe_reconciler(&self, limit: Duration) -> bool {
+        let applying = *self.shared.applying_since.lock().expect("applying lock");
+        if applying.is_some_and(|t| t.elapsed() < runner::APPLY_TIMEOUT) {
+            return true;
+        }
+        let mut beats = self.shared.beats.subscribe();
+        beats.mark_unchanged();
+        self.shared.wake.notify_one();
+        matches!(
+            tokio::time::timeout(limit, beats.changed()).await,
+            Ok(Ok(()))
+        )
     }
 
     /// One line for systemd's STATUS=.

@@ -12,15 +12,14 @@ use crate::sm::SmError;
 use crate::store::Batch;
 use rand::Rng;
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// Longest a single apply may take before it counts as unavailable.
-const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
-/// The loop goes round at least this often, so the watchdog sees it alive.
-const HEARTBEAT: Duration = Duration::from_secs(5);
+pub(super) const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The loop goes round at least this often even when nothing happens.
+const HEARTBEAT: Duration = Duration::from_secs(60);
 
 struct Loop {
     agent: Agent,
@@ -50,7 +49,6 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         foreign_reported: BTreeSet::new(),
     };
     loop {
-        l.beat();
         let again = match l.pass().await {
             Ok(again) => again,
             Err(e) => {
@@ -58,6 +56,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
                 false
             }
         };
+        l.beat();
         if *shutdown.borrow() {
             break;
         }
@@ -92,8 +91,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
 
 impl Loop {
     fn beat(&self) {
-        let ms = self.agent.shared.started.elapsed().as_millis() as u64;
-        self.agent.shared.heartbeat_ms.store(ms, Ordering::Relaxed);
+        self.agent.shared.beats.send_modify(|b| *b += 1);
     }
 
     fn pending(&self) -> bool {

@@ -4,7 +4,9 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A 64-bit EUI-64 identifier (node or port GUID). Displays as `0x` + 16 lower-case hex digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
 pub struct Guid(pub u64);
 
 impl fmt::Display for Guid {

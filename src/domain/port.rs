@@ -78,12 +78,6 @@ pub struct PortInfo {
     pub fabric_port: bool,
 }
 
-impl Default for Guid {
-    fn default() -> Self {
-        Guid(0)
-    }
-}
-
 impl PortInfo {
     /// Whether the table holds exactly this entry.
     pub fn holds(&self, key: PKeyValue) -> bool {

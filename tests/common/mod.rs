@@ -115,6 +115,12 @@ impl Daemon {
         })
     }
 
+    /// Waits for an exit already requested by a signal.
+    pub fn stop_after_signal(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        wait_timeout(&mut child, Duration::from_secs(15)).expect("daemon exits")
+    }
+
     /// SIGKILL (a crash) and reap.
     pub fn crash(&mut self) {
         let mut child = self.child.take().expect("running");
