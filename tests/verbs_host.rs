@@ -1,0 +1,110 @@
+//! libibverbs on the machine running the tests. Without RDMA in the kernel (these CI machines)
+//! the device list must be empty, not an error, and `auto` must fall back to sysfs saying why;
+//! on a host with RDMA the verbs device list must agree with sysfs.
+
+use fabric_agent::config::{ObserverConfig, ObserverKind};
+use fabric_agent::observe::auto;
+use fabric_agent::observe::ObserveError;
+use fabric_agent::sys::verbs::DeviceList;
+use std::path::Path;
+
+/// libibverbs checks this file first; without it, it answers ENOSYS.
+fn kernel_has_rdma() -> bool {
+    Path::new("/sys/class/infiniband_verbs/abi_version").exists()
+}
+
+fn sysfs_device_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn device_list_is_empty_without_kernel_rdma_and_matches_sysfs_with_it() {
+    let list = DeviceList::get().expect("ENOSYS must be zero devices, not an error");
+    assert_eq!(list.kernel_has_rdma(), kernel_has_rdma());
+    if kernel_has_rdma() {
+        let mut names = list.names();
+        names.sort();
+        assert_eq!(names, sysfs_device_names());
+    } else {
+        assert!(list.is_empty());
+        assert_eq!(list.len(), 0);
+        assert!(list.names().is_empty());
+        assert!(list.open(0).is_err());
+    }
+}
+
+#[tokio::test]
+async fn auto_picks_verbs_with_devices_and_sysfs_otherwise() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mlx5-8x");
+    let config = ObserverConfig {
+        sysfs_root: fixture.clone(),
+        ..ObserverConfig::default()
+    };
+    let (observer, reason) = auto::select(&config, ObserverKind::Auto).unwrap();
+    eprintln!("auto: {reason}");
+    let has_devices = DeviceList::get().map(|l| !l.is_empty()).unwrap_or(false);
+    if has_devices {
+        assert_eq!(observer.kind(), "verbs", "{reason}");
+        assert!(reason.starts_with("verbs: "), "{reason}");
+        return;
+    }
+    assert_eq!(observer.kind(), "sysfs", "{reason}");
+    assert!(
+        reason.starts_with(&format!("sysfs ({}): libibverbs found no devices", fixture.display())),
+        "{reason}"
+    );
+    if !kernel_has_rdma() {
+        assert!(reason.contains("ENOSYS: the kernel has no RDMA"), "{reason}");
+    }
+    assert!(reason.ends_with("; 9 devices under it"), "{reason}");
+    // The fallback really observes the configured tree.
+    let inventory = observer.inventory().await.unwrap();
+    assert_eq!(inventory.ports.len(), 9);
+
+    // Asking for verbs explicitly fails with the same reason instead of falling back.
+    let err = auto::select(&config, ObserverKind::Verbs).err().unwrap();
+    assert!(
+        matches!(&err, ObserveError::NoDevices(m) if m.starts_with("libibverbs found no devices")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn sysfs_is_taken_as_configured_and_other_kinds_are_refused() {
+    let config = ObserverConfig {
+        sysfs_root: Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/rxe"),
+        ..ObserverConfig::default()
+    };
+    let (observer, reason) = auto::select(&config, ObserverKind::Sysfs).unwrap();
+    assert_eq!(observer.kind(), "sysfs");
+    assert!(reason.ends_with("tests/fixtures/sysfs/rxe): configured"), "{reason}");
+    assert_eq!(observer.inventory().await.unwrap().ports[0].device, "rxe0");
+    assert!(auto::select(&config, ObserverKind::Embedded).is_err());
+    assert!(auto::select(&config, ObserverKind::Smp).is_err());
+}
+
+#[test]
+fn auto_on_a_machine_without_sysfs_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ObserverConfig {
+        sysfs_root: dir.path().join("absent"),
+        ..ObserverConfig::default()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+    let (observer, reason) = auto::select(&config, ObserverKind::Auto).unwrap();
+    if observer.kind() == "sysfs" {
+        assert!(reason.ends_with("; it does not exist"), "{reason}");
+    }
+}
