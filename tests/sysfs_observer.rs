@@ -46,33 +46,33 @@ fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, root)
 }
 
-/// A port as the fixture's description says it is (independent of the files).
-fn port(
-    device: &str,
-    guid: u64,
-    port_guid: u64,
-    lid: u16,
-    sm_lid: u16,
-    state: PortState,
-    link_layer: LinkLayer,
-    table_len: usize,
-    keys: &[(usize, u16)],
-) -> PortInfo {
-    let mut pkeys = vec![PKeyValue(0); table_len];
+/// A P_Key table of `len` entries holding `keys` at their indexes, the rest empty.
+fn table(len: usize, keys: &[(usize, u16)]) -> Vec<PKeyValue> {
+    let mut pkeys = vec![PKeyValue(0); len];
     for (index, value) in keys {
         pkeys[*index] = PKeyValue(*value);
     }
+    pkeys
+}
+
+/// A port 1 as the fixture's description says it is (independent of the files); LIDs zero.
+fn port(
+    device: &str,
+    node_guid: u64,
+    port_guid: u64,
+    state: PortState,
+    link_layer: LinkLayer,
+    pkeys: Vec<PKeyValue>,
+) -> PortInfo {
     PortInfo {
         device: device.to_owned(),
         port_number: 1,
         port_guid: Guid(port_guid),
-        node_guid: Guid(guid),
-        lid,
-        sm_lid,
+        node_guid: Guid(node_guid),
         state,
         link_layer,
         pkeys,
-        fabric_port: false,
+        ..PortInfo::default()
     }
 }
 
@@ -96,17 +96,18 @@ fn expected_mlx5_8x() -> Inventory {
             } else {
                 (0x11 + i, 1, PortState::Active)
             };
-            port(
-                &format!("mlx5_{i}"),
-                guid,
-                guid,
+            PortInfo {
                 lid,
                 sm_lid,
-                state,
-                LinkLayer::Infiniband,
-                128,
-                tables[usize::from(i)],
-            )
+                ..port(
+                    &format!("mlx5_{i}"),
+                    guid,
+                    guid,
+                    state,
+                    LinkLayer::Infiniband,
+                    table(128, tables[usize::from(i)]),
+                )
+            }
         })
         .collect();
     ports.push(port(
@@ -114,12 +115,9 @@ fn expected_mlx5_8x() -> Inventory {
         0xa088_c203_00c4_5d10,
         // EUI-64 of MAC a0:88:c2:c4:5d:10.
         0xa288_c2ff_fec4_5d10,
-        0,
-        0,
         PortState::Active,
         LinkLayer::Ethernet,
-        1,
-        &[(0, 0xffff)],
+        table(1, &[(0, 0xffff)]),
     ));
     Inventory { ports }
 }
@@ -141,12 +139,9 @@ async fn rxe_inventory_matches_the_tree_exactly() {
         "rxe0",
         0x5054_00ff_feab_cdef,
         0x5054_00ff_feab_cdef,
-        0,
-        0,
         PortState::Active,
         LinkLayer::Ethernet,
-        1,
-        &[(0, 0xffff)],
+        table(1, &[(0, 0xffff)]),
     );
     assert_eq!(inventory.ports, vec![expected]);
 }
@@ -183,9 +178,7 @@ async fn default_selector_takes_the_eight_ib_ports_not_the_roce_bond() {
         .collect();
     assert_eq!(
         selected,
-        [
-            "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"
-        ]
+        ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"]
     );
     assert_eq!(inventory.tenant_key_capacity(), 127);
 

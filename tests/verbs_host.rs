@@ -58,11 +58,17 @@ async fn auto_picks_verbs_with_devices_and_sysfs_otherwise() {
     }
     assert_eq!(observer.kind(), "sysfs", "{reason}");
     assert!(
-        reason.starts_with(&format!("sysfs ({}): libibverbs found no devices", fixture.display())),
+        reason.starts_with(&format!(
+            "sysfs ({}): libibverbs found no devices",
+            fixture.display()
+        )),
         "{reason}"
     );
     if !kernel_has_rdma() {
-        assert!(reason.contains("ENOSYS: the kernel has no RDMA"), "{reason}");
+        assert!(
+            reason.contains("ENOSYS: the kernel has no RDMA"),
+            "{reason}"
+        );
     }
     assert!(reason.ends_with("; 9 devices under it"), "{reason}");
     // The fallback really observes the configured tree.
@@ -85,7 +91,10 @@ async fn sysfs_is_taken_as_configured_and_other_kinds_are_refused() {
     };
     let (observer, reason) = auto::select(&config, ObserverKind::Sysfs).unwrap();
     assert_eq!(observer.kind(), "sysfs");
-    assert!(reason.ends_with("tests/fixtures/sysfs/rxe): configured"), "{reason}");
+    assert!(
+        reason.ends_with("tests/fixtures/sysfs/rxe): configured"),
+        "{reason}"
+    );
     assert_eq!(observer.inventory().await.unwrap().ports[0].device, "rxe0");
     assert!(auto::select(&config, ObserverKind::Embedded).is_err());
     assert!(auto::select(&config, ObserverKind::Smp).is_err());

@@ -261,7 +261,10 @@ fn natural_cmp(a: &str, b: &str) -> Ordering {
             (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
                 let da = a.len() - a.trim_start_matches(|c: char| c.is_ascii_digit()).len();
                 let db = b.len() - b.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-                let (na, nb) = (a[..da].trim_start_matches('0'), b[..db].trim_start_matches('0'));
+                let (na, nb) = (
+                    a[..da].trim_start_matches('0'),
+                    b[..db].trim_start_matches('0'),
+                );
                 let order = na.len().cmp(&nb.len()).then_with(|| na.cmp(nb));
                 if order != Ordering::Equal {
                     return order;
@@ -332,11 +335,25 @@ mod tests {
 
     #[test]
     fn natural_order() {
-        let mut names = vec!["mlx5_10", "mlx5_bond_0", "mlx5_2", "ibp1s0", "mlx5_0", "rxe0"];
+        let mut names = vec![
+            "mlx5_10",
+            "mlx5_bond_0",
+            "mlx5_2",
+            "ibp1s0",
+            "mlx5_0",
+            "rxe0",
+        ];
         names.sort_by(|a, b| natural_cmp(a, b));
         assert_eq!(
             names,
-            ["ibp1s0", "mlx5_0", "mlx5_2", "mlx5_10", "mlx5_bond_0", "rxe0"]
+            [
+                "ibp1s0",
+                "mlx5_0",
+                "mlx5_2",
+                "mlx5_10",
+                "mlx5_bond_0",
+                "rxe0"
+            ]
         );
         assert_eq!(natural_cmp("a01", "a1"), Ordering::Equal);
     }

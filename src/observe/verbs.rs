@@ -205,7 +205,10 @@ mod tests {
         assert_eq!(port_state(ibv_port_state::IBV_PORT_DOWN), PortState::Down);
         assert_eq!(port_state(ibv_port_state::IBV_PORT_INIT), PortState::Init);
         assert_eq!(port_state(ibv_port_state::IBV_PORT_ARMED), PortState::Armed);
-        assert_eq!(port_state(ibv_port_state::IBV_PORT_ACTIVE), PortState::Active);
+        assert_eq!(
+            port_state(ibv_port_state::IBV_PORT_ACTIVE),
+            PortState::Active
+        );
         assert_eq!(
             port_state(ibv_port_state::IBV_PORT_ACTIVE_DEFER),
             PortState::ActiveDefer

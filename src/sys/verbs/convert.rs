@@ -146,17 +146,38 @@ mod tests {
     #[test]
     fn event_codes_match_the_bindings() {
         let known = [
-            (ibv_event_type::IBV_EVENT_DEVICE_FATAL, AsyncEventKind::DeviceFatal),
-            (ibv_event_type::IBV_EVENT_PORT_ACTIVE, AsyncEventKind::PortActive),
-            (ibv_event_type::IBV_EVENT_PORT_ERR, AsyncEventKind::PortError),
-            (ibv_event_type::IBV_EVENT_LID_CHANGE, AsyncEventKind::LidChange),
-            (ibv_event_type::IBV_EVENT_PKEY_CHANGE, AsyncEventKind::PKeyChange),
-            (ibv_event_type::IBV_EVENT_SM_CHANGE, AsyncEventKind::SmChange),
+            (
+                ibv_event_type::IBV_EVENT_DEVICE_FATAL,
+                AsyncEventKind::DeviceFatal,
+            ),
+            (
+                ibv_event_type::IBV_EVENT_PORT_ACTIVE,
+                AsyncEventKind::PortActive,
+            ),
+            (
+                ibv_event_type::IBV_EVENT_PORT_ERR,
+                AsyncEventKind::PortError,
+            ),
+            (
+                ibv_event_type::IBV_EVENT_LID_CHANGE,
+                AsyncEventKind::LidChange,
+            ),
+            (
+                ibv_event_type::IBV_EVENT_PKEY_CHANGE,
+                AsyncEventKind::PKeyChange,
+            ),
+            (
+                ibv_event_type::IBV_EVENT_SM_CHANGE,
+                AsyncEventKind::SmChange,
+            ),
             (
                 ibv_event_type::IBV_EVENT_CLIENT_REREGISTER,
                 AsyncEventKind::ClientReregister,
             ),
-            (ibv_event_type::IBV_EVENT_GID_CHANGE, AsyncEventKind::GidChange),
+            (
+                ibv_event_type::IBV_EVENT_GID_CHANGE,
+                AsyncEventKind::GidChange,
+            ),
         ];
         for (code, kind) in known {
             assert_eq!(AsyncEventKind::from_raw(code as u32), kind, "{code:?}");

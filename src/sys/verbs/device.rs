@@ -82,7 +82,11 @@ impl DeviceList {
             return None;
         }
         // SAFETY: non-NULL, NUL-terminated, and valid while the list lives; copied at once.
-        Some(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     /// Every device's name, in list order.
@@ -92,7 +96,9 @@ impl DeviceList {
 
     /// Opens device `index`.
     pub fn open(&self, index: usize) -> Result<Device, VerbsError> {
-        let name = self.name(index).unwrap_or_else(|| format!("device #{index}"));
+        let name = self
+            .name(index)
+            .unwrap_or_else(|| format!("device #{index}"));
         let device = self.entry(index).ok_or_else(|| VerbsError::Device {
             call: "ibv_open_device".to_owned(),
             device: name.clone(),
@@ -185,12 +191,8 @@ pub struct PortAttributes {
 }
 
 /// The provider's `query_port` op of an extended context (`struct verbs_context`).
-type QueryPortOp = unsafe extern "C" fn(
-    *mut ffi::ibv_context,
-    u8,
-    *mut ffi::ibv_port_attr,
-    usize,
-) -> libc::c_int;
+type QueryPortOp =
+    unsafe extern "C" fn(*mut ffi::ibv_context, u8, *mut ffi::ibv_port_attr, usize) -> libc::c_int;
 
 impl Device {
     /// The device name, e.g. `mlx5_0`.
