@@ -117,3 +117,57 @@ fn auto_on_a_machine_without_sysfs_says_so() {
         assert!(reason.ends_with("; it does not exist"), "{reason}");
     }
 }
+
+/// Set on the child process that runs [`fake_sysfs_child`].
+const CHILD_MARK: &str = "FABRIC_AGENT_VERBS_CHILD";
+
+/// A kernel with RDMA but no device: libibverbs answers an empty list (not ENOSYS). Simulated
+/// with libibverbs' own `SYSFS_PATH` override in a child process (this process's environment
+/// is left alone): a sysfs with `class/infiniband_verbs/abi_version` and no device.
+#[test]
+fn rdma_kernel_without_devices_is_an_empty_list_with_its_own_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("class/infiniband_verbs")).unwrap();
+    std::fs::create_dir_all(dir.path().join("class/infiniband")).unwrap();
+    std::fs::write(dir.path().join("class/infiniband_verbs/abi_version"), "6\n").unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fake_sysfs_child", "--ignored", "--nocapture"])
+        .env("SYSFS_PATH", dir.path())
+        .env(CHILD_MARK, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "{stdout}");
+}
+
+#[tokio::test]
+#[ignore = "runs in a child process started by rdma_kernel_without_devices_is_an_empty_list_with_its_own_reason"]
+async fn fake_sysfs_child() {
+    assert!(
+        std::env::var_os(CHILD_MARK).is_some(),
+        "run only as a child"
+    );
+    let list = DeviceList::get().unwrap();
+    assert!(list.kernel_has_rdma());
+    assert!(list.is_empty());
+    let config = ObserverConfig {
+        sysfs_root: std::env::var_os("SYSFS_PATH")
+            .map(|p| Path::new(&p).join("class/infiniband"))
+            .unwrap(),
+        ..ObserverConfig::default()
+    };
+    let err = auto::select(&config, ObserverKind::Verbs).err().unwrap();
+    let ObserveError::NoDevices(why) = err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        why.contains("RDMA is in the kernel, but no device is registered"),
+        "{why}"
+    );
+    let (observer, reason) = auto::select(&config, ObserverKind::Auto).unwrap();
+    eprintln!("auto: {reason}");
+    assert_eq!(observer.kind(), "sysfs");
+    assert!(reason.ends_with("; no device under it either"), "{reason}");
+}
