@@ -237,78 +237,11 @@ impl Device {
         })
     }
 
-    /// The extended context's `query_port` op, as verbs.h's `verbs_get_ctx_op(ctx, query_port)`
-    /// finds it, or `None` for a legacy context or a library too old to have the op.
-    ///
-    /// rdma-sys 0.3's port of this check compares `abi_compat` with `u32::MAX`, so on 64-bit it
-    /// never finds the op; this one compares with `usize::MAX` (`__VERBS_ABI_IS_EXTENDED` is
-    /// `(void *)UINTPTR_MAX`). Field addresses are computed backwards from `context`, the last
-    /// member of `struct verbs_context`: the library's struct may be smaller than the header
-    /// this crate was built against (it grows at the front), and `sz` says how far back it
-    /// reaches, so nothing before the library's allocation is ever read.
-    fn query_port_op(&self) -> Option<QueryPortOp> {
-        let ctx = self.ctx.as_ptr();
-        // SAFETY: `ctx` is an open context; `abi_compat` is a plain pointer-sized field.
-        let abi_compat = unsafe { ptr::addr_of!((*ctx).abi_compat).read() };
-        if abi_compat as usize != usize::MAX {
-            return None;
-        }
-        let context_at = offset_of!(ffi::verbs_context, context);
-        let base = ctx.cast::<u8>();
-        let sz_ptr = base
-            .wrapping_sub(context_at - offset_of!(ffi::verbs_context, sz))
-            .cast::<usize>();
-        // SAFETY: an extended context (abi_compat == UINTPTR_MAX) is the `context` member of a
-        // `struct verbs_context`, and `sz` is the member immediately before it in every
-        // rdma-core version ("Must be immediately before struct ibv_context"), initialised by
-        // the library to its own sizeof(struct verbs_context).
-        let sz = unsafe { sz_ptr.read() };
-        let needed = size_of::<ffi::verbs_context>() - offset_of!(ffi::verbs_context, query_port);
-        if sz < needed {
-            return None;
-        }
-        let op_ptr = base
-            .wrapping_sub(context_at - offset_of!(ffi::verbs_context, query_port))
-            .cast::<Option<QueryPortOp>>();
-        // SAFETY: `sz >= needed` proves the library's verbs_context extends back to the
-        // `query_port` member, so this reads an initialised function pointer (or NULL = None).
-        unsafe { op_ptr.read() }
-    }
-
-    /// `ibv_query_port`, done as verbs.h's inline `___ibv_query_port` does, corrected.
-    ///
-    /// The attribute struct is zeroed first. An extended context (every provider of rdma-core
-    /// since v13) is asked through its `query_port` op with the full `sizeof(ibv_port_attr)`
-    /// of this build, which libibverbs' `__lib_query_port` copes with whether its own struct
-    /// is larger or smaller. Otherwise the exported compat symbol `ibv_query_port` is called,
-    /// which fills the older, shorter `_compat_ibv_port_attr` prefix; the zeroing makes the
-    /// remaining fields (`port_cap_flags2`) read as 0 instead of garbage. rdma-sys's own
-    /// `___ibv_query_port` always takes the compat path on 64-bit and skips the zeroing.
+    /// `ibv_query_port`, done as verbs.h's inline `___ibv_query_port` does, corrected (see
+    /// [`query_port_raw`]).
     pub fn query_port(&self, port: u8) -> Result<PortAttributes, VerbsError> {
-        // SAFETY: ibv_port_attr is plain integers (its enums are C integer typedefs in
-        // rdma-sys): all-zero is valid, and the zeroing is what the inline does too.
-        let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
-        let rc = match self.query_port_op() {
-            // SAFETY: `op` is the provider's query_port of this open context; `attr` is a valid
-            // out-pointer of exactly the size passed.
-            Some(op) => unsafe {
-                op(
-                    self.ctx.as_ptr(),
-                    port,
-                    &mut attr,
-                    size_of::<ffi::ibv_port_attr>(),
-                )
-            },
-            // SAFETY: the compat symbol writes at most sizeof(_compat_ibv_port_attr), a prefix
-            // of ibv_port_attr with the same layout, into `attr`.
-            None => unsafe {
-                ffi::ibv_query_port(
-                    self.ctx.as_ptr(),
-                    port,
-                    ptr::addr_of_mut!(attr).cast::<ffi::_compat_ibv_port_attr>(),
-                )
-            },
-        };
+        // SAFETY: `ctx` is an open context for the lifetime of `self`.
+        let (rc, attr) = unsafe { query_port_raw(self.ctx.as_ptr(), port) };
         check_rc(rc).map_err(|e| self.error(format!("ibv_query_port(port {port})"), e))?;
         Ok(PortAttributes {
             state: attr.state,
@@ -387,6 +320,84 @@ impl Device {
     }
 }
 
+/// The extended context's `query_port` op, as verbs.h's `verbs_get_ctx_op(ctx, query_port)`
+/// finds it, or `None` for a legacy context or a library too old to have the op.
+///
+/// rdma-sys 0.3's port of this check compares `abi_compat` with `u32::MAX`, so on 64-bit it
+/// never finds the op; this one compares with `usize::MAX` (`__VERBS_ABI_IS_EXTENDED` is
+/// `(void *)UINTPTR_MAX`). Field addresses are computed backwards from `context`, the last
+/// member of `struct verbs_context`: the library's struct may be smaller than the header this
+/// crate was built against (it grows at the front), and `sz` says how far back it reaches, so
+/// nothing before the library's allocation is ever read.
+///
+/// # Safety
+/// `ctx` points to a live `ibv_context`; if its `abi_compat` is `UINTPTR_MAX`, that context is
+/// the `context` member of a live `struct verbs_context` whose `sz` is initialised.
+unsafe fn extended_query_port_op(ctx: *mut ffi::ibv_context) -> Option<QueryPortOp> {
+    // SAFETY: `ctx` is live (caller); `abi_compat` is a plain pointer-sized field.
+    let abi_compat = unsafe { ptr::addr_of!((*ctx).abi_compat).read() };
+    if abi_compat as usize != usize::MAX {
+        return None;
+    }
+    let context_at = offset_of!(ffi::verbs_context, context);
+    let base = ctx.cast::<u8>();
+    let sz_ptr = base
+        .wrapping_sub(context_at - offset_of!(ffi::verbs_context, sz))
+        .cast::<usize>();
+    // SAFETY: an extended context is the `context` member of a `struct verbs_context` (caller),
+    // and `sz` is the member immediately before it in every rdma-core version ("Must be
+    // immediately before struct ibv_context"), set by the library to its own sizeof.
+    let sz = unsafe { sz_ptr.read() };
+    let needed = size_of::<ffi::verbs_context>() - offset_of!(ffi::verbs_context, query_port);
+    if sz < needed {
+        return None;
+    }
+    let op_ptr = base
+        .wrapping_sub(context_at - offset_of!(ffi::verbs_context, query_port))
+        .cast::<Option<QueryPortOp>>();
+    // SAFETY: `sz >= needed` proves the library's verbs_context extends back to the
+    // `query_port` member, so this reads an initialised function pointer (or NULL = None).
+    unsafe { op_ptr.read() }
+}
+
+/// `ibv_query_port` as verbs.h's inline `___ibv_query_port` does it, corrected: returns the
+/// return code and the attributes.
+///
+/// The attribute struct is zeroed first. An extended context (every provider of rdma-core
+/// since v13) is asked through its `query_port` op with the full `sizeof(ibv_port_attr)` of
+/// this build, which libibverbs' `__lib_query_port` copes with whether its own struct is larger
+/// or smaller. Otherwise the exported compat symbol `ibv_query_port` is called, which fills the
+/// older, shorter `_compat_ibv_port_attr` prefix; the zeroing makes the remaining field
+/// (`port_cap_flags2`) read as 0 instead of garbage. rdma-sys's own `___ibv_query_port` always
+/// takes the compat path on 64-bit and skips the zeroing.
+///
+/// # Safety
+/// As [`extended_query_port_op`]: `ctx` is a live (open) context.
+unsafe fn query_port_raw(
+    ctx: *mut ffi::ibv_context,
+    port: u8,
+) -> (libc::c_int, ffi::ibv_port_attr) {
+    // SAFETY: ibv_port_attr is plain integers (its enums are C integer typedefs in rdma-sys):
+    // all-zero is a valid value, and the zeroing is what the inline does too.
+    let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: `ctx` is live (caller).
+    let rc = match unsafe { extended_query_port_op(ctx) } {
+        // SAFETY: `op` is the provider's query_port of this live context; `attr` is a valid
+        // out-pointer of exactly the size passed.
+        Some(op) => unsafe { op(ctx, port, &mut attr, size_of::<ffi::ibv_port_attr>()) },
+        // SAFETY: the compat symbol writes at most sizeof(_compat_ibv_port_attr), a prefix of
+        // ibv_port_attr with the same layout, into `attr`.
+        None => unsafe {
+            ffi::ibv_query_port(
+                ctx,
+                port,
+                ptr::addr_of_mut!(attr).cast::<ffi::_compat_ibv_port_attr>(),
+            )
+        },
+    };
+    (rc, attr)
+}
+
 // `event_type` is read as a u32 above: the C enum must be exactly that size.
 const _: () = assert!(size_of::<ffi::ibv_event_type>() == size_of::<u32>());
 
@@ -416,5 +427,100 @@ impl std::fmt::Debug for DeviceList {
             .field("kernel_has_rdma", &self.kernel_has_rdma())
             .field("names", &self.names())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The port-query dispatch against a `verbs_context` built in memory (no device needed):
+    //! the extended op is found with `abi_compat == UINTPTR_MAX` (rdma-sys's `u32::MAX` check
+    //! never finds it on 64-bit), called with a zeroed struct and the full size, and refused
+    //! when the library's struct is too short to hold it.
+
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The size the fake op was last handed (only one test calls the op).
+    static SIZE_SEEN: AtomicUsize = AtomicUsize::new(0);
+
+    /// A provider op: fails with EFAULT unless handed an all-zero struct, then fills it.
+    unsafe extern "C" fn fake_query_port(
+        _ctx: *mut ffi::ibv_context,
+        port: u8,
+        attr: *mut ffi::ibv_port_attr,
+        len: usize,
+    ) -> libc::c_int {
+        SIZE_SEEN.store(len, Ordering::SeqCst);
+        // `len` is checked against the struct size before the whole struct is viewed.
+        if len != size_of::<ffi::ibv_port_attr>() {
+            return libc::EINVAL;
+        }
+        // SAFETY: `attr` is the caller's out-pointer to a whole, initialised ibv_port_attr
+        // (`len` says so).
+        let bytes = unsafe { std::slice::from_raw_parts(attr.cast::<u8>(), len) };
+        if bytes.iter().any(|b| *b != 0) {
+            return libc::EFAULT;
+        }
+        // SAFETY: as above; no other reference to it exists during the call.
+        let attr = unsafe { &mut *attr };
+        attr.state = 4;
+        attr.lid = 0x11 + u16::from(port);
+        attr.sm_lid = 1;
+        attr.link_layer = 1;
+        attr.pkey_tbl_len = 128;
+        0
+    }
+
+    fn fake_context(abi_compat: usize, sz: usize) -> Box<ffi::verbs_context> {
+        // SAFETY: verbs_context is C data: integers, raw pointers, nullable function pointers
+        // (Option, None when zero) and opaque byte arrays; all-zero is valid for each.
+        let mut vctx: Box<ffi::verbs_context> = Box::new(unsafe { std::mem::zeroed() });
+        vctx.context.abi_compat = abi_compat as *mut libc::c_void;
+        vctx.sz = sz;
+        vctx.query_port = Some(fake_query_port);
+        vctx
+    }
+
+    #[test]
+    fn extended_op_is_found_and_called_with_a_zeroed_full_struct() {
+        let mut vctx = fake_context(usize::MAX, size_of::<ffi::verbs_context>());
+        // SAFETY: `vctx` is a whole verbs_context with `sz` set: exactly the caller contract.
+        let (rc, attr) = unsafe { query_port_raw(&mut vctx.context, 2) };
+        assert_eq!(rc, 0);
+        assert_eq!(
+            SIZE_SEEN.load(Ordering::SeqCst),
+            size_of::<ffi::ibv_port_attr>()
+        );
+        assert_eq!(
+            (
+                attr.state,
+                attr.lid,
+                attr.sm_lid,
+                attr.link_layer,
+                attr.pkey_tbl_len
+            ),
+            (4, 0x13, 1, 1, 128)
+        );
+        // The smallest library struct that still holds the op is enough.
+        let needed = size_of::<ffi::verbs_context>() - offset_of!(ffi::verbs_context, query_port);
+        vctx.sz = needed;
+        // SAFETY: as above.
+        assert!(unsafe { extended_query_port_op(&mut vctx.context) }.is_some());
+    }
+
+    #[test]
+    fn op_is_not_used_on_legacy_or_short_contexts() {
+        // The value rdma-sys 0.3 compares with: not the extended marker on 64-bit.
+        let mut legacy = fake_context(u32::MAX as usize, size_of::<ffi::verbs_context>());
+        // SAFETY: `legacy` is a whole verbs_context.
+        assert!(unsafe { extended_query_port_op(&mut legacy.context) }.is_none());
+        let needed = size_of::<ffi::verbs_context>() - offset_of!(ffi::verbs_context, query_port);
+        let mut short = fake_context(usize::MAX, needed - 1);
+        // SAFETY: `short` is a whole verbs_context (its `sz` merely claims less).
+        assert!(unsafe { extended_query_port_op(&mut short.context) }.is_none());
+        let mut no_op = fake_context(usize::MAX, size_of::<ffi::verbs_context>());
+        no_op.query_port = None;
+        // SAFETY: as above.
+        assert!(unsafe { extended_query_port_op(&mut no_op.context) }.is_none());
     }
 }
