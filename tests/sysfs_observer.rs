@@ -276,11 +276,36 @@ async fn garbled_and_missing_files_are_named_in_the_error() {
     assert!(message.contains(&guid.display().to_string()), "{message}");
     std::fs::write(&guid, "5054:00ff:feab:cdef\n").unwrap();
 
+    // A port without a `pkeys` directory (iWARP) has an empty table, not an error.
+    let saved = dir_path_copy(&root.join("rxe0/ports/1/pkeys"));
+    std::fs::remove_dir_all(root.join("rxe0/ports/1/pkeys")).unwrap();
+    let inventory = observer.inventory().await.unwrap();
+    assert!(inventory.ports[0].pkeys.is_empty());
+    restore(&root.join("rxe0/ports/1/pkeys"), &saved);
+
     // A hole in the table (entry 0 gone, 1 present) is refused, not compacted.
     std::fs::write(root.join("rxe0/ports/1/pkeys/1"), "0x0000\n").unwrap();
     std::fs::remove_file(&pkey).unwrap();
     let message = observer.inventory().await.unwrap_err().to_string();
     assert!(message.contains("gap"), "{message}");
+}
+
+/// The files of a flat directory, by name.
+fn dir_path_copy(dir: &Path) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name(), std::fs::read(e.path()).unwrap())
+        })
+        .collect()
+}
+
+fn restore(dir: &Path, files: &[(std::ffi::OsString, Vec<u8>)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, bytes) in files {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
 }
 
 #[tokio::test]

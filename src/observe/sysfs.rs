@@ -129,7 +129,13 @@ fn read_port(
     dir: &Path,
 ) -> Result<PortInfo, ObserveError> {
     let pkeys_dir = dir.join("pkeys");
-    let mut indexes = numbered_entries(&pkeys_dir)?;
+    // The kernel creates `pkeys` only for ports with a P_Key table (not iWARP): no directory
+    // is an empty table.
+    let mut indexes = if pkeys_dir.exists() {
+        numbered_entries(&pkeys_dir)?
+    } else {
+        Vec::new()
+    };
     indexes.sort_unstable();
     if let Some((position, index)) = indexes.iter().enumerate().find(|(p, i)| *p != **i) {
         return Err(ObserveError::Io(format!(
