@@ -171,3 +171,39 @@ async fn fake_sysfs_child() {
     assert_eq!(observer.kind(), "sysfs");
     assert!(reason.ends_with("; no device under it either"), "{reason}");
 }
+
+#[tokio::test]
+async fn verbs_observer_without_devices_polls_on_its_timers() {
+    use fabric_agent::observe::verbs::VerbsObserver;
+    use fabric_agent::observe::PortObserver;
+    use std::time::{Duration, Instant};
+    let config = ObserverConfig {
+        fast_poll_ms: 20,
+        slow_poll_ms: 400,
+        ..ObserverConfig::default()
+    };
+    let observer = VerbsObserver::from_devices(Vec::new(), &config).unwrap();
+    assert_eq!(observer.kind(), "verbs");
+    assert!(observer.inventory().await.unwrap().ports.is_empty());
+    let start = Instant::now();
+    observer.changed(true).await;
+    let fast = start.elapsed();
+    assert!(
+        fast >= Duration::from_millis(20) && fast < Duration::from_millis(400),
+        "{fast:?}"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), observer.changed(false))
+            .await
+            .is_err()
+    );
+}
+
+#[test]
+fn verbs_observer_needs_a_runtime() {
+    use fabric_agent::observe::verbs::VerbsObserver;
+    let err = VerbsObserver::from_devices(Vec::new(), &ObserverConfig::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("tokio runtime"), "{err}");
+}

@@ -313,8 +313,9 @@ impl Device {
             // in `element.port_num` (a c_int member of the union).
             unsafe { ptr::addr_of!((*p).element.port_num).read() }
         });
-        // SAFETY: every event returned by ibv_get_async_event is acknowledged exactly once
-        // (ibv_close_device waits for outstanding acks); `p` is that event, unmodified.
+        // SAFETY: every event returned by ibv_get_async_event must be acknowledged exactly once;
+        // `p` is that event, unmodified. (Only CQ/QP/SRQ/WQ events touch the object they name,
+        // and this crate creates none, so none can name a freed object.)
         unsafe { ffi::ibv_ack_async_event(p) };
         Ok(Some(typed))
     }
