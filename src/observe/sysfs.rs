@@ -100,6 +100,8 @@ pub fn device_names(root: &Path) -> Result<Vec<String>, ObserveError> {
     Ok(names)
 }
 
+/// One unreadable port fails the whole inventory: leaving it out could make a key look absent
+/// from every fabric port (a false RELEASED).
 fn read_inventory(root: &Path) -> Result<Inventory, ObserveError> {
     let mut ports = Vec::new();
     for device in device_names(root)? {

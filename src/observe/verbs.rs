@@ -92,6 +92,8 @@ impl VerbsObserver {
     }
 }
 
+/// One unreadable port fails the whole inventory: leaving it out could make a key look absent
+/// from every fabric port (a false RELEASED).
 fn read_inventory(devices: &[Arc<Device>]) -> Result<Inventory, ObserveError> {
     let io = |e: crate::sys::verbs::VerbsError| ObserveError::Io(e.to_string());
     let mut ports = Vec::new();
