@@ -1,1 +1,368 @@
-//! sysfs observer. Placeholder until it lands.
+//! sysfs observer: reads `<root>/<device>/node_guid` and
+//! `<root>/<device>/ports/<n>/{state,lid,sm_lid,link_layer,gids/0,pkeys/*}` (root
+//! `/sys/class/infiniband` by default, a fixture tree in tests) and polls: fast while a
+//! transition is pending, slow otherwise.
+//!
+//! The kernel's formats: `state` "4: ACTIVE", `lid`/`sm_lid` "0x11", `link_layer` "InfiniBand",
+//! "Ethernet" or "Unknown", `node_guid` "a088:c203:00f1:2e40", `gids/0`
+//! "fe80:0000:0000:0000:a088:c203:00f1:2e40" (the port GUID is its low 64 bits), `pkeys/<i>`
+//! "0xffff" with empty slots "0x0000"; the table size is the number of `pkeys` files.
+
+use super::{ObserveError, PortObserver};
+use crate::config::ObserverConfig;
+use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
+use async_trait::async_trait;
+use std::cmp::Ordering;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Observer that polls a sysfs tree shaped like `/sys/class/infiniband`.
+#[derive(Debug, Clone)]
+pub struct SysfsObserver {
+    root: PathBuf,
+    fast_poll: Duration,
+    slow_poll: Duration,
+}
+
+impl SysfsObserver {
+    /// Observes the tree under `root` with `config`'s poll intervals (its own `sysfs_root` is
+    /// not consulted, so callers choose: `SysfsObserver::new(&config.sysfs_root, &config)`).
+    pub fn new(root: impl Into<PathBuf>, config: &ObserverConfig) -> SysfsObserver {
+        SysfsObserver {
+            root: root.into(),
+            fast_poll: config.fast_poll(),
+            slow_poll: config.slow_poll(),
+        }
+    }
+
+    /// The observed root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Reads every port now, blocking (the async [`PortObserver::inventory`] runs this on the
+    /// blocking pool).
+    pub fn read_inventory(&self) -> Result<Inventory, ObserveError> {
+        read_inventory(&self.root)
+    }
+}
+
+#[async_trait]
+impl PortObserver for SysfsObserver {
+    fn kind(&self) -> &'static str {
+        "sysfs"
+    }
+
+    async fn inventory(&self) -> Result<Inventory, ObserveError> {
+        let root = self.root.clone();
+        tokio::task::spawn_blocking(move || read_inventory(&root))
+            .await
+            .map_err(|e| ObserveError::Io(format!("sysfs reader task failed: {e}")))?
+    }
+
+    async fn changed(&self, pending: bool) {
+        // sysfs offers no change notification for these attributes (they are computed on
+        // read), so this is a plain timer.
+        let interval = if pending {
+            self.fast_poll
+        } else {
+            self.slow_poll
+        };
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// The device directories under `root`, in natural order (`mlx5_2` before `mlx5_10`).
+/// A missing root is [`ObserveError::NoDevices`].
+pub fn device_names(root: &Path) -> Result<Vec<String>, ObserveError> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ObserveError::NoDevices(format!(
+                "{} does not exist (no RDMA device is registered, or the kernel has no RDMA)",
+                root.display()
+            )))
+        }
+        Err(e) => return Err(io_error(root, &e)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error(root, &e))?;
+        // Real entries are symlinks to the device's directory: follow them.
+        let is_dir = std::fs::metadata(entry.path())
+            .map_err(|e| io_error(&entry.path(), &e))?
+            .is_dir();
+        if is_dir {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    names.sort_by(|a, b| natural_cmp(a, b));
+    Ok(names)
+}
+
+/// One unreadable port fails the whole inventory: leaving it out could make a key look absent
+/// from every fabric port (a false RELEASED).
+fn read_inventory(root: &Path) -> Result<Inventory, ObserveError> {
+    let mut ports = Vec::new();
+    for device in device_names(root)? {
+        let dir = root.join(&device);
+        let node_guid = parse_file(&dir.join("node_guid"), parse_guid)?;
+        let ports_dir = dir.join("ports");
+        let mut numbers = numbered_entries(&ports_dir)?;
+        numbers.sort_unstable();
+        for number in numbers {
+            let port_number = u8::try_from(number).map_err(|_| {
+                ObserveError::Io(format!(
+                    "{}: port number {number} is above 255",
+                    ports_dir.display()
+                ))
+            })?;
+            let port_dir = ports_dir.join(number.to_string());
+            ports.push(read_port(&device, port_number, node_guid, &port_dir)?);
+        }
+    }
+    Ok(Inventory { ports })
+}
+
+fn read_port(
+    device: &str,
+    port_number: u8,
+    node_guid: Guid,
+    dir: &Path,
+) -> Result<PortInfo, ObserveError> {
+    let pkeys_dir = dir.join("pkeys");
+    // The kernel creates `pkeys` only for ports with a P_Key table (not iWARP): no directory
+    // is an empty table.
+    let mut indexes = if pkeys_dir.exists() {
+        numbered_entries(&pkeys_dir)?
+    } else {
+        Vec::new()
+    };
+    indexes.sort_unstable();
+    if let Some((position, index)) = indexes.iter().enumerate().find(|(p, i)| *p != **i) {
+        return Err(ObserveError::Io(format!(
+            "{}: P_Key table has a gap: entry {position} is missing (found {index})",
+            pkeys_dir.display()
+        )));
+    }
+    let pkeys = indexes
+        .iter()
+        .map(|i| parse_file(&pkeys_dir.join(i.to_string()), parse_hex_u16).map(PKeyValue))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(PortInfo {
+        device: device.to_owned(),
+        port_number,
+        // GID 0's low 64 bits (the cast keeps exactly those): the port GUID on InfiniBand, the
+        // MAC-derived EUI-64 on RoCE.
+        port_guid: Guid(parse_file(&dir.join("gids/0"), parse_gid)? as u64),
+        node_guid,
+        lid: parse_file(&dir.join("lid"), parse_hex_u16)?,
+        sm_lid: parse_file(&dir.join("sm_lid"), parse_hex_u16)?,
+        state: parse_file(&dir.join("state"), parse_state)?,
+        link_layer: parse_file(&dir.join("link_layer"), parse_link_layer)?,
+        pkeys,
+        fabric_port: false,
+    })
+}
+
+/// Reads one attribute file and parses its first line; errors name the path.
+fn parse_file<T>(path: &Path, parse: fn(&str) -> Result<T, String>) -> Result<T, ObserveError> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, &e))?;
+    let value = text.trim_end_matches('\n');
+    parse(value).map_err(|why| ObserveError::Io(format!("{}: {why}", path.display())))
+}
+
+/// The numeric entries of a directory (`ports/1`, `pkeys/0..127`); anything else is an error.
+fn numbered_entries(dir: &Path) -> Result<Vec<usize>, ObserveError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, &e))?;
+    let mut numbers = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error(dir, &e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let number = name.parse::<usize>().map_err(|_| {
+            ObserveError::Io(format!(
+                "{}: unexpected entry {name:?} (only numbered entries belong here)",
+                dir.display()
+            ))
+        })?;
+        numbers.push(number);
+    }
+    Ok(numbers)
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> ObserveError {
+    ObserveError::Io(format!("{}: {e}", path.display()))
+}
+
+/// `state`: "4: ACTIVE" (the IBA PortState number, then its name).
+fn parse_state(text: &str) -> Result<PortState, String> {
+    let (number, name) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not a port state like \"4: ACTIVE\""))?;
+    let number: u8 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a port state like \"4: ACTIVE\""))?;
+    match (number, PortState::from_iba(number)) {
+        (0, _) if name.trim() == "NOP" => Ok(PortState::Unknown),
+        (_, PortState::Unknown) => Err(format!("{text:?}: unknown port state {number}")),
+        (_, state) => Ok(state),
+    }
+}
+
+/// `lid`, `sm_lid`, `pkeys/<i>`: "0x" + hex, 16 bits.
+fn parse_hex_u16(text: &str) -> Result<u16, String> {
+    text.strip_prefix("0x")
+        .filter(|h| !h.is_empty() && h.len() <= 4)
+        .and_then(|h| u16::from_str_radix(h, 16).ok())
+        .ok_or_else(|| format!("{text:?} is not a 16-bit hex value like \"0xffff\""))
+}
+
+/// `link_layer`: "InfiniBand", "Ethernet" or "Unknown".
+fn parse_link_layer(text: &str) -> Result<LinkLayer, String> {
+    match text {
+        "InfiniBand" => Ok(LinkLayer::Infiniband),
+        "Ethernet" => Ok(LinkLayer::Ethernet),
+        "Unknown" => Ok(LinkLayer::Unknown),
+        other => Err(format!(
+            "{other:?} is not a link layer (InfiniBand, Ethernet or Unknown)"
+        )),
+    }
+}
+
+/// `node_guid`: four colon-separated groups of four hex digits.
+fn parse_guid(text: &str) -> Result<Guid, String> {
+    let groups: Vec<&str> = text.split(':').collect();
+    if groups.len() != 4 || !groups.iter().all(|g| is_hex_group(g)) {
+        return Err(format!(
+            "{text:?} is not a GUID like \"a088:c203:00f1:2e40\""
+        ));
+    }
+    u64::from_str_radix(&groups.concat(), 16)
+        .map(Guid)
+        .map_err(|e| e.to_string())
+}
+
+/// `gids/<i>`: eight colon-separated groups of four hex digits, as a 128-bit number.
+fn parse_gid(text: &str) -> Result<u128, String> {
+    let groups: Vec<&str> = text.split(':').collect();
+    if groups.len() != 8 || !groups.iter().all(|g| is_hex_group(g)) {
+        return Err(format!(
+            "{text:?} is not a GID like \"fe80:0000:0000:0000:a088:c203:00f1:2e40\""
+        ));
+    }
+    u128::from_str_radix(&groups.concat(), 16).map_err(|e| e.to_string())
+}
+
+fn is_hex_group(g: &str) -> bool {
+    g.len() == 4 && g.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Orders names with digit runs compared as numbers: `mlx5_2` < `mlx5_10` < `mlx5_bond_0`.
+fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut a, mut b) = (a, b);
+    loop {
+        match (a.chars().next(), b.chars().next()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
+                let da = a.len() - a.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+                let db = b.len() - b.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+                let (na, nb) = (
+                    a[..da].trim_start_matches('0'),
+                    b[..db].trim_start_matches('0'),
+                );
+                let order = na.len().cmp(&nb.len()).then_with(|| na.cmp(nb));
+                if order != Ordering::Equal {
+                    return order;
+                }
+                (a, b) = (&a[da..], &b[db..]);
+            }
+            (Some(x), Some(y)) => {
+                // Digits sort before other characters, so `mlx5_7` < `mlx5_bond_0`.
+                let order = (!x.is_ascii_digit(), x).cmp(&(!y.is_ascii_digit(), y));
+                if order != Ordering::Equal {
+                    return order;
+                }
+                (a, b) = (&a[x.len_utf8()..], &b[y.len_utf8()..]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states() {
+        assert_eq!(parse_state("4: ACTIVE"), Ok(PortState::Active));
+        assert_eq!(parse_state("1: DOWN"), Ok(PortState::Down));
+        assert_eq!(parse_state("2: INIT"), Ok(PortState::Init));
+        assert_eq!(parse_state("3: ARMED"), Ok(PortState::Armed));
+        assert_eq!(parse_state("5: ACTIVE_DEFER"), Ok(PortState::ActiveDefer));
+        assert_eq!(parse_state("0: NOP"), Ok(PortState::Unknown));
+        assert!(parse_state("ACTIVE").is_err());
+        assert!(parse_state("9: BOGUS").is_err());
+        assert!(parse_state("x: ACTIVE").is_err());
+    }
+
+    #[test]
+    fn hex_values() {
+        assert_eq!(parse_hex_u16("0x5"), Ok(5));
+        assert_eq!(parse_hex_u16("0xffff"), Ok(0xffff));
+        assert_eq!(parse_hex_u16("0x0000"), Ok(0));
+        assert!(parse_hex_u16("5").is_err());
+        assert!(parse_hex_u16("0x").is_err());
+        assert!(parse_hex_u16("0x10000").is_err());
+        assert!(parse_hex_u16("0xzz").is_err());
+    }
+
+    #[test]
+    fn link_layers() {
+        assert_eq!(parse_link_layer("InfiniBand"), Ok(LinkLayer::Infiniband));
+        assert_eq!(parse_link_layer("Ethernet"), Ok(LinkLayer::Ethernet));
+        assert_eq!(parse_link_layer("Unknown"), Ok(LinkLayer::Unknown));
+        assert!(parse_link_layer("infiniband").is_err());
+    }
+
+    #[test]
+    fn guids_and_gids() {
+        assert_eq!(
+            parse_guid("0002:c903:000e:0b72"),
+            Ok(Guid(0x0002_c903_000e_0b72))
+        );
+        assert!(parse_guid("0002c903000e0b72").is_err());
+        assert!(parse_guid("0002:c903:000e:0b7").is_err());
+        let gid = parse_gid("fe80:0000:0000:0000:0002:c903:000e:0b73").unwrap();
+        assert_eq!(gid as u64, 0x0002_c903_000e_0b73);
+        assert_eq!((gid >> 64) as u64, 0xfe80_0000_0000_0000);
+        assert!(parse_gid("fe80::2:c903:e:b73").is_err());
+    }
+
+    #[test]
+    fn natural_order() {
+        let mut names = vec![
+            "mlx5_10",
+            "mlx5_bond_0",
+            "mlx5_2",
+            "ibp1s0",
+            "mlx5_0",
+            "rxe0",
+        ];
+        names.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(
+            names,
+            [
+                "ibp1s0",
+                "mlx5_0",
+                "mlx5_2",
+                "mlx5_10",
+                "mlx5_bond_0",
+                "rxe0"
+            ]
+        );
+        assert_eq!(natural_cmp("a01", "a1"), Ordering::Equal);
+    }
+}

@@ -1,1 +1,0 @@
-//! libibverbs wrappers. Placeholder until they land.
