@@ -4,6 +4,7 @@
 use super::{Agent, AgentError, AgentParts};
 use crate::config::{Backend, Config, ObserverKind};
 use crate::domain::FabricName;
+use crate::observe::combined::CombinedObserver;
 use crate::observe::embedded::EmbeddedObserver;
 use crate::observe::PortObserver;
 use crate::sim::{SimFabric, SimPersistence};
@@ -69,20 +70,7 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             )))
         }
     };
-    let (observer, observer_reason): (Arc<dyn PortObserver>, String) = match kind {
-        ObserverKind::Embedded => (
-            Arc::new(EmbeddedObserver::new(
-                sim.clone().expect("sim built for the embedded observer"),
-                config.observer.slow_poll(),
-            )),
-            "configured: the embedded simulated fabric".to_owned(),
-        ),
-        other => {
-            return Err(AgentError::Unavailable(format!(
-                "observer {other:?} is not built into this agent"
-            )))
-        }
-    };
+    let (observer, observer_reason) = observer(config, kind, sim.clone())?;
     let agent = Agent::new(AgentParts {
         node_id,
         fabric: FabricName::parse(&config.fabric)?,
@@ -97,6 +85,41 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
         released_retain: Duration::from_secs(config.events.released_retain_secs),
     });
     Ok(Assembled { agent, store })
+}
+
+/// Builds the observer: the embedded one, or a real one (auto/verbs/sysfs/smp); with the
+/// embedded backend a real observer also shows the simulated ports (see `observe::combined`).
+fn observer(
+    config: &Config,
+    kind: ObserverKind,
+    sim: Option<Arc<SimFabric>>,
+) -> Result<(Arc<dyn PortObserver>, String), AgentError> {
+    let embedded = |sim: Arc<SimFabric>| EmbeddedObserver::new(sim, config.observer.slow_poll());
+    let unavailable = |e: crate::observe::ObserveError| AgentError::Unavailable(e.to_string());
+    let (real, reason): (Box<dyn PortObserver>, String) = match kind {
+        ObserverKind::Embedded => {
+            let sim = sim.expect("sim built for the embedded observer");
+            return Ok((
+                Arc::new(embedded(sim)),
+                "configured: the embedded simulated fabric".to_owned(),
+            ));
+        }
+        ObserverKind::Auto | ObserverKind::Verbs | ObserverKind::Sysfs => {
+            crate::observe::auto::select(&config.observer, kind).map_err(unavailable)?
+        }
+        ObserverKind::Smp => {
+            return Err(AgentError::Unavailable(
+                "observer smp is not built into this agent".into(),
+            ))
+        }
+    };
+    Ok(match sim {
+        Some(sim) => (
+            Arc::new(CombinedObserver::new(real, Box::new(embedded(sim)))),
+            format!("{reason}; plus the embedded fabric's simulated ports"),
+        ),
+        None => (Arc::from(real), reason),
+    })
 }
 
 /// Reads the ports once through the configured observer, without a daemon (`fabric-agent

@@ -1,6 +1,7 @@
 //! Port observers: how the agent sees its own ports' state and P_Key tables.
 
 pub mod auto;
+pub mod combined;
 pub mod embedded;
 pub mod smp;
 pub mod sysfs;

@@ -1,0 +1,201 @@
+//! The daemon on a host seen through sysfs (a fixture tree shaped like an 8x ConnectX GPU host
+//! plus a RoCE storage device): keys appearing in the ports' tables drive ACTIVE, vanishing
+//! drives RELEASED, a DOWN port counts as released, and the excluded RoCE device blocks neither.
+
+mod common;
+
+use common::*;
+use fabric_agent::proto::agent as pb;
+use std::path::Path;
+use std::time::Duration;
+
+const IB: [&str; 8] = [
+    "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7",
+];
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let dest = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &dest);
+        } else {
+            std::fs::copy(entry.path(), dest).unwrap();
+        }
+    }
+}
+
+fn port_file(root: &Path, dev: &str, file: &str) -> std::path::PathBuf {
+    root.join(dev).join("ports/1").join(file)
+}
+
+fn set_pkey(root: &Path, dev: &str, index: usize, value: u16) {
+    std::fs::write(
+        port_file(root, dev, &format!("pkeys/{index}")),
+        format!("{value:#06x}\n"),
+    )
+    .unwrap();
+}
+
+async fn wait_state(
+    c: &mut fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient<
+        tonic::transport::Channel,
+    >,
+    want: pb::AttachmentState,
+) -> pb::Attachment {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let a = c
+            .get_attachment(pb::GetAttachmentRequest {
+                instance_id: "gpu-1".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if state(&a) == want || tokio::time::Instant::now() > deadline {
+            return a;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_tables_in_sysfs_drive_active_and_released() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    copy_tree(Path::new("tests/fixtures/sysfs/mlx5-8x"), &root);
+    // Bring the DOWN port up for the attach half (its stale key goes away with the reset).
+    std::fs::write(port_file(&root, "mlx5_3", "state"), "4: ACTIVE\n").unwrap();
+    set_pkey(&root, "mlx5_3", 1, 0);
+    let devices: Vec<String> = IB.iter().map(|d| format!("\"{d}\"")).collect();
+    let extra = format!(
+        "[observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\nfast_poll_ms = 20\n[ports]\ndevices = [{}]\n",
+        root.display(),
+        devices.join(", ")
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(node.observer, "sysfs", "{}", node.observer_reason);
+    let bond = node
+        .ports
+        .iter()
+        .find(|p| p.device == "mlx5_bond_0")
+        .expect("RoCE device listed");
+    assert!(!bond.fabric_port);
+    assert_eq!(node.ports.iter().filter(|p| p.fabric_port).count(), 8);
+
+    let r = c
+        .attach_partition(attach(
+            "gpu-1",
+            partition("ibpart_train", 0x0c33),
+            Some(300),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        state(&r.into_inner().attachment.unwrap()),
+        pb::AttachmentState::Programming
+    );
+    // The "SM" programs seven of eight ports: still not ACTIVE.
+    for dev in &IB[..7] {
+        set_pkey(&root, dev, 10, 0x8c33);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        state(&wait_state(&mut c, pb::AttachmentState::Programming).await),
+        pb::AttachmentState::Programming
+    );
+    set_pkey(&root, IB[7], 10, 0x8c33);
+    assert_eq!(
+        state(&wait_state(&mut c, pb::AttachmentState::Active).await),
+        pb::AttachmentState::Active
+    );
+
+    c.release_instance(pb::ReleaseInstanceRequest {
+        instance_id: "gpu-1".into(),
+        wait_ms: None,
+    })
+    .await
+    .unwrap();
+    // The key leaves every port but mlx5_3, which goes DOWN still listing it: that counts as
+    // released (the SM reprograms a port before it can go ACTIVE again).
+    for dev in IB.iter().filter(|d| **d != "mlx5_3") {
+        set_pkey(&root, dev, 10, 0);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        state(&wait_state(&mut c, pb::AttachmentState::Releasing).await),
+        pb::AttachmentState::Releasing
+    );
+    std::fs::write(port_file(&root, "mlx5_3", "state"), "1: DOWN\n").unwrap();
+    assert_eq!(
+        state(&wait_state(&mut c, pb::AttachmentState::Released).await),
+        pb::AttachmentState::Released
+    );
+
+    let evs = events(&mut c, 0).await;
+    assert_gap_free(&evs);
+    assert!(evs.iter().any(
+        |e| matches!(&e.kind, Some(pb::event::Kind::PortStateChanged(p)) if p.device == "mlx5_3")
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rxe_rig_lists_roce_and_completes_against_the_embedded_tables() {
+    let tmp = tempfile::tempdir().unwrap();
+    // `auto` finds no verbs device on this kernel and falls back to sysfs at this root: the
+    // same inventory an rxe rig shows.
+    let extra = format!(
+        "[observer]\nkind = \"auto\"\nsysfs_root = \"{}\"\n",
+        std::fs::canonicalize("tests/fixtures/sysfs/rxe")
+            .unwrap()
+            .display()
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let rxe = node
+        .ports
+        .iter()
+        .find(|p| p.device == "rxe0")
+        .expect("rxe0 listed");
+    assert_eq!(rxe.link_layer, pb::LinkLayer::Ethernet as i32);
+    assert!(!rxe.fabric_port, "RoCE is not an InfiniBand fabric port");
+    assert_eq!(rxe.pkeys, vec![0xffff]);
+    assert!(
+        node.observer_reason.contains("embedded"),
+        "{}",
+        node.observer_reason
+    );
+    let a = c
+        .attach_partition(attach("gpu-1", partition("ibpart_demo", 0x21), Some(5000)))
+        .await
+        .unwrap();
+    assert_eq!(
+        state(&a.into_inner().attachment.unwrap()),
+        pb::AttachmentState::Active
+    );
+    let r = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "gpu-1".into(),
+            wait_ms: Some(5000),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        state(&r.into_inner().attachment.unwrap()),
+        pb::AttachmentState::Released
+    );
+}
