@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what fabric-agent needs to build, test and run its demo on Debian 12, as root:
+# protoc (gRPC codegen), libibverbs + libclang (rdma-sys), ibsim + OpenSM + infiniband-diags
+# (the userspace InfiniBand test fabric), systemd (systemd-analyze verify). Idempotent.
+set -euo pipefail
+
+packages=(
+  protobuf-compiler pkg-config libclang-dev
+  libibverbs-dev librdmacm-dev ibverbs-providers
+  ibsim-utils opensm infiniband-diags
+  systemd
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found: install the Rust toolchain first" >&2
+  exit 1
+fi
