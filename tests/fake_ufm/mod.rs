@@ -10,7 +10,7 @@
 //!
 //! Use from `tests/*.rs` with `mod fake_ufm;`, from benches with
 //! `#[path = "../tests/fake_ufm/mod.rs"] mod fake_ufm;`.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 mod model;
 

@@ -55,10 +55,16 @@ pub struct UfmSm {
     policy: RetryPolicy,
     index0: bool,
     ip_over_ib: bool,
+    client_settings: ClientSettings,
+    state: tokio::sync::Mutex<State>,
+}
+
+/// What every HTTP client this backend builds shares.
+struct ClientSettings {
     connect_timeout: Duration,
     request_timeout: Duration,
+    /// Trusted roots from `ca_file` (empty: the system's trust store).
     roots: Vec<Certificate>,
-    state: tokio::sync::Mutex<State>,
 }
 
 impl fmt::Debug for UfmSm {
@@ -106,6 +112,31 @@ impl From<Unreachable> for Failure {
     }
 }
 
+impl ClientSettings {
+    /// An HTTP client with the timeouts, trusted roots and (optionally) client identity.
+    fn build(&self, identity: Option<&Secret>) -> Result<Client, SmError> {
+        let mut builder = Client::builder()
+            .connect_timeout(self.connect_timeout)
+            .timeout(self.request_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("fabric-agent/", env!("CARGO_PKG_VERSION")));
+        if !self.roots.is_empty() {
+            builder = builder.tls_certs_only(self.roots.clone());
+        }
+        if let Some(pem) = identity {
+            let identity = reqwest::Identity::from_pem(pem.expose().as_bytes()).map_err(|e| {
+                SmError::Refused(format!(
+                    "UFM client_cert/client_key are not a usable PEM certificate and key: {e}"
+                ))
+            })?;
+            builder = builder.identity(identity);
+        }
+        builder
+            .build()
+            .map_err(|e| SmError::Refused(format!("UFM HTTP client: {e}")))
+    }
+}
+
 /// Counts for the outcome line.
 #[derive(Default)]
 struct Summary {
@@ -146,7 +177,19 @@ impl UfmSm {
                 roots
             }
         };
-        let mut sm = UfmSm {
+        let client_settings = ClientSettings {
+            connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+            request_timeout: Duration::from_millis(config.request_timeout_ms),
+            roots,
+        };
+        let (client, identity) = match &auth {
+            AuthConfig::ClientCert { cert, key } => {
+                let (pem, fp) = auth::load_identity_blocking(cert, key)?;
+                (client_settings.build(Some(&pem))?, Some(fp))
+            }
+            _ => (client_settings.build(None)?, None),
+        };
+        Ok(UfmSm {
             base,
             auth,
             policy: RetryPolicy {
@@ -156,58 +199,23 @@ impl UfmSm {
             },
             index0: config.index0,
             ip_over_ib: config.ip_over_ib,
-            connect_timeout: Duration::from_millis(config.connect_timeout_ms),
-            request_timeout: Duration::from_millis(config.request_timeout_ms),
-            roots,
+            client_settings,
             state: tokio::sync::Mutex::new(State {
-                client: Client::new(),
-                identity: None,
+                client,
+                identity,
                 rejected: None,
                 discovered: false,
                 programmed: BTreeMap::new(),
                 removal: RemovalForm::Action,
             }),
-        };
-        let (client, identity) = match &sm.auth {
-            AuthConfig::ClientCert { cert, key } => {
-                let (pem, fp) = auth::load_identity_blocking(cert, key)?;
-                (sm.build_client(Some(&pem))?, Some(fp))
-            }
-            _ => (sm.build_client(None)?, None),
-        };
-        let state = sm.state.get_mut();
-        state.client = client;
-        state.identity = identity;
-        Ok(sm)
-    }
-
-    fn build_client(&self, identity: Option<&Secret>) -> Result<Client, SmError> {
-        let mut builder = Client::builder()
-            .connect_timeout(self.connect_timeout)
-            .timeout(self.request_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("fabric-agent/", env!("CARGO_PKG_VERSION")));
-        if !self.roots.is_empty() {
-            builder = builder.tls_certs_only(self.roots.clone());
-        }
-        if let Some(pem) = identity {
-            let identity = reqwest::Identity::from_pem(pem.expose().as_bytes()).map_err(|e| {
-                SmError::Refused(format!(
-                    "UFM client_cert/client_key are not a usable PEM certificate and key: {e}"
-                ))
-            })?;
-            builder = builder.identity(identity);
-        }
-        builder
-            .build()
-            .map_err(|e| SmError::Refused(format!("UFM HTTP client: {e}")))
+        })
     }
 
     /// Rebuilds the client when the client certificate or key changed on disk.
     fn refresh_identity(&self, state: &mut State, loaded: &Loaded) -> Result<(), SmError> {
         if let Credential::ClientCert(pem) = &loaded.credential {
             if state.identity != Some(loaded.fingerprint) {
-                state.client = self.build_client(Some(pem))?;
+                state.client = self.client_settings.build(Some(pem))?;
                 state.identity = Some(loaded.fingerprint);
             }
         }
