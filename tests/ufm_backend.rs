@@ -704,3 +704,52 @@ async fn constructor_checks_config_and_certificate_files() {
     let err = UfmSm::new(&c).unwrap_err();
     assert!(err.to_string().contains("empty-ca.pem"), "{err}");
 }
+
+#[tokio::test]
+async fn guids_of_a_replaced_port_are_removed() {
+    const G3: u64 = 0x0002_c903_000e_0b99;
+    let rig = Rig::new().await;
+    let sm = rig.sm();
+    sm.apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]))
+        .await
+        .unwrap();
+    rig.fake.clear_requests();
+    // The HCA behind G2 was replaced by one with G3.
+    sm.apply(&node(&[G1, G3], &[(0x0a12, Membership::Full)]))
+        .await
+        .unwrap();
+    let log = rig.fake.requests();
+    assert_eq!(
+        calls(&log),
+        [
+            "GET /ufmRest/resources/pkeys/0x0a12?guids_data=true 200",
+            "POST /ufmRest/resources/pkeys 200",
+            "POST /ufmRest/actions/remove_guids_from_pkey 200",
+            "GET /ufmRest/resources/pkeys/0x0a12?guids_data=true 200",
+        ]
+    );
+    assert_eq!(
+        log[1].body.as_ref().unwrap()["guids"],
+        json!(["0002c903000e0b99"])
+    );
+    assert_eq!(
+        log[2].body.as_ref().unwrap()["guids"],
+        json!(["0002c903000e0b73"])
+    );
+    assert_eq!(
+        rig.fake.members(0x0a12),
+        members(&[(G1, Membership::Full), (G3, Membership::Full)])
+    );
+}
+
+#[tokio::test]
+async fn forbidden_counts_as_rejected_credentials() {
+    let rig = Rig::new().await;
+    let sm = rig.sm();
+    rig.fake.inject_status(1, 403);
+    let desired = node(&[G1], &[(0x0a12, Membership::Full)]);
+    let err = sm.apply(&desired).await.unwrap_err();
+    assert!(err.to_string().contains("403 Forbidden"), "{err}");
+    assert_eq!(sm.apply(&desired).await.unwrap_err(), err);
+    assert_eq!(rig.fake.request_count(), 1);
+}
