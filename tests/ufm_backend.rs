@@ -753,3 +753,57 @@ async fn forbidden_counts_as_rejected_credentials() {
     assert_eq!(sm.apply(&desired).await.unwrap_err(), err);
     assert_eq!(rig.fake.request_count(), 1);
 }
+
+#[tokio::test]
+async fn a_change_ufm_did_not_make_fails_the_read_back() {
+    let rig = Rig::new().await;
+    rig.fake.set_quirks(Quirks {
+        ignore_writes: true,
+        ..Quirks::default()
+    });
+    let sm = rig.sm();
+    let desired = node(&[G1, G2], &[(0x0a12, Membership::Full)]);
+    let err = sm.apply(&desired).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("reading it back shows 2 GUID(s) still to add"),
+        "{err}"
+    );
+    rig.fake.set_quirks(Quirks::default());
+    sm.apply(&desired).await.unwrap();
+    assert_eq!(rig.fake.members(0x0a12).len(), 2);
+}
+
+#[tokio::test]
+async fn the_startup_scan_is_retried_until_it_succeeds() {
+    let rig = Rig::new().await;
+    rig.fake.insert_partition(
+        0x0011,
+        FakePartition {
+            name: "left over".into(),
+            ip_over_ib: true,
+            members: [(
+                G1,
+                FakeMember {
+                    membership: Membership::Full,
+                    index0: false,
+                },
+            )]
+            .into(),
+        },
+    );
+    let sm = rig.sm();
+    rig.fake.outage_503(Duration::from_secs(30));
+    assert!(sm
+        .apply(&node(&[G1], &[]))
+        .await
+        .unwrap_err()
+        .is_transient());
+    rig.fake.outage_503(Duration::ZERO);
+    rig.fake.clear_requests();
+    sm.apply(&node(&[G1], &[])).await.unwrap();
+    let log = calls(&rig.fake.requests());
+    assert_eq!(log[0], "GET /ufmRest/resources/pkeys?guids_data=true 200");
+    assert!(rig.fake.members(0x0011).is_empty(), "{log:?}");
+}

@@ -34,6 +34,8 @@ pub struct Quirks {
     pub delete_emptied_partitions: bool,
     /// `POST …/actions/remove_guids_from_pkey` answers 404 (the deprecated form is gone).
     pub remove_action_gone: bool,
+    /// Writes answer 200 but change nothing (a UFM that loses requests).
+    pub ignore_writes: bool,
 }
 
 /// An answer: status and JSON body.
@@ -173,6 +175,9 @@ impl Model {
         };
         let index0 = flag("index0", false)?;
         let ip_over_ib = flag("ip_over_ib", true)?;
+        if self.quirks.ignore_writes {
+            return Ok(key);
+        }
         let partition = self.partitions.entry(key).or_insert_with(|| FakePartition {
             name: format!("api_pkey_0x{key:x}"),
             ip_over_ib,
@@ -222,6 +227,9 @@ impl Model {
         let Some(partition) = self.partitions.get_mut(&key) else {
             return (error(404, format!("pkey 0x{key:x} not found")), None);
         };
+        if self.quirks.ignore_writes {
+            return ((200, json!({})), Some(key));
+        }
         for g in guids {
             partition.members.remove(g);
         }
