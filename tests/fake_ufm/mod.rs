@@ -97,6 +97,33 @@ struct Shared {
     changes: broadcast::Sender<MembershipChange>,
 }
 
+/// Accepts TCP connections and completes a TLS handshake (client certificates are checked by
+/// the `ServerConfig`); failed handshakes are dropped.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, peer)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(stream).await {
+                return (tls, peer);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
 struct Running {
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
@@ -105,6 +132,7 @@ struct Running {
 /// The fake server. Stops when dropped.
 pub struct FakeUfm {
     addr: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shared: Arc<Shared>,
     running: Arc<Mutex<Option<Running>>>,
 }
@@ -121,6 +149,15 @@ impl FakeUfm {
 
     /// Starts a fake with the given authentication.
     pub async fn start_with(auth: FakeAuth) -> FakeUfm {
+        Self::start_inner(auth, None).await
+    }
+
+    /// Starts a fake speaking HTTPS with `tls` (which may require client certificates).
+    pub async fn start_tls(auth: FakeAuth, tls: Arc<rustls::ServerConfig>) -> FakeUfm {
+        Self::start_inner(auth, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    async fn start_inner(auth: FakeAuth, tls: Option<tokio_rustls::TlsAcceptor>) -> FakeUfm {
         let (changes, _) = broadcast::channel(1024);
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
@@ -140,17 +177,23 @@ impl FakeUfm {
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
-        let running = Arc::new(Mutex::new(Some(serve(listener, shared.clone()))));
+        let running = Arc::new(Mutex::new(Some(serve(
+            listener,
+            tls.clone(),
+            shared.clone(),
+        ))));
         FakeUfm {
             addr,
+            tls,
             shared,
             running,
         }
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https` when started with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The listening address.
@@ -207,12 +250,13 @@ impl FakeUfm {
             let _ = tokio::time::timeout(Duration::from_secs(2), old.task).await;
         }
         let (addr, shared, running) = (self.addr, self.shared.clone(), self.running.clone());
+        let tls = self.tls.clone();
         tokio::spawn(async move {
             tokio::time::sleep(duration).await;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .expect("re-bind the fake UFM port");
-            *running.lock().expect("lock") = Some(serve(listener, shared));
+            *running.lock().expect("lock") = Some(serve(listener, tls, shared));
         });
     }
 
@@ -295,16 +339,32 @@ impl Drop for FakeUfm {
     }
 }
 
-fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> Running {
+fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
+) -> Running {
     let (stop, stopped) = oneshot::channel::<()>();
     let app = Router::new().fallback(handle).with_state(shared);
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    let task = match tls {
+        None => tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await;
+        }),
+        Some(acceptor) => tokio::spawn(async move {
+            let listener = TlsListener {
+                tcp: listener,
+                acceptor,
+            };
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await;
+        }),
+    };
     Running { stop, task }
 }
 
