@@ -76,8 +76,8 @@ impl Exchange<'_> {
         loop {
             let failure = match self.send_once(&method, &url, body).await {
                 Ok(answer) if !answer.status.is_server_error() => return Ok(answer),
-                Ok(answer) => format!("UFM answered {} to {method} {path}", answer.status),
-                Err(why) => format!("{method} {path}: {why}"),
+                Ok(answer) => format!("UFM answered {} to {method} {url}", answer.status),
+                Err(why) => format!("{method} {url}: {why}"),
             };
             if attempt >= self.policy.retries {
                 return Err(Unreachable(format!(
