@@ -1,0 +1,107 @@
+//! UFM backend cost: HTTP requests per apply and apply latency against the in-process fake UFM
+//! (loopback, no TLS). Prints a table; run with `cargo bench --bench ufm`.
+
+#[path = "../tests/fake_ufm/mod.rs"]
+mod fake_ufm;
+
+use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
+use fabric_agent::sm::ufm::{UfmConfig, UfmSm};
+use fabric_agent::sm::SubnetManager;
+use fake_ufm::{FakeAuth, FakeUfm};
+use std::time::{Duration, Instant};
+
+const PORTS: u64 = 8;
+const RUNS: usize = 200;
+
+fn node(keys: impl IntoIterator<Item = u16>) -> NodeMemberships {
+    NodeMemberships {
+        node_id: "bench-node".into(),
+        port_guids: (0..PORTS)
+            .map(|p| Guid(0x0002_c903_0000_0000 + p))
+            .collect(),
+        keys: keys
+            .into_iter()
+            .map(|k| {
+                (
+                    PKey::new(u32::from(k)).expect("valid key"),
+                    KeySetting {
+                        membership: Membership::Full,
+                        name: format!("p{k}"),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+async fn backend(dir: &std::path::Path, fake: &FakeUfm) -> UfmSm {
+    let cred = dir.join("ufm.cred");
+    std::fs::write(&cred, "admin:123456\n").expect("write credentials");
+    UfmSm::new(&UfmConfig::with_credentials_file(fake.url(), cred)).expect("backend")
+}
+
+async fn requests_of(fake: &FakeUfm, sm: &UfmSm, desired: &NodeMemberships) -> usize {
+    fake.clear_requests();
+    sm.apply(desired).await.expect("apply");
+    fake.request_count()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx]
+}
+
+async fn latency(sm: &UfmSm, desired: &[NodeMemberships]) -> (Duration, Duration) {
+    let mut times = Vec::with_capacity(RUNS);
+    for i in 0..RUNS {
+        let d = &desired[i % desired.len()];
+        let t = Instant::now();
+        sm.apply(d).await.expect("apply");
+        times.push(t.elapsed());
+    }
+    times.sort();
+    (percentile(&times, 0.5), percentile(&times, 0.99))
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    println!("UFM backend, {PORTS} port GUIDs per node, fake UFM on loopback ({RUNS} applies per latency row)");
+    println!();
+    println!("| keys | first apply | no-change re-apply | release all | re-apply p50 / p99 ms | one-key change p50 / p99 ms | re-apply p50 / p99 ms, UFM +2 ms/request |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for n in [1u16, 8, 32] {
+        let fake = FakeUfm::start_with(FakeAuth::Basic {
+            user: "admin".into(),
+            password: "123456".into(),
+        })
+        .await;
+        let sm = backend(dir.path(), &fake).await;
+        let keys: Vec<u16> = (0..n).map(|i| 0x0100 + i).collect();
+        let all = node(keys.clone());
+        let first = requests_of(&fake, &sm, &all).await;
+        let again = requests_of(&fake, &sm, &all).await;
+        let release = requests_of(&fake, &sm, &node([])).await;
+
+        sm.apply(&all).await.expect("apply");
+        let steady = latency(&sm, std::slice::from_ref(&all)).await;
+        // One key attached then released on top of the others, alternately.
+        let plus_one = node(keys.iter().copied().chain([0x0fff]));
+        let change = latency(&sm, &[plus_one, all.clone()]).await;
+        fake.set_delay(Duration::from_millis(2));
+        let slow = latency(&sm, std::slice::from_ref(&all)).await;
+        println!(
+            "| {n} | {first} | {again} | {release} | {} / {} | {} / {} | {} / {} |",
+            ms(steady.0),
+            ms(steady.1),
+            ms(change.0),
+            ms(change.1),
+            ms(slow.0),
+            ms(slow.1)
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! `[subnet_manager.ufm]`: where UFM is, how to authenticate, how patiently to talk to it.
+
+use reqwest::Url;
+use serde::Deserialize;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// `[subnet_manager.ufm]` settings. Exactly one authentication method must be set:
+/// `credentials_file` (HTTP basic), `token_file` (UFM access token) or `client_cert` +
+/// `client_key` (TLS client certificate).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct UfmConfig {
+    /// Base URL of the UFM server, e.g. `https://ufm.example.net` (no path, no credentials).
+    /// Plain `http` is accepted only for a loopback host.
+    pub url: String,
+    /// PEM CA bundle that UFM's server certificate must chain to. When unset, the system's
+    /// trust store is used.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// File holding `user:password` on its first line (HTTP basic authentication, API path
+    /// `/ufmRest`). Re-read on every apply, so rotating it needs no restart.
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for TLS client authentication (API path `/ufmRestV2`).
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `client_cert`.
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
+    /// File holding a UFM access token (API path `/ufmRestV3`). Re-read on every apply.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// How the token is sent: `basic` (`Authorization: Basic <token>`, what UFM expects) or
+    /// `bearer` (`Authorization: Bearer <token>`, for gateways in front of UFM).
+    #[serde(default)]
+    pub token_scheme: TokenScheme,
+    /// Overrides the API path chosen from the authentication method (`/ufmRest`,
+    /// `/ufmRestV2`, `/ufmRestV3`), e.g. for a reverse proxy.
+    #[serde(default)]
+    pub api_path: Option<String>,
+    /// TCP + TLS connect timeout, milliseconds.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Whole-request timeout (connect, send, answer), milliseconds.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Extra attempts per request after a timeout, a connection error or a 5xx answer.
+    /// 4xx answers are never retried.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// First retry delay, milliseconds; doubles per attempt up to `backoff_max_ms`, with
+    /// jitter (a random delay between half and all of the step).
+    #[serde(default = "default_backoff_initial_ms")]
+    pub backoff_initial_ms: u64,
+    /// Cap of the retry delay, milliseconds.
+    #[serde(default = "default_backoff_max_ms")]
+    pub backoff_max_ms: u64,
+    /// Sent as `index0` with every added GUID: store the key at index 0 of the port's table.
+    #[serde(default)]
+    pub index0: bool,
+    /// Sent as `ip_over_ib` with every added GUID: the partition carries IPoIB.
+    #[serde(default = "default_true")]
+    pub ip_over_ib: bool,
+}
+
+/// How an access token is put in the `Authorization` header.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenScheme {
+    /// `Authorization: Basic <token>` (UFM's own token form, `/ufmRestV3`).
+    #[default]
+    Basic,
+    /// `Authorization: Bearer <token>`.
+    Bearer,
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    3_000
+}
+fn default_request_timeout_ms() -> u64 {
+    15_000
+}
+fn default_retries() -> u32 {
+    3
+}
+fn default_backoff_initial_ms() -> u64 {
+    200
+}
+fn default_backoff_max_ms() -> u64 {
+    5_000
+}
+fn default_true() -> bool {
+    true
+}
+
+/// Which authentication method a valid configuration selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AuthConfig {
+    /// `credentials_file`.
+    Basic(PathBuf),
+    /// `token_file`.
+    Token(PathBuf, TokenScheme),
+    /// `client_cert` + `client_key`.
+    ClientCert {
+        /// PEM certificate chain.
+        cert: PathBuf,
+        /// PEM key.
+        key: PathBuf,
+    },
+}
+
+impl UfmConfig {
+    /// A configuration with defaults for everything but the URL and the authentication.
+    pub fn with_credentials_file(url: impl Into<String>, credentials_file: PathBuf) -> Self {
+        UfmConfig {
+            url: url.into(),
+            ca_file: None,
+            credentials_file: Some(credentials_file),
+            client_cert: None,
+            client_key: None,
+            token_file: None,
+            token_scheme: TokenScheme::default(),
+            api_path: None,
+            connect_timeout_ms: default_connect_timeout_ms(),
+            request_timeout_ms: default_request_timeout_ms(),
+            retries: default_retries(),
+            backoff_initial_ms: default_backoff_initial_ms(),
+            backoff_max_ms: default_backoff_max_ms(),
+            index0: false,
+            ip_over_ib: true,
+        }
+    }
+
+    /// Checks the settings; the message names the field and says how to fix it.
+    pub fn validate(&self) -> Result<(), String> {
+        self.base_url()?;
+        self.auth()?;
+        if let Some(path) = &self.api_path {
+            if !path.starts_with('/') || path.contains(['?', '#']) {
+                return Err(format!(
+                    "api_path {path:?} must be an absolute path such as \"/ufmRest\""
+                ));
+            }
+        }
+        if self.connect_timeout_ms == 0 || self.request_timeout_ms == 0 {
+            return Err("connect_timeout_ms and request_timeout_ms must be > 0".into());
+        }
+        if self.retries > 20 {
+            return Err("retries must be 0-20".into());
+        }
+        if self.backoff_initial_ms == 0 || self.backoff_max_ms < self.backoff_initial_ms {
+            return Err("backoff must be > 0 and backoff_max_ms >= backoff_initial_ms".into());
+        }
+        Ok(())
+    }
+
+    /// The parsed base URL: https, or http on a loopback host; no credentials, query or path.
+    pub(crate) fn base_url(&self) -> Result<Url, String> {
+        let url =
+            Url::parse(&self.url).map_err(|e| format!("url {:?} is not a URL: {e}", self.url))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            // Never echo the URL here: it holds a secret.
+            return Err(
+                "url must not contain credentials; put them in credentials_file or token_file"
+                    .into(),
+            );
+        }
+        let Some(host) = url.host_str() else {
+            return Err(format!("url {:?} has no host", self.url));
+        };
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = match bare.parse::<IpAddr>() {
+            Ok(ip) => ip.is_loopback(),
+            Err(_) => bare.eq_ignore_ascii_case("localhost"),
+        };
+        match url.scheme() {
+            "https" => {}
+            "http" if loopback => {}
+            "http" => {
+                return Err(format!(
+                    "url {:?} must use https (plain http is only allowed on loopback)",
+                    self.url
+                ))
+            }
+            other => return Err(format!("url scheme {other:?} is not http(s)")),
+        }
+        if url.query().is_some() || url.fragment().is_some() || url.path() != "/" {
+            return Err(format!(
+                "url {:?} must be the server's base URL without path or query (see api_path)",
+                self.url
+            ));
+        }
+        Ok(url)
+    }
+
+    /// The one configured authentication method.
+    pub(crate) fn auth(&self) -> Result<AuthConfig, String> {
+        let mut methods = Vec::new();
+        if let Some(f) = &self.credentials_file {
+            methods.push(AuthConfig::Basic(f.clone()));
+        }
+        if let Some(f) = &self.token_file {
+            methods.push(AuthConfig::Token(f.clone(), self.token_scheme));
+        }
+        match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => methods.push(AuthConfig::ClientCert {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            (None, None) => {}
+            _ => return Err("client_cert and client_key must be set together".into()),
+        }
+        match methods.len() {
+            1 => Ok(methods.remove(0)),
+            0 => Err(
+                "set one authentication method: credentials_file, token_file, or client_cert + client_key"
+                    .into(),
+            ),
+            _ => Err(
+                "set only one authentication method: credentials_file, token_file, or client_cert + client_key"
+                    .into(),
+            ),
+        }
+    }
+
+    /// The API path: configured, or the one UFM serves for the authentication method.
+    pub(crate) fn effective_api_path(&self, auth: &AuthConfig) -> String {
+        match (&self.api_path, auth) {
+            (Some(p), _) => p.trim_end_matches('/').to_string(),
+            (None, AuthConfig::Basic(_)) => "/ufmRest".into(),
+            (None, AuthConfig::ClientCert { .. }) => "/ufmRestV2".into(),
+            (None, AuthConfig::Token(..)) => "/ufmRestV3".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn basic(url: &str) -> UfmConfig {
+        UfmConfig::with_credentials_file(url, PathBuf::from("/etc/fabric-agent/ufm.cred"))
+    }
+
+    #[test]
+    fn parses_a_minimal_file_with_defaults() {
+        let c: UfmConfig = toml::from_str(
+            "url = \"https://ufm.example.net\"\ncredentials_file = \"/etc/fabric-agent/ufm.cred\"\n",
+        )
+        .unwrap();
+        assert_eq!(c, basic("https://ufm.example.net"));
+        c.validate().unwrap();
+        assert!(!c.index0);
+        assert!(c.ip_over_ib);
+    }
+
+    #[test]
+    fn rejects_unknown_fields() {
+        let e = toml::from_str::<UfmConfig>("url = \"https://u\"\npassword = \"x\"\n");
+        assert!(e.unwrap_err().to_string().contains("unknown field"));
+    }
+
+    #[test]
+    fn url_must_be_https_unless_loopback() {
+        assert!(basic("https://ufm.example.net").validate().is_ok());
+        assert!(basic("http://127.0.0.1:8080").validate().is_ok());
+        assert!(basic("http://[::1]:8080").validate().is_ok());
+        assert!(basic("http://localhost:8080").validate().is_ok());
+        let e = basic("http://ufm.example.net").validate().unwrap_err();
+        assert!(e.contains("https"), "{e}");
+        assert!(basic("ftp://ufm.example.net").validate().is_err());
+        assert!(basic("https://ufm.example.net/ufmRest").validate().is_err());
+        assert!(basic("not a url").validate().is_err());
+    }
+
+    #[test]
+    fn url_with_credentials_is_refused_without_echoing_them() {
+        let e = basic("https://admin:s3cret@ufm.example.net")
+            .validate()
+            .unwrap_err();
+        assert!(!e.contains("s3cret"), "{e}");
+        assert!(e.contains("credentials_file"), "{e}");
+    }
+
+    #[test]
+    fn exactly_one_auth_method() {
+        let mut c = basic("https://u.example");
+        c.token_file = Some("/t".into());
+        assert!(c.validate().unwrap_err().contains("only one"));
+        c.credentials_file = None;
+        c.token_file = None;
+        assert!(c.validate().unwrap_err().contains("set one"));
+        c.client_cert = Some("/c.pem".into());
+        assert!(c.validate().unwrap_err().contains("together"));
+        c.client_key = Some("/k.pem".into());
+        c.validate().unwrap();
+        assert_eq!(c.effective_api_path(&c.auth().unwrap()), "/ufmRestV2");
+    }
+
+    #[test]
+    fn api_path_follows_the_auth_method_unless_set() {
+        let mut c = basic("https://u.example");
+        assert_eq!(c.effective_api_path(&c.auth().unwrap()), "/ufmRest");
+        c.credentials_file = None;
+        c.token_file = Some("/t".into());
+        assert_eq!(c.effective_api_path(&c.auth().unwrap()), "/ufmRestV3");
+        c.api_path = Some("/proxy/ufmRest/".into());
+        assert_eq!(c.effective_api_path(&c.auth().unwrap()), "/proxy/ufmRest");
+        c.api_path = Some("ufmRest".into());
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn timeouts_and_backoff_must_make_sense() {
+        let mut c = basic("https://u.example");
+        c.request_timeout_ms = 0;
+        assert!(c.validate().is_err());
+        let mut c = basic("https://u.example");
+        c.backoff_max_ms = 1;
+        assert!(c.validate().is_err());
+    }
+}
