@@ -441,12 +441,17 @@ impl Config {
                     "backend = \"remote\" needs [subnet_manager.remote]",
                 ))
             }
-            Backend::Ufm if sm.ufm.is_none() => {
-                return Err(invalid(
-                    "subnet_manager.ufm",
-                    "backend = \"ufm\" needs [subnet_manager.ufm]",
-                ))
-            }
+            Backend::Ufm => sm
+                .ufm
+                .as_ref()
+                .ok_or_else(|| {
+                    invalid(
+                        "subnet_manager.ufm",
+                        "backend = \"ufm\" needs [subnet_manager.ufm]",
+                    )
+                })?
+                .validate()
+                .map_err(|r| invalid("subnet_manager.ufm", r))?,
             _ => {}
         }
         Ok(())

@@ -64,6 +64,16 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             sim.clone().expect("sim built for the embedded backend"),
             &sm_cfg.embedded,
         )),
+        Backend::Ufm => {
+            let ufm = sm_cfg
+                .ufm
+                .as_ref()
+                .expect("validated: [subnet_manager.ufm] present");
+            Arc::new(
+                crate::sm::ufm::UfmSm::new(ufm)
+                    .map_err(|e| AgentError::Unavailable(e.to_string()))?,
+            )
+        }
         other => {
             return Err(AgentError::Unavailable(format!(
                 "subnet manager backend {other:?} is not built into this agent"

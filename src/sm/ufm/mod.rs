@@ -115,6 +115,7 @@ impl From<Unreachable> for Failure {
 impl ClientSettings {
     /// An HTTP client with the timeouts, trusted roots and (optionally) client identity.
     fn build(&self, identity: Option<&Secret>) -> Result<Client, SmError> {
+        crate::tls::install_crypto_provider();
         let mut builder = Client::builder()
             .connect_timeout(self.connect_timeout)
             .timeout(self.request_timeout)
