@@ -393,3 +393,49 @@ async fn an_unreachable_subnet_manager_never_yields_a_false_state() {
         "one event when lost, one when back"
     );
 }
+
+/// CPU seconds (user + system) a process has used.
+fn cpu_seconds(pid: nix::unistd::Pid) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64
+        / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .unwrap()
+            .unwrap() as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawn_change_leaves_the_reconciler_idle() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fault = tmp.path().join("fault");
+    let extra = format!(
+        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
+        fault.display()
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    // The SM fails the attach's apply, then the release withdraws the change before any retry
+    // succeeds: nothing is left to apply, so nothing may keep the loop spinning.
+    std::fs::write(&fault, "unreachable").unwrap();
+    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(300)))
+        .await
+        .unwrap();
+    c.release_instance(pb::ReleaseInstanceRequest {
+        instance_id: "i-1".into(),
+        wait_ms: Some(2000),
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let before = cpu_seconds(d.pid());
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let used = cpu_seconds(d.pid()) - before;
+    assert!(
+        used < 0.2,
+        "the daemon used {used:.2} CPU seconds in 2 s while idle"
+    );
+}

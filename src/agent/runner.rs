@@ -64,15 +64,14 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             continue;
         }
         let pending = l.pending();
-        let deadline = [
-            l.retry_at,
-            Some(l.resync_at),
-            Some(Instant::now() + HEARTBEAT),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .expect("at least the heartbeat");
+        // A retry deadline already past (the ports were unreadable, so no apply happened)
+        // must not wake the loop at once, again and again: the observer's poll wakes it.
+        let retry = l.retry_at.filter(|t| *t > Instant::now());
+        let deadline = [retry, Some(l.resync_at), Some(Instant::now() + HEARTBEAT)]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("at least the heartbeat");
         let observer = l.agent.shared.parts.observer.clone();
         tokio::select! {
             _ = l.agent.shared.wake.notified() => {}
@@ -122,11 +121,13 @@ impl Loop {
             .unwrap_or_default();
         let desired = plan::desired(&self.agent.shared.parts.node_id, guids, &attachments);
         let mut again = false;
+        let needed = self.force_apply || self.accepted.as_ref() != Some(&desired);
+        if !needed {
+            // Nothing left to retry (the failed change was withdrawn).
+            self.retry_at = None;
+        }
         let due = self.retry_at.is_none_or(|t| Instant::now() >= t);
-        if (self.force_apply || self.accepted.as_ref() != Some(&desired))
-            && due
-            && inventory.is_some()
-        {
+        if needed && due && inventory.is_some() {
             again = self.apply(desired).await?;
         }
         let transitions = plan::plan(
