@@ -190,3 +190,146 @@ pub(crate) mod be {
         buf[field].copy_from_slice(&v.to_be_bytes());
     }
 }
+
+/// Runs `bytes` through every parser of this module, as a MAD and as each attribute, and
+/// re-emits whatever parses. Used by the fuzz target and the property tests: it must never
+/// panic, and a parsed value must survive emit + parse unchanged.
+pub fn decode_everything(bytes: &[u8]) -> usize {
+    let mut parsed = 0;
+    if let Ok(p) = MadHeader::new_checked(bytes) {
+        parsed += usize::from(MadHeaderRepr::parse(&p).is_ok());
+    }
+    if let Ok(p) = Smp::new_checked(bytes) {
+        if let Ok(repr) = SmpRepr::parse(&p) {
+            let mut buf = [0u8; MAD_LEN];
+            repr.emit(&mut Smp::new_unchecked(&mut buf[..]));
+            let again = SmpRepr::parse(&Smp::new_unchecked(&buf[..]));
+            assert_eq!(again.as_ref(), Ok(&repr), "SMP round trip");
+            parsed += 1;
+        }
+    }
+    if let Ok(p) = SaMad::new_checked(bytes) {
+        if let Ok(repr) = SaMadRepr::parse(&p) {
+            let mut buf = [0u8; MAD_LEN];
+            repr.emit(&mut SaMad::new_unchecked(&mut buf[..]));
+            let again = SaMadRepr::parse(&SaMad::new_unchecked(&buf[..]));
+            assert_eq!(again.as_ref(), Ok(&repr), "SA MAD round trip");
+            parsed += 1;
+        }
+    }
+    let attribute = bytes.get(smp::field::DATA).unwrap_or(bytes);
+    if let Ok(p) = NodeInfo::new_checked(attribute) {
+        parsed += usize::from(NodeInfoRepr::parse(&p).is_ok());
+    }
+    if let Ok(p) = PortInfo::new_checked(attribute) {
+        if let Ok(repr) = PortInfoRepr::parse(&p) {
+            let mut buf = [0u8; port_info::field::END];
+            repr.emit(&mut PortInfo::new_unchecked(&mut buf[..]));
+            assert_eq!(&buf[..], &attribute[..port_info::field::END], "PortInfo round trip");
+            parsed += 1;
+        }
+    }
+    if let Ok(p) = PKeyTable::new_checked(attribute) {
+        parsed += usize::from(PKeyTableRepr::parse(&p).is_ok());
+    }
+    let record = bytes.get(sa::field::DATA).unwrap_or(bytes);
+    if let Ok(p) = PathRecord::new_checked(record) {
+        if let Ok(repr) = PathRecordRepr::parse(&p) {
+            let bytes = repr.to_bytes();
+            let again = PathRecordRepr::parse(&PathRecord::new_unchecked(&bytes[..]));
+            assert_eq!(again, Ok(repr), "PathRecord round trip");
+            parsed += 1;
+        }
+    }
+    parsed
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            decode_everything(&bytes);
+        }
+
+        #[test]
+        fn mutated_golden_mads_never_panic(
+            which in 0usize..12,
+            flips in proptest::collection::vec((0usize..256, any::<u8>()), 1..8),
+            cut in 0usize..=256,
+        ) {
+            let mut all: Vec<&[u8; 256]> = golden::SMPS.to_vec();
+            all.extend(golden::SA_MADS);
+            let mut bytes = all[which % all.len()].to_vec();
+            for (at, v) in flips {
+                bytes[at] = v;
+            }
+            bytes.truncate(cut);
+            decode_everything(&bytes);
+        }
+
+        #[test]
+        fn smp_repr_round_trips(
+            lid_routed in any::<bool>(),
+            method in any::<u8>(),
+            status in 0u16..0x8000,
+            tid in any::<u64>(),
+            attribute_id in any::<u16>(),
+            modifier in any::<u32>(),
+            m_key in any::<u64>(),
+            hops in 0u8..64,
+            fill in any::<u8>(),
+        ) {
+            let routing = if lid_routed {
+                SmpRouting::LidRouted
+            } else {
+                let mut r = smp::DirectedRoute::local();
+                r.hop_count = hops;
+                r.initial_path = [fill; smp::PATH_LEN];
+                SmpRouting::Directed(r)
+            };
+            let repr = SmpRepr {
+                routing,
+                method,
+                status,
+                transaction_id: tid,
+                attribute_id,
+                attribute_modifier: modifier,
+                m_key,
+                data: [fill; smp::DATA_LEN],
+            };
+            let mut buf = [0xa5u8; MAD_LEN];
+            repr.emit(&mut Smp::new_unchecked(&mut buf[..]));
+            prop_assert_eq!(SmpRepr::parse(&Smp::new_checked(&buf[..]).unwrap()), Ok(repr));
+        }
+
+        #[test]
+        fn node_info_round_trips(bytes in proptest::collection::vec(any::<u8>(), 40)) {
+            let repr = NodeInfoRepr::parse(&NodeInfo::new_checked(&bytes[..]).unwrap()).unwrap();
+            let mut buf = [0xa5u8; 40];
+            repr.emit(&mut NodeInfo::new_unchecked(&mut buf[..]));
+            prop_assert_eq!(&buf[..], &bytes[..]);
+        }
+
+        #[test]
+        fn pkey_blocks_round_trip(entries in proptest::array::uniform32(any::<u16>())) {
+            let repr = PKeyTableRepr { entries };
+            let mut buf = [0xa5u8; 64];
+            repr.emit(&mut PKeyTable::new_unchecked(&mut buf[..]));
+            prop_assert_eq!(PKeyTableRepr::parse(&PKeyTable::new_checked(&buf[..]).unwrap()), Ok(repr));
+        }
+    }
+
+    #[test]
+    fn golden_mads_decode_as_what_they_are() {
+        for bytes in golden::SMPS {
+            assert!(decode_everything(&bytes[..]) >= 2);
+        }
+        for bytes in golden::SA_MADS {
+            assert!(decode_everything(&bytes[..]) >= 2);
+        }
+    }
+}
