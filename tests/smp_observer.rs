@@ -48,18 +48,30 @@ fn observer_child_process() {
         match mode.as_str() {
             "inventory" => {
                 let inventory = observer.inventory().await.expect("inventory");
-                println!("{LINE_PREFIX}{}", serde_json::to_string(&inventory).unwrap());
+                println!(
+                    "{LINE_PREFIX}{}",
+                    serde_json::to_string(&inventory).unwrap()
+                );
             }
             "watch" => {
                 let (eof_tx, mut eof) = tokio::sync::oneshot::channel::<()>();
                 std::thread::spawn(move || {
                     let mut sink = String::new();
-                    while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {}
+                    while std::io::stdin()
+                        .read_line(&mut sink)
+                        .map(|n| n > 0)
+                        .unwrap_or(false)
+                    {}
                     let _ = eof_tx.send(());
                 });
                 let mut last = None;
                 loop {
-                    let port = observer.inventory().await.expect("inventory").ports.remove(0);
+                    let port = observer
+                        .inventory()
+                        .await
+                        .expect("inventory")
+                        .ports
+                        .remove(0);
                     let keys: Vec<u16> = port.pkeys.iter().map(|k| k.0).collect();
                     if last.as_ref() != Some(&keys) {
                         let line = serde_json::json!({ "t_ms": now_ms() as u64, "pkeys": keys });
@@ -79,15 +91,21 @@ fn observer_child_process() {
 
 fn child(fabric: &rig::Fabric, node: &str, mode: &str) -> std::process::Command {
     let mut cmd = fabric.client_command(node, std::env::current_exe().unwrap());
-    cmd.args(["observer_child_process", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, mode)
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "observer_child_process",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, mode)
+    .stderr(Stdio::inherit());
     cmd
 }
 
 /// The JSON after the marker (the test harness may print its own text before it).
 fn after_prefix(line: &str) -> Option<&str> {
-    line.find(LINE_PREFIX).map(|i| &line[i + LINE_PREFIX.len()..])
+    line.find(LINE_PREFIX)
+        .map(|i| &line[i + LINE_PREFIX.len()..])
 }
 
 fn observer_lines(stdout: ChildStdout) -> mpsc::Receiver<serde_json::Value> {
@@ -109,7 +127,11 @@ fn inventory_of(fabric: &rig::Fabric, node: &str) -> serde_json::Value {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(out.status.success(), "observer child for {node}: {}", out.status);
+    assert!(
+        out.status.success(),
+        "observer child for {node}: {}",
+        out.status
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let json = text
         .lines()
@@ -138,10 +160,13 @@ fn observer_inventory_matches_smpquery() {
     };
     // node1 and node2 share 0x8001; node3 holds 40 tenant keys so its table spills into the
     // second 32-entry block.
-    let (g1, g2, g3) = (guid(&fabric, "node1"), guid(&fabric, "node2"), guid(&fabric, "node3"));
-    let mut partitions = format!(
-        "Default=0x7fff : ALL=full ;\nt1=0x8001 : {g1}=full, {g2}=limited ;\n"
+    let (g1, g2, g3) = (
+        guid(&fabric, "node1"),
+        guid(&fabric, "node2"),
+        guid(&fabric, "node3"),
     );
+    let mut partitions =
+        format!("Default=0x7fff : ALL=full ;\nt1=0x8001 : {g1}=full, {g2}=limited ;\n");
     for i in 0..40 {
         partitions.push_str(&format!("m{i}=0x{:04x} : {g3}=full ;\n", 0x0100 + i));
     }
@@ -160,17 +185,37 @@ fn observer_inventory_matches_smpquery() {
         let ports = inventory["ports"].as_array().unwrap();
         assert_eq!(ports.len(), 1, "{node}");
         let port = &ports[0];
-        assert_eq!(port["node_guid"], serde_json::json!(expected_node.node_guid), "{node}");
-        assert_eq!(port["port_guid"], serde_json::json!(expected_node.port_guid), "{node}");
-        assert_eq!(port["port_number"], serde_json::json!(expected_node.local_port), "{node}");
+        assert_eq!(
+            port["node_guid"],
+            serde_json::json!(expected_node.node_guid),
+            "{node}"
+        );
+        assert_eq!(
+            port["port_guid"],
+            serde_json::json!(expected_node.port_guid),
+            "{node}"
+        );
+        assert_eq!(
+            port["port_number"],
+            serde_json::json!(expected_node.local_port),
+            "{node}"
+        );
         assert_eq!(port["lid"], serde_json::json!(expected_port.lid), "{node}");
-        assert_eq!(port["sm_lid"], serde_json::json!(expected_port.sm_lid), "{node}");
+        assert_eq!(
+            port["sm_lid"],
+            serde_json::json!(expected_port.sm_lid),
+            "{node}"
+        );
         assert_eq!(expected_port.state, "Active");
         assert_eq!(port["state"], "ACTIVE", "{node}");
         assert_eq!(port["link_layer"], "infiniband", "{node}");
         assert_eq!(port["device"], "ibsim0", "{node}");
         let keys: Vec<u16> = serde_json::from_value(port["pkeys"].clone()).unwrap();
-        assert_eq!(keys.len(), usize::from(expected_node.partition_cap), "{node}");
+        assert_eq!(
+            keys.len(),
+            usize::from(expected_node.partition_cap),
+            "{node}"
+        );
         assert_eq!(keys, expected_keys, "{node}: every P_Key table entry");
     }
     let node3 = inventory_of(&fabric, "node3");

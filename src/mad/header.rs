@@ -215,7 +215,11 @@ mod tests {
     fn short_and_foreign_headers_are_refused() {
         assert!(matches!(
             MadHeader::new_checked(&[1u8; 23][..]),
-            Err(MadError::Truncated { needed: 24, got: 23, .. })
+            Err(MadError::Truncated {
+                needed: 24,
+                got: 23,
+                ..
+            })
         ));
         let mut buf = [0u8; 24];
         buf[0] = 2;

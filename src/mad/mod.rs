@@ -225,7 +225,11 @@ pub fn decode_everything(bytes: &[u8]) -> usize {
         if let Ok(repr) = PortInfoRepr::parse(&p) {
             let mut buf = [0u8; port_info::field::END];
             repr.emit(&mut PortInfo::new_unchecked(&mut buf[..]));
-            assert_eq!(&buf[..], &attribute[..port_info::field::END], "PortInfo round trip");
+            assert_eq!(
+                &buf[..],
+                &attribute[..port_info::field::END],
+                "PortInfo round trip"
+            );
             parsed += 1;
         }
     }

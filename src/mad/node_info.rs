@@ -244,7 +244,8 @@ impl NodeInfoRepr {
 
     /// Number of 32-entry P_KeyTable blocks that hold `partition_cap` entries.
     pub fn pkey_blocks(&self) -> u16 {
-        self.partition_cap.div_ceil(super::pkey_table::ENTRIES_PER_BLOCK as u16)
+        self.partition_cap
+            .div_ceil(super::pkey_table::ENTRIES_PER_BLOCK as u16)
     }
 }
 
@@ -271,7 +272,8 @@ mod tests {
 
     #[test]
     fn block_count_rounds_up() {
-        let mut repr = NodeInfoRepr::parse(&NodeInfo::new_checked(&[0u8; 40][..]).unwrap()).unwrap();
+        let mut repr =
+            NodeInfoRepr::parse(&NodeInfo::new_checked(&[0u8; 40][..]).unwrap()).unwrap();
         for (cap, blocks) in [(0, 0), (1, 1), (32, 1), (33, 2), (128, 4), (u16::MAX, 2048)] {
             repr.partition_cap = cap;
             assert_eq!(repr.pkey_blocks(), blocks, "cap {cap}");
@@ -282,7 +284,11 @@ mod tests {
     fn truncated_node_info_is_refused() {
         assert!(matches!(
             NodeInfo::new_checked(&[0u8; 39][..]),
-            Err(MadError::Truncated { needed: 40, got: 39, .. })
+            Err(MadError::Truncated {
+                needed: 40,
+                got: 39,
+                ..
+            })
         ));
     }
 }

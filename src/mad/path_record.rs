@@ -365,7 +365,10 @@ mod tests {
     fn golden_path_record_query_and_answer() {
         let request = &golden::PATH_RECORD_GET[sa::field::DATA][..field::END];
         let query = PathRecordRepr::parse(&PathRecord::new_checked(request).unwrap()).unwrap();
-        assert_eq!(query, PathRecordRepr::between_lids(golden::LID, golden::PEER_LID));
+        assert_eq!(
+            query,
+            PathRecordRepr::between_lids(golden::LID, golden::PEER_LID)
+        );
         let data = &golden::PATH_RECORD_GET_RESP[sa::field::DATA][..field::END];
         let record = PathRecordRepr::parse(&PathRecord::new_checked(data).unwrap()).unwrap();
         assert_eq!(record.slid, golden::LID);

@@ -220,11 +220,12 @@ fn byte_count(ret: isize) -> Result<usize, Errno> {
 impl UmadPort {
     /// Opens a umad device: checks the ABI version, then enables the P_Key index header.
     pub fn open(path: &Path) -> Result<UmadPort, UmadError> {
-        let fd = nix::fcntl::open(path, OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
-            .map_err(|errno| UmadError::Open {
+        let fd = nix::fcntl::open(path, OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty()).map_err(
+            |errno| UmadError::Open {
                 path: path.to_owned(),
                 errno,
-            })?;
+            },
+        )?;
         let abi = read_text_file(Path::new(ABI_VERSION_PATH)).map_err(UmadError::AbiRead)?;
         if abi.parse::<u32>() != Ok(ABI_VERSION) {
             return Err(UmadError::AbiVersion(abi));

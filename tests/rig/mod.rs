@@ -220,7 +220,10 @@ static RIGS: AtomicUsize = AtomicUsize::new(0);
 fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
-        assert!(Instant::now() < deadline, "rig: timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "rig: timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -512,7 +515,8 @@ fn hex_field(text: &str, name: &str) -> u64 {
 
 fn dec_field(text: &str, name: &str) -> u64 {
     let v = text_field(text, name);
-    v.parse().unwrap_or_else(|_| panic!("{name}: not a number: {v}"))
+    v.parse()
+        .unwrap_or_else(|_| panic!("{name}: not a number: {v}"))
 }
 
 /// The entries of `smpquery pkeys` output (`   0: 0xffff 0x8001 ...` rows).

@@ -11,8 +11,8 @@ use crate::config::ObserverConfig;
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo as DomainPort, PortState};
 use crate::mad::{
     attribute, path_record, pkey_table, smp::DATA_LEN, status, MadError, NodeInfo, NodeInfoRepr,
-    PKeyTable, PKeyTableRepr, PathRecord, PathRecordRepr, PortInfo, PortInfoRepr, SaMad,
-    SaMadRepr, Smp, SmpRepr, MAD_LEN,
+    PKeyTable, PKeyTableRepr, PathRecord, PathRecordRepr, PortInfo, PortInfoRepr, SaMad, SaMadRepr,
+    Smp, SmpRepr, MAD_LEN,
 };
 use crate::sys::umad::{self, MadAddress, UmadError};
 use async_trait::async_trait;
@@ -224,7 +224,9 @@ fn device_name(umad_device: &Path) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "umad".to_owned());
-    let ibdev = Path::new("/sys/class/infiniband_mad").join(&file).join("ibdev");
+    let ibdev = Path::new("/sys/class/infiniband_mad")
+        .join(&file)
+        .join("ibdev");
     umad::read_text_file(&ibdev)
         .ok()
         .filter(|name| !name.is_empty())
