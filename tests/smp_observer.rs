@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const CHILD_ENV: &str = "FABRIC_AGENT_SMP_CHILD";
 const LINE_PREFIX: &str = "SMP-OBSERVER ";
+const PEER_ENV: &str = "FABRIC_AGENT_SMP_PEER";
 
 fn now_ms() -> u128 {
     SystemTime::now()
@@ -84,6 +85,16 @@ fn observer_child_process() {
                     }
                 }
             }
+            "path" => {
+                let peer: u16 = std::env::var(PEER_ENV).unwrap().parse().unwrap();
+                let port = observer.port().await.expect("port");
+                let path = observer
+                    .path_between(port.sm_lid, port.lid, peer)
+                    .await
+                    .expect("PathRecord query");
+                let line = serde_json::json!({ "pkey": path.map(|p| p.pkey) });
+                println!("{LINE_PREFIX}{line}");
+            }
             other => panic!("unknown child mode {other}"),
         }
     });
@@ -123,10 +134,20 @@ fn observer_lines(stdout: ChildStdout) -> mpsc::Receiver<serde_json::Value> {
 }
 
 fn inventory_of(fabric: &rig::Fabric, node: &str) -> serde_json::Value {
-    let out = child(fabric, node, "inventory")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    child_output(fabric, node, "inventory", None)
+}
+
+fn child_output(
+    fabric: &rig::Fabric,
+    node: &str,
+    mode: &str,
+    peer: Option<u16>,
+) -> serde_json::Value {
+    let mut cmd = child(fabric, node, mode);
+    if let Some(peer) = peer {
+        cmd.env(PEER_ENV, peer.to_string());
+    }
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
     assert!(
         out.status.success(),
         "observer child for {node}: {}",
@@ -288,4 +309,32 @@ fn observer_sees_a_pkey_change_within_500ms_and_others_see_none() {
         assert!(status.success(), "{node}: {status}");
     }
     assert_eq!(fabric.shim_litter().len(), 1, "{:?}", fabric.shim_litter());
+}
+
+#[test]
+fn path_records_show_which_ports_share_a_partition() {
+    let spec = rig::FabricSpec::new(2, 4);
+    let Some(fabric) = rig::Fabric::start(&spec, rig::DEFAULT_PARTITIONS) else {
+        return;
+    };
+    let (g1, g2) = (guid(&fabric, "node1"), guid(&fabric, "node2"));
+    // Everyone a limited member of the default partition: only node1 and node2 share a key.
+    fabric.set_partitions(&format!(
+        "Default=0x7fff : ALL=limited, SELF=full ;\nt1=0x8001 : {g1}=full, {g2}=full ;\n"
+    ));
+    wait_until("node2 gets 0x8001", Duration::from_secs(10), || {
+        fabric.pkeys("node2").contains(&0x8001)
+    });
+    let lid = |node: &str| fabric.port_info(node).lid;
+    let (l1, l2, l3) = (lid("node1"), lid("node2"), lid("node3"));
+    for (peer, expected) in [(l2, Some(0x8001u16)), (l3, None)] {
+        let sa = fabric.path_pkey("node1", l1, peer);
+        assert_eq!(sa, expected, "saquery node1 -> LID {peer}");
+        let ours = child_output(&fabric, "node1", "path", Some(peer));
+        assert_eq!(
+            ours["pkey"],
+            serde_json::json!(expected),
+            "observer node1 -> LID {peer}"
+        );
+    }
 }
