@@ -338,3 +338,26 @@ fn path_records_show_which_ports_share_a_partition() {
         );
     }
 }
+
+#[test]
+fn observer_reports_a_port_unlinked_in_ibsim_as_down() {
+    let spec = rig::FabricSpec::new(2, 4);
+    let Some(mut fabric) = rig::Fabric::start(&spec, rig::DEFAULT_PARTITIONS) else {
+        return;
+    };
+    fabric.ibsim_console("Unlink \"node3\"").unwrap();
+    wait_until("node3 down", Duration::from_secs(10), || {
+        fabric.port_info("node3").state == "Down"
+    });
+    let inventory = inventory_of(&fabric, "node3");
+    assert_eq!(inventory["ports"][0]["state"], "DOWN");
+    fabric.ibsim_console("ReLink \"node3\"").unwrap();
+    fabric.hup_opensm();
+    wait_until("node3 active again", Duration::from_secs(10), || {
+        fabric.port_info("node3").state == "Active"
+    });
+    assert_eq!(
+        inventory_of(&fabric, "node3")["ports"][0]["state"],
+        "ACTIVE"
+    );
+}
