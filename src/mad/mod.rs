@@ -192,8 +192,9 @@ pub(crate) mod be {
 }
 
 /// Runs `bytes` through every parser of this module, as a MAD and as each attribute, and
-/// re-emits whatever parses. Used by the fuzz target and the property tests: it must never
-/// panic, and a parsed value must survive emit + parse unchanged.
+/// re-emits whatever parses; returns how many parsers accepted the bytes. Used by the fuzz
+/// target and the property tests. Malformed input never panics; the function panics only when
+/// a parsed value does not survive emit + parse unchanged, which is a codec bug.
 pub fn decode_everything(bytes: &[u8]) -> usize {
     let mut parsed = 0;
     if let Ok(p) = MadHeader::new_checked(bytes) {

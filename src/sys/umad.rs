@@ -6,6 +6,13 @@
 //! Every call goes through the libc symbols `open`, `ioctl`, `write`, `poll`, `read` and
 //! `close`, so an LD_PRELOADed shim sees them all. All calls block: drive a port from a thread
 //! of its own (its fd may be a shim's fake fd that no event loop can watch).
+//!
+//! Under umad2sim (the ibsim fabric's shim): the ABI version file exists in the shim's sysfs
+//! snapshot, so the check holds there too; the shim hands out fake fds from 1024 up and
+//! captures every call on fds >= 1024, so a process using it must keep its real fds below
+//! 1024; it answers `read` with `-EWOULDBLOCK` as a value when nothing is queued, which
+//! [`UmadPort::recv`] tolerates (it always polls first); and it rewrites transaction id bits
+//! 32..63, so replies are matched on the low 32 bits.
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
