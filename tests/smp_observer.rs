@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const CHILD_ENV: &str = "FABRIC_AGENT_SMP_CHILD";
 const LINE_PREFIX: &str = "SMP-OBSERVER ";
 const PEER_ENV: &str = "FABRIC_AGENT_SMP_PEER";
+const PEER_GUID_ENV: &str = "FABRIC_AGENT_SMP_PEER_GUID";
 
 fn now_ms() -> u128 {
     SystemTime::now()
@@ -92,6 +93,14 @@ fn observer_child_process() {
                     .path_between(port.sm_lid, port.lid, peer)
                     .await
                     .expect("PathRecord query");
+                // The same question by GIDs (subnet prefix + port GUID) must agree.
+                let gid = |guid: u64| (0xfe80_0000_0000_0000u128 << 64) | u128::from(guid);
+                let peer_guid: u64 = std::env::var(PEER_GUID_ENV).unwrap().parse().unwrap();
+                let by_gid = observer
+                    .path_between_gids(port.sm_lid, gid(port.port_guid.0), gid(peer_guid))
+                    .await
+                    .expect("PathRecord query by GID");
+                assert_eq!(by_gid.map(|p| p.pkey), path.map(|p| p.pkey), "by GID");
                 let line = serde_json::json!({ "pkey": path.map(|p| p.pkey) });
                 println!("{LINE_PREFIX}{line}");
             }
@@ -141,11 +150,12 @@ fn child_output(
     fabric: &rig::Fabric,
     node: &str,
     mode: &str,
-    peer: Option<u16>,
+    peer: Option<(u16, u64)>,
 ) -> serde_json::Value {
     let mut cmd = child(fabric, node, mode);
-    if let Some(peer) = peer {
-        cmd.env(PEER_ENV, peer.to_string());
+    if let Some((lid, guid)) = peer {
+        cmd.env(PEER_ENV, lid.to_string())
+            .env(PEER_GUID_ENV, guid.to_string());
     }
     let out = cmd.stdin(Stdio::null()).output().unwrap();
     assert!(
@@ -326,11 +336,13 @@ fn path_records_show_which_ports_share_a_partition() {
         fabric.pkeys("node2").contains(&0x8001)
     });
     let lid = |node: &str| fabric.port_info(node).lid;
-    let (l1, l2, l3) = (lid("node1"), lid("node2"), lid("node3"));
-    for (peer, expected) in [(l2, Some(0x8001u16)), (l3, None)] {
+    let port_guid = |node: &str| fabric.node_info(node).port_guid;
+    let l1 = lid("node1");
+    for (peer_node, expected) in [("node2", Some(0x8001u16)), ("node3", None)] {
+        let peer = lid(peer_node);
         let sa = fabric.path_pkey("node1", l1, peer);
         assert_eq!(sa, expected, "saquery node1 -> LID {peer}");
-        let ours = child_output(&fabric, "node1", "path", Some(peer));
+        let ours = child_output(&fabric, "node1", "path", Some((peer, port_guid(peer_node))));
         assert_eq!(
             ours["pkey"],
             serde_json::json!(expected),

@@ -187,11 +187,34 @@ impl SmpObserver {
         slid: u16,
         dlid: u16,
     ) -> Result<Option<PathRecordRepr>, SmpError> {
-        let record = PathRecordRepr::between_lids(slid, dlid).to_bytes();
         let mask = path_record::component::SLID | path_record::component::DLID;
-        let query = SaMadRepr::get(attribute::PATH_RECORD, mask, &record, 0);
+        self.path_record(sm_lid, &PathRecordRepr::between_lids(slid, dlid), mask)
+            .await
+    }
+
+    /// Asks the subnet administrator at `sm_lid` for the path between two port GIDs.
+    pub async fn path_between_gids(
+        &self,
+        sm_lid: u16,
+        sgid: u128,
+        dgid: u128,
+    ) -> Result<Option<PathRecordRepr>, SmpError> {
+        let mask = path_record::component::SGID | path_record::component::DGID;
+        self.path_record(sm_lid, &PathRecordRepr::between_gids(sgid, dgid), mask)
+            .await
+    }
+
+    /// One SA PathRecord Get: `query`'s fields selected by `component_mask` must match.
+    /// `None` when the SA answers "no records".
+    pub async fn path_record(
+        &self,
+        sm_lid: u16,
+        query: &PathRecordRepr,
+        component_mask: u64,
+    ) -> Result<Option<PathRecordRepr>, SmpError> {
+        let request = SaMadRepr::get(attribute::PATH_RECORD, component_mask, &query.to_bytes(), 0);
         let mut mad = [0u8; MAD_LEN];
-        query.emit(&mut SaMad::new_unchecked(&mut mad[..]));
+        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
         let answer = self
             .transport
             .exchange(
