@@ -32,7 +32,9 @@ fn now_ms() -> u128 {
 /// The observer side. Does nothing in a normal test run; in a re-executed child it prints the
 /// inventory (`inventory` mode) or, in `watch` mode, one line per distinct P_Key table until
 /// its stdin closes (exiting normally lets the shim clean up and free its ibsim slot).
+/// Ignored in normal runs: the tests below run it with `--ignored` in a child.
 #[test]
+#[ignore = "the observer side of the tests below; runs only in their children"]
 fn observer_child_process() {
     let Ok(mode) = std::env::var(CHILD_ENV) else {
         return;
@@ -114,6 +116,7 @@ fn child(fabric: &rig::Fabric, node: &str, mode: &str) -> std::process::Command 
     cmd.args([
         "observer_child_process",
         "--exact",
+        "--ignored",
         "--nocapture",
         "--test-threads=1",
     ])
