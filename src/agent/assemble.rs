@@ -118,9 +118,13 @@ fn observer(
             crate::observe::auto::select(&config.observer, kind).map_err(unavailable)?
         }
         ObserverKind::Smp => {
-            return Err(AgentError::Unavailable(
-                "observer smp is not built into this agent".into(),
-            ))
+            let smp =
+                crate::observe::smp::SmpObserver::open(&config.observer).map_err(unavailable)?;
+            let reason = format!(
+                "configured: SMPs to the local port through {}",
+                config.observer.umad_device.display()
+            );
+            (Box::new(smp), reason)
         }
     };
     Ok(match sim {

@@ -1,1 +1,0 @@
-//! SMP observer over umad. Placeholder until the wire layer lands.

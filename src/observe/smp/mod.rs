@@ -1,0 +1,301 @@
+//! The SMP observer: reads the local port's NodeInfo, PortInfo and whole P_Key table with
+//! directed-route SMPs (0 hops) over a umad device. Works on hardware (as root) and on the
+//! ibsim fabric through umad2sim, where sysfs is only a start-up snapshot.
+//!
+//! It also answers SA PathRecord queries, which tell whether two ports share a partition.
+
+pub mod transport;
+
+use super::{ObserveError, PortObserver};
+use crate::config::ObserverConfig;
+use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo as DomainPort, PortState};
+use crate::mad::{
+    attribute, path_record, pkey_table, smp::DATA_LEN, status, MadError, NodeInfo, NodeInfoRepr,
+    PKeyTable, PKeyTableRepr, PathRecord, PathRecordRepr, PortInfo, PortInfoRepr, SaMad, SaMadRepr,
+    Smp, SmpRepr, MAD_LEN,
+};
+use crate::sys::umad::{self, MadAddress, UmadError};
+use async_trait::async_trait;
+use std::path::Path;
+use std::time::Duration;
+use thiserror::Error;
+use transport::{Agent, MadTransport, Timing};
+
+/// Why an SMP or SA exchange failed.
+#[derive(Debug, Error)]
+pub enum SmpError {
+    /// The umad device failed.
+    #[error(transparent)]
+    Umad(#[from] UmadError),
+    /// No answer after every attempt.
+    #[error("no answer after {attempts} attempts")]
+    Timeout {
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The answer could not be decoded.
+    #[error("malformed answer: {0}")]
+    Malformed(#[from] MadError),
+    /// The answer carries an error status.
+    #[error("attribute {attribute:#06x} modifier {modifier:#x}: status {status:#06x}")]
+    Status {
+        /// Attribute id.
+        attribute: u16,
+        /// Attribute modifier.
+        modifier: u32,
+        /// Status word.
+        status: u16,
+    },
+    /// The answer is for another attribute.
+    #[error("answer for attribute {got:#06x}, asked {asked:#06x}")]
+    Mismatch {
+        /// Attribute asked.
+        asked: u16,
+        /// Attribute answered.
+        got: u16,
+    },
+    /// The port's thread is gone.
+    #[error("umad thread closed")]
+    Closed,
+    /// The port's thread could not start.
+    #[error("cannot start the umad thread: {0}")]
+    Thread(String),
+}
+
+impl From<SmpError> for ObserveError {
+    fn from(e: SmpError) -> ObserveError {
+        match e {
+            SmpError::Umad(UmadError::Open { .. }) => ObserveError::NoDevices(e.to_string()),
+            other => ObserveError::Io(other.to_string()),
+        }
+    }
+}
+
+/// Port observer over SMPs to the local port.
+#[derive(Debug)]
+pub struct SmpObserver {
+    transport: MadTransport,
+    device: String,
+    fast_poll: Duration,
+    slow_poll: Duration,
+}
+
+impl SmpObserver {
+    /// Opens `config.umad_device` (e.g. `/dev/infiniband/umad0`), registers its agents and
+    /// starts the thread that drives it. Exchanges wait `config.smp_timeout_ms` per attempt,
+    /// with `config.smp_retries` further attempts; `changed` sleeps `fast_poll_ms` or
+    /// `slow_poll_ms`. The device name reported is the HCA behind the umad device (its
+    /// `ibdev` sysfs attribute; "ibsim0" under umad2sim), or the umad file name.
+    pub fn open(config: &ObserverConfig) -> Result<SmpObserver, ObserveError> {
+        let timing = Timing {
+            timeout: Duration::from_millis(config.smp_timeout_ms.max(1)),
+            retries: config.smp_retries,
+        };
+        let transport = MadTransport::open(&config.umad_device, timing)?;
+        Ok(SmpObserver {
+            transport,
+            device: device_name(&config.umad_device),
+            fast_poll: config.fast_poll(),
+            slow_poll: config.slow_poll(),
+        })
+    }
+
+    /// The device name used in inventories.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    async fn get(&self, attribute_id: u16, modifier: u32) -> Result<[u8; DATA_LEN], SmpError> {
+        let request = SmpRepr::local_get(attribute_id, modifier, 0);
+        let mut mad = [0u8; MAD_LEN];
+        request.emit(&mut Smp::new_unchecked(&mut mad[..]));
+        let answer = self
+            .transport
+            .exchange(Agent::SubnetManagement, MadAddress::directed_route(), mad)
+            .await?;
+        let response = SmpRepr::parse(&Smp::new_checked(&answer[..])?)?;
+        if response.attribute_id != attribute_id {
+            return Err(SmpError::Mismatch {
+                asked: attribute_id,
+                got: response.attribute_id,
+            });
+        }
+        if response.status != status::OK {
+            return Err(SmpError::Status {
+                attribute: attribute_id,
+                modifier,
+                status: response.status,
+            });
+        }
+        Ok(response.data)
+    }
+
+    /// NodeInfo of the local node.
+    pub async fn node_info(&self) -> Result<NodeInfoRepr, SmpError> {
+        let data = self.get(attribute::NODE_INFO, 0).await?;
+        Ok(NodeInfoRepr::parse(&NodeInfo::new_checked(&data[..])?)?)
+    }
+
+    /// PortInfo of local port `port`.
+    pub async fn port_info(&self, port: u8) -> Result<PortInfoRepr, SmpError> {
+        let data = self.get(attribute::PORT_INFO, port.into()).await?;
+        Ok(PortInfoRepr::parse(&PortInfo::new_checked(&data[..])?)?)
+    }
+
+    /// One 32-entry block of the local port's P_Key table.
+    pub async fn pkey_block(&self, block: u16) -> Result<PKeyTableRepr, SmpError> {
+        let modifier = pkey_table::attribute_modifier(0, block);
+        let data = self.get(attribute::PKEY_TABLE, modifier).await?;
+        Ok(PKeyTableRepr::parse(&PKeyTable::new_checked(&data[..])?)?)
+    }
+
+    /// The whole P_Key table of a port that holds `partition_cap` entries: one SMP per block.
+    pub async fn pkey_table(&self, partition_cap: u16) -> Result<Vec<PKeyValue>, SmpError> {
+        let blocks = partition_cap.div_ceil(pkey_table::ENTRIES_PER_BLOCK as u16);
+        let mut keys = Vec::with_capacity(usize::from(partition_cap));
+        for block in 0..blocks {
+            keys.extend(self.pkey_block(block).await?.entries.map(PKeyValue));
+        }
+        keys.truncate(usize::from(partition_cap));
+        Ok(keys)
+    }
+
+    /// The local port as the domain sees it (`fabric_port` left false).
+    pub async fn port(&self) -> Result<DomainPort, SmpError> {
+        let node = self.node_info().await?;
+        let port = self.port_info(node.local_port_num).await?;
+        let pkeys = self.pkey_table(node.partition_cap).await?;
+        Ok(DomainPort {
+            device: self.device.clone(),
+            port_number: node.local_port_num,
+            port_guid: Guid(node.port_guid),
+            node_guid: Guid(node.node_guid),
+            lid: port.lid,
+            sm_lid: port.master_sm_lid,
+            state: PortState::from_iba(port.port_state),
+            link_layer: LinkLayer::Infiniband,
+            pkeys,
+            fabric_port: false,
+        })
+    }
+
+    /// Asks the subnet administrator at `sm_lid` for the path from `slid` to `dlid`. `None`
+    /// when the SA has no record: the two ports share no partition.
+    pub async fn path_between(
+        &self,
+        sm_lid: u16,
+        slid: u16,
+        dlid: u16,
+    ) -> Result<Option<PathRecordRepr>, SmpError> {
+        let mask = path_record::component::SLID | path_record::component::DLID;
+        self.path_record(sm_lid, &PathRecordRepr::between_lids(slid, dlid), mask)
+            .await
+    }
+
+    /// Asks the subnet administrator at `sm_lid` for the path between two port GIDs.
+    pub async fn path_between_gids(
+        &self,
+        sm_lid: u16,
+        sgid: u128,
+        dgid: u128,
+    ) -> Result<Option<PathRecordRepr>, SmpError> {
+        let mask = path_record::component::SGID | path_record::component::DGID;
+        self.path_record(sm_lid, &PathRecordRepr::between_gids(sgid, dgid), mask)
+            .await
+    }
+
+    /// One SA PathRecord Get: `query`'s fields selected by `component_mask` must match.
+    /// `None` when the SA answers "no records".
+    pub async fn path_record(
+        &self,
+        sm_lid: u16,
+        query: &PathRecordRepr,
+        component_mask: u64,
+    ) -> Result<Option<PathRecordRepr>, SmpError> {
+        let request = SaMadRepr::get(attribute::PATH_RECORD, component_mask, &query.to_bytes(), 0);
+        let mut mad = [0u8; MAD_LEN];
+        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
+        let answer = self
+            .transport
+            .exchange(
+                Agent::SubnetAdministration,
+                MadAddress::subnet_administrator(sm_lid),
+                mad,
+            )
+            .await?;
+        let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..])?)?;
+        match response.status {
+            status::OK => {}
+            status::SA_NO_RECORDS => return Ok(None),
+            other => {
+                return Err(SmpError::Status {
+                    attribute: attribute::PATH_RECORD,
+                    modifier: 0,
+                    status: other,
+                })
+            }
+        }
+        let record = PathRecordRepr::parse(&PathRecord::new_checked(&response.data[..])?)?;
+        Ok(Some(record))
+    }
+}
+
+/// The HCA behind a umad device, from `/sys/class/infiniband_mad/<umadN>/ibdev` (read through
+/// libc so umad2sim can redirect it), else the device file's name.
+fn device_name(umad_device: &Path) -> String {
+    let file = umad_device
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "umad".to_owned());
+    let ibdev = Path::new("/sys/class/infiniband_mad")
+        .join(&file)
+        .join("ibdev");
+    umad::read_text_file(&ibdev)
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or(file)
+}
+
+#[async_trait]
+impl PortObserver for SmpObserver {
+    fn kind(&self) -> &'static str {
+        "smp"
+    }
+
+    async fn inventory(&self) -> Result<Inventory, ObserveError> {
+        Ok(Inventory {
+            ports: vec![self.port().await?],
+        })
+    }
+
+    async fn changed(&self, pending: bool) {
+        let wait = if pending {
+            self.fast_poll
+        } else {
+            self.slow_poll
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_device_is_no_devices() {
+        let config = ObserverConfig {
+            umad_device: "/nonexistent/umad0".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            SmpObserver::open(&config),
+            Err(ObserveError::NoDevices(_))
+        ));
+    }
+
+    #[test]
+    fn device_name_falls_back_to_the_file_name() {
+        assert_eq!(device_name(Path::new("/nonexistent/umad7")), "umad7");
+    }
+}

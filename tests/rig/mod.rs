@@ -1,0 +1,536 @@
+//! The InfiniBand test fabric: `ibsim` (simulated switches and HCAs) plus a real OpenSM, with
+//! clients attached through the umad2sim shim. Every rig lives in its own temp dir with its own
+//! ibsim socket name, so tests run in parallel; every process it starts is stopped by pid when
+//! the [`Fabric`] drops (success, failure or panic).
+//!
+//! ```ignore
+//! #[path = "rig/mod.rs"] mod rig;
+//! let Some(fabric) = rig::Fabric::start(&rig::FabricSpec::new(2, 4), rig::DEFAULT_PARTITIONS) else { return };
+//! let keys = fabric.pkeys("node1");
+//! fabric.set_partitions("Default=0x7fff : ALL=full ;\nt=0x8001 : ALL=full ;\n");
+//! let mut agent = fabric.client_command("node1", "fabric-agent");   // SIM_HOST + LD_PRELOAD set
+//! ```
+//!
+//! Limits of ibsim to keep in mind: at most 10 clients at once (OpenSM takes one, every
+//! `smpquery` briefly another) and a client killed by a signal leaks its slot.
+
+#![allow(dead_code)]
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The umad2sim shim.
+pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+/// A partitions file with only the default partition, everyone a full member.
+pub const DEFAULT_PARTITIONS: &str = "Default=0x7fff : ALL=full ;\n";
+/// Name of the node OpenSM runs on (the first node of the net file).
+pub const SM_HOST: &str = "smhost";
+
+const IBSIM: &str = "ibsim";
+const OPENSM: &str = "opensm";
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The shape of a fabric: one SM host HCA, `switches` switches in a chain and `hcas` HCAs
+/// named `node1`..`nodeN`, spread round-robin over the switches.
+#[derive(Debug, Clone)]
+pub struct FabricSpec {
+    /// Number of switches (at least 1).
+    pub switches: usize,
+    /// Number of HCAs besides the SM host.
+    pub hcas: usize,
+}
+
+impl FabricSpec {
+    /// A spec.
+    pub fn new(switches: usize, hcas: usize) -> FabricSpec {
+        FabricSpec {
+            switches: switches.max(1),
+            hcas,
+        }
+    }
+
+    /// HCA names, SM host excluded.
+    pub fn hca_names(&self) -> Vec<String> {
+        (1..=self.hcas).map(|i| format!("node{i}")).collect()
+    }
+
+    /// The ibsim net file: `Switch N "name"` / `Hca 1 "name"` records of
+    /// `[port] "peer"[peer port]` lines, separated by blank lines, SM host first.
+    pub fn net_file(&self) -> String {
+        let switch = |i: usize| format!("sw{}", i + 1);
+        // (node, port, peer, peer port)
+        let mut links: Vec<(String, u32, String, u32)> = Vec::new();
+        let mut next_port = vec![1u32; self.switches];
+        let mut attach = |links: &mut Vec<_>, hca: String, sw: usize| {
+            let p = next_port[sw];
+            next_port[sw] += 1;
+            links.push((switch(sw), p, hca.clone(), 1));
+            links.push((hca, 1, switch(sw), p));
+        };
+        attach(&mut links, SM_HOST.to_owned(), 0);
+        for (i, name) in self.hca_names().into_iter().enumerate() {
+            attach(&mut links, name, i % self.switches);
+        }
+        let ports = next_port.iter().copied().max().unwrap_or(1) + 1;
+        for sw in 0..self.switches.saturating_sub(1) {
+            // Inter-switch links use the two highest ports.
+            links.push((switch(sw), ports, switch(sw + 1), ports - 1));
+            links.push((switch(sw + 1), ports - 1, switch(sw), ports));
+        }
+        let mut nodes: Vec<(String, String)> = vec![(SM_HOST.to_owned(), "Hca 1".to_owned())];
+        for sw in 0..self.switches {
+            nodes.push((switch(sw), format!("Switch {ports}")));
+        }
+        for name in self.hca_names() {
+            nodes.push((name, "Hca 1".to_owned()));
+        }
+        let mut out = String::new();
+        for (name, header) in nodes {
+            out.push_str(&format!("{header} \"{name}\"\n"));
+            let mut own: Vec<_> = links.iter().filter(|l| l.0 == name).collect();
+            own.sort_by_key(|l| l.1);
+            for (_, port, peer, peer_port) in own {
+                out.push_str(&format!("[{port}] \"{peer}\"[{peer_port}]\n"));
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// A child process stopped by pid on drop: SIGTERM, a grace period, then SIGKILL.
+#[derive(Debug)]
+pub struct ChildGuard {
+    name: &'static str,
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    /// Guards a child.
+    pub fn new(name: &'static str, child: Child) -> ChildGuard {
+        ChildGuard {
+            name,
+            child: Some(child),
+        }
+    }
+
+    /// The pid.
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Whether the process has exited.
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
+    /// Sends a signal to the process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, signal);
+        }
+    }
+
+    /// Stops the process (SIGTERM, then SIGKILL after `grace`) and reaps it.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!("rig: {} (pid {}) ignored SIGTERM, killing", self.name, pid);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Takes the child out of the guard.
+    pub fn into_inner(mut self) -> Child {
+        self.child.take().expect("child present")
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(3));
+    }
+}
+
+/// Whether ibsim, OpenSM and the shim are installed. Without them a test is skipped with a
+/// message, except under CI (env `CI` set), where the rig panics.
+pub fn available() -> bool {
+    let found = |p: &str| {
+        std::env::var_os("PATH")
+            .map(|paths| std::env::split_paths(&paths).any(|d| d.join(p).is_file()))
+            .unwrap_or(false)
+    };
+    let ok = (found(IBSIM) || Path::new("/usr/bin/ibsim").is_file())
+        && (found(OPENSM) || Path::new("/usr/sbin/opensm").is_file())
+        && Path::new(UMAD2SIM).is_file();
+    if !ok {
+        if std::env::var_os("CI").is_some() {
+            panic!("CI: ibsim, opensm or umad2sim is missing (install ibsim-utils and opensm)");
+        }
+        eprintln!("skipping: ibsim, opensm or umad2sim not installed");
+    }
+    ok
+}
+
+fn program(name: &str) -> PathBuf {
+    for dir in ["/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
+        let p = Path::new(dir).join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    PathBuf::from(name)
+}
+
+/// A running fabric: ibsim + OpenSM in a temp dir of their own.
+pub struct Fabric {
+    // Field order is drop order: OpenSM before ibsim, the temp dir last.
+    opensm: ChildGuard,
+    ibsim: ChildGuard,
+    console: File,
+    spec: FabricSpec,
+    sock_name: String,
+    dir: tempfile::TempDir,
+}
+
+static RIGS: AtomicUsize = AtomicUsize::new(0);
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "rig: timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Fabric {
+    /// Starts ibsim on the spec's net file and OpenSM on the SM host with `partitions` as
+    /// its partitions file, and waits for "SUBNET UP". `None` when the tools are missing
+    /// (and CI is not set).
+    pub fn start(spec: &FabricSpec, partitions: &str) -> Option<Fabric> {
+        if !available() {
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("fabric-rig-")
+            .tempdir()
+            .expect("temp dir");
+        let sock_name = format!(
+            "farig{}x{}",
+            std::process::id(),
+            RIGS.fetch_add(1, Ordering::SeqCst)
+        );
+        let net = dir.path().join("net");
+        fs::write(&net, spec.net_file()).expect("write net file");
+        fs::write(dir.path().join("partitions.conf"), partitions).expect("write partitions");
+
+        // ibsim's console reads stdin and spins at EOF: give it a FIFO it holds open for
+        // writing itself (O_RDWR), so EOF never comes; we keep a write end for commands.
+        let fifo = dir.path().join("console");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let stdin = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .expect("open fifo");
+        let console = OpenOptions::new()
+            .write(true)
+            .open(&fifo)
+            .expect("open fifo writer");
+        let ibsim_log = dir.path().join("ibsim.log");
+        let ibsim = Command::new(program(IBSIM))
+            .arg("-s")
+            .arg(&net)
+            .env("IBSIM_SOCKNAME", &sock_name)
+            .current_dir(dir.path())
+            .stdin(stdin)
+            .stdout(File::create(&ibsim_log).expect("ibsim log"))
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn ibsim");
+        let mut ibsim = ChildGuard::new("ibsim", ibsim);
+        wait_for("ibsim", START_TIMEOUT, || {
+            assert!(!ibsim.exited(), "ibsim exited; see its log");
+            fs::read_to_string(&ibsim_log)
+                .map(|t| t.contains("Network simulator ready"))
+                .unwrap_or(false)
+        });
+
+        let conf = dir.path().join("opensm.conf");
+        fs::write(
+            &conf,
+            format!(
+                "partition_config_file {}\nlog_file {}\ndump_files_dir {}\nforce_log_flush TRUE\nconsole off\n",
+                dir.path().join("partitions.conf").display(),
+                dir.path().join("opensm.log").display(),
+                dir.path().display(),
+            ),
+        )
+        .expect("write opensm.conf");
+        let opensm = Command::new(program(OPENSM))
+            .arg("-F")
+            .arg(&conf)
+            .env("IBSIM_SOCKNAME", &sock_name)
+            .env("SIM_HOST", SM_HOST)
+            .env("LD_PRELOAD", UMAD2SIM)
+            .env("OSM_CACHE_DIR", dir.path())
+            .env("OSM_TMP_DIR", dir.path())
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn opensm");
+        let mut opensm = ChildGuard::new("opensm", opensm);
+        let fabric_log = dir.path().join("opensm.log");
+        wait_for("SUBNET UP", START_TIMEOUT, || {
+            assert!(!opensm.exited(), "opensm exited; see its log");
+            fs::read_to_string(&fabric_log)
+                .map(|t| t.contains("SUBNET UP"))
+                .unwrap_or(false)
+        });
+        Some(Fabric {
+            opensm,
+            ibsim,
+            console,
+            spec: spec.clone(),
+            sock_name,
+            dir,
+        })
+    }
+
+    /// The fabric's shape.
+    pub fn spec(&self) -> &FabricSpec {
+        &self.spec
+    }
+
+    /// HCA names, SM host excluded.
+    pub fn hcas(&self) -> Vec<String> {
+        self.spec.hca_names()
+    }
+
+    /// The temp dir everything runs in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The ibsim socket name every client must use.
+    pub fn sock_name(&self) -> &str {
+        &self.sock_name
+    }
+
+    /// OpenSM's pid.
+    pub fn opensm_pid(&self) -> u32 {
+        self.opensm.id()
+    }
+
+    /// OpenSM's partitions file.
+    pub fn partitions_path(&self) -> PathBuf {
+        self.dir.path().join("partitions.conf")
+    }
+
+    /// OpenSM's log so far.
+    pub fn opensm_log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("opensm.log")).unwrap_or_default()
+    }
+
+    /// Replaces the partitions file (temp file + rename) and SIGHUPs OpenSM.
+    pub fn set_partitions(&self, text: &str) {
+        let tmp = self.dir.path().join("partitions.conf.tmp");
+        fs::write(&tmp, text).expect("write partitions");
+        fs::rename(&tmp, self.partitions_path()).expect("rename partitions");
+        self.hup_opensm();
+    }
+
+    /// Sends SIGHUP to OpenSM (a heavy sweep that re-reads the partitions file).
+    pub fn hup_opensm(&self) {
+        self.opensm.signal(nix::sys::signal::Signal::SIGHUP);
+    }
+
+    /// Sends one command to ibsim's console (e.g. `Unlink "node3"`).
+    pub fn ibsim_console(&mut self, command: &str) -> io::Result<()> {
+        writeln!(self.console, "{command}")
+    }
+
+    /// A command that runs `program` as node `node` of this fabric: LD_PRELOAD of the shim,
+    /// SIM_HOST, IBSIM_SOCKNAME, working directory = the rig's temp dir (the shim writes a
+    /// `sys-<pid>` dir there) and its own process group. Stop such a client with SIGTERM only
+    /// if it handles it; a client killed by a signal leaks an ibsim slot.
+    pub fn client_command(&self, node: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("LD_PRELOAD", UMAD2SIM)
+            .env("SIM_HOST", node)
+            .env("IBSIM_SOCKNAME", &self.sock_name)
+            .current_dir(self.dir.path())
+            .process_group(0);
+        cmd
+    }
+
+    /// Runs a diagnostic tool (`smpquery`, `saquery`, ...) as `node`, returning its stdout.
+    pub fn run_tool(&self, node: &str, tool: &str, args: &[&str]) -> Result<String, String> {
+        let out: Output = self
+            .client_command(node, program(tool))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{tool}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{tool} {args:?} as {node}: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `smpquery -D <attribute> 0 [args]` as `node` (its own port, directed route).
+    pub fn smpquery(&self, node: &str, attribute: &str, extra: &[&str]) -> String {
+        let mut args = vec!["-D", attribute, "0"];
+        args.extend_from_slice(extra);
+        self.run_tool(node, "smpquery", &args)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// NodeInfo of `node` as smpquery reports it.
+    pub fn node_info(&self, node: &str) -> SmpNodeInfo {
+        let text = self.smpquery(node, "nodeinfo", &[]);
+        SmpNodeInfo {
+            node_guid: hex_field(&text, "Guid"),
+            port_guid: hex_field(&text, "PortGuid"),
+            partition_cap: dec_field(&text, "PartCap") as u16,
+            local_port: dec_field(&text, "LocalPort") as u8,
+        }
+    }
+
+    /// PortInfo of `node`'s port 1 as smpquery reports it.
+    pub fn port_info(&self, node: &str) -> SmpPortInfo {
+        let text = self.smpquery(node, "portinfo", &["1"]);
+        SmpPortInfo {
+            lid: dec_field(&text, "Lid") as u16,
+            sm_lid: dec_field(&text, "SMLid") as u16,
+            state: text_field(&text, "LinkState"),
+        }
+    }
+
+    /// The whole P_Key table of `node`'s port 1 as smpquery reports it (empty slots included).
+    pub fn pkeys(&self, node: &str) -> Vec<u16> {
+        parse_pkeys(&self.smpquery(node, "pkeys", &["1"]))
+    }
+
+    /// `saquery -p --src-to-dst SLID:DLID` as `node`: the P_Key of the path, or `None` when the
+    /// SA knows no path (the ports share no partition).
+    pub fn path_pkey(&self, node: &str, slid: u16, dlid: u16) -> Option<u16> {
+        let pair = format!("{slid}:{dlid}");
+        let text = self
+            .run_tool(node, "saquery", &["-p", "--src-to-dst", &pair])
+            .ok()?;
+        text.lines()
+            .find(|l| l.trim_start().starts_with("pkey"))
+            .and_then(|l| l.rsplit('.').next())
+            .and_then(|v| u16::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok())
+    }
+
+    /// `sys-<pid>` dirs the shim left in the rig's dir (should be only OpenSM's).
+    pub fn shim_litter(&self) -> Vec<String> {
+        fs::read_dir(self.dir.path())
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("sys-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// NodeInfo fields smpquery prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SmpNodeInfo {
+    /// Node GUID.
+    pub node_guid: u64,
+    /// Port GUID.
+    pub port_guid: u64,
+    /// Partition capacity.
+    pub partition_cap: u16,
+    /// Local port number.
+    pub local_port: u8,
+}
+
+/// PortInfo fields smpquery prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmpPortInfo {
+    /// LID.
+    pub lid: u16,
+    /// SM LID.
+    pub sm_lid: u16,
+    /// LinkState text, e.g. "Active".
+    pub state: String,
+}
+
+/// The value of a `Name:.....value` line of smpquery output.
+pub fn text_field(text: &str, name: &str) -> String {
+    text.lines()
+        .find_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            (key == name).then(|| value.trim_start_matches('.').trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no field {name} in:\n{text}"))
+}
+
+fn hex_field(text: &str, name: &str) -> u64 {
+    let v = text_field(text, name);
+    u64::from_str_radix(v.trim_start_matches("0x"), 16)
+        .unwrap_or_else(|_| panic!("{name}: not hex: {v}"))
+}
+
+fn dec_field(text: &str, name: &str) -> u64 {
+    let v = text_field(text, name);
+    v.parse()
+        .unwrap_or_else(|_| panic!("{name}: not a number: {v}"))
+}
+
+/// The entries of `smpquery pkeys` output (`   0: 0xffff 0x8001 ...` rows).
+pub fn parse_pkeys(text: &str) -> Vec<u16> {
+    text.lines()
+        .filter_map(|l| {
+            let (index, rest) = l.split_once(':')?;
+            index.trim().parse::<usize>().ok()?;
+            Some(rest)
+        })
+        .flat_map(|rest| rest.split_whitespace())
+        .map(|v| {
+            u16::from_str_radix(v.trim_start_matches("0x"), 16)
+                .unwrap_or_else(|_| panic!("bad pkey {v}"))
+        })
+        .collect()
+}
