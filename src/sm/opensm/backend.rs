@@ -121,9 +121,9 @@ struct Inner {
     store: Arc<dyn NodeMembershipStore>,
     reloader: Arc<dyn Reloader>,
     state: Mutex<State>,
-    /// Orders store writes with the in-memory update, and serialises commits when group commit
-    /// is off.
+    /// Orders store writes with the in-memory update.
     admit: tokio::sync::Mutex<()>,
+    /// Held by a request from admission to reload when group commit is off.
     serial: tokio::sync::Mutex<()>,
     sweeps: AtomicU64,
     writes: AtomicU64,
@@ -212,6 +212,7 @@ impl OpenSmBackend {
 
     /// Rewrites the region from the stored state (at start, or after an operator fixed the file).
     pub async fn resync(&self) -> Result<SetOutcome, OpenSmError> {
+        let _alone = self.serial_unless_grouped().await;
         let detail = self.commit().await?;
         Ok(SetOutcome {
             sweeps: self.sweeps(),
@@ -227,6 +228,9 @@ impl OpenSmBackend {
         generation: u64,
     ) -> Result<SetOutcome, OpenSmError> {
         validate(&desired, self.inner.config.pkey_table_size)?;
+        // Without group commit each request is admitted and written alone: one write and one
+        // sweep per request.
+        let _alone = self.serial_unless_grouped().await;
         {
             let _admit = self.inner.admit.lock().await;
             {
@@ -302,10 +306,18 @@ impl OpenSmBackend {
         Ok(())
     }
 
-    /// Queues a commit and waits for the one that carries it.
+    async fn serial_unless_grouped(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        if self.inner.config.group_commit {
+            None
+        } else {
+            Some(self.inner.serial.lock().await)
+        }
+    }
+
+    /// Queues a commit and waits for the one that carries it (without group commit the caller
+    /// holds the serial lock and commits itself).
     async fn commit(&self) -> CommitResult {
         if !self.inner.config.group_commit {
-            let _one = self.inner.serial.lock().await;
             let snapshot = self.inner.lock().nodes.clone();
             return self.inner.commit_once(&snapshot).await;
         }
