@@ -1,1 +1,2 @@
 //! gRPC services.
+pub mod partitions;
