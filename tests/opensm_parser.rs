@@ -85,3 +85,56 @@ fn accepted_corpus_round_trips_through_the_renderer() {
         assert_eq!(members(&conf), members(&again), "{name}\n{out}");
     }
 }
+
+/// The fuzz target's property on byte-level mutations of the corpus (a quick stand-in for a
+/// fuzzing run): no panic, and accepted files re-render to the same partitions.
+#[test]
+fn mutated_corpus_never_panics_and_round_trips() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    const BYTES: &[u8] = b" \t\n\r;:,=#0x7fALSENUmgid-\\\x00";
+    for (name, text, _) in corpus() {
+        for _ in 0..300 {
+            let mut t = text.clone();
+            for _ in 0..1 + next() % 4 {
+                let b = BYTES[(next() % BYTES.len() as u64) as usize];
+                let at = if t.is_empty() { 0 } else { (next() % t.len() as u64) as usize };
+                match next() % 3 {
+                    0 if !t.is_empty() => t[at] = b,
+                    1 if !t.is_empty() => {
+                        t.remove(at);
+                    }
+                    _ => t.insert(at, b),
+                }
+            }
+            let _ = fabric_agent::sm::opensm::region::split_region(&t);
+            let Ok(conf) = parse(&t) else { continue };
+            let mut out = String::new();
+            for e in &conf.entries {
+                render_entry(
+                    &mut out,
+                    &EntrySpec {
+                        name: e.name.clone().filter(|n| is_safe_name(n)),
+                        pkey: e.pkey,
+                        flags: Vec::new(),
+                        members: e.members.iter().map(|m| (m.ports, m.kind)).collect(),
+                    },
+                );
+            }
+            let again = parse(out.as_bytes())
+                .unwrap_or_else(|e| panic!("{name} mutated {:?}: {e}\n{out}", String::from_utf8_lossy(&t)));
+            let members = |c: &fabric_agent::sm::opensm::model::PartitionsConf| -> Vec<(u16, Vec<(PortSet, MemberKind)>)> {
+                c.effective()
+                    .into_iter()
+                    .map(|(k, p)| (k, p.members.iter().map(|m| (m.ports, m.kind)).collect()))
+                    .collect()
+            };
+            assert_eq!(members(&conf), members(&again), "{name}: {:?}", String::from_utf8_lossy(&t));
+        }
+    }
+}
