@@ -54,7 +54,7 @@ impl Reloader for FakeReloader {
         tokio::time::sleep(self.delay).await;
         match self.fail.lock().unwrap().clone() {
             Some(e) => Err(e),
-            None => Ok(ReloadReport { sweep_seen: true }),
+            None => Ok(ReloadReport { file_read: true }),
         }
     }
 }

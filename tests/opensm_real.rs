@@ -65,10 +65,14 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
     let backend =
         OpenSmBackend::new(config, "h1".into(), Arc::new(InMemoryNodeStore::default())).unwrap();
 
-    backend
+    let started = Instant::now();
+    let out = backend
         .set_node(node("h2", g2, &[(0x0a12, Membership::Full)]), 1)
         .await
         .unwrap();
+    // OpenSM's re-read is seen (file access time) well before the 2 s watch window ends.
+    assert!(out.detail.contains("re-read it without error"), "{}", out.detail);
+    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
     backend
         .set_node(node("h3", g3, &[(0x0a12, Membership::Limited), (0x0b00, Membership::Full)]), 1)
         .await

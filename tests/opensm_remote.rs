@@ -23,7 +23,7 @@ impl Reloader for AcceptingReloader {
         0
     }
     async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
-        Ok(ReloadReport { sweep_seen: true })
+        Ok(ReloadReport { file_read: true })
     }
 }
 

@@ -430,10 +430,16 @@ impl Inner {
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.sweeps.fetch_add(1, Ordering::Relaxed);
         let report = self.reloader.reload(checkpoint).await?;
-        Ok(if report.sweep_seen {
-            format!("partitions file written ({} keys), heavy sweep done", plan.tenants.len())
+        Ok(if report.file_read {
+            format!(
+                "partitions file written ({} keys), heavy sweep requested, OpenSM re-read it without error",
+                plan.tenants.len()
+            )
         } else {
-            format!("partitions file written ({} keys), heavy sweep requested", plan.tenants.len())
+            format!(
+                "partitions file written ({} keys), heavy sweep requested, OpenSM not yet seen re-reading it",
+                plan.tenants.len()
+            )
         })
     }
 }

@@ -3,9 +3,15 @@
 //! Every heavy sweep re-reads the file; SIGHUP forces one, and so does `resweep heavy` on the
 //! loopback console. OpenSM's answer is only in its log: a rejected file logs `PARSE ERROR`
 //! lines or, for an empty file, `Partition configuration in error`, then OpenSM falls back to
-//! its default configuration. A sweep that changed tables logs `SUBNET UP`. So the log's length
-//! is taken before the file is replaced, and after the reload the new part of the log is watched
-//! for a short window that ends early at `SUBNET UP` or an error.
+//! its default configuration. So the log's length is taken before the file is replaced, and
+//! after the reload the new part of the log is watched for errors.
+//!
+//! When to stop watching: OpenSM logs nothing for a successful re-read at its default
+//! verbosity (`SUBNET UP` only on some sweeps). But reading the file advances its access time:
+//! the agent's write leaves atime at or before mtime, and with `relatime` (the default) the
+//! first read after that sets atime to the read's time. So the watch ends a short grace after
+//! atime moves past mtime (OpenSM has read, and parsed, the new file), at `SUBNET UP`, at an
+//! error line, or after `reload_check_ms` (e.g. on a `noatime` mount).
 
 use super::{OpenSmConfig, ReloadMethod};
 use async_trait::async_trait;
@@ -31,8 +37,9 @@ pub enum ReloadError {
 /// What a reload saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReloadReport {
-    /// OpenSM logged `SUBNET UP` after the write (its sweep finished and changed something).
-    pub sweep_seen: bool,
+    /// OpenSM was seen re-reading the file (access time or `SUBNET UP`) without logging an
+    /// error; false when the watch window ended first.
+    pub file_read: bool,
 }
 
 /// Forces a heavy sweep after the file was replaced.
@@ -52,11 +59,15 @@ pub struct OpenSmReloader {
     pid: Option<i32>,
     console_port: u16,
     log_file: PathBuf,
+    partitions_file: PathBuf,
     check: Duration,
 }
 
 const CONSOLE_TIMEOUT: Duration = Duration::from_secs(2);
-const LOG_POLL: Duration = Duration::from_millis(10);
+const LOG_POLL: Duration = Duration::from_millis(5);
+/// How long to keep reading the log after OpenSM read the file: parsing a partitions file
+/// takes well under this, and its error lines are flushed as they are written.
+const READ_GRACE: Duration = Duration::from_millis(100);
 
 impl OpenSmReloader {
     /// From the backend's settings.
@@ -67,6 +78,7 @@ impl OpenSmReloader {
             pid: config.pid,
             console_port: config.console_port,
             log_file: config.log_file.clone(),
+            partitions_file: config.partitions_file.clone(),
             check: Duration::from_millis(config.reload_check_ms),
         }
     }
@@ -123,6 +135,33 @@ impl OpenSmReloader {
     }
 }
 
+/// A file's access and modification times, nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileTimes {
+    atime: i128,
+    mtime: i128,
+}
+
+impl FileTimes {
+    fn of(path: &Path) -> Option<FileTimes> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileTimes {
+            atime: i128::from(m.atime()) * 1_000_000_000 + i128::from(m.atime_nsec()),
+            mtime: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        })
+    }
+
+    /// Whether the file was read after `written` was taken: same file (mtime unchanged) and its
+    /// atime moved past both the old atime and mtime.
+    fn read_since(now: Option<FileTimes>, written: Option<FileTimes>) -> bool {
+        match (now, written) {
+            (Some(n), Some(w)) => n.mtime == w.mtime && n.atime > w.atime && n.atime > n.mtime,
+            _ => false,
+        }
+    }
+}
+
 /// The log's current length (0 when absent).
 pub fn log_length(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
@@ -172,18 +211,27 @@ impl Reloader for OpenSmReloader {
     }
 
     async fn reload(&self, checkpoint: u64) -> Result<ReloadReport, ReloadError> {
+        let written = FileTimes::of(&self.partitions_file);
         match self.method {
             ReloadMethod::Sighup => self.sighup()?,
             ReloadMethod::Console => self.console_resweep().await?,
         }
         let deadline = tokio::time::Instant::now() + self.check;
+        let mut read_at = None;
         loop {
             let (errors, swept) = verdict(&log_lines_since(&self.log_file, checkpoint));
             if !errors.is_empty() {
                 return Err(ReloadError::Rejected(errors.join(" | ")));
             }
-            if swept || tokio::time::Instant::now() >= deadline {
-                return Ok(ReloadReport { sweep_seen: swept });
+            let now = tokio::time::Instant::now();
+            if read_at.is_none() && FileTimes::read_since(FileTimes::of(&self.partitions_file), written) {
+                read_at = Some(now);
+            }
+            if swept || read_at.is_some_and(|t| now >= t + READ_GRACE) {
+                return Ok(ReloadReport { file_read: true });
+            }
+            if now >= deadline {
+                return Ok(ReloadReport { file_read: false });
             }
             tokio::time::sleep(LOG_POLL).await;
         }
@@ -220,6 +268,23 @@ mod tests {
         assert_eq!(log_lines_since(&p, mark), vec!["new line".to_owned()]);
         std::fs::write(&p, "x\n").unwrap();
         assert_eq!(log_lines_since(&p, mark), vec!["x".to_owned()]);
+    }
+
+    #[test]
+    fn reading_a_fresh_file_advances_its_atime_past_mtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("partitions.conf");
+        crate::sm::opensm::file::replace_atomically(&p, b"Default=0x7fff : ALL=full;\n").unwrap();
+        let written = FileTimes::of(&p);
+        assert!(!FileTimes::read_since(FileTimes::of(&p), written));
+        std::thread::sleep(Duration::from_millis(20));
+        let _ = std::fs::read(&p).unwrap();
+        // Holds on relatime/strictatime mounts; noatime mounts fall back to the time window.
+        let mounted_noatime = std::fs::read_to_string("/proc/self/mounts")
+            .is_ok_and(|m| m.contains("noatime"));
+        if !mounted_noatime {
+            assert!(FileTimes::read_since(FileTimes::of(&p), written));
+        }
     }
 
     #[tokio::test]
