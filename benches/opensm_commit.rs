@@ -50,7 +50,12 @@ fn desired(i: usize, guid: u64, key_base: u32) -> (NodeMemberships, PKey) {
 }
 
 /// Polls each node in turn until its table holds `key` (full); returns when all do.
-fn wait_visible(fabric: &Fabric, ports: &[(u64, u16)], keys: &[PKey], deadline: Duration) -> Option<Duration> {
+fn wait_visible(
+    fabric: &Fabric,
+    ports: &[(u64, u16)],
+    keys: &[PKey],
+    deadline: Duration,
+) -> Option<Duration> {
     let start = Instant::now();
     for ((_, lid), key) in ports.iter().zip(keys) {
         let want = key.value(Membership::Full).0;
@@ -64,10 +69,19 @@ fn wait_visible(fabric: &Fabric, ports: &[(u64, u16)], keys: &[PKey], deadline: 
     Some(start.elapsed())
 }
 
-fn round(rt: &tokio::runtime::Runtime, fabric: &Fabric, ports: &[(u64, u16)], group_commit: bool, key_base: u32) {
+fn round(
+    rt: &tokio::runtime::Runtime,
+    fabric: &Fabric,
+    ports: &[(u64, u16)],
+    group_commit: bool,
+    key_base: u32,
+) {
     let b = backend(fabric, group_commit);
-    let sets: Vec<(NodeMemberships, PKey)> =
-        ports.iter().enumerate().map(|(i, (g, _))| desired(i, *g, key_base)).collect();
+    let sets: Vec<(NodeMemberships, PKey)> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (g, _))| desired(i, *g, key_base))
+        .collect();
     let keys: Vec<PKey> = sets.iter().map(|(_, k)| *k).collect();
     let start = Instant::now();
     let results = rt.block_on(async {
@@ -109,12 +123,20 @@ fn main() {
         println!("skipped: ibsim/opensm/smpquery or the umad2sim shim not installed");
         return;
     }
-    let nodes: usize = std::env::var("NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
+    let nodes: usize = std::env::var("NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
     let t = Instant::now();
     let fabric = Fabric::start(nodes, OPERATOR);
-    println!("fabric: {nodes} HCAs, ibsim + OpenSM up in {:.2} s", t.elapsed().as_secs_f64());
+    println!(
+        "fabric: {nodes} HCAs, ibsim + OpenSM up in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
     let t = Instant::now();
-    let ports: Vec<(u64, u16)> = (1..=nodes).map(|i| fabric.port_of(&format!("h{i}"))).collect();
+    let ports: Vec<(u64, u16)> = (1..=nodes)
+        .map(|i| fabric.port_of(&format!("h{i}")))
+        .collect();
     println!(
         "discovery: port GUID + LID of every HCA in {:.2} s ({:.1} ms per smpquery)",
         t.elapsed().as_secs_f64(),

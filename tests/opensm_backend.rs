@@ -136,7 +136,11 @@ async fn operator_bytes_survive_hundreds_of_edits_and_file_never_empties() {
         let n = next() % 20;
         let keys: Vec<(u32, Membership)> = (0..next() % 5)
             .map(|_| {
-                let m = if next() % 2 == 0 { Membership::Full } else { Membership::Limited };
+                let m = if next() % 2 == 0 {
+                    Membership::Full
+                } else {
+                    Membership::Limited
+                };
                 (1 + (next() % 40) as u32, m)
             })
             .collect();
@@ -161,7 +165,10 @@ async fn operator_bytes_survive_hundreds_of_edits_and_file_never_empties() {
     let bytes = std::fs::read(&s.path).unwrap();
     let conf = parse(&bytes).unwrap();
     assert!(conf.has_explicit_default());
-    assert_eq!(conf.keys().filter(|k| *k != 0x7fff).collect::<Vec<_>>(), vec![0x0100, 0x0200]);
+    assert_eq!(
+        conf.keys().filter(|k| *k != 0x7fff).collect::<Vec<_>>(),
+        vec![0x0100, 0x0200]
+    );
     assert_eq!(s.reloader.unparsable.load(Ordering::SeqCst), 0);
     let parts = split_region(&bytes).unwrap();
     assert_eq!(parts.before, BEFORE.as_bytes());
@@ -222,22 +229,56 @@ async fn broken_operator_file_is_left_alone_and_refused() {
 
 #[tokio::test]
 async fn requests_are_validated() {
-    let s = setup(b"storage=0x0100 : ALL=full;\n", Duration::ZERO, |c| c.pkey_table_size = 4);
+    let s = setup(b"storage=0x0100 : ALL=full;\n", Duration::ZERO, |c| {
+        c.pkey_table_size = 4
+    });
     let bad_id = node("bad id!", &[0x10], &[]);
-    assert!(matches!(s.backend.set_node(bad_id, 1).await, Err(OpenSmError::Invalid(_))));
+    assert!(matches!(
+        s.backend.set_node(bad_id, 1).await,
+        Err(OpenSmError::Invalid(_))
+    ));
     let zero = node("a", &[0], &[]);
-    assert!(matches!(s.backend.set_node(zero, 1).await, Err(OpenSmError::Invalid(_))));
+    assert!(matches!(
+        s.backend.set_node(zero, 1).await,
+        Err(OpenSmError::Invalid(_))
+    ));
     let op_key = node("a", &[0x10], &[(0x0100, Membership::Full)]);
-    assert!(matches!(s.backend.set_node(op_key, 1).await, Err(OpenSmError::OperatorKey(_))));
+    assert!(matches!(
+        s.backend.set_node(op_key, 1).await,
+        Err(OpenSmError::OperatorKey(_))
+    ));
     // Default + storage (ALL) + 3 tenant keys = 5 > 4.
-    let full = node("a", &[0x10], &[(1, Membership::Full), (2, Membership::Full), (3, Membership::Full)]);
-    assert!(matches!(s.backend.set_node(full, 1).await, Err(OpenSmError::TableFull(_))));
-    s.backend.set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1).await.unwrap();
+    let full = node(
+        "a",
+        &[0x10],
+        &[
+            (1, Membership::Full),
+            (2, Membership::Full),
+            (3, Membership::Full),
+        ],
+    );
+    assert!(matches!(
+        s.backend.set_node(full, 1).await,
+        Err(OpenSmError::TableFull(_))
+    ));
+    s.backend
+        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+        .await
+        .unwrap();
     let thief = node("b", &[0x10], &[]);
-    assert!(matches!(s.backend.set_node(thief, 1).await, Err(OpenSmError::Invalid(_))));
+    assert!(matches!(
+        s.backend.set_node(thief, 1).await,
+        Err(OpenSmError::Invalid(_))
+    ));
     let mut named = node("c", &[0x30], &[(5, Membership::Full)]);
-    named.keys.values_mut().for_each(|k| k.name = "has space".into());
-    assert!(matches!(s.backend.set_node(named, 1).await, Err(OpenSmError::Invalid(_))));
+    named
+        .keys
+        .values_mut()
+        .for_each(|k| k.name = "has space".into());
+    assert!(matches!(
+        s.backend.set_node(named, 1).await,
+        Err(OpenSmError::Invalid(_))
+    ));
     // Nothing refused reached the store.
     assert_eq!(s.store.load_all().unwrap().len(), 1);
 }
@@ -245,17 +286,29 @@ async fn requests_are_validated() {
 #[tokio::test]
 async fn older_generations_are_ignored() {
     let s = setup(b"", Duration::ZERO, |_| {});
-    s.backend.set_node(node("a", &[0x10], &[(7, Membership::Full)]), 5).await.unwrap();
-    let out = s.backend.set_node(node("a", &[0x10], &[]), 4).await.unwrap();
+    s.backend
+        .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 5)
+        .await
+        .unwrap();
+    let out = s
+        .backend
+        .set_node(node("a", &[0x10], &[]), 4)
+        .await
+        .unwrap();
     assert!(out.detail.contains("ignored"), "{}", out.detail);
     assert_eq!(s.backend.node("a").unwrap().generation, 5);
-    assert!(std::fs::read_to_string(&s.path).unwrap().contains("=0x0007"));
+    assert!(std::fs::read_to_string(&s.path)
+        .unwrap()
+        .contains("=0x0007"));
 }
 
 #[tokio::test]
 async fn state_persists_across_restarts() {
     let s = setup(b"", Duration::ZERO, |_| {});
-    s.backend.set_node(node("a", &[0x10], &[(7, Membership::Full)]), 1).await.unwrap();
+    s.backend
+        .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 1)
+        .await
+        .unwrap();
     let written = std::fs::read(&s.path).unwrap();
     std::fs::write(&s.path, b"").unwrap();
     let config = OpenSmConfig {
@@ -278,12 +331,18 @@ async fn state_persists_across_restarts() {
 async fn reload_failures_map_to_sm_errors() {
     let s = setup(b"", Duration::ZERO, |_| {});
     *s.reloader.fail.lock().unwrap() = Some(ReloadError::Unreachable("no opensm".into()));
-    let r = s.backend.apply(&node("ignored", &[0x10], &[(1, Membership::Full)])).await;
+    let r = s
+        .backend
+        .apply(&node("ignored", &[0x10], &[(1, Membership::Full)]))
+        .await;
     assert!(matches!(r, Err(SmError::Unavailable(_))), "{r:?}");
     // The local node's set is stored under the SM host's own id.
     assert!(s.backend.node("smhost").is_some());
     *s.reloader.fail.lock().unwrap() = Some(ReloadError::Rejected("PARSE ERROR".into()));
-    let r = s.backend.apply(&node("ignored", &[0x10], &[(2, Membership::Full)])).await;
+    let r = s
+        .backend
+        .apply(&node("ignored", &[0x10], &[(2, Membership::Full)]))
+        .await;
     assert!(matches!(r, Err(SmError::Refused(_))), "{r:?}");
 }
 
@@ -307,8 +366,13 @@ async fn concurrent_readers_never_see_a_partial_file() {
         })
     };
     for i in 0..100u64 {
-        let keys: Vec<_> = (1..=(i % 30) as u32 + 1).map(|k| (k, Membership::Full)).collect();
-        s.backend.set_node(node("a", &[0x10], &keys), i).await.unwrap();
+        let keys: Vec<_> = (1..=(i % 30) as u32 + 1)
+            .map(|k| (k, Membership::Full))
+            .collect();
+        s.backend
+            .set_node(node("a", &[0x10], &keys), i)
+            .await
+            .unwrap();
     }
     stop.store(true, Ordering::SeqCst);
     assert!(reader.join().unwrap() > 0);
@@ -317,14 +381,23 @@ async fn concurrent_readers_never_see_a_partial_file() {
 }
 
 async fn burst(group_commit: bool, nodes: u64) -> (usize, Duration) {
-    let s = setup(b"", Duration::from_millis(20), |c| c.group_commit = group_commit);
+    let s = setup(b"", Duration::from_millis(20), |c| {
+        c.group_commit = group_commit
+    });
     let start = Instant::now();
     let tasks: Vec<_> = (0..nodes)
         .map(|n| {
             let b = s.backend.clone();
             tokio::spawn(async move {
-                b.set_node(node(&format!("n{n}"), &[0x1000 + n], &[(1 + n as u32, Membership::Full)]), 1)
-                    .await
+                b.set_node(
+                    node(
+                        &format!("n{n}"),
+                        &[0x1000 + n],
+                        &[(1 + n as u32, Membership::Full)],
+                    ),
+                    1,
+                )
+                .await
             })
         })
         .collect();
@@ -333,7 +406,11 @@ async fn burst(group_commit: bool, nodes: u64) -> (usize, Duration) {
     }
     let took = start.elapsed();
     let conf = parse(&std::fs::read(&s.path).unwrap()).unwrap();
-    assert_eq!(conf.entries.len() as u64, nodes + 1, "every node's key is in the file");
+    assert_eq!(
+        conf.entries.len() as u64,
+        nodes + 1,
+        "every node's key is in the file"
+    );
     (s.reloader.calls(), took)
 }
 
@@ -349,10 +426,20 @@ async fn group_commit_merges_a_burst_into_few_sweeps() {
 async fn a_single_change_goes_out_at_once() {
     let s = setup(b"", Duration::from_millis(20), |_| {});
     let start = Instant::now();
-    s.backend.set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1).await.unwrap();
+    s.backend
+        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+        .await
+        .unwrap();
     assert_eq!(s.reloader.calls(), 1);
-    assert!(start.elapsed() < Duration::from_millis(500), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
     // An unchanged set writes nothing and needs no sweep.
-    s.backend.set_node(node("a", &[0x10], &[(1, Membership::Full)]), 2).await.unwrap();
+    s.backend
+        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 2)
+        .await
+        .unwrap();
     assert_eq!(s.reloader.calls(), 1);
 }

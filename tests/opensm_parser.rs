@@ -49,9 +49,13 @@ fn corpus_matches_expectations() {
             }
         }
         if let Ok(c) = &got {
-            let have: BTreeSet<String> = c.warnings.iter().map(|w| format!("{:?}", w.kind)).collect();
+            let have: BTreeSet<String> =
+                c.warnings.iter().map(|w| format!("{:?}", w.kind)).collect();
             if have != want_warn {
-                failures.push(format!("{name}: warnings {have:?}, want {want_warn:?}: {:#?}", c.warnings));
+                failures.push(format!(
+                    "{name}: warnings {have:?}, want {want_warn:?}: {:#?}",
+                    c.warnings
+                ));
             }
         }
     }
@@ -103,7 +107,11 @@ fn mutated_corpus_never_panics_and_round_trips() {
             let mut t = text.clone();
             for _ in 0..1 + next() % 4 {
                 let b = BYTES[(next() % BYTES.len() as u64) as usize];
-                let at = if t.is_empty() { 0 } else { (next() % t.len() as u64) as usize };
+                let at = if t.is_empty() {
+                    0
+                } else {
+                    (next() % t.len() as u64) as usize
+                };
                 match next() % 3 {
                     0 if !t.is_empty() => t[at] = b,
                     1 if !t.is_empty() => {
@@ -126,15 +134,24 @@ fn mutated_corpus_never_panics_and_round_trips() {
                     },
                 );
             }
-            let again = parse(out.as_bytes())
-                .unwrap_or_else(|e| panic!("{name} mutated {:?}: {e}\n{out}", String::from_utf8_lossy(&t)));
+            let again = parse(out.as_bytes()).unwrap_or_else(|e| {
+                panic!(
+                    "{name} mutated {:?}: {e}\n{out}",
+                    String::from_utf8_lossy(&t)
+                )
+            });
             let members = |c: &fabric_agent::sm::opensm::model::PartitionsConf| -> Vec<(u16, Vec<(PortSet, MemberKind)>)> {
                 c.effective()
                     .into_iter()
                     .map(|(k, p)| (k, p.members.iter().map(|m| (m.ports, m.kind)).collect()))
                     .collect()
             };
-            assert_eq!(members(&conf), members(&again), "{name}: {:?}", String::from_utf8_lossy(&t));
+            assert_eq!(
+                members(&conf),
+                members(&again),
+                "{name}: {:?}",
+                String::from_utf8_lossy(&t)
+            );
         }
     }
 }

@@ -71,10 +71,25 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
         .await
         .unwrap();
     // OpenSM's re-read is seen (file access time) well before the 2 s watch window ends.
-    assert!(out.detail.contains("re-read it without error"), "{}", out.detail);
-    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+    assert!(
+        out.detail.contains("re-read it without error"),
+        "{}",
+        out.detail
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
     backend
-        .set_node(node("h3", g3, &[(0x0a12, Membership::Limited), (0x0b00, Membership::Full)]), 1)
+        .set_node(
+            node(
+                "h3",
+                g3,
+                &[(0x0a12, Membership::Limited), (0x0b00, Membership::Full)],
+            ),
+            1,
+        )
         .await
         .unwrap();
     let text = std::fs::read_to_string(&fabric.partitions).unwrap();
@@ -82,7 +97,9 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
     let conf = parse(text.as_bytes()).unwrap();
     assert!(conf.has_explicit_default());
 
-    wait_until("h2 to hold 0x8a12", || fabric.pkeys("h1", lid2).contains(&0x8a12));
+    wait_until("h2 to hold 0x8a12", || {
+        fabric.pkeys("h1", lid2).contains(&0x8a12)
+    });
     wait_until("h3 to hold 0x0a12 and 0x8b00", || {
         let t = fabric.pkeys("h1", lid3);
         t.contains(&0x0a12) && t.contains(&0x8b00)
@@ -92,7 +109,9 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
 
     // Releasing every key keeps a loadable file and removes the key from the port.
     backend.set_node(node("h3", g3, &[]), 2).await.unwrap();
-    wait_until("h3 to drop 0x0a12", || !fabric.pkeys("h1", lid3).contains(&0x0a12));
+    wait_until("h3 to drop 0x0a12", || {
+        !fabric.pkeys("h1", lid3).contains(&0x0a12)
+    });
     let log = fabric.log_since(0);
     assert!(!log.contains("PARSE ERROR"), "{log}");
     assert!(!log.contains("in error"), "{log}");
@@ -103,13 +122,19 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
 fn tricky_files() -> Vec<(&'static str, String)> {
     let long_pad = " ".repeat(4094 - 20);
     vec![
-        ("plain", "Default=0x7fff : ALL=limited, SELF=full;\nt=0x0a12 : ALL_CAS=full;\n".into()),
+        (
+            "plain",
+            "Default=0x7fff : ALL=limited, SELF=full;\nt=0x0a12 : ALL_CAS=full;\n".into(),
+        ),
         ("crlf", "Default=0x7fff : ALL=full;\r\n".into()),
         ("empty", String::new()),
         ("comment only", "# nothing here\n\n".into()),
         ("bad guid", "Default=0x7fff : ALL=full, 0xzz;\n".into()),
         ("prefix keywords", "Default=0x7fff : A=f, S=f;\n".into()),
-        ("key above 16 bits", "Default=0x7fff : ALL=full;\nt=0x18001 : ALL;\n".into()),
+        (
+            "key above 16 bits",
+            "Default=0x7fff : ALL=full;\nt=0x18001 : ALL;\n".into(),
+        ),
         (
             "semicolon on its own line",
             "Default=0x7fff :\n   ALL=full\n;\n".into(),
@@ -118,18 +143,30 @@ fn tricky_files() -> Vec<(&'static str, String)> {
             "semicolon on its own line, no indent",
             "Default=0x7fff :\nALL=full\n;\n".into(),
         ),
-        ("uppercase MGID", "Default=0x7fff : ALL=full, MGID=ff12:401b::1;\n".into()),
+        (
+            "uppercase MGID",
+            "Default=0x7fff : ALL=full, MGID=ff12:401b::1;\n".into(),
+        ),
         (
             "bad mgid with flags before ';'",
             "Default=0x7fff : ALL=full, mgid=fe80::1, sl=1;\n".into(),
         ),
-        ("include", "include /etc/other.conf\nDefault=0x7fff : ALL=full;\n".into()),
+        (
+            "include",
+            "include /etc/other.conf\nDefault=0x7fff : ALL=full;\n".into(),
+        ),
         (
             "long line splitting a GUID",
             format!("Default=0x7fff : ALL=full;\nt=0x0001 :{long_pad}0x0002c90300123456;\n"),
         ),
-        ("header across lines", "Default=0x7fff\n: ALL=full;\n".into()),
-        ("two entries on one line", "Default=0x7fff : ALL=full; t=0x2 : SELF=full;\n".into()),
+        (
+            "header across lines",
+            "Default=0x7fff\n: ALL=full;\n".into(),
+        ),
+        (
+            "two entries on one line",
+            "Default=0x7fff : ALL=full; t=0x2 : SELF=full;\n".into(),
+        ),
         ("no final semicolon", "Default=0x7fff : ALL=full\n".into()),
     ]
 }
@@ -143,7 +180,9 @@ fn parser_agrees_with_opensm_on_tricky_files() {
     let fabric = Fabric::start(2, "Default=0x7fff : ALL=full;\n");
     let mut disagreements = Vec::new();
     for (name, text) in tricky_files() {
-        let offset = std::fs::read_to_string(&fabric.log).unwrap_or_default().len();
+        let offset = std::fs::read_to_string(&fabric.log)
+            .unwrap_or_default()
+            .len();
         std::fs::write(&fabric.partitions, &text).unwrap();
         fabric.hup();
         std::thread::sleep(Duration::from_millis(400));

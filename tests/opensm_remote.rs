@@ -113,10 +113,15 @@ async fn plaintext_loopback_apply_reaches_the_file() {
     .unwrap();
     sm.apply(&desired(&[0x0a12])).await.unwrap();
     let text = std::fs::read_to_string(&host.partitions).unwrap();
-    assert!(text.contains("tenant-a=0x0a12 :\n    0x0002c903000e0b72=full;"), "{text}");
+    assert!(
+        text.contains("tenant-a=0x0a12 :\n    0x0002c903000e0b72=full;"),
+        "{text}"
+    );
 
     // The SM host answers what it holds.
-    let mut client = PartitionsClient::connect(format!("http://{}", host.addr)).await.unwrap();
+    let mut client = PartitionsClient::connect(format!("http://{}", host.addr))
+        .await
+        .unwrap();
     let held = client
         .get_node_memberships(GetNodeMembershipsRequest {
             node_id: "node-7".into(),
@@ -135,7 +140,9 @@ async fn plaintext_loopback_apply_reaches_the_file() {
 
     // A later apply replaces the set (generations increase).
     sm.apply(&desired(&[])).await.unwrap();
-    assert!(!std::fs::read_to_string(&host.partitions).unwrap().contains("0x0a12"));
+    assert!(!std::fs::read_to_string(&host.partitions)
+        .unwrap()
+        .contains("0x0a12"));
 }
 
 #[tokio::test]
@@ -147,7 +154,10 @@ async fn refusals_and_unreachable_hosts() {
     })
     .unwrap();
     let err = sm.apply(&desired(&[0x0100])).await.unwrap_err();
-    assert!(matches!(&err, SmError::Refused(m) if m.contains("0x0100")), "{err:?}");
+    assert!(
+        matches!(&err, SmError::Refused(m) if m.contains("0x0100")),
+        "{err:?}"
+    );
 
     let addr = host.addr;
     drop(host);
@@ -212,8 +222,14 @@ async fn mutual_tls() {
         domain_name: Some("localhost".into()),
         ..RemoteConfig::default()
     };
-    RemoteSm::new(&config).unwrap().apply(&desired(&[0x0a12])).await.unwrap();
-    assert!(std::fs::read_to_string(&host.partitions).unwrap().contains("0x0a12"));
+    RemoteSm::new(&config)
+        .unwrap()
+        .apply(&desired(&[0x0a12]))
+        .await
+        .unwrap();
+    assert!(std::fs::read_to_string(&host.partitions)
+        .unwrap()
+        .contains("0x0a12"));
 
     // A client whose certificate the SM host does not trust is turned away.
     let stranger = pki_stranger();
@@ -222,7 +238,11 @@ async fn mutual_tls() {
         key: Some(write(dir.path(), "s-key.pem", &stranger.1)),
         ..config
     };
-    assert!(RemoteSm::new(&bad).unwrap().apply(&desired(&[1])).await.is_err());
+    assert!(RemoteSm::new(&bad)
+        .unwrap()
+        .apply(&desired(&[1]))
+        .await
+        .is_err());
 }
 
 fn pki_stranger() -> (String, String) {

@@ -34,7 +34,12 @@ pub fn net_file(hcas: usize) -> String {
     if leaves > 1 {
         s.push_str(&format!("Switch {} \"spine\"\n", leaves.max(2)));
         for l in 0..leaves {
-            s.push_str(&format!("[{}] \"leaf{}\"[{}]\n", l + 1, l + 1, PER_LEAF + 1));
+            s.push_str(&format!(
+                "[{}] \"leaf{}\"[{}]\n",
+                l + 1,
+                l + 1,
+                PER_LEAF + 1
+            ));
         }
         s.push('\n');
     }
@@ -55,7 +60,10 @@ pub fn net_file(hcas: usize) -> String {
     for h in 1..=hcas {
         let l = (h - 1) / PER_LEAF;
         let port = (h - 1) % PER_LEAF + 1;
-        s.push_str(&format!("Hca 1 \"h{h}\"\n[1] \"leaf{}\"[{port}]\n\n", l + 1));
+        s.push_str(&format!(
+            "Hca 1 \"h{h}\"\n[1] \"leaf{}\"[{port}]\n\n",
+            l + 1
+        ));
     }
     s
 }
@@ -79,7 +87,11 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        eprintln!("{} did not stop on SIGTERM; killing pid {}", self.name, self.child.id());
+        eprintln!(
+            "{} did not stop on SIGTERM; killing pid {}",
+            self.name,
+            self.child.id()
+        );
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -131,7 +143,11 @@ impl Fabric {
         let fifo = d.join("console");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         // Read-write open of a FIFO does not block and keeps a writer alive.
-        let console = OpenOptions::new().read(true).write(true).open(&fifo).unwrap();
+        let console = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .unwrap();
         let ibsim_out = File::create(d.join("ibsim.out")).unwrap();
         let ibsim = Command::new("ibsim")
             .args(["-s", "net"])
@@ -158,7 +174,11 @@ impl Fabric {
         };
         let d = fabric.dir.path().to_path_buf();
         assert!(
-            wait_for(&d.join("ibsim.out"), "Network simulator ready", Duration::from_secs(30)),
+            wait_for(
+                &d.join("ibsim.out"),
+                "Network simulator ready",
+                Duration::from_secs(30)
+            ),
             "ibsim did not start: {}",
             fs::read_to_string(d.join("ibsim.out")).unwrap_or_default()
         );
@@ -183,7 +203,11 @@ impl Fabric {
             name: "opensm",
         });
         assert!(
-            wait_for(&fabric.log, "Entering MASTER state", Duration::from_secs(30)),
+            wait_for(
+                &fabric.log,
+                "Entering MASTER state",
+                Duration::from_secs(30)
+            ),
             "OpenSM did not become master"
         );
         fabric
@@ -227,7 +251,9 @@ impl Fabric {
         };
         let guid = u64::from_str_radix(field(&ni, "PortGuid").trim_start_matches("0x"), 16)
             .unwrap_or_else(|_| panic!("no PortGuid in {ni:?}"));
-        let lid = field(&pi, "Lid").parse().unwrap_or_else(|_| panic!("no Lid in {pi:?}"));
+        let lid = field(&pi, "Lid")
+            .parse()
+            .unwrap_or_else(|_| panic!("no Lid in {pi:?}"));
         (guid, lid)
     }
 
@@ -281,8 +307,21 @@ impl Drop for Fabric {
 /// Non-empty entries of `smpquery pkeys` output (`   0: 0x7fff 0x8001 0x0000 ...`).
 pub fn parse_pkeys(out: &str) -> Vec<u16> {
     out.lines()
-        .filter(|l| l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit()) && l.contains(':'))
-        .flat_map(|l| l.split(':').nth(1).unwrap_or_default().split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|l| {
+            l.trim_start()
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit())
+                && l.contains(':')
+        })
+        .flat_map(|l| {
+            l.split(':')
+                .nth(1)
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
         .filter_map(|t| u16::from_str_radix(t.trim_start_matches("0x"), 16).ok())
         .filter(|v| v & 0x7FFF != 0)
         .collect()

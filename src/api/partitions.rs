@@ -3,7 +3,9 @@
 //! [`OpenSmBackend`], which persists it, merges it into the partitions file and forces a sweep
 //! before the reply.
 
-use crate::domain::{validate_label, Guid, KeySetting, LabelRules, Membership, NodeMemberships, PKey};
+use crate::domain::{
+    validate_label, Guid, KeySetting, LabelRules, Membership, NodeMemberships, PKey,
+};
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_server::{Partitions, PartitionsServer};
 use crate::sm::opensm::render::is_safe_name;
@@ -40,9 +42,7 @@ pub fn status_of(e: &OpenSmError) -> Status {
     match e {
         OpenSmError::Invalid(_) | OpenSmError::OperatorKey(_) => Status::invalid_argument(msg),
         OpenSmError::TableFull(_) => Status::resource_exhausted(msg),
-        OpenSmError::OperatorFile(_) | OpenSmError::Rejected(_) => {
-            Status::failed_precondition(msg)
-        }
+        OpenSmError::OperatorFile(_) | OpenSmError::Rejected(_) => Status::failed_precondition(msg),
         OpenSmError::Unreachable(_) | OpenSmError::Io(_) | OpenSmError::Store(_) => {
             Status::unavailable(msg)
         }
@@ -51,9 +51,13 @@ pub fn status_of(e: &OpenSmError) -> Status {
 }
 
 fn parse_guid(s: &str) -> Result<Guid, Status> {
-    let hex = s.strip_prefix("0x").filter(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    let hex = s
+        .strip_prefix("0x")
+        .filter(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
     match hex.map(|h| u64::from_str_radix(h, 16)) {
-        Some(Ok(0)) => Err(Status::invalid_argument("port GUID 0x0000000000000000 is not a port")),
+        Some(Ok(0)) => Err(Status::invalid_argument(
+            "port GUID 0x0000000000000000 is not a port",
+        )),
         Some(Ok(g)) => Ok(Guid(g)),
         _ => Err(Status::invalid_argument(format!(
             "port GUID {s:?} is not \"0x\" followed by 16 hex digits"
@@ -105,7 +109,12 @@ pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships
 pub fn memberships_to_proto(n: &StoredNode) -> pb::NodeMemberships {
     pb::NodeMemberships {
         node_id: n.memberships.node_id.clone(),
-        port_guids: n.memberships.port_guids.iter().map(Guid::to_string).collect(),
+        port_guids: n
+            .memberships
+            .port_guids
+            .iter()
+            .map(Guid::to_string)
+            .collect(),
         keys: n
             .memberships
             .keys
@@ -188,7 +197,10 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(generation, 3);
-        assert_eq!(m.keys[&PKey::new(0x0a12).unwrap()].membership, Membership::Full);
+        assert_eq!(
+            m.keys[&PKey::new(0x0a12).unwrap()].membership,
+            Membership::Full
+        );
         let back = memberships_to_proto(&StoredNode {
             memberships: m,
             generation: 3,
@@ -197,7 +209,10 @@ mod tests {
         for (keys, guids) in [
             (vec![key(0x7fff, true, "")], vec!["0x0000000000000001"]),
             (vec![key(0, true, "")], vec!["0x0000000000000001"]),
-            (vec![key(1, true, ""), key(1, false, "")], vec!["0x0000000000000001"]),
+            (
+                vec![key(1, true, ""), key(1, false, "")],
+                vec!["0x0000000000000001"],
+            ),
             (vec![key(1, true, "bad name")], vec!["0x0000000000000001"]),
             (vec![], vec!["0002c903000e0b72"]),
             (vec![], vec!["0x0000000000000000"]),
@@ -209,8 +224,17 @@ mod tests {
 
     #[test]
     fn errors_map_to_codes() {
-        assert_eq!(status_of(&OpenSmError::TableFull("x".into())).code(), tonic::Code::ResourceExhausted);
-        assert_eq!(status_of(&OpenSmError::OperatorFile("x".into())).code(), tonic::Code::FailedPrecondition);
-        assert_eq!(status_of(&OpenSmError::Unreachable("x".into())).code(), tonic::Code::Unavailable);
+        assert_eq!(
+            status_of(&OpenSmError::TableFull("x".into())).code(),
+            tonic::Code::ResourceExhausted
+        );
+        assert_eq!(
+            status_of(&OpenSmError::OperatorFile("x".into())).code(),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(
+            status_of(&OpenSmError::Unreachable("x".into())).code(),
+            tonic::Code::Unavailable
+        );
     }
 }

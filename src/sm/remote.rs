@@ -92,7 +92,10 @@ impl RemoteConfig {
                 return Err("plaintext http is only allowed to a loopback address".into());
             }
         } else {
-            return Err(format!("endpoint {:?} must start with https:// or http://", self.endpoint));
+            return Err(format!(
+                "endpoint {:?} must start with https:// or http://",
+                self.endpoint
+            ));
         }
         if self.connect_timeout_ms == Some(0) || self.request_timeout_ms == Some(0) {
             return Err("timeouts must be above 0".into());

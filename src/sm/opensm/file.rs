@@ -68,7 +68,10 @@ mod tests {
         fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).unwrap();
         replace_atomically(&p, b"new").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"new");
-        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o640);
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
         let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(leftovers.len(), 1);
         assert_eq!(read_or_empty(&dir.path().join("absent")).unwrap(), b"");

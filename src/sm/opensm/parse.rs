@@ -66,19 +66,23 @@ pub(crate) fn c_strtoul(s: &[u8]) -> CNumber {
         negative = at(i) == b'-';
         i += 1;
     }
-    let (radix, hex) = if at(i) == b'0' && matches!(at(i + 1), b'x' | b'X') && at(i + 2).is_ascii_hexdigit() {
-        i += 2;
-        (16, true)
-    } else if at(i) == b'0' {
-        (8, false)
-    } else {
-        (10, false)
-    };
+    let (radix, hex) =
+        if at(i) == b'0' && matches!(at(i + 1), b'x' | b'X') && at(i + 2).is_ascii_hexdigit() {
+            i += 2;
+            (16, true)
+        } else if at(i) == b'0' {
+            (8, false)
+        } else {
+            (10, false)
+        };
     let start = i;
     let mut value: u64 = 0;
     let mut overflow = false;
     while let Some(d) = (at(i) as char).to_digit(radix) {
-        match value.checked_mul(u64::from(radix)).and_then(|v| v.checked_add(u64::from(d))) {
+        match value
+            .checked_mul(u64::from(radix))
+            .and_then(|v| v.checked_add(u64::from(d)))
+        {
             Some(v) => value = v,
             None => overflow = true,
         }
@@ -414,7 +418,11 @@ impl Reader {
     fn create_entry(&mut self, st: &mut EntryState, head: &Token) -> Result<(), ParseError> {
         let mut name = Some(self.cstr(head.name));
         let mut id = head.value.map(|v| self.cstr(v));
-        if id.is_none() && name.as_ref().is_some_and(|n| n.first().is_some_and(u8::is_ascii_digit)) {
+        if id.is_none()
+            && name
+                .as_ref()
+                .is_some_and(|n| n.first().is_some_and(u8::is_ascii_digit))
+        {
             id = name.take();
         }
         let mut key16: u16 = 0;
@@ -553,7 +561,10 @@ impl Reader {
         } else if is_prefix(flag, "sl") {
             ("sl", strict_number(value).is_some_and(|v| v <= 15))
         } else if is_prefix(flag, "FlowLabel") {
-            ("FlowLabel", strict_number(value).is_some_and(|v| v <= 0xFFFFF))
+            (
+                "FlowLabel",
+                strict_number(value).is_some_and(|v| v <= 0xFFFFF),
+            )
         } else {
             return None;
         };
@@ -599,7 +610,10 @@ impl Reader {
             match chosen {
                 Some(kind) => {
                     if v.is_empty() {
-                        self.warn(WarningKind::EmptyValue, "\"defmember=\" with no value means full");
+                        self.warn(
+                            WarningKind::EmptyValue,
+                            "\"defmember=\" with no value means full",
+                        );
                     } else if v != kind.to_string().as_bytes() {
                         self.warn(
                             WarningKind::Abbreviation,
@@ -622,7 +636,10 @@ impl Reader {
         } else {
             self.warn(
                 WarningKind::IgnoredFlag,
-                format!("unknown partition flag {:?}: OpenSM ignores it", lossy(&flag)),
+                format!(
+                    "unknown partition flag {:?}: OpenSM ignores it",
+                    lossy(&flag)
+                ),
             );
             None
         };
@@ -669,7 +686,10 @@ impl Reader {
             if flag.is_empty() {
                 self.warn(
                     WarningKind::EmptyValue,
-                    format!("member {:?} has an empty '=': OpenSM reads it as full", lossy(&name)),
+                    format!(
+                        "member {:?} has an empty '=': OpenSM reads it as full",
+                        lossy(&name)
+                    ),
                 );
             } else if kind == MemberKind::Limited && !is_prefix(&flag, "limited") {
                 self.warn(
@@ -732,7 +752,9 @@ impl Reader {
         if kind == MemberKind::Both {
             self.warn(
                 WarningKind::BothMembership,
-                format!("{ports} is a \"both\" member: full unless OpenSM runs with allow_both_pkeys"),
+                format!(
+                    "{ports} is a \"both\" member: full unless OpenSM runs with allow_both_pkeys"
+                ),
             );
         }
         let line = self.line;
@@ -823,7 +845,9 @@ impl Reader {
 fn strict_number(value: Option<&[u8]>) -> Option<u64> {
     let v = value.filter(|v| !v.is_empty())?;
     let n = c_strtoul(v);
-    let rest_ok = v.get(n.used..).is_some_and(|r| r.first().is_none_or(|b| is_c_space(*b)));
+    let rest_ok = v
+        .get(n.used..)
+        .is_some_and(|r| r.first().is_none_or(|b| is_c_space(*b)));
     rest_ok.then_some(n.value)
 }
 
@@ -863,7 +887,10 @@ mod tests {
         let t = &c.entries[1];
         assert_eq!(t.pkey, 1);
         assert_eq!(t.name.as_deref(), Some("t1"));
-        assert_eq!(t.members[0].ports, PortSet::Guid(Guid(0x0002_c903_000e_0b72)));
+        assert_eq!(
+            t.members[0].ports,
+            PortSet::Guid(Guid(0x0002_c903_000e_0b72))
+        );
         assert_eq!(t.members[0].kind, MemberKind::Full);
         assert_eq!(t.members[1].kind, MemberKind::Limited);
         assert!(kinds(&c).contains(&WarningKind::KeyTruncated));
@@ -895,14 +922,29 @@ mod tests {
     fn fatal_forms() {
         assert_eq!(err(""), ParseErrorKind::NoEntries);
         assert_eq!(err("# only a comment\n\n"), ParseErrorKind::NoEntries);
-        assert_eq!(err("Default=0x7fff : ALL=full;\r\n"), ParseErrorKind::NoPartitionDefinition);
+        assert_eq!(
+            err("Default=0x7fff : ALL=full;\r\n"),
+            ParseErrorKind::NoPartitionDefinition
+        );
         assert_eq!(err("a=0x1 : 0xzz;\n"), ParseErrorKind::BadPortGuid);
         assert_eq!(err("a=0x1 : 0x0;\n"), ParseErrorKind::BadPortGuid);
-        assert_eq!(err("a=0x1x : ALL;\n"), ParseErrorKind::BadPartitionDefinition);
-        assert_eq!(err("a=0x1\n : ALL;\n"), ParseErrorKind::NoPartitionDefinition);
+        assert_eq!(
+            err("a=0x1x : ALL;\n"),
+            ParseErrorKind::BadPartitionDefinition
+        );
+        assert_eq!(
+            err("a=0x1\n : ALL;\n"),
+            ParseErrorKind::NoPartitionDefinition
+        );
         assert_eq!(err("a=0x1 : MGID=ff12::1;\n"), ParseErrorKind::BadPortGuid);
-        assert_eq!(err("a=0x1 : mgid;\n"), ParseErrorKind::MulticastGroupWithoutValue);
-        assert_eq!(err("include other.conf\n"), ParseErrorKind::NoPartitionDefinition);
+        assert_eq!(
+            err("a=0x1 : mgid;\n"),
+            ParseErrorKind::MulticastGroupWithoutValue
+        );
+        assert_eq!(
+            err("include other.conf\n"),
+            ParseErrorKind::NoPartitionDefinition
+        );
     }
 
     #[test]

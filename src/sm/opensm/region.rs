@@ -57,7 +57,9 @@ impl OperatorParts {
     /// region's text would continue that entry.
     pub fn parse(&self) -> Result<PartitionsConf, RegionError> {
         let before = parse_part(&self.before).map_err(|e| {
-            RegionError::OperatorFile(format!("{e} (OpenSM would load the default configuration instead)"))
+            RegionError::OperatorFile(format!(
+                "{e} (OpenSM would load the default configuration instead)"
+            ))
         })?;
         if before.open_entry_at_end {
             return Err(RegionError::OperatorFile(
@@ -67,7 +69,9 @@ impl OperatorParts {
         let mut all = self.before.clone();
         all.extend_from_slice(&self.after);
         parse_part(&all).map_err(|e| {
-            RegionError::OperatorFile(format!("{e} (OpenSM would load the default configuration instead)"))
+            RegionError::OperatorFile(format!(
+                "{e} (OpenSM would load the default configuration instead)"
+            ))
         })
     }
 }
@@ -246,7 +250,9 @@ pub fn check_composed(
     }
     let own = parse_part(region.as_bytes()).map_err(|e| RegionError::Composed(e.to_string()))?;
     if let Some(w) = own.warnings.first() {
-        return Err(RegionError::Composed(format!("the region itself warns: {w}")));
+        return Err(RegionError::Composed(format!(
+            "the region itself warns: {w}"
+        )));
     }
     for (key, t) in &plan.tenants {
         let e = own
@@ -255,7 +261,9 @@ pub fn check_composed(
             .find(|e| e.pkey == key.base())
             .ok_or_else(|| RegionError::Composed(format!("key {key} missing after parse")))?;
         if e.members.len() != t.members.len() {
-            return Err(RegionError::Composed(format!("key {key}: members differ after parse")));
+            return Err(RegionError::Composed(format!(
+                "key {key}: members differ after parse"
+            )));
         }
     }
     for guid in plan.guids() {
@@ -310,7 +318,16 @@ mod tests {
         let region = render_region(&p);
         let file = compose(&parts, &region);
         assert_eq!(split_region(&file).unwrap(), parts);
-        let conf = check_composed(&file, &region, &p, TableLimits { table_size: 64, allow_both_pkeys: false }).unwrap();
+        let conf = check_composed(
+            &file,
+            &region,
+            &p,
+            TableLimits {
+                table_size: 64,
+                allow_both_pkeys: false,
+            },
+        )
+        .unwrap();
         assert!(conf.has_explicit_default());
     }
 
@@ -327,11 +344,29 @@ mod tests {
         let p = plan(&[]);
         let region = render_region(&p);
         let file = compose(&OperatorParts::default(), &region);
-        assert!(check_composed(&file, &region, &p, TableLimits { table_size: 64, allow_both_pkeys: false }).is_ok());
+        assert!(check_composed(
+            &file,
+            &region,
+            &p,
+            TableLimits {
+                table_size: 64,
+                allow_both_pkeys: false
+            }
+        )
+        .is_ok());
         let no_default = RegionPlan::default();
         let region = render_region(&no_default);
         let file = compose(&OperatorParts::default(), &region);
-        assert!(check_composed(&file, &region, &no_default, TableLimits { table_size: 64, allow_both_pkeys: false }).is_err());
+        assert!(check_composed(
+            &file,
+            &region,
+            &no_default,
+            TableLimits {
+                table_size: 64,
+                allow_both_pkeys: false
+            }
+        )
+        .is_err());
     }
 
     #[test]
@@ -340,7 +375,16 @@ mod tests {
         let p = plan(&keys);
         let region = render_region(&p);
         let file = compose(&OperatorParts::default(), &region);
-        let err = check_composed(&file, &region, &p, TableLimits { table_size: 3, allow_both_pkeys: false }).unwrap_err();
+        let err = check_composed(
+            &file,
+            &region,
+            &p,
+            TableLimits {
+                table_size: 3,
+                allow_both_pkeys: false,
+            },
+        )
+        .unwrap_err();
         assert!(matches!(err, RegionError::TableFull(_)), "{err}");
     }
 

@@ -224,7 +224,9 @@ impl Reloader for OpenSmReloader {
                 return Err(ReloadError::Rejected(errors.join(" | ")));
             }
             let now = tokio::time::Instant::now();
-            if read_at.is_none() && FileTimes::read_since(FileTimes::of(&self.partitions_file), written) {
+            if read_at.is_none()
+                && FileTimes::read_since(FileTimes::of(&self.partitions_file), written)
+            {
                 read_at = Some(now);
             }
             if swept || read_at.is_some_and(|t| now >= t + READ_GRACE) {
@@ -280,8 +282,8 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         let _ = std::fs::read(&p).unwrap();
         // Holds on relatime/strictatime mounts; noatime mounts fall back to the time window.
-        let mounted_noatime = std::fs::read_to_string("/proc/self/mounts")
-            .is_ok_and(|m| m.contains("noatime"));
+        let mounted_noatime =
+            std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.contains("noatime"));
         if !mounted_noatime {
             assert!(FileTimes::read_since(FileTimes::of(&p), written));
         }
@@ -298,6 +300,9 @@ mod tests {
             ..OpenSmConfig::default()
         };
         let r = OpenSmReloader::new(&config);
-        assert!(matches!(r.reload(0).await, Err(ReloadError::Unreachable(_))));
+        assert!(matches!(
+            r.reload(0).await,
+            Err(ReloadError::Unreachable(_))
+        ));
     }
 }

@@ -95,17 +95,46 @@ mod tests {
 
     fn flag() -> impl Strategy<Value = FlagSpec> {
         prop_oneof![
-            Just(FlagSpec { name: "ipoib", value: None }),
-            Just(FlagSpec { name: "indx0", value: None }),
-            (1u8..=5).prop_map(|v| FlagSpec { name: "mtu", value: Some(v.to_string()) }),
-            (2u8..=16).prop_map(|v| FlagSpec { name: "rate", value: Some(v.to_string()) }),
-            (0u8..=15).prop_map(|v| FlagSpec { name: "sl", value: Some(v.to_string()) }),
-            (1u8..=15).prop_map(|v| FlagSpec { name: "scope", value: Some(v.to_string()) }),
-            (1u32..).prop_map(|v| FlagSpec { name: "Q_Key", value: Some(format!("{v:#x}")) }),
-            (1u8..).prop_map(|v| FlagSpec { name: "TClass", value: Some(v.to_string()) }),
-            (0u32..=0xFFFFF).prop_map(|v| FlagSpec { name: "FlowLabel", value: Some(v.to_string()) }),
-            prop_oneof![Just("full"), Just("limited")]
-                .prop_map(|v| FlagSpec { name: "defmember", value: Some(v.to_owned()) }),
+            Just(FlagSpec {
+                name: "ipoib",
+                value: None
+            }),
+            Just(FlagSpec {
+                name: "indx0",
+                value: None
+            }),
+            (1u8..=5).prop_map(|v| FlagSpec {
+                name: "mtu",
+                value: Some(v.to_string())
+            }),
+            (2u8..=16).prop_map(|v| FlagSpec {
+                name: "rate",
+                value: Some(v.to_string())
+            }),
+            (0u8..=15).prop_map(|v| FlagSpec {
+                name: "sl",
+                value: Some(v.to_string())
+            }),
+            (1u8..=15).prop_map(|v| FlagSpec {
+                name: "scope",
+                value: Some(v.to_string())
+            }),
+            (1u32..).prop_map(|v| FlagSpec {
+                name: "Q_Key",
+                value: Some(format!("{v:#x}"))
+            }),
+            (1u8..).prop_map(|v| FlagSpec {
+                name: "TClass",
+                value: Some(v.to_string())
+            }),
+            (0u32..=0xFFFFF).prop_map(|v| FlagSpec {
+                name: "FlowLabel",
+                value: Some(v.to_string())
+            }),
+            prop_oneof![Just("full"), Just("limited")].prop_map(|v| FlagSpec {
+                name: "defmember",
+                value: Some(v.to_owned())
+            }),
         ]
     }
 
