@@ -429,18 +429,28 @@ impl Config {
                 .embedded
                 .validate()
                 .map_err(|r| invalid("subnet_manager.embedded", r))?,
-            Backend::Opensm if sm.opensm.is_none() => {
-                return Err(invalid(
-                    "subnet_manager.opensm",
-                    "backend = \"opensm\" needs [subnet_manager.opensm]",
-                ))
-            }
-            Backend::Remote if sm.remote.is_none() => {
-                return Err(invalid(
-                    "subnet_manager.remote",
-                    "backend = \"remote\" needs [subnet_manager.remote]",
-                ))
-            }
+            Backend::Opensm => sm
+                .opensm
+                .as_ref()
+                .ok_or_else(|| {
+                    invalid(
+                        "subnet_manager.opensm",
+                        "backend = \"opensm\" needs [subnet_manager.opensm]",
+                    )
+                })?
+                .validate()
+                .map_err(|r| invalid("subnet_manager.opensm", r))?,
+            Backend::Remote => sm
+                .remote
+                .as_ref()
+                .ok_or_else(|| {
+                    invalid(
+                        "subnet_manager.remote",
+                        "backend = \"remote\" needs [subnet_manager.remote]",
+                    )
+                })?
+                .validate()
+                .map_err(|r| invalid("subnet_manager.remote", r))?,
             Backend::Ufm => sm
                 .ufm
                 .as_ref()
@@ -452,7 +462,6 @@ impl Config {
                 })?
                 .validate()
                 .map_err(|r| invalid("subnet_manager.ufm", r))?,
-            _ => {}
         }
         Ok(())
     }

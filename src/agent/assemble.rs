@@ -9,6 +9,7 @@ use crate::observe::embedded::EmbeddedObserver;
 use crate::observe::PortObserver;
 use crate::sim::{SimFabric, SimPersistence};
 use crate::sm::embedded::EmbeddedSm;
+use crate::sm::opensm::{NodeMembershipStore, NodeStoreError, OpenSmBackend, StoredNode};
 use crate::sm::SubnetManager;
 use crate::store::Store;
 use std::sync::Arc;
@@ -22,6 +23,47 @@ pub struct Assembled {
     pub agent: Agent,
     /// The store (shared with the agent).
     pub store: Arc<Store>,
+    /// On an OpenSM SM host: the backend that also serves `fabric.sm.v1.Partitions`.
+    pub opensm: Option<OpenSmBackend>,
+}
+
+/// Keeps the SM host's per-node memberships in the agent's store.
+struct StoredSmNodes(Arc<Store>);
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredSmNode {
+    memberships: crate::domain::NodeMemberships,
+    generation: u64,
+}
+
+impl NodeMembershipStore for StoredSmNodes {
+    fn load_all(&self) -> Result<Vec<StoredNode>, NodeStoreError> {
+        let rows = self
+            .0
+            .sm_nodes()
+            .map_err(|e| NodeStoreError(e.to_string()))?;
+        rows.into_iter()
+            .map(|(id, bytes)| {
+                let n: StoredSmNode = serde_json::from_slice(&bytes)
+                    .map_err(|e| NodeStoreError(format!("node {id}: {e}")))?;
+                Ok(StoredNode {
+                    memberships: n.memberships,
+                    generation: n.generation,
+                })
+            })
+            .collect()
+    }
+
+    fn put(&self, node: &StoredNode) -> Result<(), NodeStoreError> {
+        let bytes = serde_json::to_vec(&StoredSmNode {
+            memberships: node.memberships.clone(),
+            generation: node.generation,
+        })
+        .map_err(|e| NodeStoreError(e.to_string()))?;
+        self.0
+            .put_sm_node(&node.memberships.node_id, &bytes)
+            .map_err(|e| NodeStoreError(e.to_string()))
+    }
 }
 
 /// Keeps the simulated fabric's tables in the agent's store.
@@ -59,11 +101,33 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             Box::new(StoredSimTables(store.clone())),
         ))
     });
+    let mut opensm = None;
     let sm: Arc<dyn SubnetManager> = match sm_cfg.backend {
         Backend::Embedded => Arc::new(EmbeddedSm::new(
             sim.clone().expect("sim built for the embedded backend"),
             &sm_cfg.embedded,
         )),
+        Backend::Opensm => {
+            let cfg = sm_cfg
+                .opensm
+                .clone()
+                .expect("validated: [subnet_manager.opensm] present");
+            let backend =
+                OpenSmBackend::new(cfg, node_id.clone(), Arc::new(StoredSmNodes(store.clone())))
+                    .map_err(|e| AgentError::Unavailable(e.to_string()))?;
+            opensm = Some(backend.clone());
+            Arc::new(backend)
+        }
+        Backend::Remote => {
+            let cfg = sm_cfg
+                .remote
+                .as_ref()
+                .expect("validated: [subnet_manager.remote] present");
+            Arc::new(
+                crate::sm::remote::RemoteSm::new(cfg)
+                    .map_err(|e| AgentError::Unavailable(e.to_string()))?,
+            )
+        }
         Backend::Ufm => {
             let ufm = sm_cfg
                 .ufm
@@ -73,11 +137,6 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
                 crate::sm::ufm::UfmSm::new(ufm)
                     .map_err(|e| AgentError::Unavailable(e.to_string()))?,
             )
-        }
-        other => {
-            return Err(AgentError::Unavailable(format!(
-                "subnet manager backend {other:?} is not built into this agent"
-            )))
         }
     };
     let (observer, observer_reason) = observer(config, kind, sim.clone())?;
@@ -94,7 +153,11 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
         reconciler: config.reconciler.clone(),
         released_retain: Duration::from_secs(config.events.released_retain_secs),
     });
-    Ok(Assembled { agent, store })
+    Ok(Assembled {
+        agent,
+        store,
+        opensm,
+    })
 }
 
 /// Builds the observer: the embedded one, or a real one (auto/verbs/sysfs/smp); with the

@@ -1,6 +1,7 @@
 //! Listeners and the gRPC server: the unix socket always, TCP when configured.
 
 use super::auth::{ClientAllowlist, Gate};
+use super::partitions::PartitionsService;
 use super::AgentService;
 use crate::config::ListenConfig;
 use crate::proto::agent::fabric_agent_server::FabricAgentServer;
@@ -103,10 +104,11 @@ impl Listeners {
     }
 }
 
-/// Serves until `shutdown` turns true, then drains in-flight calls and removes the socket.
+/// Serves FabricAgent (plus, on an OpenSM SM host, `fabric.sm.v1.Partitions`) until `shutdown` turns true, then drains in-flight calls and removes the socket.
 pub async fn serve(
     listeners: Listeners,
     agent: AgentService,
+    partitions: Option<PartitionsService>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -133,7 +135,13 @@ pub async fn serve(
         ));
         b.add_service(InterceptedService::new(health_svc.clone(), gate.clone()));
         b.add_service(InterceptedService::new(reflection_v1.clone(), gate.clone()));
-        b.add_service(InterceptedService::new(reflection_v1alpha.clone(), gate));
+        b.add_service(InterceptedService::new(
+            reflection_v1alpha.clone(),
+            gate.clone(),
+        ));
+        if let Some(p) = &partitions {
+            b.add_service(InterceptedService::new(p.clone().into_server(), gate));
+        }
         b.routes()
     };
     let signal = |mut rx: watch::Receiver<bool>| async move {

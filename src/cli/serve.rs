@@ -30,7 +30,7 @@ pub async fn run(config_path: &Path) -> ExitCode {
         eprintln!("error: cannot install signal handlers");
         return ExitCode::from(71);
     };
-    let Assembled { agent, .. } = match assemble(&config) {
+    let Assembled { agent, opensm, .. } = match assemble(&config) {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
@@ -68,9 +68,11 @@ pub async fn run(config_path: &Path) -> ExitCode {
     };
     let (stop, stopped) = watch::channel(false);
     let reconciler = agent.reconcile(stopped.clone());
+    let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let server = tokio::spawn(serve(
         listeners,
         AgentService::new(agent.clone(), config.node_id()),
+        partitions,
         stopped.clone(),
     ));
     if let Some(interval) = systemd::watchdog_interval() {

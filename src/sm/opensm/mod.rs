@@ -1,9 +1,158 @@
-//! OpenSM backend (SM host): owns a marked region of OpenSM's partitions file.
-//! Placeholder until the backend lands; see issue "OpenSM backend".
+//! OpenSM backend (SM host): the agent owns one marked region of OpenSM's `partitions.conf`.
+//!
+//! # Layout
+//! - [`model`]   — typed `partitions.conf`: entries, members, warnings, fatal errors
+//! - [`parse`]   — strict reader that walks the file exactly as OpenSM 3.3 does
+//! - [`render`]  — typed entries to text that parses back unchanged
+//! - [`region`]  — the agent's marked region: split, render, compose, final checks
+//! - [`file`]    — atomic replace (temp file + fsync + rename + directory fsync)
+//! - [`reload`]  — forcing a heavy sweep (SIGHUP or console) and reading OpenSM's log
+//! - [`store`]   — persistence of every node's desired memberships
+//! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
 
+pub mod backend;
+pub mod file;
+pub mod model;
+pub mod parse;
+pub mod region;
+pub mod reload;
+pub mod render;
+pub mod store;
+
+pub use backend::{OpenSmBackend, OpenSmError, SetOutcome};
+pub use store::{InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode};
+
+use crate::domain::Membership;
 use serde::Deserialize;
+use std::path::PathBuf;
+
+/// How the agent makes OpenSM re-read the file.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ReloadMethod {
+    /// SIGHUP to OpenSM's pid (from `pid_file` or `pid`).
+    #[default]
+    Sighup,
+    /// `resweep heavy` on OpenSM's loopback console (`console loopback`, `console_port`).
+    Console,
+}
 
 /// `[subnet_manager.opensm]` settings.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct OpenSmConfig {}
+pub struct OpenSmConfig {
+    /// OpenSM's `partition_config_file`.
+    #[serde(default = "default_partitions_file")]
+    pub partitions_file: PathBuf,
+    /// OpenSM's `log_file`, read for `PARSE ERROR` lines after each reload.
+    #[serde(default = "default_log_file")]
+    pub log_file: PathBuf,
+    /// How to force a heavy sweep.
+    #[serde(default)]
+    pub reload: ReloadMethod,
+    /// File holding OpenSM's pid (read before every signal).
+    #[serde(default)]
+    pub pid_file: Option<PathBuf>,
+    /// OpenSM's pid, when there is no pid file.
+    #[serde(default)]
+    pub pid: Option<i32>,
+    /// OpenSM's loopback console port (`reload = "console"`).
+    #[serde(default = "default_console_port")]
+    pub console_port: u16,
+    /// How long to watch OpenSM's log after a reload for it to re-read the file, milliseconds.
+    /// The watch ends early at `SUBNET UP` or an error line.
+    #[serde(default = "default_reload_check_ms")]
+    pub reload_check_ms: u64,
+    /// P_Key table entries per port, default partition included (ibsim 64, ConnectX mlx5 128).
+    #[serde(default = "default_table_size")]
+    pub pkey_table_size: usize,
+    /// Whether OpenSM runs with `allow_both_pkeys` (a `both` member then takes two entries).
+    #[serde(default)]
+    pub allow_both_pkeys: bool,
+    /// `ALL` membership of the Default entry the region adds when the operator's part has none
+    /// (`SELF`, the SM's port, is always full). Limited keeps tenant ports from reaching each
+    /// other through the default partition.
+    #[serde(default = "default_membership")]
+    pub default_membership: Membership,
+    /// Merge requests arriving during a write + sweep into the next one (off: one write and one
+    /// sweep per request, for comparison).
+    #[serde(default = "default_true")]
+    pub group_commit: bool,
+}
+
+fn default_partitions_file() -> PathBuf {
+    PathBuf::from("/etc/opensm/partitions.conf")
+}
+fn default_log_file() -> PathBuf {
+    PathBuf::from("/var/log/opensm.log")
+}
+fn default_console_port() -> u16 {
+    10000
+}
+fn default_reload_check_ms() -> u64 {
+    300
+}
+fn default_table_size() -> usize {
+    64
+}
+fn default_membership() -> Membership {
+    Membership::Limited
+}
+fn default_true() -> bool {
+    true
+}
+
+impl Default for OpenSmConfig {
+    fn default() -> Self {
+        OpenSmConfig {
+            partitions_file: default_partitions_file(),
+            log_file: default_log_file(),
+            reload: ReloadMethod::default(),
+            pid_file: None,
+            pid: None,
+            console_port: default_console_port(),
+            reload_check_ms: default_reload_check_ms(),
+            pkey_table_size: default_table_size(),
+            allow_both_pkeys: false,
+            default_membership: default_membership(),
+            group_commit: true,
+        }
+    }
+}
+
+impl OpenSmConfig {
+    /// Checks ranges and that a SIGHUP reload knows where OpenSM's pid is.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(2..=512).contains(&self.pkey_table_size) {
+            return Err("pkey_table_size must be 2-512".into());
+        }
+        if self.reload == ReloadMethod::Sighup && self.pid_file.is_none() && self.pid.is_none() {
+            return Err("reload = \"sighup\" needs pid_file or pid".into());
+        }
+        if matches!(self.pid, Some(p) if p <= 1) {
+            return Err("pid must be above 1".into());
+        }
+        if self.reload_check_ms > 60_000 {
+            return Err("reload_check_ms must be at most 60000".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_parses_and_validates() {
+        let c: OpenSmConfig = toml::from_str(
+            "partitions_file = \"/x/p.conf\"\npid_file = \"/run/opensm.pid\"\nreload = \"sighup\"\npkey_table_size = 128\n",
+        )
+        .unwrap();
+        assert!(c.validate().is_ok());
+        assert!(c.group_commit);
+        assert_eq!(c.default_membership, Membership::Limited);
+        assert!(OpenSmConfig::default().validate().is_err());
+        assert!(toml::from_str::<OpenSmConfig>("bogus = 1").is_err());
+    }
+}

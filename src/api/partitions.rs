@@ -1,0 +1,240 @@
+//! `fabric.sm.v1.Partitions`: served by the SM host's agent (backend `opensm`). Nodes send their
+//! complete desired set of memberships; the handlers validate, convert and hand it to
+//! [`OpenSmBackend`], which persists it, merges it into the partitions file and forces a sweep
+//! before the reply.
+
+use crate::domain::{
+    validate_label, Guid, KeySetting, LabelRules, Membership, NodeMemberships, PKey,
+};
+use crate::proto::sm as pb;
+use crate::proto::sm::partitions_server::{Partitions, PartitionsServer};
+use crate::sm::opensm::render::is_safe_name;
+use crate::sm::opensm::{OpenSmBackend, OpenSmError, StoredNode};
+use std::collections::BTreeMap;
+use tonic::{Request, Response, Status};
+
+const NODE_ID_RULES: LabelRules = LabelRules {
+    max_len: 128,
+    punctuation: "._:-",
+};
+
+/// The Partitions service over an OpenSM backend.
+#[derive(Clone)]
+pub struct PartitionsService {
+    backend: OpenSmBackend,
+}
+
+impl PartitionsService {
+    /// Wraps the backend.
+    pub fn new(backend: OpenSmBackend) -> Self {
+        PartitionsService { backend }
+    }
+
+    /// The tonic server for this service, ready for `Server::add_service`.
+    pub fn into_server(self) -> PartitionsServer<PartitionsService> {
+        PartitionsServer::new(self)
+    }
+}
+
+/// The status a backend error answers with.
+pub fn status_of(e: &OpenSmError) -> Status {
+    let msg = e.to_string();
+    match e {
+        OpenSmError::Invalid(_) | OpenSmError::OperatorKey(_) => Status::invalid_argument(msg),
+        OpenSmError::TableFull(_) => Status::resource_exhausted(msg),
+        OpenSmError::OperatorFile(_) | OpenSmError::Rejected(_) => Status::failed_precondition(msg),
+        OpenSmError::Unreachable(_) | OpenSmError::Io(_) | OpenSmError::Store(_) => {
+            Status::unavailable(msg)
+        }
+        OpenSmError::Composed(_) => Status::internal(msg),
+    }
+}
+
+fn parse_guid(s: &str) -> Result<Guid, Status> {
+    let hex = s
+        .strip_prefix("0x")
+        .filter(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    match hex.map(|h| u64::from_str_radix(h, 16)) {
+        Some(Ok(0)) => Err(Status::invalid_argument(
+            "port GUID 0x0000000000000000 is not a port",
+        )),
+        Some(Ok(g)) => Ok(Guid(g)),
+        _ => Err(Status::invalid_argument(format!(
+            "port GUID {s:?} is not \"0x\" followed by 16 hex digits"
+        ))),
+    }
+}
+
+/// Converts a request's memberships to the domain, with the node's generation.
+pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships, u64), Status> {
+    validate_label("node_id", &m.node_id, NODE_ID_RULES)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let port_guids = m
+        .port_guids
+        .iter()
+        .map(|g| parse_guid(g))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut keys = BTreeMap::new();
+    for k in m.keys {
+        let key = PKey::new(k.pkey).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if !k.name.is_empty() && !is_safe_name(&k.name) {
+            return Err(Status::invalid_argument(format!(
+                "key {key}: name {:?} must be 1-31 characters [A-Za-z0-9_.-]",
+                k.name
+            )));
+        }
+        let setting = KeySetting {
+            membership: if k.full {
+                Membership::Full
+            } else {
+                Membership::Limited
+            },
+            name: k.name,
+        };
+        if keys.insert(key, setting).is_some() {
+            return Err(Status::invalid_argument(format!("key {key} listed twice")));
+        }
+    }
+    Ok((
+        NodeMemberships {
+            node_id: m.node_id,
+            port_guids,
+            keys,
+        },
+        m.generation,
+    ))
+}
+
+/// Converts a stored node to its protobuf form.
+pub fn memberships_to_proto(n: &StoredNode) -> pb::NodeMemberships {
+    pb::NodeMemberships {
+        node_id: n.memberships.node_id.clone(),
+        port_guids: n
+            .memberships
+            .port_guids
+            .iter()
+            .map(Guid::to_string)
+            .collect(),
+        keys: n
+            .memberships
+            .keys
+            .iter()
+            .map(|(k, s)| pb::KeyMembership {
+                pkey: u32::from(k.base()),
+                full: s.membership == Membership::Full,
+                name: s.name.clone(),
+            })
+            .collect(),
+        generation: n.generation,
+    }
+}
+
+#[tonic::async_trait]
+impl Partitions for PartitionsService {
+    #[tracing::instrument(skip_all, fields(node_id))]
+    async fn set_node_memberships(
+        &self,
+        request: Request<pb::SetNodeMembershipsRequest>,
+    ) -> Result<Response<pb::SetNodeMembershipsResponse>, Status> {
+        let m = request
+            .into_inner()
+            .memberships
+            .ok_or_else(|| Status::invalid_argument("memberships missing"))?;
+        let (desired, generation) = memberships_from_proto(m)?;
+        tracing::Span::current().record("node_id", desired.node_id.as_str());
+        match self.backend.set_node(desired, generation).await {
+            Ok(out) => Ok(Response::new(pb::SetNodeMembershipsResponse {
+                sweeps: out.sweeps,
+            })),
+            Err(e) => {
+                tracing::warn!(error = %e, "memberships not applied");
+                Err(status_of(&e))
+            }
+        }
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn get_node_memberships(
+        &self,
+        request: Request<pb::GetNodeMembershipsRequest>,
+    ) -> Result<Response<pb::NodeMemberships>, Status> {
+        let id = request.into_inner().node_id;
+        validate_label("node_id", &id, NODE_ID_RULES)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.backend
+            .node(&id)
+            .map(|n| Response::new(memberships_to_proto(&n)))
+            .ok_or_else(|| Status::not_found(format!("no memberships stored for node {id:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(keys: Vec<pb::KeyMembership>, guids: Vec<&str>) -> pb::NodeMemberships {
+        pb::NodeMemberships {
+            node_id: "node-1".into(),
+            port_guids: guids.into_iter().map(str::to_owned).collect(),
+            keys,
+            generation: 3,
+        }
+    }
+
+    fn key(pkey: u32, full: bool, name: &str) -> pb::KeyMembership {
+        pb::KeyMembership {
+            pkey,
+            full,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn converts_and_validates() {
+        let (m, generation) = memberships_from_proto(request(
+            vec![key(0x0a12, true, "t1"), key(0x0b, false, "")],
+            vec!["0x0002c903000e0b72"],
+        ))
+        .unwrap();
+        assert_eq!(generation, 3);
+        assert_eq!(
+            m.keys[&PKey::new(0x0a12).unwrap()].membership,
+            Membership::Full
+        );
+        let back = memberships_to_proto(&StoredNode {
+            memberships: m,
+            generation: 3,
+        });
+        assert_eq!(back.port_guids, vec!["0x0002c903000e0b72".to_owned()]);
+        for (keys, guids) in [
+            (vec![key(0x7fff, true, "")], vec!["0x0000000000000001"]),
+            (vec![key(0, true, "")], vec!["0x0000000000000001"]),
+            (
+                vec![key(1, true, ""), key(1, false, "")],
+                vec!["0x0000000000000001"],
+            ),
+            (vec![key(1, true, "bad name")], vec!["0x0000000000000001"]),
+            (vec![], vec!["0002c903000e0b72"]),
+            (vec![], vec!["0x0000000000000000"]),
+        ] {
+            let err = memberships_from_proto(request(keys, guids)).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn errors_map_to_codes() {
+        assert_eq!(
+            status_of(&OpenSmError::TableFull("x".into())).code(),
+            tonic::Code::ResourceExhausted
+        );
+        assert_eq!(
+            status_of(&OpenSmError::OperatorFile("x".into())).code(),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(
+            status_of(&OpenSmError::Unreachable("x".into())).code(),
+            tonic::Code::Unavailable
+        );
+    }
+}

@@ -1,0 +1,1014 @@
+//! A strict reader of OpenSM 3.3's `partitions.conf` that reports exactly what OpenSM does.
+//!
+//! OpenSM's reader (`osm_prtn_config.c`) works in place on a 4096-byte line buffer with `fgets`,
+//! `strchr` and NUL writes; several of its quiet behaviours (long lines split mid-token, `#`
+//! cutting the rest of a line, the bytes an `mgid=` line consumes) follow from that buffer
+//! arithmetic. So this reader walks the same buffer the same way and records, instead of
+//! partitions in a subnet, a typed [`PartitionsConf`] plus a [`Warning`] for every construct
+//! that loads with a surprising meaning. A file OpenSM would drop — any hard parse error, or a
+//! file without a single entry — is a [`ParseError`].
+
+use super::model::{
+    Entry, EntryFlag, KeyOrigin, Member, MemberKind, MulticastGroup, ParseError, ParseErrorKind,
+    PartitionsConf, PortSet, Warning, WarningKind, DEFAULT_BASE, NAME_MAX,
+};
+use crate::domain::Guid;
+use std::collections::BTreeSet;
+use std::net::Ipv6Addr;
+
+/// OpenSM's line buffer: `char line[4096]` read with `fgets(line, sizeof(line) - 1, ...)`.
+const LINE_BUFFER: usize = 4096;
+/// The longest piece one `fgets` call returns.
+pub const MAX_LINE_PIECE: usize = LINE_BUFFER - 2;
+
+/// Parses a whole file as OpenSM 3.3 does.
+pub fn parse(text: &[u8]) -> Result<PartitionsConf, ParseError> {
+    Reader::new().run(text)
+}
+
+/// Parses a file, treating a file without entries as acceptable (for the operator's part of a
+/// file, which the agent completes with its own region).
+pub fn parse_part(text: &[u8]) -> Result<PartitionsConf, ParseError> {
+    match parse(text) {
+        Err(e) if e.kind == ParseErrorKind::NoEntries => Ok(PartitionsConf::default()),
+        other => other,
+    }
+}
+
+/// A number as C's `strtoul(s, &end, 0)` reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CNumber {
+    /// The `unsigned long` result.
+    pub value: u64,
+    /// Bytes consumed (0 when there were no digits).
+    pub used: usize,
+    /// A leading `-` (the result is the negation, modulo 2^64).
+    pub negative: bool,
+    /// The digits overflowed (the result is `ULONG_MAX`).
+    pub overflow: bool,
+    /// Read as hexadecimal (`0x` prefix).
+    pub hex: bool,
+}
+
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// C's `strtoul` with base 0: optional white space and sign, then `0x` hex, `0` octal or decimal.
+pub(crate) fn c_strtoul(s: &[u8]) -> CNumber {
+    let at = |i: usize| s.get(i).copied().unwrap_or(0);
+    let mut i = 0;
+    while is_c_space(at(i)) {
+        i += 1;
+    }
+    let mut negative = false;
+    if at(i) == b'+' || at(i) == b'-' {
+        negative = at(i) == b'-';
+        i += 1;
+    }
+    let (radix, hex) =
+        if at(i) == b'0' && matches!(at(i + 1), b'x' | b'X') && at(i + 2).is_ascii_hexdigit() {
+            i += 2;
+            (16, true)
+        } else if at(i) == b'0' {
+            (8, false)
+        } else {
+            (10, false)
+        };
+    let start = i;
+    let mut value: u64 = 0;
+    let mut overflow = false;
+    while let Some(d) = (at(i) as char).to_digit(radix) {
+        match value
+            .checked_mul(u64::from(radix))
+            .and_then(|v| v.checked_add(u64::from(d)))
+        {
+            Some(v) => value = v,
+            None => overflow = true,
+        }
+        i += 1;
+    }
+    if i == start {
+        return CNumber {
+            value: 0,
+            used: 0,
+            negative: false,
+            overflow: false,
+            hex: false,
+        };
+    }
+    let value = if overflow {
+        u64::MAX
+    } else if negative {
+        value.wrapping_neg()
+    } else {
+        value
+    };
+    CNumber {
+        value,
+        used: i,
+        negative,
+        overflow,
+        hex,
+    }
+}
+
+/// `strncmp(word, keyword, strlen(word)) == 0`: the word is a (possibly empty) prefix.
+fn is_prefix(word: &[u8], keyword: &str) -> bool {
+    word.len() <= keyword.len() && keyword.as_bytes().starts_with(word)
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The state OpenSM keeps for the entry being read (`struct part_conf`).
+struct EntryState {
+    entry: Option<Entry>,
+    flags: Vec<EntryFlag>,
+    default_member: MemberKind,
+}
+
+impl EntryState {
+    fn new() -> Self {
+        EntryState {
+            entry: None,
+            flags: Vec::new(),
+            default_member: MemberKind::Limited,
+        }
+    }
+}
+
+struct Reader {
+    buf: Vec<u8>,
+    line: u32,
+    out: PartitionsConf,
+    taken: BTreeSet<u16>,
+    names: Vec<(Vec<u8>, u16)>,
+    generated: u16,
+    explicit_default: bool,
+}
+
+/// What `parse_name_token` found: indexes into the buffer and bytes consumed.
+struct Token {
+    name: usize,
+    value: Option<usize>,
+    len: usize,
+}
+
+impl Reader {
+    fn new() -> Self {
+        Reader {
+            buf: vec![0; LINE_BUFFER],
+            line: 0,
+            out: PartitionsConf::default(),
+            taken: BTreeSet::from([DEFAULT_BASE]),
+            names: vec![(b"Default".to_vec(), DEFAULT_BASE)],
+            generated: 0,
+            explicit_default: false,
+        }
+    }
+
+    fn at(&self, i: usize) -> u8 {
+        self.buf.get(i).copied().unwrap_or(0)
+    }
+
+    fn set(&mut self, i: usize, b: u8) {
+        if let Some(slot) = self.buf.get_mut(i) {
+            *slot = b;
+        }
+    }
+
+    fn strlen(&self, i: usize) -> usize {
+        let mut n = 0;
+        while self.at(i + n) != 0 {
+            n += 1;
+        }
+        n
+    }
+
+    fn strchr(&self, i: usize, c: u8) -> Option<usize> {
+        let mut j = i;
+        loop {
+            match self.at(j) {
+                0 => return None,
+                b if b == c => return Some(j),
+                _ => j += 1,
+            }
+        }
+    }
+
+    fn cstr(&self, i: usize) -> Vec<u8> {
+        self.buf
+            .get(i..i + self.strlen(i))
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    fn warn(&mut self, kind: WarningKind, message: impl Into<String>) {
+        self.out.warnings.push(Warning {
+            line: self.line,
+            kind,
+            message: message.into(),
+        });
+    }
+
+    fn fatal(&self, kind: ParseErrorKind, message: impl Into<String>) -> ParseError {
+        ParseError {
+            line: self.line,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn run(mut self, text: &[u8]) -> Result<PartitionsConf, ParseError> {
+        let mut rest = text;
+        let mut state: Option<EntryState> = None;
+        let mut loaded_any = false;
+        while !rest.is_empty() {
+            let n = rest
+                .iter()
+                .take(MAX_LINE_PIECE)
+                .position(|&b| b == b'\n')
+                .map_or(rest.len().min(MAX_LINE_PIECE), |i| i + 1);
+            let (piece, tail) = rest.split_at(n);
+            rest = tail;
+            self.line += 1;
+            if n == MAX_LINE_PIECE && piece.last() != Some(&b'\n') && !rest.is_empty() {
+                self.warn(
+                    WarningKind::LongLine,
+                    format!("line longer than {MAX_LINE_PIECE} bytes: OpenSM reads it in pieces and splits the token at the boundary"),
+                );
+            }
+            if piece.contains(&0) {
+                self.warn(
+                    WarningKind::NulByte,
+                    "NUL byte: OpenSM ignores the rest of this line",
+                );
+            }
+            self.buf[..n].copy_from_slice(piece);
+            self.buf[n] = 0;
+            if let Some(q) = self.strchr(0, b'#') {
+                self.set(q, 0);
+            }
+            let mut p = 0;
+            loop {
+                while matches!(self.at(p), b' ' | b'\t' | b'\n') {
+                    p += 1;
+                }
+                if self.at(p) == 0 {
+                    break;
+                }
+                let st = state.get_or_insert_with(EntryState::new);
+                let semicolon = self.strchr(p, b';');
+                if let Some(q) = semicolon {
+                    self.set(q, 0);
+                }
+                let len = self.parse_entry_text(st, p)?;
+                loaded_any = true;
+                p += len;
+                if semicolon.is_none() {
+                    break;
+                }
+                if let Some(done) = state.take() {
+                    self.finish(done);
+                }
+            }
+        }
+        if !loaded_any {
+            return Err(ParseError {
+                line: 0,
+                kind: ParseErrorKind::NoEntries,
+                message: "no partition entry: OpenSM treats an empty or comment-only file as broken and puts every port in Default=0x7fff with full membership".into(),
+            });
+        }
+        if let Some(open) = state.take() {
+            if open.entry.is_some() {
+                self.out.open_entry_at_end = true;
+                self.warn(
+                    WarningKind::MissingSemicolon,
+                    "the last entry has no closing ';' (OpenSM accepts it)",
+                );
+            }
+            self.finish(open);
+        }
+        Ok(self.out)
+    }
+
+    fn finish(&mut self, state: EntryState) {
+        if let Some(e) = state.entry {
+            self.out.entries.push(e);
+        }
+    }
+
+    /// `parse_name_token`: splits `name[=value]` in place, strips blanks, and returns how many
+    /// bytes the token and its separator take.
+    fn name_token(&mut self, start: usize) -> Token {
+        let mut p = start;
+        while matches!(self.at(p), b' ' | b'\t' | b'\n') {
+            p += 1;
+        }
+        let eq = self.strchr(p, b'=');
+        if let Some(q) = eq {
+            self.set(q, 0);
+        }
+        let mut len = self.strlen(start) + 1;
+        self.strip_tail(p);
+        let name = p;
+        let Some(q) = eq else {
+            return Token {
+                name,
+                value: None,
+                len,
+            };
+        };
+        let value_start = q + 1;
+        let mut v = value_start;
+        while matches!(self.at(v), b' ' | b'\t' | b'\n') {
+            v += 1;
+        }
+        len += (v + self.strlen(v) - value_start) + 1;
+        self.strip_tail(v);
+        Token {
+            name,
+            value: Some(v),
+            len,
+        }
+    }
+
+    fn strip_tail(&mut self, p: usize) {
+        let mut q = p + self.strlen(p);
+        while q != p && matches!(self.at(q), 0 | b' ' | b'\t' | b'\n') {
+            self.set(q, 0);
+            q -= 1;
+        }
+    }
+
+    /// `parse_part_conf`: one `;`-delimited piece of a line. Returns bytes consumed.
+    fn parse_entry_text(&mut self, st: &mut EntryState, start: usize) -> Result<usize, ParseError> {
+        let mut p = start;
+        if matches!(self.at(p), b'\t' | 0 | b'\n') {
+            p += 1;
+        }
+        let mut len = p - start;
+        if st.entry.is_none() {
+            let Some(colon) = self.strchr(p, b':') else {
+                let text = self.cstr(p);
+                let crlf = if text.contains(&b'\r') {
+                    " (the text holds a carriage return: OpenSM does not accept CRLF line ends)"
+                } else {
+                    ""
+                };
+                return Err(self.fatal(
+                    ParseErrorKind::NoPartitionDefinition,
+                    format!(
+                        "no partition definition found in {:?}: OpenSM logs PARSE ERROR and drops the file{crlf}",
+                        lossy(&text)
+                    ),
+                ));
+            };
+            self.set(colon, 0);
+            let members_start = colon + 1;
+            let mut comma = self.strchr(p, b',');
+            if let Some(c) = comma {
+                self.set(c, 0);
+            }
+            let head = self.name_token(p);
+            p += head.len;
+            len += head.len;
+            while comma.is_some() {
+                comma = self.strchr(p, b',');
+                if let Some(c) = comma {
+                    self.set(c, 0);
+                }
+                let flag = self.name_token(p);
+                p += flag.len;
+                len += flag.len;
+                self.entry_flag(st, &flag);
+            }
+            if p != members_start {
+                return Err(self.fatal(
+                    ParseErrorKind::BadPartitionDefinition,
+                    "bad partition definition (the header is not `name=key, flags`)",
+                ));
+            }
+            self.create_entry(st, &head)?;
+        }
+        loop {
+            let comma = self.strchr(p, b',');
+            if let Some(c) = comma {
+                self.set(c, 0);
+            }
+            let tok = self.name_token(p);
+            len += tok.len;
+            if self.cstr(tok.name) == b"mgid" {
+                len += self.multicast_group(st, p + tok.len, tok.value, comma.is_some())?;
+                return Ok(len);
+            }
+            self.member(st, &tok)?;
+            p += tok.len;
+            if comma.is_none() {
+                break;
+            }
+        }
+        Ok(len)
+    }
+
+    /// `partition_create` + `osm_prtn_make_new`: resolves the key and registers the partition.
+    fn create_entry(&mut self, st: &mut EntryState, head: &Token) -> Result<(), ParseError> {
+        let mut name = Some(self.cstr(head.name));
+        let mut id = head.value.map(|v| self.cstr(v));
+        if id.is_none()
+            && name
+                .as_ref()
+                .is_some_and(|n| n.first().is_some_and(u8::is_ascii_digit))
+        {
+            id = name.take();
+        }
+        let mut key16: u16 = 0;
+        let mut key_written = false;
+        if let Some(id) = &id {
+            let n = c_strtoul(id);
+            if n.used == 0 || n.used != id.len() {
+                return Err(self.fatal(
+                    ParseErrorKind::BadPartitionDefinition,
+                    format!(
+                        "bad partition definition: key {:?} is not a C integer (hex 0x.., octal 0.., decimal)",
+                        lossy(id)
+                    ),
+                ));
+            }
+            key_written = true;
+            // OpenSM casts the unsigned long to 16 bits.
+            key16 = (n.value & 0xFFFF) as u16;
+            if n.negative || n.overflow || n.value > 0xFFFF {
+                self.warn(
+                    WarningKind::KeyTruncated,
+                    format!("key {:?} is cut to 16 bits: {key16:#06x}", lossy(id)),
+                );
+            }
+            if key16 & 0x8000 != 0 {
+                self.warn(
+                    WarningKind::KeyTruncated,
+                    format!(
+                        "key {key16:#06x}: bit 15 is ignored, the partition is {:#06x}",
+                        key16 & 0x7FFF
+                    ),
+                );
+            }
+        }
+        let mut base = key16 & 0x7FFF;
+        let name_bytes = name.clone().filter(|n| !n.is_empty());
+        if let Some(n) = &name_bytes {
+            if n.len() > NAME_MAX {
+                self.warn(
+                    WarningKind::NameTruncated,
+                    format!(
+                        "name {:?} is cut to 31 characters: {:?}",
+                        lossy(n),
+                        lossy(&n[..NAME_MAX])
+                    ),
+                );
+            }
+        }
+        let origin;
+        if base == 0 {
+            if key_written {
+                self.warn(
+                    WarningKind::KeyNotGiven,
+                    "key 0 (or 0x8000) means no key: OpenSM picks one",
+                );
+            }
+            let by_name = name_bytes.as_ref().and_then(|n| {
+                (n.len() <= NAME_MAX)
+                    .then(|| self.names.iter().find(|(s, _)| s == n).map(|(_, k)| *k))
+                    .flatten()
+            });
+            if let Some(k) = by_name {
+                base = k;
+                origin = KeyOrigin::ByName;
+            } else {
+                loop {
+                    if self.generated >= DEFAULT_BASE - 1 {
+                        return Err(self.fatal(
+                            ParseErrorKind::KeysExhausted,
+                            "bad partition definition: OpenSM has no free key left to generate",
+                        ));
+                    }
+                    self.generated += 1;
+                    if !self.taken.contains(&self.generated) {
+                        break;
+                    }
+                }
+                base = self.generated;
+                origin = KeyOrigin::Generated;
+                self.warn(
+                    WarningKind::KeyNotGiven,
+                    format!("no key: OpenSM generates {base:#06x} (generated keys change when entries are added)"),
+                );
+            }
+        } else {
+            origin = KeyOrigin::Given;
+        }
+        let stored_name = name_bytes.map(|n| lossy(&n[..n.len().min(NAME_MAX)]));
+        if base == DEFAULT_BASE {
+            if stored_name.as_deref() != Some("Default") {
+                self.warn(
+                    WarningKind::MergedIntoDefault,
+                    "key 0x7fff: this entry merges into the default partition",
+                );
+            } else if std::mem::replace(&mut self.explicit_default, true) {
+                self.warn(
+                    WarningKind::Merged,
+                    "Default is defined again: the entries merge into one partition",
+                );
+            }
+        } else if !self.taken.insert(base) && origin != KeyOrigin::ByName {
+            self.warn(
+                WarningKind::Merged,
+                format!("key {base:#06x} is defined again: the entries merge into one partition"),
+            );
+        } else if origin != KeyOrigin::ByName {
+            let stored = stored_name.clone().unwrap_or_else(|| format!("{base:04x}"));
+            self.names.push((stored.into_bytes(), base));
+        }
+        st.entry = Some(Entry {
+            line: self.line,
+            name: stored_name,
+            pkey: base,
+            key_origin: origin,
+            flags: std::mem::take(&mut st.flags),
+            default_member: st.default_member,
+            members: Vec::new(),
+            multicast_groups: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// `parse_group_flag`: the multicast-group flags. Returns the full name when recognised.
+    fn group_flag(&mut self, flag: &[u8], value: Option<&[u8]>) -> Option<&'static str> {
+        let num = value.map(c_strtoul);
+        let (name, ok) = if is_prefix(flag, "mtu") {
+            ("mtu", num.is_some_and(|n| n.value != 0))
+        } else if is_prefix(flag, "rate") {
+            ("rate", num.is_some_and(|n| n.value != 0))
+        } else if is_prefix(flag, "scope") {
+            ("scope", num.is_some_and(|n| n.value != 0 && n.value <= 0xF))
+        } else if is_prefix(flag, "Q_Key") {
+            ("Q_Key", num.is_some_and(|n| n.value != 0))
+        } else if is_prefix(flag, "TClass") {
+            ("TClass", num.is_some_and(|n| n.value != 0))
+        } else if is_prefix(flag, "sl") {
+            ("sl", strict_number(value).is_some_and(|v| v <= 15))
+        } else if is_prefix(flag, "FlowLabel") {
+            (
+                "FlowLabel",
+                strict_number(value).is_some_and(|v| v <= 0xFFFFF),
+            )
+        } else {
+            return None;
+        };
+        if flag != name.as_bytes() {
+            self.warn(
+                WarningKind::Abbreviation,
+                format!("flag {:?} is read as {name:?}", lossy(flag)),
+            );
+        }
+        if !ok {
+            self.warn(
+                WarningKind::IgnoredFlag,
+                format!(
+                    "flag {name:?} has no valid value ({:?}): OpenSM skips it",
+                    value.map(lossy).unwrap_or_default()
+                ),
+            );
+        }
+        Some(name)
+    }
+
+    /// `partition_add_flag`.
+    fn entry_flag(&mut self, st: &mut EntryState, tok: &Token) {
+        let flag = self.cstr(tok.name);
+        let value = tok.value.map(|v| self.cstr(v));
+        let recognised = if let Some(name) = self.group_flag(&flag, value.as_deref()) {
+            Some(name)
+        } else if is_prefix(&flag, "ipoib") {
+            Some("ipoib")
+        } else if is_prefix(&flag, "defmember") {
+            let v = value.clone().unwrap_or_default();
+            let chosen = if value.is_none() {
+                None
+            } else if is_prefix(&v, "full") {
+                Some(MemberKind::Full)
+            } else if is_prefix(&v, "both") {
+                Some(MemberKind::Both)
+            } else if is_prefix(&v, "limited") {
+                Some(MemberKind::Limited)
+            } else {
+                None
+            };
+            match chosen {
+                Some(kind) => {
+                    if v.is_empty() {
+                        self.warn(
+                            WarningKind::EmptyValue,
+                            "\"defmember=\" with no value means full",
+                        );
+                    } else if v != kind.to_string().as_bytes() {
+                        self.warn(
+                            WarningKind::Abbreviation,
+                            format!("defmember value {:?} is read as {kind}", lossy(&v)),
+                        );
+                    }
+                    st.default_member = kind;
+                }
+                None => self.warn(
+                    WarningKind::IgnoredFlag,
+                    format!(
+                        "defmember value {:?} is not limited, full or both: OpenSM skips the flag",
+                        lossy(&v)
+                    ),
+                ),
+            }
+            Some("defmember")
+        } else if flag == b"indx0" {
+            Some("indx0")
+        } else {
+            self.warn(
+                WarningKind::IgnoredFlag,
+                format!(
+                    "unknown partition flag {:?}: OpenSM ignores it",
+                    lossy(&flag)
+                ),
+            );
+            None
+        };
+        if let Some(name) = recognised {
+            if matches!(name, "ipoib" | "defmember") && flag != name.as_bytes() {
+                self.warn(
+                    WarningKind::Abbreviation,
+                    format!("flag {:?} is read as {name:?}", lossy(&flag)),
+                );
+            }
+        }
+        st.flags.push(EntryFlag {
+            name: recognised.map_or_else(|| lossy(&flag), str::to_owned),
+            value: value.map(|v| lossy(&v)),
+            recognised: recognised.is_some(),
+        });
+    }
+
+    /// `partition_add_port`.
+    fn member(&mut self, st: &mut EntryState, tok: &Token) -> Result<(), ParseError> {
+        let name = self.cstr(tok.name);
+        if name.is_empty() {
+            return Ok(());
+        }
+        if is_prefix(&name, "NONE") {
+            if name != b"NONE" {
+                self.warn(
+                    WarningKind::Abbreviation,
+                    format!("member {:?} is read as NONE (no port)", lossy(&name)),
+                );
+            }
+            return Ok(());
+        }
+        let mut kind = st.default_member;
+        if let Some(v) = tok.value {
+            let flag = self.cstr(v);
+            kind = if is_prefix(&flag, "full") {
+                MemberKind::Full
+            } else if is_prefix(&flag, "both") {
+                MemberKind::Both
+            } else {
+                MemberKind::Limited
+            };
+            if flag.is_empty() {
+                self.warn(
+                    WarningKind::EmptyValue,
+                    format!(
+                        "member {:?} has an empty '=': OpenSM reads it as full",
+                        lossy(&name)
+                    ),
+                );
+            } else if kind == MemberKind::Limited && !is_prefix(&flag, "limited") {
+                self.warn(
+                    WarningKind::UnknownMembership,
+                    format!(
+                        "membership {:?} of {:?} is unknown: OpenSM silently uses limited",
+                        lossy(&flag),
+                        lossy(&name)
+                    ),
+                );
+            } else if flag != kind.to_string().as_bytes() {
+                self.warn(
+                    WarningKind::Abbreviation,
+                    format!("membership {:?} is read as {kind}", lossy(&flag)),
+                );
+            }
+        }
+        let keyword = [
+            ("ALL", PortSet::All),
+            ("ALL_CAS", PortSet::AllCas),
+            ("ALL_SWITCHES", PortSet::AllSwitches),
+            ("ALL_ROUTERS", PortSet::AllRouters),
+            ("SELF", PortSet::SmPort),
+        ]
+        .into_iter()
+        .find(|(k, _)| is_prefix(&name, k));
+        let ports = if let Some((word, set)) = keyword {
+            if name != word.as_bytes() {
+                let kind = if name == b"ALL_" {
+                    WarningKind::AmbiguousKeyword
+                } else {
+                    WarningKind::Abbreviation
+                };
+                self.warn(kind, format!("member {:?} is read as {word}", lossy(&name)));
+            }
+            set
+        } else {
+            let n = c_strtoul(&name);
+            if n.value == 0 || n.used == 0 || n.used != name.len() {
+                return Err(self.fatal(
+                    ParseErrorKind::BadPortGuid,
+                    format!(
+                        "bad PortGUID {:?} (not a keyword and not a non-zero number): OpenSM logs PARSE ERROR and drops the file",
+                        lossy(&name)
+                    ),
+                ));
+            }
+            if !n.hex || n.negative || n.overflow {
+                self.warn(
+                    WarningKind::OddGuid,
+                    format!(
+                        "GUID {:?} is not written as 0x-hex: OpenSM reads it as {:#018x}",
+                        lossy(&name),
+                        n.value
+                    ),
+                );
+            }
+            PortSet::Guid(Guid(n.value))
+        };
+        if kind == MemberKind::Both {
+            self.warn(
+                WarningKind::BothMembership,
+                format!(
+                    "{ports} is a \"both\" member: full unless OpenSM runs with allow_both_pkeys"
+                ),
+            );
+        }
+        let line = self.line;
+        if let Some(e) = st.entry.as_mut() {
+            e.members.push(Member { line, ports, kind });
+        }
+        Ok(())
+    }
+
+    /// `mgroup_create`: an `mgid=` member consumes the rest of the piece as group flags.
+    fn multicast_group(
+        &mut self,
+        st: &mut EntryState,
+        flags_start: usize,
+        mgid: Option<usize>,
+        has_flags: bool,
+    ) -> Result<usize, ParseError> {
+        let Some(m) = mgid else {
+            return Err(self.fatal(
+                ParseErrorKind::MulticastGroupWithoutValue,
+                "\"mgid\" without '=': OpenSM 3.3 crashes on it",
+            ));
+        };
+        let text = lossy(&self.cstr(m));
+        let valid = text
+            .parse::<Ipv6Addr>()
+            .is_ok_and(|a| a.octets()[0] == 0xff);
+        let line = self.line;
+        if !valid {
+            self.out.logged_parse_errors += 1;
+            self.warn(
+                WarningKind::BadMulticastGroup,
+                format!("mgid {text:?} is not a multicast GID: OpenSM logs a PARSE ERROR line and skips the group"),
+            );
+            if let Some(e) = st.entry.as_mut() {
+                e.multicast_groups.push(MulticastGroup {
+                    line,
+                    mgid: text,
+                    flags: Vec::new(),
+                    valid: false,
+                });
+            }
+            return Ok(0);
+        }
+        if !has_flags {
+            self.warn(
+                WarningKind::UnpredictableMulticastGroup,
+                format!("mgid {text:?} has no flags after it: OpenSM reads the bytes after the line end as its flags; add one (e.g. \",sl=0\")"),
+            );
+        }
+        let mut p = flags_start;
+        let mut len = 0;
+        let mut flags = Vec::new();
+        loop {
+            let comma = self.strchr(p, b',');
+            if let Some(c) = comma {
+                self.set(c, 0);
+            }
+            let tok = self.name_token(p);
+            let flag = self.cstr(tok.name);
+            let value = tok.value.map(|v| self.cstr(v));
+            if self.group_flag(&flag, value.as_deref()).is_none() {
+                self.warn(
+                    WarningKind::IgnoredFlag,
+                    format!("unknown multicast group flag {:?}: ignored", lossy(&flag)),
+                );
+            }
+            flags.push((lossy(&flag), value.map(|v| lossy(&v))));
+            p += tok.len;
+            len += tok.len;
+            if comma.is_none() {
+                break;
+            }
+        }
+        if let Some(e) = st.entry.as_mut() {
+            e.multicast_groups.push(MulticastGroup {
+                line,
+                mgid: text,
+                flags,
+                valid: true,
+            });
+        }
+        Ok(len)
+    }
+}
+
+/// `strtoul(val, &end, 0)` that must consume everything up to trailing white space.
+fn strict_number(value: Option<&[u8]>) -> Option<u64> {
+    let v = value.filter(|v| !v.is_empty())?;
+    let n = c_strtoul(v);
+    let rest_ok = v
+        .get(n.used..)
+        .is_some_and(|r| r.first().is_none_or(|b| is_c_space(*b)));
+    rest_ok.then_some(n.value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(text: &str) -> PartitionsConf {
+        parse(text.as_bytes()).unwrap_or_else(|e| panic!("{text:?}: {e}"))
+    }
+
+    fn err(text: &str) -> ParseErrorKind {
+        parse(text.as_bytes()).expect_err(text).kind
+    }
+
+    fn kinds(c: &PartitionsConf) -> Vec<WarningKind> {
+        c.warnings.iter().map(|w| w.kind).collect()
+    }
+
+    #[test]
+    fn strtoul_reads_c_integers() {
+        assert_eq!(c_strtoul(b"0x8001").value, 0x8001);
+        assert_eq!(c_strtoul(b"010").value, 8);
+        assert_eq!(c_strtoul(b"10").value, 10);
+        assert_eq!(c_strtoul(b"0x").used, 1);
+        assert_eq!(c_strtoul(b"08").used, 1);
+        assert_eq!(c_strtoul(b"-1").value, u64::MAX);
+        assert!(c_strtoul(b"99999999999999999999999").overflow);
+        assert_eq!(c_strtoul(b"zz").used, 0);
+    }
+
+    #[test]
+    fn reads_a_plain_entry() {
+        let c = ok("Default=0x7fff, ipoib : ALL=full;\nt1=0x8001 : 0x0002c903000e0b72=full, 0x10=limited;\n");
+        assert_eq!(c.entries.len(), 2);
+        assert!(c.has_explicit_default());
+        let t = &c.entries[1];
+        assert_eq!(t.pkey, 1);
+        assert_eq!(t.name.as_deref(), Some("t1"));
+        assert_eq!(
+            t.members[0].ports,
+            PortSet::Guid(Guid(0x0002_c903_000e_0b72))
+        );
+        assert_eq!(t.members[0].kind, MemberKind::Full);
+        assert_eq!(t.members[1].kind, MemberKind::Limited);
+        assert!(kinds(&c).contains(&WarningKind::KeyTruncated));
+    }
+
+    #[test]
+    fn members_span_lines_and_entries_share_lines() {
+        let c = ok("a=0x1 :\n  0x10=full,\n  0x11 ;  b=0x2 : ALL;\n");
+        assert_eq!(c.entries.len(), 2);
+        assert_eq!(c.entries[0].members.len(), 2);
+        assert_eq!(c.entries[1].members[0].ports, PortSet::All);
+    }
+
+    #[test]
+    fn prefixes_and_typos() {
+        let c = ok("x=0x5 : A=f, 0x10=fulll, 0x11=, N;\n");
+        let m = &c.entries[0].members;
+        assert_eq!((m[0].ports, m[0].kind), (PortSet::All, MemberKind::Full));
+        assert_eq!(m[1].kind, MemberKind::Limited);
+        assert_eq!(m[2].kind, MemberKind::Full);
+        assert_eq!(m.len(), 3);
+        let k = kinds(&c);
+        assert!(k.contains(&WarningKind::UnknownMembership));
+        assert!(k.contains(&WarningKind::EmptyValue));
+        assert!(k.contains(&WarningKind::Abbreviation));
+    }
+
+    #[test]
+    fn fatal_forms() {
+        assert_eq!(err(""), ParseErrorKind::NoEntries);
+        assert_eq!(err("# only a comment\n\n"), ParseErrorKind::NoEntries);
+        assert_eq!(
+            err("Default=0x7fff : ALL=full;\r\n"),
+            ParseErrorKind::NoPartitionDefinition
+        );
+        assert_eq!(err("a=0x1 : 0xzz;\n"), ParseErrorKind::BadPortGuid);
+        assert_eq!(err("a=0x1 : 0x0;\n"), ParseErrorKind::BadPortGuid);
+        assert_eq!(
+            err("a=0x1x : ALL;\n"),
+            ParseErrorKind::BadPartitionDefinition
+        );
+        assert_eq!(
+            err("a=0x1\n : ALL;\n"),
+            ParseErrorKind::NoPartitionDefinition
+        );
+        assert_eq!(err("a=0x1 : MGID=ff12::1;\n"), ParseErrorKind::BadPortGuid);
+        assert_eq!(
+            err("a=0x1 : mgid;\n"),
+            ParseErrorKind::MulticastGroupWithoutValue
+        );
+        assert_eq!(
+            err("include other.conf\n"),
+            ParseErrorKind::NoPartitionDefinition
+        );
+    }
+
+    #[test]
+    fn keys_generated_merged_and_defaulted() {
+        let c = ok("a : ALL;\nb=0x1 : SELF;\nc=0x7fff : ALL=full;\nd=0x18001 : ALL;\na : 0x5;\n");
+        assert_eq!(c.entries[0].pkey, 1);
+        assert_eq!(c.entries[0].key_origin, KeyOrigin::Generated);
+        assert_eq!(c.entries[1].pkey, 1);
+        assert_eq!(c.entries[2].pkey, DEFAULT_BASE);
+        assert_eq!(c.entries[3].pkey, 1);
+        assert_eq!(c.entries[4].key_origin, KeyOrigin::ByName);
+        let k = kinds(&c);
+        assert!(k.contains(&WarningKind::Merged));
+        assert!(k.contains(&WarningKind::MergedIntoDefault));
+        assert!(c.has_explicit_default());
+        assert_eq!(c.effective()[&1].members.len(), 4);
+    }
+
+    #[test]
+    fn names_are_cut() {
+        let long = "n".repeat(40);
+        let c = ok(&format!("{long}=0x3 : ALL"));
+        assert_eq!(c.entries[0].name.as_deref().map(str::len), Some(31));
+        assert!(c.open_entry_at_end);
+    }
+
+    #[test]
+    fn long_lines_split_tokens() {
+        let pad = " ".repeat(MAX_LINE_PIECE - 20);
+        // The GUID straddles the 4094-byte boundary and becomes two GUIDs.
+        let text = format!("a=0x1 :{pad}0x0002c90300123456;\n");
+        let c = ok(&text);
+        assert!(kinds(&c).contains(&WarningKind::LongLine));
+        assert_eq!(c.entries[0].members.len(), 2);
+    }
+
+    #[test]
+    fn multicast_groups() {
+        let c = ok("Default=0x7fff,ipoib : ALL=full, mgid=ff12:401b::0707,sl=1;\n");
+        assert_eq!(c.entries[0].multicast_groups.len(), 1);
+        let c = ok("a=0x1 : ALL,\n mgid=fe80::1, sl=1\n 0x10;\n");
+        assert_eq!(c.logged_parse_errors, 1);
+        assert!(!c.entries[0].multicast_groups[0].valid);
+        assert_eq!(c.entries[0].members.len(), 2);
+        // A rejected mgid leaves its flags unread; after a ';' they start a new "entry".
+        assert_eq!(
+            err("a=0x1 : ALL, mgid=fe80::1, sl=1;\n"),
+            ParseErrorKind::NoPartitionDefinition
+        );
+    }
+
+    #[test]
+    fn flags() {
+        let c = ok("a=0x1, ipoib, defmember=full, mtu=4, rate=7, sl=1, scope=2, Q_Key=0x1, TClass=1, FlowLabel=5, indx0, bogus : 0x10;");
+        let e = &c.entries[0];
+        assert_eq!(e.members[0].kind, MemberKind::Full);
+        assert_eq!(e.flags.iter().filter(|f| f.recognised).count(), 10);
+        assert!(kinds(&c).contains(&WarningKind::IgnoredFlag));
+    }
+
+    #[test]
+    fn table_entries_count_keywords() {
+        let c = ok("Default=0x7fff : ALL=limited, SELF=full;\na=0x1 : 0x10=full;\nb=0x2 : ALL_CAS;\nc=0x3 : ALL_SWITCHES;");
+        assert_eq!(c.table_entries_for(Guid(0x10), false), 3);
+        assert_eq!(c.table_entries_for(Guid(0x11), false), 2);
+    }
+}

@@ -1,0 +1,405 @@
+//! The agent's region of `partitions.conf`: one marked block the agent rewrites, every other
+//! byte kept as the operator wrote it.
+//!
+//! The region holds one entry per tenant key naming the port GUIDs of every node that wants it,
+//! each with its membership. When the operator's part has no Default entry the region adds one,
+//! `Default=0x7fff, ipoib : ALL=limited, SELF=full;` by default: an explicit Default keeps the
+//! file meaningful even when no tenant key is left (OpenSM treats an empty or comment-only file as
+//! broken and gives every port full default membership), tenant ports stay *limited* members of
+//! the default partition (they reach the SM and SA, which are full members, but not each other),
+//! and the SM host's own port (`SELF`) is a full member as OpenSM needs.
+//!
+//! Before anything is written the whole composed file is parsed back with the strict parser and
+//! refused unless it loads, has an explicit Default entry, adds no surprise of its own, and puts
+//! no more keys on any agent-managed port than its table holds.
+
+use super::model::{MemberKind, PartitionsConf, PortSet, DEFAULT_BASE};
+use super::parse::{parse, parse_part};
+use super::render::{render_entry, EntrySpec, FlagSpec};
+use crate::domain::{Guid, Membership, PKey};
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// First line of the agent's region.
+pub const BEGIN_MARKER: &str = "# BEGIN fabric-agent managed region: do not edit";
+/// Last line of the agent's region.
+pub const END_MARKER: &str = "# END fabric-agent managed region";
+
+/// Why a file cannot be (re)written.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RegionError {
+    /// The operator's part does not load in OpenSM, or the markers are damaged.
+    #[error("operator's partitions file is broken: {0}")]
+    OperatorFile(String),
+    /// A tenant key is already defined by the operator's part.
+    #[error("{0}")]
+    OperatorKey(String),
+    /// A port would hold more keys than its table.
+    #[error("{0}")]
+    TableFull(String),
+    /// The composed file failed the final check (a bug: nothing was written).
+    #[error("composed file refused: {0}")]
+    Composed(String),
+}
+
+/// The operator's bytes around the region.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OperatorParts {
+    /// Everything before the region's first line.
+    pub before: Vec<u8>,
+    /// Everything after the region's last line.
+    pub after: Vec<u8>,
+}
+
+impl OperatorParts {
+    /// The operator's part as OpenSM would read it without the region. A part without entries
+    /// is fine (the region completes it); one that ends inside an entry is not, since the
+    /// region's text would continue that entry.
+    pub fn parse(&self) -> Result<PartitionsConf, RegionError> {
+        let before = parse_part(&self.before).map_err(|e| {
+            RegionError::OperatorFile(format!(
+                "{e} (OpenSM would load the default configuration instead)"
+            ))
+        })?;
+        if before.open_entry_at_end {
+            return Err(RegionError::OperatorFile(
+                "the last entry before the fabric-agent region has no closing ';'".into(),
+            ));
+        }
+        let mut all = self.before.clone();
+        all.extend_from_slice(&self.after);
+        parse_part(&all).map_err(|e| {
+            RegionError::OperatorFile(format!(
+                "{e} (OpenSM would load the default configuration instead)"
+            ))
+        })
+    }
+}
+
+fn lines_with_offsets(file: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    let mut off = 0;
+    file.split_inclusive(|&b| b == b'\n').map(move |l| {
+        let start = off;
+        off += l.len();
+        (start, l)
+    })
+}
+
+fn is_marker(line: &[u8], marker: &str) -> bool {
+    line.strip_suffix(b"\n").unwrap_or(line) == marker.as_bytes()
+}
+
+/// Splits a file into the operator's parts. No markers: the whole file is the operator's and the
+/// region goes at the end. One BEGIN followed by one END: the region is between them.
+pub fn split_region(file: &[u8]) -> Result<OperatorParts, RegionError> {
+    let begins: Vec<(usize, &[u8])> = lines_with_offsets(file)
+        .filter(|(_, l)| is_marker(l, BEGIN_MARKER))
+        .collect();
+    let ends: Vec<(usize, &[u8])> = lines_with_offsets(file)
+        .filter(|(_, l)| is_marker(l, END_MARKER))
+        .collect();
+    match (begins.as_slice(), ends.as_slice()) {
+        ([], []) => {
+            let mut before = file.to_vec();
+            if !before.is_empty() && !before.ends_with(b"\n") {
+                before.push(b'\n');
+            }
+            Ok(OperatorParts {
+                before,
+                after: Vec::new(),
+            })
+        }
+        ([(b, _)], [(e, end_line)]) if e > b => Ok(OperatorParts {
+            before: file[..*b].to_vec(),
+            after: file[e + end_line.len()..].to_vec(),
+        }),
+        _ => Err(RegionError::OperatorFile(format!(
+            "expected no fabric-agent markers or exactly one {BEGIN_MARKER:?} line followed by one {END_MARKER:?} line; found {} and {}",
+            begins.len(),
+            ends.len()
+        ))),
+    }
+}
+
+/// One tenant key in the region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantEntry {
+    /// Entry name (already safe to render).
+    pub name: String,
+    /// Member ports and their membership.
+    pub members: BTreeMap<Guid, Membership>,
+}
+
+/// The region's content.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RegionPlan {
+    /// The Default entry's `ALL` membership, when the region must supply a Default entry.
+    pub default_entry: Option<Membership>,
+    /// Tenant keys with at least one member.
+    pub tenants: BTreeMap<PKey, TenantEntry>,
+}
+
+impl RegionPlan {
+    /// Every GUID the region names.
+    pub fn guids(&self) -> impl Iterator<Item = Guid> + '_ {
+        let mut all: Vec<Guid> = self
+            .tenants
+            .values()
+            .flat_map(|t| t.members.keys().copied())
+            .collect();
+        all.sort();
+        all.dedup();
+        all.into_iter()
+    }
+}
+
+fn member_kind(m: Membership) -> MemberKind {
+    match m {
+        Membership::Full => MemberKind::Full,
+        Membership::Limited => MemberKind::Limited,
+    }
+}
+
+/// Renders the region, markers included.
+pub fn render_region(plan: &RegionPlan) -> String {
+    let mut out = String::new();
+    out.push_str(BEGIN_MARKER);
+    out.push('\n');
+    out.push_str("# Written by fabric-agent from the memberships nodes asked for; edits here are overwritten.\n");
+    if let Some(all) = plan.default_entry {
+        render_entry(
+            &mut out,
+            &EntrySpec {
+                name: Some("Default".into()),
+                pkey: DEFAULT_BASE,
+                flags: vec![FlagSpec {
+                    name: "ipoib",
+                    value: None,
+                }],
+                members: vec![
+                    (PortSet::All, member_kind(all)),
+                    (PortSet::SmPort, MemberKind::Full),
+                ],
+            },
+        );
+    }
+    for (key, t) in &plan.tenants {
+        render_entry(
+            &mut out,
+            &EntrySpec {
+                name: Some(t.name.clone()),
+                pkey: key.base(),
+                flags: Vec::new(),
+                members: t
+                    .members
+                    .iter()
+                    .map(|(g, m)| (PortSet::Guid(*g), member_kind(*m)))
+                    .collect(),
+            },
+        );
+    }
+    out.push_str(END_MARKER);
+    out.push('\n');
+    out
+}
+
+/// The operator's parts with the region between them.
+pub fn compose(parts: &OperatorParts, region: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(parts.before.len() + region.len() + parts.after.len());
+    out.extend_from_slice(&parts.before);
+    out.extend_from_slice(region.as_bytes());
+    out.extend_from_slice(&parts.after);
+    out
+}
+
+/// Limits the composed file must respect.
+#[derive(Debug, Clone, Copy)]
+pub struct TableLimits {
+    /// P_Key table entries per port (default partition included).
+    pub table_size: usize,
+    /// Whether OpenSM runs with `allow_both_pkeys`.
+    pub allow_both_pkeys: bool,
+}
+
+/// Checks that no tenant key is one the operator's part defines.
+pub fn check_operator_keys<'a>(
+    operator: &PartitionsConf,
+    keys: impl IntoIterator<Item = &'a PKey>,
+) -> Result<(), RegionError> {
+    for k in keys {
+        if let Some(e) = operator.entries.iter().find(|e| e.pkey == k.base()) {
+            return Err(RegionError::OperatorKey(format!(
+                "key {k} is defined by the operator's entry on line {} of the partitions file; the agent does not manage it",
+                e.line
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Parses the composed file back and refuses it unless OpenSM will load it as planned.
+pub fn check_composed(
+    bytes: &[u8],
+    region: &str,
+    plan: &RegionPlan,
+    limits: TableLimits,
+) -> Result<PartitionsConf, RegionError> {
+    let whole = parse(bytes).map_err(|e| RegionError::Composed(e.to_string()))?;
+    if !whole.has_explicit_default() {
+        return Err(RegionError::Composed("no explicit Default entry".into()));
+    }
+    let own = parse_part(region.as_bytes()).map_err(|e| RegionError::Composed(e.to_string()))?;
+    if let Some(w) = own.warnings.first() {
+        return Err(RegionError::Composed(format!(
+            "the region itself warns: {w}"
+        )));
+    }
+    for (key, t) in &plan.tenants {
+        let e = own
+            .entries
+            .iter()
+            .find(|e| e.pkey == key.base())
+            .ok_or_else(|| RegionError::Composed(format!("key {key} missing after parse")))?;
+        if e.members.len() != t.members.len() {
+            return Err(RegionError::Composed(format!(
+                "key {key}: members differ after parse"
+            )));
+        }
+    }
+    for guid in plan.guids() {
+        let n = whole.table_entries_for(guid, limits.allow_both_pkeys);
+        if n > limits.table_size {
+            return Err(RegionError::TableFull(format!(
+                "port {guid} would need {n} P_Key table entries but holds {}",
+                limits.table_size
+            )));
+        }
+    }
+    Ok(whole)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(keys: &[(u32, u64, Membership)]) -> RegionPlan {
+        let mut p = RegionPlan {
+            default_entry: Some(Membership::Limited),
+            tenants: BTreeMap::new(),
+        };
+        for (k, g, m) in keys {
+            let key = PKey::new(*k).unwrap();
+            p.tenants
+                .entry(key)
+                .or_insert_with(|| TenantEntry {
+                    name: format!("t{k}"),
+                    members: BTreeMap::new(),
+                })
+                .members
+                .insert(Guid(*g), *m);
+        }
+        p
+    }
+
+    #[test]
+    fn split_without_markers_takes_the_whole_file() {
+        let parts = split_region(b"a=0x1 : ALL;").unwrap();
+        assert_eq!(parts.before, b"a=0x1 : ALL;\n");
+        assert!(parts.after.is_empty());
+    }
+
+    #[test]
+    fn compose_then_split_keeps_operator_bytes() {
+        let parts = OperatorParts {
+            before: b"# ops\nstorage=0x10 : ALL=full;\n".to_vec(),
+            after: b"\n# tail comment\n".to_vec(),
+        };
+        let p = plan(&[(1, 0x10, Membership::Full), (1, 0x11, Membership::Limited)]);
+        let region = render_region(&p);
+        let file = compose(&parts, &region);
+        assert_eq!(split_region(&file).unwrap(), parts);
+        let conf = check_composed(
+            &file,
+            &region,
+            &p,
+            TableLimits {
+                table_size: 64,
+                allow_both_pkeys: false,
+            },
+        )
+        .unwrap();
+        assert!(conf.has_explicit_default());
+    }
+
+    #[test]
+    fn damaged_markers_are_refused() {
+        let f = format!("{END_MARKER}\n{BEGIN_MARKER}\n");
+        assert!(split_region(f.as_bytes()).is_err());
+        let f = format!("{BEGIN_MARKER}\n");
+        assert!(split_region(f.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn empty_region_still_has_default() {
+        let p = plan(&[]);
+        let region = render_region(&p);
+        let file = compose(&OperatorParts::default(), &region);
+        assert!(check_composed(
+            &file,
+            &region,
+            &p,
+            TableLimits {
+                table_size: 64,
+                allow_both_pkeys: false
+            }
+        )
+        .is_ok());
+        let no_default = RegionPlan::default();
+        let region = render_region(&no_default);
+        let file = compose(&OperatorParts::default(), &region);
+        assert!(check_composed(
+            &file,
+            &region,
+            &no_default,
+            TableLimits {
+                table_size: 64,
+                allow_both_pkeys: false
+            }
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn table_overflow_is_refused() {
+        let keys: Vec<_> = (1..=3).map(|k| (k, 0x10, Membership::Full)).collect();
+        let p = plan(&keys);
+        let region = render_region(&p);
+        let file = compose(&OperatorParts::default(), &region);
+        let err = check_composed(
+            &file,
+            &region,
+            &p,
+            TableLimits {
+                table_size: 3,
+                allow_both_pkeys: false,
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(err, RegionError::TableFull(_)), "{err}");
+    }
+
+    #[test]
+    fn operator_keys_and_open_entries() {
+        let parts = OperatorParts {
+            before: b"storage=0x10 : ALL=full;\n".to_vec(),
+            after: Vec::new(),
+        };
+        let op = parts.parse().unwrap();
+        assert!(check_operator_keys(&op, [&PKey::new(0x10).unwrap()]).is_err());
+        let open = OperatorParts {
+            before: b"storage=0x10 : ALL=full\n".to_vec(),
+            after: Vec::new(),
+        };
+        assert!(open.parse().is_err());
+    }
+}

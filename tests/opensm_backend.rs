@@ -1,0 +1,445 @@
+//! The OpenSM backend against a fake reloader: region ownership, atomic writes, refusals,
+//! validation, generations, persistence and group commit.
+
+use async_trait::async_trait;
+use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
+use fabric_agent::sm::opensm::parse::parse;
+use fabric_agent::sm::opensm::region::{split_region, BEGIN_MARKER, END_MARKER};
+use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
+use fabric_agent::sm::opensm::{
+    InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
+};
+use fabric_agent::sm::{SmError, SubnetManager};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Counts reloads, checks every file it is asked to reload parses, and can fail on demand.
+struct FakeReloader {
+    path: PathBuf,
+    delay: Duration,
+    calls: AtomicUsize,
+    unparsable: AtomicUsize,
+    fail: Mutex<Option<ReloadError>>,
+}
+
+impl FakeReloader {
+    fn new(path: &Path, delay: Duration) -> Arc<Self> {
+        Arc::new(FakeReloader {
+            path: path.to_owned(),
+            delay,
+            calls: AtomicUsize::new(0),
+            unparsable: AtomicUsize::new(0),
+            fail: Mutex::new(None),
+        })
+    }
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Reloader for FakeReloader {
+    fn checkpoint(&self) -> u64 {
+        0
+    }
+    async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let bytes = std::fs::read(&self.path).unwrap();
+        if parse(&bytes).map_or(true, |c| !c.has_explicit_default()) {
+            self.unparsable.fetch_add(1, Ordering::SeqCst);
+        }
+        tokio::time::sleep(self.delay).await;
+        match self.fail.lock().unwrap().clone() {
+            Some(e) => Err(e),
+            None => Ok(ReloadReport { file_read: true }),
+        }
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    reloader: Arc<FakeReloader>,
+    store: Arc<InMemoryNodeStore>,
+    backend: OpenSmBackend,
+}
+
+fn setup(initial: &[u8], delay: Duration, tweak: impl FnOnce(&mut OpenSmConfig)) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("partitions.conf");
+    std::fs::write(&path, initial).unwrap();
+    let mut config = OpenSmConfig {
+        partitions_file: path.clone(),
+        log_file: dir.path().join("opensm.log"),
+        pid: Some(12345),
+        ..OpenSmConfig::default()
+    };
+    tweak(&mut config);
+    let reloader = FakeReloader::new(&path, delay);
+    let store = Arc::new(InMemoryNodeStore::default());
+    let backend = OpenSmBackend::with_reloader(
+        config,
+        "smhost".into(),
+        Arc::clone(&store) as Arc<dyn NodeMembershipStore>,
+        Arc::clone(&reloader) as Arc<dyn Reloader>,
+    )
+    .unwrap();
+    Setup {
+        _dir: dir,
+        path,
+        reloader,
+        store,
+        backend,
+    }
+}
+
+fn node(id: &str, guids: &[u64], keys: &[(u32, Membership)]) -> NodeMemberships {
+    NodeMemberships {
+        node_id: id.to_owned(),
+        port_guids: guids.iter().map(|g| Guid(*g)).collect(),
+        keys: keys
+            .iter()
+            .map(|(k, m)| {
+                (
+                    PKey::new(*k).unwrap(),
+                    KeySetting {
+                        membership: *m,
+                        name: String::new(),
+                    },
+                )
+            })
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+const BEFORE: &str = "# Operator's file.\n#   Spacing, comments and order are theirs.\nstorage=0x0100, ipoib :\n\tALL_SWITCHES=full,   SELF=full ;\n\n";
+const AFTER: &str = "\n# trailing operator notes\nmgmt=0x0200 : SELF=full; # no newline at end";
+
+fn with_region(region_body: &str) -> String {
+    format!("{BEFORE}{BEGIN_MARKER}\n{region_body}{END_MARKER}\n{AFTER}")
+}
+
+#[tokio::test]
+async fn operator_bytes_survive_hundreds_of_edits_and_file_never_empties() {
+    let s = setup(with_region("").as_bytes(), Duration::ZERO, |_| {});
+    let mut rng_state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        rng_state
+    };
+    for round in 0..300u64 {
+        let n = next() % 20;
+        let keys: Vec<(u32, Membership)> = (0..next() % 5)
+            .map(|_| {
+                let m = if next() % 2 == 0 {
+                    Membership::Full
+                } else {
+                    Membership::Limited
+                };
+                (1 + (next() % 40) as u32, m)
+            })
+            .collect();
+        s.backend
+            .set_node(node(&format!("n{n}"), &[0x1000 + n], &keys), round)
+            .await
+            .unwrap();
+        let bytes = std::fs::read(&s.path).unwrap();
+        let parts = split_region(&bytes).unwrap();
+        assert_eq!(parts.before, BEFORE.as_bytes(), "round {round}");
+        assert_eq!(parts.after, AFTER.as_bytes(), "round {round}");
+        let conf = parse(&bytes).unwrap();
+        assert!(conf.has_explicit_default());
+    }
+    // Release everything: the file still loads and still has an explicit Default entry.
+    for n in 0..20u64 {
+        s.backend
+            .set_node(node(&format!("n{n}"), &[0x1000 + n], &[]), 1000)
+            .await
+            .unwrap();
+    }
+    let bytes = std::fs::read(&s.path).unwrap();
+    let conf = parse(&bytes).unwrap();
+    assert!(conf.has_explicit_default());
+    assert_eq!(
+        conf.keys().filter(|k| *k != 0x7fff).collect::<Vec<_>>(),
+        vec![0x0100, 0x0200]
+    );
+    assert_eq!(s.reloader.unparsable.load(Ordering::SeqCst), 0);
+    let parts = split_region(&bytes).unwrap();
+    assert_eq!(parts.before, BEFORE.as_bytes());
+    assert_eq!(parts.after, AFTER.as_bytes());
+}
+
+#[tokio::test]
+async fn region_lists_every_node_with_membership_and_keeps_operator_default() {
+    let operator = "Default=0x7fff, ipoib : ALL=full;\n";
+    let s = setup(operator.as_bytes(), Duration::ZERO, |_| {});
+    s.backend
+        .set_node(node("a", &[0x10, 0x11], &[(0x0a12, Membership::Full)]), 1)
+        .await
+        .unwrap();
+    s.backend
+        .set_node(node("b", &[0x20], &[(0x0a12, Membership::Limited)]), 1)
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(&s.path).unwrap();
+    assert!(text.starts_with(operator), "{text}");
+    assert!(text.contains("0x0000000000000010=full"), "{text}");
+    assert!(text.contains("0x0000000000000020=limited"), "{text}");
+    // The operator's Default is explicit: the region adds none.
+    assert_eq!(text.matches("Default=").count(), 1, "{text}");
+    let conf = parse(text.as_bytes()).unwrap();
+    assert_eq!(conf.effective()[&0x0a12].members.len(), 3);
+}
+
+#[tokio::test]
+async fn broken_operator_file_is_left_alone_and_refused() {
+    let markers = format!("{BEGIN_MARKER}\n{END_MARKER}\n");
+    let broken = [
+        format!("storage=0x0100 : ALL_SWITCHES=full, not-a-guid;\n{markers}"),
+        format!("Default=0x7fff : ALL=full;\r\n{markers}"),
+        format!("storage=0x0100 : ALL_SWITCHES=full\n{markers}"),
+        format!("{BEGIN_MARKER}\nDefault=0x7fff : ALL;\n"),
+    ];
+    for text in broken {
+        let s = setup(text.as_bytes(), Duration::ZERO, |_| {});
+        let err = s
+            .backend
+            .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, OpenSmError::OperatorFile(_)), "{err}");
+        assert_eq!(std::fs::read(&s.path).unwrap(), text.as_bytes());
+        assert_eq!(s.reloader.calls(), 0);
+        let sm_err: SmError = err.into();
+        assert!(!sm_err.is_transient());
+    }
+    // A comment-only operator part is fine: the region completes it.
+    let s = setup(b"# all commented out\n", Duration::ZERO, |_| {});
+    s.backend
+        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn requests_are_validated() {
+    let s = setup(b"storage=0x0100 : ALL=full;\n", Duration::ZERO, |c| {
+        c.pkey_table_size = 4
+    });
+    let bad_id = node("bad id!", &[0x10], &[]);
+    assert!(matches!(
+        s.backend.set_node(bad_id, 1).await,
+        Err(OpenSmError::Invalid(_))
+    ));
+    let zero = node("a", &[0], &[]);
+    assert!(matches!(
+        s.backend.set_node(zero, 1).await,
+        Err(OpenSmError::Invalid(_))
+    ));
+    let op_key = node("a", &[0x10], &[(0x0100, Membership::Full)]);
+    assert!(matches!(
+        s.backend.set_node(op_key, 1).await,
+        Err(OpenSmError::OperatorKey(_))
+    ));
+    // Default + storage (ALL) + 3 tenant keys = 5 > 4.
+    let full = node(
+        "a",
+        &[0x10],
+        &[
+            (1, Membership::Full),
+            (2, Membership::Full),
+            (3, Membership::Full),
+        ],
+    );
+    assert!(matches!(
+        s.backend.set_node(full, 1).await,
+        Err(OpenSmError::TableFull(_))
+    ));
+    s.backend
+        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+        .await
+        .unwrap();
+    let thief = node("b", &[0x10], &[]);
+    assert!(matches!(
+        s.backend.set_node(thief, 1).await,
+        Err(OpenSmError::Invalid(_))
+    ));
+    let mut named = node("c", &[0x30], &[(5, Membership::Full)]);
+    named
+        .keys
+        .values_mut()
+        .for_each(|k| k.name = "has space".into());
+    assert!(matches!(
+        s.backend.set_node(named, 1).await,
+        Err(OpenSmError::Invalid(_))
+    ));
+    // Nothing refused reached the store.
+    assert_eq!(s.store.load_all().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn older_generations_are_ignored() {
+    let s = setup(b"", Duration::ZERO, |_| {});
+    s.backend
+        .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 5)
+        .await
+        .unwrap();
+    let out = s
+        .backend
+        .set_node(node("a", &[0x10], &[]), 4)
+        .await
+        .unwrap();
+    assert!(out.detail.contains("ignored"), "{}", out.detail);
+    assert_eq!(s.backend.node("a").unwrap().generation, 5);
+    assert!(std::fs::read_to_string(&s.path)
+        .unwrap()
+        .contains("=0x0007"));
+}
+
+#[tokio::test]
+async fn state_persists_across_restarts() {
+    let s = setup(b"", Duration::ZERO, |_| {});
+    s.backend
+        .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 1)
+        .await
+        .unwrap();
+    let written = std::fs::read(&s.path).unwrap();
+    std::fs::write(&s.path, b"").unwrap();
+    let config = OpenSmConfig {
+        partitions_file: s.path.clone(),
+        pid: Some(12345),
+        ..OpenSmConfig::default()
+    };
+    let again = OpenSmBackend::with_reloader(
+        config,
+        "smhost".into(),
+        Arc::clone(&s.store) as Arc<dyn NodeMembershipStore>,
+        Arc::clone(&s.reloader) as Arc<dyn Reloader>,
+    )
+    .unwrap();
+    again.resync().await.unwrap();
+    assert_eq!(std::fs::read(&s.path).unwrap(), written);
+}
+
+#[tokio::test]
+async fn reload_failures_map_to_sm_errors() {
+    let s = setup(b"", Duration::ZERO, |_| {});
+    *s.reloader.fail.lock().unwrap() = Some(ReloadError::Unreachable("no opensm".into()));
+    let r = s
+        .backend
+        .apply(&node("ignored", &[0x10], &[(1, Membership::Full)]))
+        .await;
+    assert!(matches!(r, Err(SmError::Unavailable(_))), "{r:?}");
+    // The local node's set is stored under the SM host's own id.
+    assert!(s.backend.node("smhost").is_some());
+    *s.reloader.fail.lock().unwrap() = Some(ReloadError::Rejected("PARSE ERROR".into()));
+    let r = s
+        .backend
+        .apply(&node("ignored", &[0x10], &[(2, Membership::Full)]))
+        .await;
+    assert!(matches!(r, Err(SmError::Refused(_))), "{r:?}");
+}
+
+#[tokio::test]
+async fn concurrent_readers_never_see_a_partial_file() {
+    let s = setup(b"", Duration::ZERO, |_| {});
+    let path = s.path.clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let bytes = std::fs::read(&path).unwrap();
+                if !bytes.is_empty() {
+                    parse(&bytes).expect("a reader saw a file that does not load");
+                    reads += 1;
+                }
+            }
+            reads
+        })
+    };
+    for i in 0..100u64 {
+        let keys: Vec<_> = (1..=(i % 30) as u32 + 1)
+            .map(|k| (k, Membership::Full))
+            .collect();
+        s.backend
+            .set_node(node("a", &[0x10], &keys), i)
+            .await
+            .unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    assert!(reader.join().unwrap() > 0);
+    let leftovers = std::fs::read_dir(s.path.parent().unwrap()).unwrap().count();
+    assert_eq!(leftovers, 1, "temp files left behind");
+}
+
+async fn burst(group_commit: bool, nodes: u64) -> (usize, Duration) {
+    let s = setup(b"", Duration::from_millis(20), |c| {
+        c.group_commit = group_commit
+    });
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..nodes)
+        .map(|n| {
+            let b = s.backend.clone();
+            tokio::spawn(async move {
+                b.set_node(
+                    node(
+                        &format!("n{n}"),
+                        &[0x1000 + n],
+                        &[(1 + n as u32, Membership::Full)],
+                    ),
+                    1,
+                )
+                .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let took = start.elapsed();
+    let conf = parse(&std::fs::read(&s.path).unwrap()).unwrap();
+    assert_eq!(
+        conf.entries.len() as u64,
+        nodes + 1,
+        "every node's key is in the file"
+    );
+    (s.reloader.calls(), took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_merges_a_burst_into_few_sweeps() {
+    let (sweeps, _) = burst(true, 200).await;
+    assert!(sweeps <= 10, "{sweeps} sweeps for 200 nodes");
+    let (sweeps_off, _) = burst(false, 50).await;
+    assert_eq!(sweeps_off, 50);
+}
+
+#[tokio::test]
+async fn a_single_change_goes_out_at_once() {
+    let s = setup(b"", Duration::from_millis(20), |_| {});
+    let start = Instant::now();
+    s.backend
+        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+        .await
+        .unwrap();
+    assert_eq!(s.reloader.calls(), 1);
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+    // An unchanged set writes nothing and needs no sweep.
+    s.backend
+        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 2)
+        .await
+        .unwrap();
+    assert_eq!(s.reloader.calls(), 1);
+}
