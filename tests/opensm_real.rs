@@ -199,3 +199,40 @@ fn parser_agrees_with_opensm_on_tricky_files() {
     }
     assert!(disagreements.is_empty(), "{disagreements:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_reload_triggers_a_reread() {
+    if !opensm_rig::available() {
+        eprintln!("skipped: ibsim/opensm/smpquery or the umad2sim shim not installed");
+        return;
+    }
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let fabric = Fabric::start_with(
+        2,
+        "Default=0x7fff : ALL=full;\n",
+        &format!("console loopback\nconsole_port {port}\n"),
+    );
+    let (g2, lid2) = fabric.port_of("h2");
+    let config = OpenSmConfig {
+        partitions_file: fabric.partitions.clone(),
+        log_file: fabric.log.clone(),
+        reload: ReloadMethod::Console,
+        console_port: port,
+        reload_check_ms: 3000,
+        ..OpenSmConfig::default()
+    };
+    let backend =
+        OpenSmBackend::new(config, "h1".into(), Arc::new(InMemoryNodeStore::default())).unwrap();
+    let out = backend
+        .set_node(node("h2", g2, &[(0x0c01, Membership::Full)]), 1)
+        .await
+        .unwrap();
+    assert!(
+        out.detail.contains("re-read it without error"),
+        "{}",
+        out.detail
+    );
+    wait_until("h2 to hold 0x8c01", || {
+        fabric.pkeys("h1", lid2).contains(&0x8c01)
+    });
+}

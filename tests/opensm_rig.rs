@@ -124,6 +124,11 @@ fn wait_for(path: &Path, needle: &str, timeout: Duration) -> bool {
 impl Fabric {
     /// Starts ibsim with `hcas` HCAs and OpenSM on h1 reading `partitions` (written first).
     pub fn start(hcas: usize, partitions: &str) -> Fabric {
+        Self::start_with(hcas, partitions, "")
+    }
+
+    /// Like [`Fabric::start`], with extra `opensm.conf` lines.
+    pub fn start_with(hcas: usize, partitions: &str, extra_conf: &str) -> Fabric {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let sock = format!("fa-opensm-{}-{}", std::process::id(), rand_suffix());
@@ -134,7 +139,7 @@ impl Fabric {
         fs::write(
             d.join("opensm.conf"),
             format!(
-                "partition_config_file {}\nlog_file {}\nsweep_interval 0\n",
+                "partition_config_file {}\nlog_file {}\nsweep_interval 0\n{extra_conf}",
                 part.display(),
                 log.display()
             ),

@@ -64,6 +64,7 @@ pub struct OpenSmReloader {
 }
 
 const CONSOLE_TIMEOUT: Duration = Duration::from_secs(2);
+const CONSOLE_DRAIN: Duration = Duration::from_millis(200);
 const LOG_POLL: Duration = Duration::from_millis(5);
 /// How long to keep reading the log after OpenSM read the file: parsing a partitions file
 /// takes well under this, and its error lines are flushed as they are written.
@@ -112,26 +113,28 @@ impl OpenSmReloader {
     }
 
     async fn console_resweep(&self) -> Result<(), ReloadError> {
-        let io = async {
-            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.console_port)).await?;
-            s.write_all(b"resweep heavy\nquit\n").await?;
-            s.flush().await?;
-            let mut sink = Vec::new();
-            // OpenSM closes the session after `quit`; a bounded read drains the prompt.
-            let _ = tokio::time::timeout(CONSOLE_TIMEOUT, s.read_to_end(&mut sink)).await;
-            Ok::<(), std::io::Error>(())
+        let unreachable = |what: String| {
+            ReloadError::Unreachable(format!("console 127.0.0.1:{}: {what}", self.console_port))
         };
-        match tokio::time::timeout(CONSOLE_TIMEOUT, io).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(ReloadError::Unreachable(format!(
-                "console 127.0.0.1:{}: {e}",
-                self.console_port
-            ))),
-            Err(_) => Err(ReloadError::Unreachable(format!(
-                "console 127.0.0.1:{} did not answer",
-                self.console_port
-            ))),
-        }
+        let mut s = tokio::time::timeout(
+            CONSOLE_TIMEOUT,
+            tokio::net::TcpStream::connect(("127.0.0.1", self.console_port)),
+        )
+        .await
+        .map_err(|_| unreachable("connect timed out".into()))?
+        .map_err(|e| unreachable(e.to_string()))?;
+        tokio::time::timeout(CONSOLE_TIMEOUT, async {
+            s.write_all(b"resweep heavy\nquit\n").await?;
+            s.flush().await
+        })
+        .await
+        .map_err(|_| unreachable("write timed out".into()))?
+        .map_err(|e| unreachable(e.to_string()))?;
+        // Drain what OpenSM answers for a moment, then close: closing ends the session, which
+        // matters since OpenSM serves one console session at a time.
+        let mut sink = Vec::new();
+        let _ = tokio::time::timeout(CONSOLE_DRAIN, s.read_to_end(&mut sink)).await;
+        Ok(())
     }
 }
 
