@@ -3,12 +3,18 @@
 # attach -> ACTIVE -> release -> RELEASED with the CLI, printing the node's P_Key tables at
 # each step.
 #
-#   scripts/run.sh              on the embedded (simulated) fabric
+#   scripts/run.sh              on a simulated InfiniBand fabric: ibsim switches and HCAs, the
+#                               real OpenSM, an SM-host agent (opensm backend) and two node agents
+#                               (remote backend, SMP observer), joined by the umad2sim shim
+#   scripts/run.sh --embedded   on the embedded (in-process simulated) fabric
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --quiet
 bin="$PWD/target/debug/fabric-agent"
+
+mode=ibsim
+[ "${1:-}" = "--embedded" ] && mode=embedded
 
 work="$(mktemp -d)"
 daemon_pid=""
@@ -17,9 +23,41 @@ cleanup() {
     kill -TERM "$daemon_pid"
     wait "$daemon_pid" || true
   fi
+  [ "$mode" = ibsim ] && cleanup_fabric
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+cli_at() { local sock="$1"; shift; echo "\$ fabric-agent $*"; "$bin" --socket "$sock" "$@"; }
+
+if [ "$mode" = ibsim ]; then
+  # shellcheck source=lib/ibsim-demo.sh
+  . scripts/lib/ibsim-demo.sh
+  step "start ibsim (2 switches, 4 HCAs) and OpenSM on smhost"
+  start_fabric
+  step "start the agents: smhost (opensm backend) and node1, node2 (remote backend, SMP observer)"
+  start_agents
+  cli_at "$work/node1.sock" node
+  step "attach vm-1 on node1 and vm-2 on node2 to partition train-a (P_Key 0x0a12); wait for ACTIVE"
+  cli_at "$work/node1.sock" attach --instance vm-1 --partition ibpart_7f3k2 --name train-a \
+    --workspace ml-team --account acme --pkey 0x0a12 --wait 60
+  cli_at "$work/node2.sock" attach --instance vm-2 --partition ibpart_7f3k2 --name train-a \
+    --workspace ml-team --account acme --pkey 0x0a12 --wait 60
+  cli_at "$work/node1.sock" node
+  echo "smpquery pkeys on node1: $(smp_pkeys node1)"
+  echo "OpenSM's partitions file now:"
+  sed 's/^/    /' "$work/partitions.conf"
+  step "vm-1 is terminated: release on node1, wait for RELEASED (node2 keeps the key)"
+  cli_at "$work/node1.sock" release --instance vm-1 --wait 60
+  cli_at "$work/node1.sock" node
+  echo "smpquery pkeys on node1: $(smp_pkeys node1)"
+  echo "smpquery pkeys on node2: $(smp_pkeys node2)"
+  step "node1's durable event log"
+  cli_at "$work/node1.sock" events
+  step "stop the agents (SIGTERM: drain and exit 0), OpenSM and ibsim"
+  exit 0
+fi
 
 cat > "$work/config.toml" <<CONF
 node_id = "gpu-node-1"
@@ -38,8 +76,7 @@ pkey_table_size = 64
 apply_delay_ms = 200
 CONF
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-cli() { echo "\$ fabric-agent $*"; "$bin" --config "$work/config.toml" --socket "$work/agent.sock" "$@"; }
+cli() { cli_at "$work/agent.sock" --config "$work/config.toml" "$@"; }
 
 step "start the agent (embedded fabric)"
 "$bin" --config "$work/config.toml" serve 2> "$work/agent.log" &
