@@ -105,28 +105,9 @@ pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships
     ))
 }
 
-/// Converts a stored node to its protobuf form.
+/// Converts a stored node to its protobuf form (the same encoding the remote backend sends).
 pub fn memberships_to_proto(n: &StoredNode) -> pb::NodeMemberships {
-    pb::NodeMemberships {
-        node_id: n.memberships.node_id.clone(),
-        port_guids: n
-            .memberships
-            .port_guids
-            .iter()
-            .map(Guid::to_string)
-            .collect(),
-        keys: n
-            .memberships
-            .keys
-            .iter()
-            .map(|(k, s)| pb::KeyMembership {
-                pkey: u32::from(k.base()),
-                full: s.membership == Membership::Full,
-                name: s.name.clone(),
-            })
-            .collect(),
-        generation: n.generation,
-    }
+    crate::sm::remote::memberships_to_proto(&n.memberships, n.generation)
 }
 
 #[tonic::async_trait]

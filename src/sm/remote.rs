@@ -186,7 +186,8 @@ pub fn sm_error_of(status: &tonic::Status) -> SmError {
     }
 }
 
-fn to_proto(desired: &NodeMemberships, generation: u64) -> pb::NodeMemberships {
+/// A node's desired set as `fabric.sm.v1` sends it.
+pub fn memberships_to_proto(desired: &NodeMemberships, generation: u64) -> pb::NodeMemberships {
     pb::NodeMemberships {
         node_id: desired.node_id.clone(),
         port_guids: desired.port_guids.iter().map(ToString::to_string).collect(),
@@ -211,7 +212,7 @@ impl SubnetManager for RemoteSm {
 
     async fn apply(&self, desired: &NodeMemberships) -> Result<ApplyOutcome, SmError> {
         let request = pb::SetNodeMembershipsRequest {
-            memberships: Some(to_proto(desired, self.next_generation())),
+            memberships: Some(memberships_to_proto(desired, self.next_generation())),
         };
         let mut client = self.client.clone();
         let reply = client
