@@ -228,7 +228,10 @@ fn start_node(fake: &FakeUfm, credentials: &str) -> Node {
 }
 
 async fn node_status(c: &mut Client) -> pb::GetNodeResponse {
-    c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner()
+    c.get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 /// Waits until the start-up apply went through (so later request logs hold only what a test
@@ -326,6 +329,17 @@ async fn history(c: &mut Client, instance: &str) -> Vec<pb::AttachmentState> {
 
 // ------------------------------------------------------------------ tests
 
+/// Runs a test's steps with a time limit, so a stuck call fails the test instead of hanging
+/// the suite (the daemon and the fake stop when the dropped steps drop them).
+async fn within(secs: u64, steps: impl std::future::Future<Output = ()>) {
+    if tokio::time::timeout(Duration::from_secs(secs), steps)
+        .await
+        .is_err()
+    {
+        panic!("the test did not finish within {secs} s");
+    }
+}
+
 use pb::AttachmentState::{Active, Drifted, Pending, Programming, Released, Releasing};
 
 /// Attach then release one instance; `delete_form` makes the fake drop the deprecated
@@ -365,7 +379,10 @@ async fn round_trip(delete_form: bool) {
         "no quirk: UFM keeps the emptied partition"
     );
     node.tree.assert_all_hold(&[]);
-    let delete = format!("DELETE /ufmRest/resources/pkeys/0x0c33/guids/{}", guid_list());
+    let delete = format!(
+        "DELETE /ufmRest/resources/pkeys/0x0c33/guids/{}",
+        guid_list()
+    );
     let action = "POST /ufmRest/actions/remove_guids_from_pkey";
     let want: Vec<String> = if delete_form {
         vec![read.into(), action.into(), delete, read.into()]
@@ -383,7 +400,10 @@ async fn round_trip(delete_form: bool) {
         fake.clear_requests();
         let r = release(&mut c, "gpu-2", Some(5000)).await;
         assert_eq!(state(&r), Released, "{}", r.reason);
-        let delete = format!("DELETE /ufmRest/resources/pkeys/0x0c33/guids/{}", guid_list());
+        let delete = format!(
+            "DELETE /ufmRest/resources/pkeys/0x0c33/guids/{}",
+            guid_list()
+        );
         assert_eq!(
             lines(&fake.requests()),
             [read.to_string(), delete, read.to_string()]
@@ -397,17 +417,16 @@ async fn round_trip(delete_form: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_and_release_with_the_remove_action() {
-    round_trip(false).await;
+    within(30, round_trip(false)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_and_release_with_the_delete_form_when_the_action_is_gone() {
-    round_trip(true).await;
+    within(30, round_trip(true)).await;
 }
 
 /// UFM versions that answer `200 {}` for a key they do not have: the backend creates it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_key_answered_with_an_empty_object_is_created() {
+async fn missing_key_answered_with_an_empty_object_is_created_steps() {
     let fake = FakeUfm::start().await;
     fake.set_quirks(Quirks {
         missing_key_empty_object: true,
@@ -444,8 +463,7 @@ async fn missing_key_answered_with_an_empty_object_is_created() {
 
 /// UFM deletes a partition whose last GUID left; a partition still desired is re-created,
 /// both when another instance leaves it empty and when it disappears while ACTIVE.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleted_partitions_are_recreated_while_desired() {
+async fn deleted_partitions_are_recreated_while_desired_steps() {
     let fake = FakeUfm::start().await;
     fake.set_quirks(Quirks {
         delete_emptied_partitions: true,
@@ -507,8 +525,7 @@ async fn deleted_partitions_are_recreated_while_desired() {
 /// RELEASING the whole time (UFM still lists the GUIDs, even after the ports drop the key on
 /// their own), the reason says why, the agent backs off instead of hammering, and RELEASED
 /// follows within seconds of UFM's return.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ufm_outage_during_release_holds_releasing_then_converges() {
+async fn ufm_outage_during_release_holds_releasing_then_converges_steps() {
     const OUTAGE: Duration = Duration::from_secs(60);
     let fake = FakeUfm::start().await;
     let node = start_node(&fake, &format!("{USER}:123456"));
@@ -583,8 +600,7 @@ async fn ufm_outage_during_release_holds_releasing_then_converges() {
 
 /// Wrong credentials: a clear error in GetNode and on the attachment, no further calls until
 /// the credentials file changes, and ACTIVE once it holds the right ones.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_credentials_stop_calls_until_the_file_changes() {
+async fn wrong_credentials_stop_calls_until_the_file_changes_steps() {
     let fake = FakeUfm::start_with(FakeAuth::Basic {
         user: USER.into(),
         password: PASSWORD.into(),
@@ -626,8 +642,16 @@ async fn wrong_credentials_stop_calls_until_the_file_changes() {
     let applies = sm.applies;
     tokio::time::sleep(Duration::from_millis(3000)).await;
     let sm = node_status(&mut c).await.subnet_manager.unwrap();
-    assert!(sm.applies >= applies + 2, "retried: {applies} -> {}", sm.applies);
-    assert_eq!(fake.request_count(), calls, "no call with the rejected secret");
+    assert!(
+        sm.applies >= applies + 2,
+        "retried: {applies} -> {}",
+        sm.applies
+    );
+    assert_eq!(
+        fake.request_count(),
+        calls,
+        "no call with the rejected secret"
+    );
     let a = get(&mut c, "gpu-1").await;
     assert_eq!(state(&a), Pending);
     assert!(
@@ -670,8 +694,7 @@ fn base64(input: &[u8]) -> String {
 
 /// No credential in the log, the status, the attachments or the events, even when UFM
 /// quotes the `Authorization` header back in its errors, and with a wrong password too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn credentials_never_leak_into_log_status_or_events() {
+async fn credentials_never_leak_into_log_status_or_events_steps() {
     let wrong = "Wr0ng-canary-pw-77c";
     let fake = FakeUfm::start_with(FakeAuth::Basic {
         user: USER.into(),
@@ -697,7 +720,10 @@ async fn credentials_never_leak_into_log_status_or_events() {
         assert!(Instant::now() < deadline, "refusal not shown: {a:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    assert!(refused.contains("<redacted>"), "UFM's quote shown: {refused}");
+    assert!(
+        refused.contains("<redacted>"),
+        "UFM's quote shown: {refused}"
+    );
     wait_state(&mut c, "gpu-1", Active, Duration::from_secs(5)).await;
     // 503s quoting the header (retried, then reported as unavailable).
     fake.inject_status(4, 503);
@@ -757,4 +783,41 @@ async fn credentials_never_leak_into_log_status_or_events() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_key_answered_with_an_empty_object_is_created() {
+    within(
+        30,
+        missing_key_answered_with_an_empty_object_is_created_steps(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_partitions_are_recreated_while_desired() {
+    within(30, deleted_partitions_are_recreated_while_desired_steps()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ufm_outage_during_release_holds_releasing_then_converges() {
+    within(
+        120,
+        ufm_outage_during_release_holds_releasing_then_converges_steps(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_stop_calls_until_the_file_changes() {
+    within(
+        30,
+        wrong_credentials_stop_calls_until_the_file_changes_steps(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_never_leak_into_log_status_or_events() {
+    within(45, credentials_never_leak_into_log_status_or_events_steps()).await;
 }
