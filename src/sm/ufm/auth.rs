@@ -55,19 +55,41 @@ pub(crate) struct Loaded {
 }
 
 impl Loaded {
-    /// Replaces every occurrence of the secret in `text` (e.g. a server's error body).
+    /// Replaces every occurrence of the secret in `text` (e.g. a server's error body). For
+    /// basic authentication that includes the encoded `user:password` of the `Authorization`
+    /// header, which a server may quote back.
     pub(crate) fn redact(&self, text: &str) -> String {
-        let secret = match &self.credential {
-            Credential::Basic { password, .. } => password.expose(),
-            Credential::Header(_, token) => token.expose(),
+        let secrets = match &self.credential {
+            Credential::Basic { user, password } => vec![
+                base64(format!("{user}:{}", password.expose()).as_bytes()),
+                password.expose().to_string(),
+            ],
+            Credential::Header(_, token) => vec![token.expose().to_string()],
             Credential::ClientCert(_) => return text.to_string(),
         };
-        if secret.is_empty() {
-            text.to_string()
-        } else {
-            text.replace(secret, "<redacted>")
+        secrets
+            .iter()
+            .filter(|s| !s.is_empty())
+            .fold(text.to_string(), |t, s| t.replace(s.as_str(), "<redacted>"))
+    }
+}
+
+/// Standard base64 with padding, as in an `Authorization: Basic` header.
+fn base64(input: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let byte = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
+        let n = (byte(0) << 16) | (byte(1) << 8) | byte(2);
+        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
         }
     }
+    out
 }
 
 fn fingerprint(parts: &[&[u8]]) -> u64 {
@@ -227,6 +249,15 @@ mod tests {
     }
 
     #[test]
+    fn base64_matches_the_standard_alphabet_and_padding() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"admin:123456"), "YWRtaW46MTIzNDU2");
+    }
+
+    #[test]
     fn secrets_never_show_in_debug_and_are_redacted() {
         let loaded = Loaded {
             credential: parse_basic(b"admin:hunter2-secret").unwrap(),
@@ -238,6 +269,11 @@ mod tests {
         assert_eq!(
             loaded.redact("bad password hunter2-secret"),
             "bad password <redacted>"
+        );
+        // The encoded header value a server may quote back ("admin:hunter2-secret").
+        assert_eq!(
+            loaded.redact(r#"{"authorization":"Basic YWRtaW46aHVudGVyMi1zZWNyZXQ="}"#),
+            r#"{"authorization":"Basic <redacted>"}"#
         );
         let token = parse_token(b"tok-SECRET-42", TokenScheme::Basic).unwrap();
         assert!(!format!("{token:?}").contains("SECRET"));
