@@ -444,23 +444,46 @@ async fn a_withdrawn_change_leaves_the_reconciler_idle() {
 async fn a_shared_key_is_released_only_when_its_last_instance_leaves() {
     let d = Daemon::start("");
     let mut c = d.client().await;
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000))).await.unwrap();
-    c.attach_partition(attach("i-2", partition("ibpart_a", 0x12), Some(5000))).await.unwrap();
+    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
+        .await
+        .unwrap();
+    c.attach_partition(attach("i-2", partition("ibpart_a", 0x12), Some(5000)))
+        .await
+        .unwrap();
     // i-1 is terminated, but i-2 on this node still needs the key: the ports keep it, so
     // reporting i-1 RELEASED would be false.
     let r = c
-        .release_instance(pb::ReleaseInstanceRequest { instance_id: "i-1".into(), wait_ms: Some(1000) })
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "i-1".into(),
+            wait_ms: Some(1000),
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(state(&r.attachment.unwrap()), pb::AttachmentState::Releasing);
-    let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
-    assert!(node.ports.iter().all(|p| p.pkeys.contains(&0x8012)));
-    c.release_instance(pb::ReleaseInstanceRequest { instance_id: "i-2".into(), wait_ms: Some(5000) })
+    assert_eq!(
+        state(&r.attachment.unwrap()),
+        pb::AttachmentState::Releasing
+    );
+    let node = c
+        .get_node(pb::GetNodeRequest {})
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    assert!(node.ports.iter().all(|p| p.pkeys.contains(&0x8012)));
+    c.release_instance(pb::ReleaseInstanceRequest {
+        instance_id: "i-2".into(),
+        wait_ms: Some(5000),
+    })
+    .await
+    .unwrap();
     for id in ["i-1", "i-2"] {
-        let a = c.get_attachment(pb::GetAttachmentRequest { instance_id: id.into() }).await.unwrap().into_inner();
+        let a = c
+            .get_attachment(pb::GetAttachmentRequest {
+                instance_id: id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(state(&a), pb::AttachmentState::Released, "{id}");
     }
 }

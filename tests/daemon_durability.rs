@@ -67,6 +67,25 @@ async fn watch_replays_after_restart_then_follows_live() {
         seen.len() >= 3,
         "PENDING, PROGRAMMING, ACTIVE at least: {seen:?}"
     );
+
+    // SIGTERM with the follower still connected: its stream ends with UNAVAILABLE (resume
+    // from the last seq) and the daemon does not wait out its drain timeout for it.
+    let t = std::time::Instant::now();
+    assert!(d.stop().success());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap();
+    match end {
+        Some(Err(s)) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+        // Events committed just before the stop may still arrive first.
+        Some(Ok(e)) => assert!(e.seq > *seen.last().unwrap()),
+        None => panic!("the stream must end with a status saying why"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,6 +82,8 @@ struct Shared {
     status: Mutex<status::Status>,
     /// Counts reconciler loop turns.
     beats: tokio::sync::watch::Sender<u64>,
+    /// Turns true when the daemon begins shutting down (ends WatchEvents streams).
+    stopping: tokio::sync::watch::Sender<bool>,
     /// When the apply in progress started (None: not applying).
     applying_since: Mutex<Option<std::time::Instant>>,
 }
@@ -109,6 +111,7 @@ impl Agent {
                 status: Mutex::new(status),
                 beats: tokio::sync::watch::channel(0).0,
                 applying_since: Mutex::new(None),
+                stopping: tokio::sync::watch::channel(false).0,
             }),
         }
     }
@@ -295,6 +298,12 @@ impl Agent {
         follow: bool,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<Event, AgentError>>, AgentError> {
         watch::start(self.clone(), after, follow)
+    }
+
+    /// Ends every WatchEvents stream (with UNAVAILABLE, so clients reconnect with their last
+    /// seq elsewhere or after the restart): long-lived streams must not hold up a drain.
+    pub fn begin_shutdown(&self) {
+        self.shared.stopping.send_replace(true);
     }
 
     /// Wakes the reconciler and reports whether it went round its loop within `limit`, or is

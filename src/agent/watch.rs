@@ -22,6 +22,7 @@ pub(super) fn start(
         )));
     }
     let mut live = agent.shared.events.subscribe();
+    let mut stopping = agent.shared.stopping.subscribe();
     let (tx, rx) = mpsc::channel(PAGE);
     tokio::spawn(async move {
         let mut sent = after;
@@ -50,7 +51,24 @@ pub(super) fn start(
                 return;
             }
             loop {
-                match live.recv().await {
+                let stop_now = *stopping.borrow();
+                let received = if stop_now {
+                    None
+                } else {
+                    tokio::select! {
+                        r = live.recv() => Some(r),
+                        _ = stopping.changed() => continue,
+                    }
+                };
+                let Some(received) = received else {
+                    let _ = tx
+                        .send(Err(AgentError::Unavailable(format!(
+                            "agent is shutting down; resume with after_seq = {sent}"
+                        ))))
+                        .await;
+                    return;
+                };
+                match received {
                     Ok(e) if e.seq <= sent => continue,
                     Ok(e) if e.seq == sent + 1 => {
                         sent = e.seq;

@@ -91,6 +91,7 @@ pub async fn run(config_path: &Path) -> ExitCode {
     };
     systemd::stopping();
     tracing::info!("stopping: draining calls");
+    agent.begin_shutdown();
     let _ = stop.send(true);
     if !failed && tokio::time::timeout(DRAIN, server).await.is_err() {
         tracing::warn!("calls still running after {DRAIN:?}; exiting anyway");
