@@ -90,7 +90,11 @@ impl Agent {
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 self.child = None;
-                panic!("{} agent exited early with {status}: {}", self.node, self.log_text());
+                panic!(
+                    "{} agent exited early with {status}: {}",
+                    self.node,
+                    self.log_text()
+                );
             }
             // The socket is bound only after the store is open and the ports were read.
             if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {

@@ -263,7 +263,6 @@ fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize) -> ChildGuard {
     opensm
 }
 
-
 impl Fabric {
     /// Starts ibsim on the spec's net file and OpenSM on the SM host with `partitions` as
     /// its partitions file, and waits for "SUBNET UP". `None` when the tools are missing
