@@ -249,6 +249,9 @@ async fn shared_partition_connects_two_nodes_isolates_the_third_and_release_drop
     let mut c2 = agents[1].client().await;
     let mut c3 = agents[2].client().await;
     let pa = || partition("ibpart_a", 0x0a12);
+    for c in [&mut c1, &mut c2, &mut c3] {
+        assert_eq!(node(c).await.observer, "smp");
+    }
 
     // 1. node1 and node2 share partition a; node3 is in partition b.
     for (c, instance) in [(&mut c1, "i-1"), (&mut c2, "i-2")] {
@@ -376,8 +379,9 @@ async fn agents_and_opensm_killed_mid_flow_converge_without_losing_events() {
     // The node reports why it is stuck.
     wait_attachment(&mut c3, "i-4", "a reason", |a| !a.reason.is_empty()).await;
 
-    // OpenSM goes down too; the SM-host agent comes back first (it cannot signal OpenSM yet).
-    fabric.stop_opensm(false);
+    // OpenSM crashes too (SIGKILL); the SM-host agent comes back first (it cannot signal
+    // OpenSM yet).
+    fabric.stop_opensm(true);
     sm.spawn(&fabric);
     // node1's agent comes back and its instance is terminated while no SM runs: the key stays
     // on the port, so the attachment must stay RELEASING.
@@ -449,14 +453,13 @@ async fn agents_and_opensm_killed_mid_flow_converge_without_losing_events() {
         let status = agent.stop();
         assert!(status.success(), "{} exited with {status}", agent.node);
     }
-    // Litter: the running OpenSM's and the two crashed agents' (OpenSM's first run exited
-    // cleanly on SIGTERM).
+    // Litter: the running OpenSM's, the crashed OpenSM's and the two crashed agents'.
     let litter = fabric.shim_litter();
     assert!(
         litter.contains(&format!("sys-{}", fabric.opensm_pid())),
         "{litter:?}"
     );
-    assert_eq!(litter.len(), 3, "{litter:?}");
+    assert_eq!(litter.len(), 4, "{litter:?}");
     eprintln!("scenario 4 took {:?}", started.elapsed());
 }
 
@@ -662,7 +665,7 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
         "{a:?}"
     );
     let smst = node(&mut c1).await.subnet_manager.expect("sm status");
-    assert!(!smst.last_error.is_empty(), "{smst:?}");
+    assert!(smst.last_error.contains("0xzz"), "{smst:?}");
     // Retries keep failing without touching the file.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(

@@ -482,12 +482,23 @@ impl Fabric {
     }
 
     /// `saquery -p --src-to-dst SLID:DLID` as `node`: the P_Key of the path, or `None` when the
-    /// SA knows no path (the ports share no partition).
+    /// SA answers with no path (the ports share no partition). A query that fails (e.g. times
+    /// out right after OpenSM restarted) is retried a few times, then panics: `None` always
+    /// means the SA's answer.
     pub fn path_pkey(&self, node: &str, slid: u16, dlid: u16) -> Option<u16> {
         let pair = format!("{slid}:{dlid}");
-        let text = self
-            .run_tool(node, "saquery", &["-p", "--src-to-dst", &pair])
-            .ok()?;
+        let mut tries = 0;
+        let text = loop {
+            match self.run_tool(node, "saquery", &["-p", "--src-to-dst", &pair]) {
+                Ok(text) => break text,
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("rig: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
         text.lines()
             .find(|l| l.trim_start().starts_with("pkey"))
             .and_then(|l| l.rsplit('.').next())
