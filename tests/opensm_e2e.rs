@@ -668,6 +668,11 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
     assert!(smst.last_error.contains("0xzz"), "{smst:?}");
     // Retries keep failing without touching the file.
     tokio::time::sleep(Duration::from_millis(2500)).await;
+    let later = node(&mut c1).await.subnet_manager.expect("sm status");
+    assert!(
+        later.applies >= smst.applies + 2 && later.last_error.contains("0xzz"),
+        "the node retries and is refused each time: {smst:?} then {later:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(fabric.partitions_path()).unwrap(),
         broken
