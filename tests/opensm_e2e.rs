@@ -698,6 +698,30 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
     );
     assert_opensm_never_rejected(&fabric);
 
+    // The operator's part shrinks to comments (no signal to OpenSM): once every partition is
+    // released the file still loads, the region now carrying the Default entry itself.
+    const BARE: &str = "# operator's part: comments only
+";
+    let (head, tail) = operator_parts(&text);
+    let region = &text[head.len()..text.len() - tail.len()];
+    std::fs::write(&tmp, format!("{BARE}{region}")).unwrap();
+    std::fs::rename(&tmp, fabric.partitions_path()).unwrap();
+    let r = release(&mut c1, "i-b", Some(20_000)).await;
+    assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
+    let text = std::fs::read_to_string(fabric.partitions_path()).unwrap();
+    assert_eq!(
+        operator_parts(&text),
+        (BARE.to_owned(), String::new()),
+        "{text}"
+    );
+    assert!(
+        parse(text.as_bytes()).unwrap().has_explicit_default(),
+        "{text}"
+    );
+    let t1 = fabric.pkeys("node1");
+    assert!(!has_base(&t1, 0x0b33) && t1.contains(&0x7fff), "{t1:x?}");
+    assert_opensm_never_rejected(&fabric);
+
     for agent in agents.iter().chain([&sm]) {
         check_history(agent).await;
     }
