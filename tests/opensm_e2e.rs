@@ -238,6 +238,10 @@ fn has_base(keys: &[u16], base: u16) -> bool {
     keys.iter().any(|k| k & 0x7fff == base)
 }
 
+/// Two nodes in one partition reach each other (SA PathRecord with its key), a third in
+/// another partition reaches neither; another fabric's partition is refused; a limited member
+/// holds the limited key; a release is RELEASED only once the port dropped the key, and the
+/// other node keeps it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_partition_connects_two_nodes_isolates_the_third_and_release_drops_the_key() {
     let Some(fabric) = Fabric::start(&FabricSpec::new(2, 4), OPERATOR) else {
@@ -347,6 +351,10 @@ async fn shared_partition_connects_two_nodes_isolates_the_third_and_release_drop
     eprintln!("scenarios 1-3 took {:?}", started.elapsed());
 }
 
+/// A node agent, the SM-host agent and OpenSM are SIGKILLed mid-flow and restarted in an
+/// awkward order (the SM-host agent before OpenSM, a release issued while no SM runs): every
+/// attachment converges, the SM host still holds every node's set, and each agent's event log
+/// is gap-free with continuous per-attachment histories.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_and_opensm_killed_mid_flow_converge_without_losing_events() {
     let Some(mut fabric) = Fabric::start(&FabricSpec::new(2, 4), OPERATOR) else {
@@ -500,6 +508,10 @@ impl FileSampler {
     }
 }
 
+/// The operator's parts around the region stay byte for byte through 200 Partitions edits and
+/// attach/release cycles (sampled continuously), OpenSM never rejects a file, the file keeps
+/// loading when everything is released; a broken operator file is refused (nothing written,
+/// the node reports the offending line) until the operator fixes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused() {
     let Some(fabric) = Fabric::start(&FabricSpec::new(2, 4), OPERATOR) else {
