@@ -335,9 +335,29 @@ async fn shared_partition_connects_two_nodes_isolates_the_third_and_release_drop
     );
     assert_opensm_never_rejected(&fabric);
 
+    let mut logs = Vec::new();
     for agent in agents.iter().chain([&sm]) {
-        check_history(agent).await;
+        logs.push(check_history(agent).await);
     }
+    // node1's own log orders it: the observer saw the key leave the port, then RELEASED.
+    let seq_of = |found: &dyn Fn(&Kind) -> bool| {
+        logs[0]
+            .iter()
+            .find(|e| e.kind.as_ref().is_some_and(found))
+            .map(|e| e.seq)
+    };
+    let dropped =
+        seq_of(&|k| matches!(k, Kind::PkeyTableChanged(p) if p.removed.contains(&0x8a12)))
+            .expect("node1 logged its port dropping 0x8a12");
+    let released = seq_of(&|k| {
+        matches!(k, Kind::AttachmentChanged(a)
+            if a.instance_id == "i-1" && a.to == pb::AttachmentState::Released as i32)
+    })
+    .expect("node1 logged i-1 RELEASED");
+    assert!(
+        dropped < released,
+        "RELEASED (seq {released}) before the key left the port (seq {dropped})"
+    );
     for agent in agents.iter_mut().chain([&mut sm]) {
         let status = agent.stop();
         assert!(status.success(), "{} exited with {status}", agent.node);
