@@ -213,6 +213,27 @@ async fn check_history(agent: &Agent) -> Vec<pb::Event> {
     log
 }
 
+/// Asserts the log shows `key` leaving a port (PKeyTableChanged) before `instance` went
+/// RELEASED: the agent waited for the observer, not for the subnet manager's word.
+fn assert_released_after_drop(log: &[pb::Event], instance: &str, key: u32) {
+    let seq_of = |found: &dyn Fn(&Kind) -> bool| {
+        log.iter()
+            .find(|e| e.kind.as_ref().is_some_and(found))
+            .map(|e| e.seq)
+    };
+    let dropped = seq_of(&|k| matches!(k, Kind::PkeyTableChanged(p) if p.removed.contains(&key)))
+        .unwrap_or_else(|| panic!("no event of a port dropping {key:#x}: {log:?}"));
+    let released = seq_of(&|k| {
+        matches!(k, Kind::AttachmentChanged(a)
+            if a.instance_id == instance && a.to == pb::AttachmentState::Released as i32)
+    })
+    .unwrap_or_else(|| panic!("no event of {instance} RELEASED: {log:?}"));
+    assert!(
+        dropped < released,
+        "{instance} RELEASED (seq {released}) before {key:#x} left the port (seq {dropped})"
+    );
+}
+
 /// The operator's parts of a partitions file: before BEGIN and after END (the whole file when
 /// there is no region).
 fn operator_parts(text: &str) -> (String, String) {
@@ -339,25 +360,7 @@ async fn shared_partition_connects_two_nodes_isolates_the_third_and_release_drop
     for agent in agents.iter().chain([&sm]) {
         logs.push(check_history(agent).await);
     }
-    // node1's own log orders it: the observer saw the key leave the port, then RELEASED.
-    let seq_of = |found: &dyn Fn(&Kind) -> bool| {
-        logs[0]
-            .iter()
-            .find(|e| e.kind.as_ref().is_some_and(found))
-            .map(|e| e.seq)
-    };
-    let dropped =
-        seq_of(&|k| matches!(k, Kind::PkeyTableChanged(p) if p.removed.contains(&0x8a12)))
-            .expect("node1 logged its port dropping 0x8a12");
-    let released = seq_of(&|k| {
-        matches!(k, Kind::AttachmentChanged(a)
-            if a.instance_id == "i-1" && a.to == pb::AttachmentState::Released as i32)
-    })
-    .expect("node1 logged i-1 RELEASED");
-    assert!(
-        dropped < released,
-        "RELEASED (seq {released}) before the key left the port (seq {dropped})"
-    );
+    assert_released_after_drop(&logs[0], "i-1", 0x8a12);
     for agent in agents.iter_mut().chain([&mut sm]) {
         let status = agent.stop();
         assert!(status.success(), "{} exited with {status}", agent.node);
@@ -471,7 +474,9 @@ async fn agents_and_opensm_killed_mid_flow_converge_without_losing_events() {
         assert!(held.keys.iter().all(|k| k.full), "{held:?}");
     }
 
-    for agent in agents.iter().chain([&sm]) {
+    let node1_log = check_history(&agents[0]).await;
+    assert_released_after_drop(&node1_log, "i-1", 0x8a12);
+    for agent in agents[1..].iter().chain([&sm]) {
         check_history(agent).await;
     }
     let text = std::fs::read_to_string(fabric.partitions_path()).unwrap();

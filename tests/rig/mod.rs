@@ -493,7 +493,7 @@ impl Fabric {
                 Ok(text) => break text,
                 Err(e) if tries < 5 => {
                     tries += 1;
-                    eprintln!("rig: {e}; retrying");
+                    eprintln!("rig: {}; retrying", e.trim_end());
                     std::thread::sleep(Duration::from_millis(300));
                 }
                 Err(e) => panic!("{e}"),
