@@ -704,7 +704,7 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
     let smst = node(&mut c1).await.subnet_manager.expect("sm status");
     assert!(smst.last_error.contains("0xzz"), "{smst:?}");
     // Retries keep failing without touching the file.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let later = node(&mut c1).await.subnet_manager.expect("sm status");
     assert!(
         later.applies >= smst.applies + 2 && later.last_error.contains("0xzz"),
