@@ -16,6 +16,8 @@
 
 #![allow(dead_code)]
 
+pub mod agents;
+
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::process::CommandExt;
@@ -228,6 +230,39 @@ fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Starts OpenSM on the SM host with the rig's `opensm.conf`, waits until its log shows one more
+/// "SUBNET UP" after byte `log_offset` (the log may also have been truncated), and writes its
+/// pid to `opensm.pid`.
+fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize) -> ChildGuard {
+    let conf = dir.join("opensm.conf");
+    let opensm = Command::new(program(OPENSM))
+        .arg("-F")
+        .arg(&conf)
+        .env("IBSIM_SOCKNAME", sock_name)
+        .env("SIM_HOST", SM_HOST)
+        .env("LD_PRELOAD", UMAD2SIM)
+        .env("OSM_CACHE_DIR", dir)
+        .env("OSM_TMP_DIR", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("spawn opensm");
+    let mut opensm = ChildGuard::new("opensm", opensm);
+    let fabric_log = dir.join("opensm.log");
+    wait_for("SUBNET UP", START_TIMEOUT, || {
+        assert!(!opensm.exited(), "opensm exited; see its log");
+        let text = fs::read_to_string(&fabric_log).unwrap_or_default();
+        text.get(log_offset..)
+            .unwrap_or(&text)
+            .contains("SUBNET UP")
+    });
+    fs::write(dir.join("opensm.pid"), format!("{}\n", opensm.id())).expect("write opensm.pid");
+    opensm
+}
+
 impl Fabric {
     /// Starts ibsim on the spec's net file and OpenSM on the SM host with `partitions` as
     /// its partitions file, and waits for "SUBNET UP". `None` when the tools are missing
@@ -294,29 +329,7 @@ impl Fabric {
             ),
         )
         .expect("write opensm.conf");
-        let opensm = Command::new(program(OPENSM))
-            .arg("-F")
-            .arg(&conf)
-            .env("IBSIM_SOCKNAME", &sock_name)
-            .env("SIM_HOST", SM_HOST)
-            .env("LD_PRELOAD", UMAD2SIM)
-            .env("OSM_CACHE_DIR", dir.path())
-            .env("OSM_TMP_DIR", dir.path())
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("spawn opensm");
-        let mut opensm = ChildGuard::new("opensm", opensm);
-        let fabric_log = dir.path().join("opensm.log");
-        wait_for("SUBNET UP", START_TIMEOUT, || {
-            assert!(!opensm.exited(), "opensm exited; see its log");
-            fs::read_to_string(&fabric_log)
-                .map(|t| t.contains("SUBNET UP"))
-                .unwrap_or(false)
-        });
+        let opensm = spawn_opensm(dir.path(), &sock_name, 0);
         Some(Fabric {
             opensm,
             ibsim,
@@ -350,6 +363,28 @@ impl Fabric {
     /// OpenSM's pid.
     pub fn opensm_pid(&self) -> u32 {
         self.opensm.id()
+    }
+
+    /// The file holding OpenSM's current pid (rewritten by every (re)start).
+    pub fn opensm_pid_path(&self) -> PathBuf {
+        self.dir.path().join("opensm.pid")
+    }
+
+    /// Stops OpenSM by pid: SIGTERM (then SIGKILL after a grace period), or SIGKILL right away
+    /// when `crash` (which leaks its ibsim slot). The fabric's ports keep their tables.
+    pub fn stop_opensm(&mut self, crash: bool) {
+        if crash {
+            self.opensm.signal(nix::sys::signal::Signal::SIGKILL);
+        }
+        self.opensm.stop(Duration::from_secs(5));
+    }
+
+    /// Starts OpenSM again with the same conf (after [`Fabric::stop_opensm`], or stopping the
+    /// running one first) and waits for its "SUBNET UP"; `opensm.pid` gets the new pid.
+    pub fn restart_opensm(&mut self) {
+        self.opensm.stop(Duration::from_secs(5));
+        let offset = self.opensm_log().len();
+        self.opensm = spawn_opensm(self.dir.path(), &self.sock_name, offset);
     }
 
     /// OpenSM's partitions file.
@@ -447,12 +482,23 @@ impl Fabric {
     }
 
     /// `saquery -p --src-to-dst SLID:DLID` as `node`: the P_Key of the path, or `None` when the
-    /// SA knows no path (the ports share no partition).
+    /// SA answers with no path (the ports share no partition). A query that fails (e.g. times
+    /// out right after OpenSM restarted) is retried a few times, then panics: `None` always
+    /// means the SA's answer.
     pub fn path_pkey(&self, node: &str, slid: u16, dlid: u16) -> Option<u16> {
         let pair = format!("{slid}:{dlid}");
-        let text = self
-            .run_tool(node, "saquery", &["-p", "--src-to-dst", &pair])
-            .ok()?;
+        let mut tries = 0;
+        let text = loop {
+            match self.run_tool(node, "saquery", &["-p", "--src-to-dst", &pair]) {
+                Ok(text) => break text,
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("rig: {}; retrying", e.trim_end());
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
         text.lines()
             .find(|l| l.trim_start().starts_with("pkey"))
             .and_then(|l| l.rsplit('.').next())
