@@ -6,50 +6,20 @@
 mod rig;
 
 use fabric_agent::proto::agent as pb;
-use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_stream::StreamExt;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
-
 /// Starts an agent as `node` (embedded backend: nothing to program here; SMP observer polling
 /// every 100 ms while idle, so an unexpected change is seen within the 500 ms bound).
-fn start_agent(fabric: &rig::Fabric, node: &str) -> (rig::ChildGuard, PathBuf) {
+fn start_agent(fabric: &rig::Fabric, node: &str) -> rig::agents::Agent {
     let dir = fabric.dir();
-    let socket = dir.join(format!("{node}.sock"));
-    let config = dir.join(format!("{node}.toml"));
-    std::fs::write(
-        &config,
-        format!(
-            "node_id = \"{node}\"\nfabric = \"fab1\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\n\
-             [observer]\nkind = \"smp\"\nfast_poll_ms = 50\nslow_poll_ms = 100\n",
-            dir.join(format!("{node}-state")).display(),
-            socket.display()
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.join(format!("{node}.log"))).unwrap();
-    let child = fabric
-        .client_command(node, BIN)
-        .arg("--config")
-        .arg(&config)
-        .arg("serve")
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let guard = rig::ChildGuard::new("fabric-agent", child);
-    wait_for_socket(&socket);
-    (guard, socket)
-}
-
-fn wait_for_socket(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(path).is_err() {
-        assert!(Instant::now() < deadline, "agent did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let config = format!(
+        "node_id = \"{node}\"\nfabric = \"fab1\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\n\
+         [observer]\nkind = \"smp\"\nfast_poll_ms = 50\nslow_poll_ms = 100\n",
+        dir.join(format!("{node}-state")).display(),
+        dir.join(format!("{node}.sock")).display()
+    );
+    rig::agents::Agent::start(fabric, node, &config)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,13 +28,13 @@ async fn an_operator_change_is_reported_within_500ms_of_smpquery_seeing_it() {
     else {
         return;
     };
-    let (mut agent1, sock1) = start_agent(&fabric, "node1");
-    let (mut agent2, sock2) = start_agent(&fabric, "node2");
+    let mut agent1 = start_agent(&fabric, "node1");
+    let mut agent2 = start_agent(&fabric, "node2");
     let port_guid = |node: &str| fabric.node_info(node).port_guid;
     let guid1 = port_guid("node1");
 
-    let mut c1 = FabricAgentClient::new(fabric_agent::api::client::unix(&sock1).await.unwrap());
-    let mut c2 = FabricAgentClient::new(fabric_agent::api::client::unix(&sock2).await.unwrap());
+    let mut c1 = agent1.client().await;
+    let mut c2 = agent2.client().await;
     let after1 = c1
         .get_node(pb::GetNodeRequest {})
         .await
@@ -134,8 +104,8 @@ async fn an_operator_change_is_reported_within_500ms_of_smpquery_seeing_it() {
         );
     }
     // Agents exit cleanly on SIGTERM (freeing their ibsim slots) and leave no shim litter.
-    agent1.stop(Duration::from_secs(10));
-    agent2.stop(Duration::from_secs(10));
+    assert!(agent1.stop().success());
+    assert!(agent2.stop().success());
     let litter: Vec<String> = fabric.shim_litter();
     assert!(litter.len() <= 1, "shim litter beyond OpenSM's: {litter:?}");
 }
