@@ -159,3 +159,31 @@ impl Drop for Agent {
         }
     }
 }
+
+/// The SM-host agent's config: OpenSM backend on the rig's files, Partitions served on TCP.
+pub fn sm_config(fabric: &Fabric, port: u16) -> String {
+    let d = fabric.dir().display();
+    format!(
+        "node_id = \"smhost\"\nfabric = \"fab1\"\nstate_dir = \"{d}/smstate\"\n\
+         [listen]\nunix_socket = \"{d}/smhost.sock\"\ntcp = \"127.0.0.1:{port}\"\nplaintext_loopback = true\n\
+         [subnet_manager]\nbackend = \"opensm\"\n\
+         [subnet_manager.opensm]\npartitions_file = \"{}\"\nlog_file = \"{d}/opensm.log\"\npid_file = \"{}\"\n\
+         [observer]\nkind = \"smp\"\nslow_poll_ms = 2000\n\
+         [reconciler]\nbackoff_max_ms = 1000\n",
+        fabric.partitions_path().display(),
+        fabric.opensm_pid_path().display(),
+    )
+}
+
+/// A node agent's config: remote backend pointing at the SM-host agent.
+pub fn node_config(fabric: &Fabric, node: &str, port: u16) -> String {
+    let d = fabric.dir().display();
+    format!(
+        "node_id = \"{node}\"\nfabric = \"fab1\"\nstate_dir = \"{d}/{node}-state\"\n\
+         [listen]\nunix_socket = \"{d}/{node}.sock\"\n\
+         [subnet_manager]\nbackend = \"remote\"\n\
+         [subnet_manager.remote]\nendpoint = \"http://127.0.0.1:{port}\"\n\
+         [observer]\nkind = \"smp\"\nslow_poll_ms = 2000\n\
+         [reconciler]\nbackoff_max_ms = 1000\n"
+    )
+}
