@@ -179,6 +179,13 @@ async fn rxe_rig_lists_roce_and_completes_against_the_embedded_tables() {
         "{}",
         node.observer_reason
     );
+    // This kernel has no RDMA: the daemon says so and why it fell back to sysfs.
+    assert_eq!(node.observer, "sysfs", "{}", node.observer_reason);
+    assert!(
+        node.observer_reason.contains("libibverbs found no devices"),
+        "{}",
+        node.observer_reason
+    );
     let a = c
         .attach_partition(attach("gpu-1", partition("ibpart_demo", 0x21), Some(5000)))
         .await
