@@ -103,6 +103,32 @@ async fn an_operator_change_is_reported_within_500ms_of_smpquery_seeing_it() {
             "node2's table did not change, yet: {e:?}"
         );
     }
+    // `fabric-agent ports` reads the same port directly (no daemon), like ibstat plus the table.
+    let out = fabric
+        .client_command("node1", rig::agents::BIN)
+        .arg("--config")
+        .arg(&agent1.config)
+        .args(["--json", "ports"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let port = &v["ports"][0];
+    assert_eq!(port["port_guid"], format!("{guid1:#018x}"));
+    assert_eq!(port["state"], "ACTIVE");
+    let keys: Vec<&str> = port["pkeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert!(keys.contains(&"0x8042"), "{keys:?}");
+    assert_eq!(port["lid"], u64::from(fabric.port_info("node1").lid));
+
     // Agents exit cleanly on SIGTERM (freeing their ibsim slots) and leave no shim litter.
     assert!(agent1.stop().success());
     assert!(agent2.stop().success());

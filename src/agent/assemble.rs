@@ -210,7 +210,14 @@ pub async fn read_ports_once(
             "the embedded fabric's tables live in the daemon: use `fabric-agent node`".into(),
         ));
     }
-    Err(AgentError::Unavailable(format!(
-        "observer {kind:?} is not built into this agent"
-    )))
+    let (observer, _) = observer(config, kind, None)?;
+    let mut inventory = observer
+        .inventory()
+        .await
+        .map_err(|e| AgentError::Unavailable(e.to_string()))?;
+    config
+        .port_selector()
+        .map_err(|e| AgentError::Unavailable(e.to_string()))?
+        .apply(&mut inventory);
+    Ok((observer.kind(), inventory))
 }
