@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite: set-up, formatting, lints, unit + integration tests (including the
-# ibsim + OpenSM fabric tests), and a short run of every fuzz target.
+# ibsim + OpenSM fabric tests), and a short run of every fuzz target. Ends with one summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
-cargo test
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+cargo test 2>&1 | tee "$log"
 scripts/fuzz-smoke.sh
+
+# Totals over every test binary's "test result:" line.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
