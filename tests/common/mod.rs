@@ -3,24 +3,22 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use process::DaemonProcess;
+pub use process::BIN;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
 use tonic::transport::Channel;
-
-/// The binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
 
 /// A daemon's files and, while running, its process.
 pub struct Daemon {
     pub dir: PathBuf,
     pub config: PathBuf,
     pub socket: PathBuf,
-    child: Option<Child>,
+    process: Option<DaemonProcess>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -52,80 +50,53 @@ impl Daemon {
             format!("[listen]\nunix_socket = \"{}\"\n", socket.display())
         };
         let config = dir.join("config.toml");
-        // Top-level keys must precede tables: put `extra` first when it starts with a table.
         std::fs::write(&config, base_config(dir, &format!("{extra}\n{listen}")))
             .expect("write config");
         Daemon {
             dir: dir.to_owned(),
             config,
             socket,
-            child: None,
+            process: None,
             _tmp: None,
         }
     }
 
-    /// Starts the daemon with extra environment and waits until GetNode answers.
+    /// Starts the daemon with extra environment and waits until its socket answers.
     pub fn spawn(&mut self, env: &[(&str, &str)]) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("daemon.log"))
-            .expect("log file");
+        assert!(self.process.is_none(), "daemon already running");
         let mut cmd = Command::new(BIN);
-        cmd.arg("--config")
-            .arg(&self.config)
-            .arg("serve")
-            .env("FABRIC_AGENT_LOG", "fabric_agent=debug")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
+        cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        self.child = Some(cmd.spawn().expect("spawn fabric-agent"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("daemon exited early with {status}: {}", self.log());
-            }
-            // The socket is bound only after the store is open and the ports were read.
-            let ok = std::os::unix::net::UnixStream::connect(&self.socket).is_ok();
-            if ok {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("daemon did not become ready: {}", self.log());
+        let log = self.dir.join("daemon.log");
+        self.process = Some(DaemonProcess::start(
+            cmd,
+            "daemon",
+            &self.config,
+            &self.socket,
+            &log,
+        ));
     }
 
     /// The child's pid.
-    pub fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.as_ref().expect("running").id() as i32)
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.process.as_ref().expect("running").pid() as i32)
     }
 
     /// SIGTERM and wait; returns the exit status.
     pub fn stop(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-        wait_timeout(&mut child, Duration::from_secs(15)).unwrap_or_else(|| {
-            let _ = child.kill();
-            panic!("daemon ignored SIGTERM")
-        })
+        self.process.take().expect("running").stop()
     }
 
     /// Waits for an exit already requested by a signal.
     pub fn stop_after_signal(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("running");
-        wait_timeout(&mut child, Duration::from_secs(15)).expect("daemon exits")
+        self.process.take().expect("running").wait_exit()
     }
 
     /// SIGKILL (a crash) and reap.
     pub fn crash(&mut self) {
-        let mut child = self.child.take().expect("running");
-        let _ = child.kill();
-        let _ = child.wait();
+        self.process.take().expect("running").crash();
     }
 
     /// The daemon's log so far.
@@ -135,36 +106,8 @@ impl Daemon {
 
     /// A gRPC client over the unix socket.
     pub async fn client(&self) -> FabricAgentClient<Channel> {
-        FabricAgentClient::new(
-            fabric_agent::api::client::unix(&self.socket)
-                .await
-                .expect("connect"),
-        )
+        process::client(&self.socket).await
     }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            if wait_timeout(&mut child, Duration::from_secs(10)).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-}
-
-/// Waits for a child up to `limit`.
-pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(s) = child.try_wait().ok().flatten() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
 }
 
 /// A partition on fabric `fab1`.

@@ -2,18 +2,19 @@
 //! shim), each stopped by pid when its handle drops: SIGTERM and a wait, SIGKILL only as a
 //! fallback. [`Agent::crash`] SIGKILLs on purpose (which leaks one of ibsim's client slots).
 
+// The same process handling as the embedded-fabric harness; a test crate that uses both
+// harnesses compiles the file twice, which is harmless (it holds no statics).
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/process.rs"]
+mod process;
+
 use super::Fabric;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use std::fs::OpenOptions;
+use process::DaemonProcess;
+pub use process::BIN;
 use std::path::PathBuf;
-use std::process::{Child, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
 use tonic::transport::Channel;
-
-/// The binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
 
 /// One node's agent: its config, socket and log in the rig's dir and, while running, its process.
 pub struct Agent {
@@ -25,19 +26,7 @@ pub struct Agent {
     pub socket: PathBuf,
     /// Its stdout + stderr (appended across restarts).
     pub log: PathBuf,
-    child: Option<Child>,
-}
-
-/// Waits for a child up to `limit`.
-fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(s) = child.try_wait().ok().flatten() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
+    process: Option<DaemonProcess>,
 }
 
 impl Agent {
@@ -58,79 +47,41 @@ impl Agent {
             config: path,
             socket,
             log: dir.join(format!("{node}-agent.log")),
-            child: None,
+            process: None,
         };
         agent.spawn(fabric);
         agent
     }
 
-    /// Starts the (stopped) agent again with the same config.
+    /// Starts the (stopped) agent again with the same config, as its fabric node (under the
+    /// shim).
     pub fn spawn(&mut self, fabric: &Fabric) {
-        assert!(self.child.is_none(), "{} is already running", self.node);
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("agent log");
-        let child = fabric
-            .client_command(&self.node, BIN)
-            .arg("--config")
-            .arg(&self.config)
-            .arg("serve")
-            .env("FABRIC_AGENT_LOG", "fabric_agent=debug")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn fabric-agent");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                panic!(
-                    "{} agent exited early with {status}: {}",
-                    self.node,
-                    self.log_text()
-                );
-            }
-            // The socket is bound only after the store is open and the ports were read.
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} agent did not become ready: {}",
-                self.node,
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        assert!(self.process.is_none(), "{} is already running", self.node);
+        let mut cmd = fabric.client_command(&self.node, BIN);
+        cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC");
+        let what = format!("{} agent", self.node);
+        self.process = Some(DaemonProcess::start(
+            cmd,
+            &what,
+            &self.config,
+            &self.socket,
+            &self.log,
+        ));
     }
 
     /// The running agent's pid.
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
+        self.process.as_ref().expect("running").pid()
     }
 
     /// SIGTERM and wait for the exit; panics (after a SIGKILL) if it ignores the signal.
     pub fn stop(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-        wait_timeout(&mut child, Duration::from_secs(15)).unwrap_or_else(|| {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{} agent ignored SIGTERM: {}", self.node, self.log_text())
-        })
+        self.process.take().expect("running").stop()
     }
 
     /// SIGKILL (a crash) and reap.
     pub fn crash(&mut self) {
-        let mut child = self.child.take().expect("running");
-        let _ = child.kill();
-        let _ = child.wait();
+        self.process.take().expect("running").crash();
     }
 
     /// The agent's output so far (all runs).
@@ -140,23 +91,7 @@ impl Agent {
 
     /// A gRPC client over the unix socket.
     pub async fn client(&self) -> FabricAgentClient<Channel> {
-        FabricAgentClient::new(
-            fabric_agent::api::client::unix(&self.socket)
-                .await
-                .expect("connect"),
-        )
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            if wait_timeout(&mut child, Duration::from_secs(10)).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
+        process::client(&self.socket).await
     }
 }
 
