@@ -424,6 +424,13 @@ impl Config {
         }
         self.port_selector()?;
         let sm = &self.subnet_manager;
+        if self.observer.kind == Some(ObserverKind::Embedded) && sm.backend != Backend::Embedded {
+            return Err(invalid(
+                "observer.kind",
+                "\"embedded\" observes the embedded fabric's simulated ports, which only the embedded \
+                 backend programs; use auto, smp, sysfs or verbs with this backend",
+            ));
+        }
         match sm.backend {
             Backend::Embedded => sm
                 .embedded
@@ -547,5 +554,15 @@ mod tests {
         ));
         let ok = "fabric = \"f\"\n[listen]\ntcp = \"127.0.0.1:7443\"\nplaintext_loopback = true\n";
         assert!(parse(ok).is_ok());
+        let mismatch =
+            "fabric = \"f\"\n[subnet_manager]\nbackend = \"remote\"\n[subnet_manager.remote]\n\
+                        endpoint = \"http://127.0.0.1:1\"\n[observer]\nkind = \"embedded\"\n";
+        assert!(matches!(
+            parse(mismatch),
+            Err(ConfigError::Invalid {
+                key: "observer.kind",
+                ..
+            })
+        ));
     }
 }
