@@ -2,6 +2,8 @@
 # Every process started here records its own pid and is stopped by pid in cleanup_fabric.
 
 shim=/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so
+# Loopback port of the SM-host agent's Partitions service (plaintext, loopback only).
+sm_port="${FABRIC_DEMO_SM_PORT:-17443}"
 export IBSIM_SOCKNAME="fabric-demo-$$"
 pids=()
 
@@ -85,7 +87,7 @@ start_agent() { # node config
 }
 
 start_agents() {
-  agent_config smhost "tcp = \"127.0.0.1:17443\"
+  agent_config smhost "tcp = \"127.0.0.1:$sm_port\"
 plaintext_loopback = true
 
 [subnet_manager]
@@ -102,7 +104,7 @@ pid_file = \"$work/opensm.pid\"" > "$work/smhost.toml"
 backend = \"remote\"
 
 [subnet_manager.remote]
-endpoint = \"http://127.0.0.1:17443\"" > "$work/$n.toml"
+endpoint = \"http://127.0.0.1:$sm_port\"" > "$work/$n.toml"
     start_agent "$n" "$work/$n.toml"
   done
   echo "agents up: smhost (opensm backend, serves fabric.sm.v1.Partitions), node1 and node2 (remote backend)"
