@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs what fabric-agent needs to build, test and run its demo on Debian 12, as root:
-# protoc (gRPC codegen), libibverbs + libclang (rdma-sys), ibsim + OpenSM + infiniband-diags
+# libibverbs + libclang (rdma-sys), ibsim + OpenSM + infiniband-diags
 # (the userspace InfiniBand test fabric), systemd (systemd-analyze verify). Idempotent.
 set -euo pipefail
 
 packages=(
-  protobuf-compiler pkg-config libclang-dev
+  pkg-config libclang-dev
   libibverbs-dev librdmacm-dev ibverbs-providers
   ibsim-utils opensm infiniband-diags
   systemd
