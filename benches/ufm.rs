@@ -42,7 +42,7 @@ async fn backend(dir: &std::path::Path, fake: &FakeUfm) -> UfmSm {
 
 async fn requests_of(fake: &FakeUfm, sm: &UfmSm, desired: &NodeMemberships) -> usize {
     fake.clear_requests();
-    sm.apply(desired).await.expect("apply");
+    sm.apply(desired, 0).await.expect("apply");
     fake.request_count()
 }
 
@@ -56,7 +56,7 @@ async fn latency(sm: &UfmSm, desired: &[NodeMemberships]) -> (Duration, Duration
     for i in 0..RUNS {
         let d = &desired[i % desired.len()];
         let t = Instant::now();
-        sm.apply(d).await.expect("apply");
+        sm.apply(d, 0).await.expect("apply");
         times.push(t.elapsed());
     }
     times.sort();
@@ -87,7 +87,7 @@ async fn main() {
         let again = requests_of(&fake, &sm, &all).await;
         let release = requests_of(&fake, &sm, &node([])).await;
 
-        sm.apply(&all).await.expect("apply");
+        sm.apply(&all, 0).await.expect("apply");
         let steady = latency(&sm, std::slice::from_ref(&all)).await;
         // One key attached then released on top of the others, alternately.
         let plus_one = node(keys.iter().copied().chain([0x0fff]));

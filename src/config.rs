@@ -79,6 +79,12 @@ pub struct Config {
     /// Reconciler timing.
     #[serde(default)]
     pub reconciler: ReconcilerConfig,
+    /// The operator's acknowledgement of an insecure default partition: fabric ports that are
+    /// full members of it (0xFFFF), or an OpenSM Default entry granting `ALL=full`, let every
+    /// tenant reach every other. Without it such a posture is a standing condition, tenant keys
+    /// are not reported ACTIVE (node) and not served (SM host). Default false.
+    #[serde(default)]
+    pub allow_full_default: bool,
 }
 
 fn default_state_dir() -> PathBuf {

@@ -333,7 +333,7 @@ async fn reload_failures_map_to_sm_errors() {
     *s.reloader.fail.lock().unwrap() = Some(ReloadError::Unreachable("no opensm".into()));
     let r = s
         .backend
-        .apply(&node("ignored", &[0x10], &[(1, Membership::Full)]))
+        .apply(&node("ignored", &[0x10], &[(1, Membership::Full)]), 1)
         .await;
     assert!(matches!(r, Err(SmError::Unavailable(_))), "{r:?}");
     // The local node's set is stored under the SM host's own id.
@@ -341,7 +341,7 @@ async fn reload_failures_map_to_sm_errors() {
     *s.reloader.fail.lock().unwrap() = Some(ReloadError::Rejected("PARSE ERROR".into()));
     let r = s
         .backend
-        .apply(&node("ignored", &[0x10], &[(2, Membership::Full)]))
+        .apply(&node("ignored", &[0x10], &[(2, Membership::Full)]), 2)
         .await;
     assert!(matches!(r, Err(SmError::Refused(_))), "{r:?}");
 }

@@ -111,7 +111,7 @@ async fn plaintext_loopback_apply_reaches_the_file() {
         ..RemoteConfig::default()
     })
     .unwrap();
-    sm.apply(&desired(&[0x0a12])).await.unwrap();
+    sm.apply(&desired(&[0x0a12]), 1).await.unwrap();
     let text = std::fs::read_to_string(&host.partitions).unwrap();
     assert!(
         text.contains("tenant-a=0x0a12 :\n    0x0002c903000e0b72=full;"),
@@ -139,7 +139,7 @@ async fn plaintext_loopback_apply_reaches_the_file() {
     assert_eq!(missing.code(), tonic::Code::NotFound);
 
     // A later apply replaces the set (generations increase).
-    sm.apply(&desired(&[])).await.unwrap();
+    sm.apply(&desired(&[]), 2).await.unwrap();
     assert!(!std::fs::read_to_string(&host.partitions)
         .unwrap()
         .contains("0x0a12"));
@@ -153,7 +153,7 @@ async fn refusals_and_unreachable_hosts() {
         ..RemoteConfig::default()
     })
     .unwrap();
-    let err = sm.apply(&desired(&[0x0100])).await.unwrap_err();
+    let err = sm.apply(&desired(&[0x0100]), 3).await.unwrap_err();
     assert!(
         matches!(&err, SmError::Refused(m) if m.contains("0x0100")),
         "{err:?}"
@@ -168,7 +168,7 @@ async fn refusals_and_unreachable_hosts() {
         ..RemoteConfig::default()
     })
     .unwrap();
-    let err = gone.apply(&desired(&[1])).await.unwrap_err();
+    let err = gone.apply(&desired(&[1]), 4).await.unwrap_err();
     assert!(err.is_transient(), "{err:?}");
 }
 
@@ -224,7 +224,7 @@ async fn mutual_tls() {
     };
     RemoteSm::new(&config)
         .unwrap()
-        .apply(&desired(&[0x0a12]))
+        .apply(&desired(&[0x0a12]), 5)
         .await
         .unwrap();
     assert!(std::fs::read_to_string(&host.partitions)
@@ -240,7 +240,7 @@ async fn mutual_tls() {
     };
     assert!(RemoteSm::new(&bad)
         .unwrap()
-        .apply(&desired(&[1]))
+        .apply(&desired(&[1]), 6)
         .await
         .is_err());
 }

@@ -85,7 +85,7 @@ async fn first_apply_sends_the_documented_requests() {
     let rig = Rig::new().await;
     let sm = rig.sm();
     let outcome = sm
-        .apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]))
+        .apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]), 1)
         .await
         .unwrap();
     let log = rig.fake.requests();
@@ -127,7 +127,7 @@ async fn partition_settings_come_from_the_config() {
     config.index0 = true;
     config.ip_over_ib = false;
     let sm = UfmSm::new(&config).unwrap();
-    sm.apply(&node(&[G1], &[(0x0005, Membership::Limited)]))
+    sm.apply(&node(&[G1], &[(0x0005, Membership::Limited)]), 2)
         .await
         .unwrap();
     let post = &rig.fake.requests()[1];
@@ -150,9 +150,9 @@ async fn unchanged_reapply_only_reads() {
         &[G1, G2],
         &[(0x0a12, Membership::Full), (0x0a13, Membership::Limited)],
     );
-    sm.apply(&desired).await.unwrap();
+    sm.apply(&desired, 3).await.unwrap();
     rig.fake.clear_requests();
-    let outcome = sm.apply(&desired).await.unwrap();
+    let outcome = sm.apply(&desired, 4).await.unwrap();
     assert_eq!(
         calls(&rig.fake.requests()),
         [
@@ -171,11 +171,11 @@ async fn unchanged_reapply_only_reads() {
 async fn membership_change_is_reprogrammed() {
     let rig = Rig::new().await;
     let sm = rig.sm();
-    sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]))
+    sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 5)
         .await
         .unwrap();
     rig.fake.clear_requests();
-    sm.apply(&node(&[G1], &[(0x0a12, Membership::Limited)]))
+    sm.apply(&node(&[G1], &[(0x0a12, Membership::Limited)]), 6)
         .await
         .unwrap();
     let log = rig.fake.requests();
@@ -191,7 +191,7 @@ async fn membership_change_is_reprogrammed() {
 async fn release_removes_only_this_nodes_guids_with_the_action_form() {
     let rig = Rig::new().await;
     let sm = rig.sm();
-    sm.apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]))
+    sm.apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]), 7)
         .await
         .unwrap();
     // Another node shares the partition.
@@ -206,7 +206,7 @@ async fn release_removes_only_this_nodes_guids_with_the_action_form() {
     rig.fake.insert_partition(0x0a12, p);
     rig.fake.clear_requests();
 
-    let outcome = sm.apply(&node(&[G1, G2], &[])).await.unwrap();
+    let outcome = sm.apply(&node(&[G1, G2], &[]), 8).await.unwrap();
     let log = rig.fake.requests();
     assert_eq!(
         calls(&log),
@@ -228,7 +228,7 @@ async fn release_removes_only_this_nodes_guids_with_the_action_form() {
 
     // Released keys are forgotten: the next apply asks nothing.
     rig.fake.clear_requests();
-    sm.apply(&node(&[G1, G2], &[])).await.unwrap();
+    sm.apply(&node(&[G1, G2], &[]), 9).await.unwrap();
     assert!(rig.fake.requests().is_empty());
 }
 
@@ -240,14 +240,17 @@ async fn removal_falls_back_to_the_delete_form_and_remembers_it() {
         ..Quirks::default()
     });
     let sm = rig.sm();
-    sm.apply(&node(
-        &[G1, G2],
-        &[(0x0a12, Membership::Full), (0x0b00, Membership::Full)],
-    ))
+    sm.apply(
+        &node(
+            &[G1, G2],
+            &[(0x0a12, Membership::Full), (0x0b00, Membership::Full)],
+        ),
+        10,
+    )
     .await
     .unwrap();
     rig.fake.clear_requests();
-    sm.apply(&node(&[G1, G2], &[(0x0b00, Membership::Full)]))
+    sm.apply(&node(&[G1, G2], &[(0x0b00, Membership::Full)]), 11)
         .await
         .unwrap();
     let log = calls(&rig.fake.requests());
@@ -265,7 +268,7 @@ async fn removal_falls_back_to_the_delete_form_and_remembers_it() {
     assert!(rig.fake.members(0x0a12).is_empty());
 
     rig.fake.clear_requests();
-    sm.apply(&node(&[G1, G2], &[])).await.unwrap();
+    sm.apply(&node(&[G1, G2], &[]), 12).await.unwrap();
     let log = calls(&rig.fake.requests());
     assert_eq!(
         log,
@@ -287,16 +290,16 @@ async fn empty_object_answer_means_no_such_key() {
         ..Quirks::default()
     });
     let sm = rig.sm();
-    sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]))
+    sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 13)
         .await
         .unwrap();
-    sm.apply(&node(&[G1], &[])).await.unwrap();
+    sm.apply(&node(&[G1], &[]), 14).await.unwrap();
     assert!(
         rig.fake.partition(0x0a12).is_none(),
         "UFM dropped the emptied partition"
     );
     rig.fake.clear_requests();
-    sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]))
+    sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 15)
         .await
         .unwrap();
     assert_eq!(
@@ -315,10 +318,10 @@ async fn a_partition_ufm_dropped_is_recreated_while_desired() {
     let rig = Rig::new().await;
     let sm = rig.sm();
     let desired = node(&[G1, G2], &[(0x0a12, Membership::Full)]);
-    sm.apply(&desired).await.unwrap();
+    sm.apply(&desired, 16).await.unwrap();
     rig.fake.drop_partition(0x0a12);
     rig.fake.clear_requests();
-    sm.apply(&desired).await.unwrap();
+    sm.apply(&desired, 17).await.unwrap();
     assert_eq!(
         calls(&rig.fake.requests()),
         [
@@ -368,10 +371,13 @@ async fn after_a_restart_keys_found_by_the_scan_are_released() {
     );
     let before = rig.sm();
     before
-        .apply(&node(
-            &[G1, G2],
-            &[(0x0010, Membership::Full), (0x0011, Membership::Limited)],
-        ))
+        .apply(
+            &node(
+                &[G1, G2],
+                &[(0x0010, Membership::Full), (0x0011, Membership::Limited)],
+            ),
+            18,
+        )
         .await
         .unwrap();
     drop(before);
@@ -380,7 +386,7 @@ async fn after_a_restart_keys_found_by_the_scan_are_released() {
     let after = rig.sm();
     rig.fake.clear_requests();
     after
-        .apply(&node(&[G1, G2], &[(0x0010, Membership::Full)]))
+        .apply(&node(&[G1, G2], &[(0x0010, Membership::Full)]), 19)
         .await
         .unwrap();
     assert_eq!(
@@ -407,7 +413,7 @@ async fn a_burst_of_503_is_retried() {
     let rig = Rig::new().await;
     let sm = rig.sm();
     rig.fake.fail_next(2);
-    sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]))
+    sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 20)
         .await
         .unwrap();
     assert_eq!(
@@ -428,7 +434,7 @@ async fn endless_503_is_unavailable_after_the_configured_retries() {
     let sm = rig.sm();
     rig.fake.outage_503(Duration::from_secs(30));
     let err = sm
-        .apply(&node(&[G1], &[(0x0a12, Membership::Full)]))
+        .apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 21)
         .await
         .unwrap_err();
     assert!(err.is_transient(), "{err}");
@@ -442,7 +448,7 @@ async fn a_4xx_is_refused_at_once() {
     let sm = rig.sm();
     rig.fake.inject_status(1, 400);
     let err = sm
-        .apply(&node(&[G1], &[(0x0a12, Membership::Full)]))
+        .apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 22)
         .await
         .unwrap_err();
     let SmError::Refused(msg) = &err else {
@@ -459,7 +465,7 @@ async fn wrong_credentials_stop_calls_until_the_file_changes() {
     std::fs::write(&rig.cred, "admin:not-the-password\n").unwrap();
     let sm = rig.sm();
     let desired = node(&[G1], &[(0x0a12, Membership::Full)]);
-    let err = sm.apply(&desired).await.unwrap_err();
+    let err = sm.apply(&desired, 23).await.unwrap_err();
     let SmError::Refused(msg) = &err else {
         panic!("expected Refused, got {err:?}")
     };
@@ -474,7 +480,7 @@ async fn wrong_credentials_stop_calls_until_the_file_changes() {
     assert_eq!(rig.fake.request_count(), 1);
 
     for _ in 0..3 {
-        let again = sm.apply(&desired).await.unwrap_err();
+        let again = sm.apply(&desired, 24).await.unwrap_err();
         assert_eq!(again, err);
     }
     assert_eq!(
@@ -484,7 +490,7 @@ async fn wrong_credentials_stop_calls_until_the_file_changes() {
     );
 
     std::fs::write(&rig.cred, format!("admin:{PASSWORD}\n")).unwrap();
-    sm.apply(&desired).await.unwrap();
+    sm.apply(&desired, 25).await.unwrap();
     assert_eq!(rig.fake.members(0x0a12), members(&[(G1, Membership::Full)]));
 }
 
@@ -511,18 +517,18 @@ async fn credentials_never_appear_in_errors_or_debug_output() {
 
     // A refusal with a body.
     rig.fake.inject_status(1, 418);
-    errors.push(sm.apply(&desired).await.unwrap_err());
+    errors.push(sm.apply(&desired, 26).await.unwrap_err());
     // Outage.
     rig.fake.outage_503(Duration::from_secs(30));
-    errors.push(sm.apply(&desired).await.unwrap_err());
+    errors.push(sm.apply(&desired, 27).await.unwrap_err());
     rig.fake.outage_503(Duration::ZERO);
     // Wrong password, and again while refused.
     std::fs::write(&rig.cred, "admin:not-the-password\n").unwrap();
-    errors.push(sm.apply(&desired).await.unwrap_err());
-    errors.push(sm.apply(&desired).await.unwrap_err());
+    errors.push(sm.apply(&desired, 28).await.unwrap_err());
+    errors.push(sm.apply(&desired, 29).await.unwrap_err());
     // Unreadable credentials line.
     std::fs::write(&rig.cred, format!("{PASSWORD}\n")).unwrap();
-    errors.push(sm.apply(&desired).await.unwrap_err());
+    errors.push(sm.apply(&desired, 30).await.unwrap_err());
 
     for e in &errors {
         assert_secret_free(&e.to_string());
@@ -549,7 +555,7 @@ async fn a_token_echoed_by_the_server_is_redacted() {
     config.token_file = Some(token);
     let sm = UfmSm::new(&config).unwrap();
     let err = sm
-        .apply(&node(&[G1], &[(0x0a12, Membership::Full)]))
+        .apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 31)
         .await
         .unwrap_err();
     let text = err.to_string();
@@ -579,7 +585,7 @@ async fn token_authentication_uses_ufm_rest_v3() {
         config.token_file = Some(token);
         config.token_scheme = scheme;
         let sm = UfmSm::new(&config).unwrap();
-        sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]))
+        sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 32)
             .await
             .unwrap();
         let log = fake.requests();
@@ -599,7 +605,7 @@ async fn connection_refused_is_unavailable_then_recovers() {
     let desired = node(&[G1], &[(0x0a12, Membership::Full)]);
     rig.fake.outage_refused(Duration::from_millis(400)).await;
     let started = Instant::now();
-    let err = sm.apply(&desired).await.unwrap_err();
+    let err = sm.apply(&desired, 33).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(err.to_string().contains("cannot connect"), "{err}");
     assert!(
@@ -608,7 +614,7 @@ async fn connection_refused_is_unavailable_then_recovers() {
         started.elapsed()
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
-    sm.apply(&desired).await.unwrap();
+    sm.apply(&desired, 34).await.unwrap();
     assert_eq!(rig.fake.members(0x0a12), members(&[(G1, Membership::Full)]));
 }
 
@@ -621,12 +627,12 @@ async fn a_slow_ufm_times_out_then_recovers() {
     let sm = UfmSm::new(&config).unwrap();
     let desired = node(&[G1], &[(0x0a12, Membership::Full)]);
     rig.fake.set_delay(Duration::from_millis(300));
-    let err = sm.apply(&desired).await.unwrap_err();
+    let err = sm.apply(&desired, 35).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(err.to_string().contains("timed out"), "{err}");
     assert!(err.to_string().contains("2 attempts"), "{err}");
     rig.fake.set_delay(Duration::ZERO);
-    sm.apply(&desired).await.unwrap();
+    sm.apply(&desired, 36).await.unwrap();
 }
 
 #[tokio::test]
@@ -639,7 +645,7 @@ async fn membership_changes_are_reported_to_subscribers() {
         sink.lock().unwrap().push(c.clone())
     });
     let sm = rig.sm();
-    sm.apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]))
+    sm.apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]), 37)
         .await
         .unwrap();
     let change = tokio::time::timeout(Duration::from_secs(2), changes.recv())
@@ -650,7 +656,7 @@ async fn membership_changes_are_reported_to_subscribers() {
     assert_eq!(change.guid_keys[&G1], [(0x0a12, Membership::Full)]);
     assert_eq!(change.guid_keys[&G2], [(0x0a12, Membership::Full)]);
     assert_eq!(seen.lock().unwrap().len(), 1, "the callback ran too");
-    sm.apply(&node(&[G1, G2], &[])).await.unwrap();
+    sm.apply(&node(&[G1, G2], &[]), 38).await.unwrap();
     let change = tokio::time::timeout(Duration::from_secs(2), changes.recv())
         .await
         .unwrap()
@@ -663,11 +669,11 @@ async fn keys_without_ports_are_refused_and_nothing_is_sent() {
     let rig = Rig::new().await;
     let sm = rig.sm();
     let err = sm
-        .apply(&node(&[], &[(0x0a12, Membership::Full)]))
+        .apply(&node(&[], &[(0x0a12, Membership::Full)]), 39)
         .await
         .unwrap_err();
     assert!(matches!(err, SmError::Refused(_)), "{err:?}");
-    sm.apply(&node(&[], &[])).await.unwrap();
+    sm.apply(&node(&[], &[]), 40).await.unwrap();
     assert_eq!(rig.fake.request_count(), 0);
 }
 
@@ -710,12 +716,12 @@ async fn guids_of_a_replaced_port_are_removed() {
     const G3: u64 = 0x0002_c903_000e_0b99;
     let rig = Rig::new().await;
     let sm = rig.sm();
-    sm.apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]))
+    sm.apply(&node(&[G1, G2], &[(0x0a12, Membership::Full)]), 41)
         .await
         .unwrap();
     rig.fake.clear_requests();
     // The HCA behind G2 was replaced by one with G3.
-    sm.apply(&node(&[G1, G3], &[(0x0a12, Membership::Full)]))
+    sm.apply(&node(&[G1, G3], &[(0x0a12, Membership::Full)]), 42)
         .await
         .unwrap();
     let log = rig.fake.requests();
@@ -748,9 +754,9 @@ async fn forbidden_counts_as_rejected_credentials() {
     let sm = rig.sm();
     rig.fake.inject_status(1, 403);
     let desired = node(&[G1], &[(0x0a12, Membership::Full)]);
-    let err = sm.apply(&desired).await.unwrap_err();
+    let err = sm.apply(&desired, 43).await.unwrap_err();
     assert!(err.to_string().contains("403 Forbidden"), "{err}");
-    assert_eq!(sm.apply(&desired).await.unwrap_err(), err);
+    assert_eq!(sm.apply(&desired, 44).await.unwrap_err(), err);
     assert_eq!(rig.fake.request_count(), 1);
 }
 
@@ -763,7 +769,7 @@ async fn a_change_ufm_did_not_make_fails_the_read_back() {
     });
     let sm = rig.sm();
     let desired = node(&[G1, G2], &[(0x0a12, Membership::Full)]);
-    let err = sm.apply(&desired).await.unwrap_err();
+    let err = sm.apply(&desired, 45).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(
         err.to_string()
@@ -771,7 +777,7 @@ async fn a_change_ufm_did_not_make_fails_the_read_back() {
         "{err}"
     );
     rig.fake.set_quirks(Quirks::default());
-    sm.apply(&desired).await.unwrap();
+    sm.apply(&desired, 46).await.unwrap();
     assert_eq!(rig.fake.members(0x0a12).len(), 2);
 }
 
@@ -796,13 +802,13 @@ async fn the_startup_scan_is_retried_until_it_succeeds() {
     let sm = rig.sm();
     rig.fake.outage_503(Duration::from_secs(30));
     assert!(sm
-        .apply(&node(&[G1], &[]))
+        .apply(&node(&[G1], &[]), 47)
         .await
         .unwrap_err()
         .is_transient());
     rig.fake.outage_503(Duration::ZERO);
     rig.fake.clear_requests();
-    sm.apply(&node(&[G1], &[])).await.unwrap();
+    sm.apply(&node(&[G1], &[]), 48).await.unwrap();
     let log = calls(&rig.fake.requests());
     assert_eq!(log[0], "GET /ufmRest/resources/pkeys?guids_data=true 200");
     assert!(rig.fake.members(0x0011).is_empty(), "{log:?}");

@@ -104,7 +104,7 @@ async fn client_certificate_and_private_ca() {
     let fake = FakeUfm::start_tls(FakeAuth::Open, Arc::new(pki.server.clone())).await;
     let dir = tempfile::tempdir().unwrap();
     let sm = UfmSm::new(&config(&fake, dir.path(), &pki)).unwrap();
-    sm.apply(&desired()).await.unwrap();
+    sm.apply(&desired(), 1).await.unwrap();
     let log = fake.requests();
     assert_eq!(log.len(), 3);
     assert!(
@@ -124,7 +124,11 @@ async fn an_untrusted_server_or_a_missing_client_certificate_gets_nothing() {
     let other = self::pki();
     let mut c = config(&fake, dir.path(), &pki);
     c.ca_file = Some(write(dir.path(), "other-ca.pem", &other.ca_pem));
-    let err = UfmSm::new(&c).unwrap().apply(&desired()).await.unwrap_err();
+    let err = UfmSm::new(&c)
+        .unwrap()
+        .apply(&desired(), 2)
+        .await
+        .unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(
         err.to_string().to_lowercase().contains("certificate"),
@@ -135,7 +139,11 @@ async fn an_untrusted_server_or_a_missing_client_certificate_gets_nothing() {
     let mut c = config(&fake, dir.path(), &pki);
     c.client_cert = Some(write(dir.path(), "other.pem", &other.client_cert_pem));
     c.client_key = Some(write(dir.path(), "other.key", &other.client_key_pem));
-    let err = UfmSm::new(&c).unwrap().apply(&desired()).await.unwrap_err();
+    let err = UfmSm::new(&c)
+        .unwrap()
+        .apply(&desired(), 3)
+        .await
+        .unwrap_err();
     assert!(err.is_transient(), "{err}");
 
     assert_eq!(fake.request_count(), 0, "no request got through");
@@ -155,10 +163,10 @@ async fn a_rotated_client_certificate_is_picked_up_without_restart() {
     c.client_cert = Some(dir.path().join("client.pem"));
     c.client_key = Some(dir.path().join("client.key"));
     let sm = UfmSm::new(&c).unwrap();
-    assert!(sm.apply(&desired()).await.is_err());
+    assert!(sm.apply(&desired(), 4).await.is_err());
     // ...then the operator installs the right one.
     write(dir.path(), "client.pem", &pki.client_cert_pem);
     write(dir.path(), "client.key", &pki.client_key_pem);
-    sm.apply(&desired()).await.unwrap();
+    sm.apply(&desired(), 5).await.unwrap();
     assert_eq!(fake.keys_of(G1), [(0x0a12, Membership::Full)]);
 }

@@ -171,7 +171,7 @@ impl Loop {
     /// Applies the desired set; returns true when the ports should be read again at once.
     async fn apply(&mut self, desired: NodeMemberships) -> Result<bool, super::AgentError> {
         let sm = self.agent.shared.parts.sm.clone();
-        let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired)).await {
+        let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, 0)).await {
             Ok(r) => r,
             Err(_) => Err(SmError::Unavailable(format!(
                 "apply timed out after {APPLY_TIMEOUT:?}"

@@ -106,7 +106,11 @@ impl SubnetManager for EmbeddedSm {
         "embedded"
     }
 
-    async fn apply(&self, desired: &NodeMemberships) -> Result<ApplyOutcome, SmError> {
+    async fn apply(
+        &self,
+        desired: &NodeMemberships,
+        _generation: u64,
+    ) -> Result<ApplyOutcome, SmError> {
         self.injected_fault().await?;
         let keys: Vec<PKeyValue> = desired
             .keys

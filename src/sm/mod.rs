@@ -23,12 +23,25 @@ pub enum SmError {
     /// retrying slowly, since an operator may fix it, and shows the reason.
     #[error("subnet manager refused: {0}")]
     Refused(String),
+    /// The subnet manager already holds a newer generation of this node's set and refused this
+    /// one (fencing: an older set must never overwrite a newer one). The node moves its
+    /// generation counter past `stored` and sends its current set again.
+    #[error("subnet manager holds generation {stored} of this node's set, newer than {sent}")]
+    StaleGeneration {
+        /// The generation this apply carried.
+        sent: u64,
+        /// The generation the subnet manager holds.
+        stored: u64,
+    },
 }
 
 impl SmError {
     /// Whether retrying soon may help.
     pub fn is_transient(&self) -> bool {
-        matches!(self, SmError::Unavailable(_))
+        matches!(
+            self,
+            SmError::Unavailable(_) | SmError::StaleGeneration { .. }
+        )
     }
 }
 
@@ -47,5 +60,15 @@ pub trait SubnetManager: Send + Sync + 'static {
 
     /// Makes the fabric give exactly `desired.keys` to `desired.port_guids` (plus the default
     /// partition), removing keys this node no longer wants. Idempotent.
-    async fn apply(&self, desired: &NodeMemberships) -> Result<ApplyOutcome, SmError>;
+    ///
+    /// `generation` orders this node's sets: the node persists it and gives every apply a
+    /// higher one than any before (never a clock). A backend that stores sets (the SM host)
+    /// refuses an older generation with [`SmError::StaleGeneration`]; it never answers Ok to a
+    /// set it ignored. Ok means the subnet manager positively took this set; any error leaves
+    /// the outcome unknown (the set may still have reached it).
+    async fn apply(
+        &self,
+        desired: &NodeMemberships,
+        generation: u64,
+    ) -> Result<ApplyOutcome, SmError>;
 }

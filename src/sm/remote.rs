@@ -1,9 +1,9 @@
 //! Remote backend: reaches the SM host's agent (`fabric.sm.v1.Partitions`) over gRPC with mTLS
 //! (or plaintext to a loopback address, for tests and single-host rigs).
 //!
-//! Each apply sends the node's complete desired set with a generation taken from the wall clock
-//! in nanoseconds (and always above the previous one), so the SM host ignores a delayed older
-//! request even across agent restarts.
+//! Each apply sends the node's complete desired set with the generation the reconciler gave it
+//! (a counter persisted in the node's store, never a clock), so the SM host refuses a delayed
+//! older request even across agent restarts.
 
 use super::{ApplyOutcome, SmError, SubnetManager};
 use crate::domain::{Membership, NodeMemberships};
@@ -12,8 +12,7 @@ use crate::proto::sm::partitions_client::PartitionsClient;
 use async_trait::async_trait;
 use serde::Deserialize;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use thiserror::Error;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
@@ -122,7 +121,6 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, RemoteError> {
 /// The remote subnet manager.
 pub struct RemoteSm {
     client: PartitionsClient<Channel>,
-    last_generation: AtomicU64,
 }
 
 impl RemoteSm {
@@ -147,27 +145,7 @@ impl RemoteSm {
         }
         Ok(RemoteSm {
             client: PartitionsClient::new(endpoint.connect_lazy()),
-            last_generation: AtomicU64::new(0),
         })
-    }
-
-    fn next_generation(&self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        let mut prev = self.last_generation.load(Ordering::Relaxed);
-        loop {
-            let next = now.max(prev + 1);
-            match self.last_generation.compare_exchange(
-                prev,
-                next,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return next,
-                Err(actual) => prev = actual,
-            }
-        }
     }
 }
 
@@ -210,9 +188,13 @@ impl SubnetManager for RemoteSm {
         "remote"
     }
 
-    async fn apply(&self, desired: &NodeMemberships) -> Result<ApplyOutcome, SmError> {
+    async fn apply(
+        &self,
+        desired: &NodeMemberships,
+        generation: u64,
+    ) -> Result<ApplyOutcome, SmError> {
         let request = pb::SetNodeMembershipsRequest {
-            memberships: Some(memberships_to_proto(desired, self.next_generation())),
+            memberships: Some(memberships_to_proto(desired, generation)),
         };
         let mut client = self.client.clone();
         let reply = client
@@ -260,17 +242,5 @@ mod tests {
         assert!(sm_error_of(&tonic::Status::deadline_exceeded("x")).is_transient());
         let refused = sm_error_of(&tonic::Status::resource_exhausted("table full"));
         assert_eq!(refused, SmError::Refused("SM host: table full".into()));
-    }
-
-    #[tokio::test]
-    async fn generations_increase() {
-        let sm = RemoteSm::new(&RemoteConfig {
-            endpoint: "http://127.0.0.1:1".into(),
-            ..RemoteConfig::default()
-        });
-        let sm = sm.unwrap();
-        let a = sm.next_generation();
-        let b = sm.next_generation();
-        assert!(b > a);
     }
 }

@@ -127,7 +127,6 @@ struct Inner {
     serial: tokio::sync::Mutex<()>,
     sweeps: AtomicU64,
     writes: AtomicU64,
-    local_generation: AtomicU64,
 }
 
 /// The OpenSM backend. Cheap to clone (shared state).
@@ -166,7 +165,6 @@ impl OpenSmBackend {
             }
             nodes.insert(n.memberships.node_id.clone(), n);
         }
-        let local_generation = nodes.get(&local_node_id).map_or(0, |n| n.generation);
         // A broken operator file is reported by the first commit; start with no operator keys.
         let operator = read_or_empty(&config.partitions_file)
             .ok()
@@ -190,7 +188,6 @@ impl OpenSmBackend {
                 serial: tokio::sync::Mutex::new(()),
                 sweeps: AtomicU64::new(0),
                 writes: AtomicU64::new(0),
-                local_generation: AtomicU64::new(local_generation),
             }),
         })
     }
@@ -487,10 +484,13 @@ impl SubnetManager for OpenSmBackend {
         "opensm"
     }
 
-    async fn apply(&self, desired: &NodeMemberships) -> Result<ApplyOutcome, SmError> {
+    async fn apply(
+        &self,
+        desired: &NodeMemberships,
+        generation: u64,
+    ) -> Result<ApplyOutcome, SmError> {
         let mut own = desired.clone();
         own.node_id = self.inner.local_node_id.clone();
-        let generation = self.inner.local_generation.fetch_add(1, Ordering::Relaxed) + 1;
         let outcome = self.set_node(own, generation).await?;
         Ok(ApplyOutcome {
             detail: outcome.detail,

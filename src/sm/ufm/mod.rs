@@ -485,7 +485,11 @@ impl SubnetManager for UfmSm {
         "ufm"
     }
 
-    async fn apply(&self, desired: &NodeMemberships) -> Result<ApplyOutcome, SmError> {
+    async fn apply(
+        &self,
+        desired: &NodeMemberships,
+        _generation: u64,
+    ) -> Result<ApplyOutcome, SmError> {
         let ports: BTreeSet<Guid> = desired.port_guids.iter().copied().collect();
         if ports.is_empty() {
             if desired.keys.is_empty() {
