@@ -1,6 +1,7 @@
 //! Domain types: P_Keys, GUIDs, partitions, attachments, ports and events. Pure: no I/O.
 
 mod attachment;
+mod condition;
 mod error;
 mod event;
 mod guid;
@@ -11,6 +12,7 @@ mod pkey;
 mod port;
 
 pub use attachment::{Attachment, AttachmentState, InstanceId};
+pub use condition::{Condition, ConditionKind};
 pub use error::DomainError;
 pub use event::{Event, EventKind};
 pub use guid::Guid;

@@ -8,7 +8,7 @@ pub mod opensm;
 pub mod remote;
 pub mod ufm;
 
-use crate::domain::NodeMemberships;
+use crate::domain::{Condition, NodeMemberships};
 use async_trait::async_trait;
 use thiserror::Error;
 
@@ -71,4 +71,11 @@ pub trait SubnetManager: Send + Sync + 'static {
         desired: &NodeMemberships,
         generation: u64,
     ) -> Result<ApplyOutcome, SmError>;
+
+    /// Standing conditions the backend sees now (e.g. OpenSM rejected a file, the operator's
+    /// Default grants full membership to all). The reconciler reads them after every apply and
+    /// reports changes as events. Default: none.
+    fn conditions(&self) -> Vec<Condition> {
+        Vec::new()
+    }
 }

@@ -1,0 +1,51 @@
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A standing condition: something wrong with the node's or the fabric's posture that stays
+/// reported (GetNode, systemd STATUS=, an event when it is raised and when it clears) until
+/// its cause is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ConditionKind {
+    /// A fabric port is a full member of the default partition (0xFFFF): every tenant on the
+    /// fabric can reach this node through it. Tenant keys are not reported ACTIVE until the
+    /// operator acknowledges it (`allow_full_default = true`).
+    FullDefaultMembership,
+    /// The operator's part of OpenSM's partitions file gives every port full membership of the
+    /// default partition (`Default=0x7fff : ALL=full`). The SM host serves no tenant key until
+    /// the operator acknowledges it (`allow_full_default = true`).
+    OperatorDefaultAllFull,
+    /// OpenSM rejected a partitions file the agent wrote (PARSE ERROR): OpenSM is then
+    /// fail-open. The last file it accepted was restored.
+    PartitionsFileRejected,
+    /// OpenSM was not yet seen re-reading the last file the agent wrote; the write is
+    /// re-signalled and re-checked until it is.
+    PartitionsFileUnconfirmed,
+}
+
+impl ConditionKind {
+    /// The wire and log name, e.g. `FULL_DEFAULT_MEMBERSHIP`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConditionKind::FullDefaultMembership => "FULL_DEFAULT_MEMBERSHIP",
+            ConditionKind::OperatorDefaultAllFull => "OPERATOR_DEFAULT_ALL_FULL",
+            ConditionKind::PartitionsFileRejected => "PARTITIONS_FILE_REJECTED",
+            ConditionKind::PartitionsFileUnconfirmed => "PARTITIONS_FILE_UNCONFIRMED",
+        }
+    }
+}
+
+impl fmt::Display for ConditionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One standing condition with what was seen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    /// Which condition.
+    pub kind: ConditionKind,
+    /// What was seen, for humans (ports, file lines, ...).
+    pub detail: String,
+}
