@@ -51,7 +51,17 @@ impl Store {
             std::fs::create_dir_all(dir)
                 .map_err(|e| StoreError::Io(format!("{}: {e}", dir.display())))?;
         }
-        let db = Database::create(path)?;
+        Store::init(Database::create(path)?, retain)
+    }
+
+    /// A store kept in memory only: nothing survives the process. For tests and the
+    /// reconciler's simulation, where a "crash" drops everything but the store itself.
+    pub fn in_memory(retain: u64) -> Result<Store, StoreError> {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        Store::init(db, retain)
+    }
+
+    fn init(db: Database, retain: u64) -> Result<Store, StoreError> {
         let txn = db.begin_write()?;
         // Create every table so readers never meet a missing one.
         txn.open_table(ATTACHMENTS)?;
