@@ -6,7 +6,7 @@
 //! it; an absent or empty file means healthy.
 
 use super::{ApplyOutcome, SmError, SubnetManager};
-use crate::domain::{NodeMemberships, PKeyValue};
+use crate::domain::{Membership, NodeMemberships, PKeyValue};
 use crate::sim::SimFabric;
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -30,6 +30,14 @@ pub struct EmbeddedConfig {
     /// Optional fault-injection file (see the module docs).
     #[serde(default)]
     pub fault_file: Option<PathBuf>,
+    /// The simulated ports' membership of the default partition: `limited` (0x7FFF, a
+    /// well-run fabric; the default) or `full` (0xFFFF, an insecure posture to demonstrate).
+    #[serde(default = "default_default_membership")]
+    pub default_membership: Membership,
+}
+
+fn default_default_membership() -> Membership {
+    Membership::Limited
 }
 
 fn default_ports() -> u8 {
@@ -46,11 +54,20 @@ impl Default for EmbeddedConfig {
             pkey_table_size: default_table_size(),
             apply_delay_ms: 0,
             fault_file: None,
+            default_membership: default_default_membership(),
         }
     }
 }
 
 impl EmbeddedConfig {
+    /// The default partition's entry on the simulated ports.
+    pub fn default_entry(&self) -> PKeyValue {
+        match self.default_membership {
+            Membership::Full => PKeyValue::DEFAULT_FULL,
+            Membership::Limited => PKeyValue::DEFAULT_LIMITED,
+        }
+    }
+
     /// Checks ranges.
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=16).contains(&self.ports) {
