@@ -3,7 +3,8 @@
 //!
 //! Fault injection for tests and demos: when `fault_file` is set, every apply first reads it:
 //! `unreachable` fails the apply as unavailable, `slow <ms>` delays it, `refuse <text>` refuses
-//! it; an absent or empty file means healthy.
+//! it, `lose-reply` applies the set and then answers as unavailable (the reply was lost: the
+//! agent must treat the keys as in doubt); an absent or empty file means healthy.
 
 use super::{ApplyOutcome, SmError, SubnetManager};
 use crate::domain::{Membership, NodeMemberships, PKeyValue};
@@ -97,9 +98,10 @@ impl EmbeddedSm {
         }
     }
 
-    async fn injected_fault(&self) -> Result<(), SmError> {
+    /// Applies the injected fault before the apply; returns whether the reply is to be lost.
+    async fn injected_fault(&self) -> Result<bool, SmError> {
         let Some(path) = &self.fault_file else {
-            return Ok(());
+            return Ok(false);
         };
         let text = tokio::fs::read_to_string(path).await.unwrap_or_default();
         let line = text.trim();
@@ -113,7 +115,7 @@ impl EmbeddedSm {
         if let Some(why) = line.strip_prefix("refuse ") {
             return Err(SmError::Refused(format!("embedded SM: {why}")));
         }
-        Ok(())
+        Ok(line == "lose-reply")
     }
 }
 
@@ -128,7 +130,7 @@ impl SubnetManager for EmbeddedSm {
         desired: &NodeMemberships,
         _generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
-        self.injected_fault().await?;
+        let lose_reply = self.injected_fault().await?;
         let keys: Vec<PKeyValue> = desired
             .keys
             .iter()
@@ -149,6 +151,11 @@ impl SubnetManager for EmbeddedSm {
                     tracing::warn!(error = %e, "embedded SM: programming tables failed");
                 }
             });
+        }
+        if lose_reply {
+            return Err(SmError::Unavailable(
+                "embedded SM: injected lost reply (the set was applied)".into(),
+            ));
         }
         Ok(ApplyOutcome { detail })
     }
