@@ -65,7 +65,26 @@ pub async fn run(config_path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let metrics = if config.metrics.enabled {
+        match crate::api::metrics::bind(config.metrics.listen).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::error!(error = %e, listen = %config.metrics.listen, "cannot listen for metrics");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let (stop, stopped) = watch::channel(false);
+    if let Some(listener) = metrics {
+        tokio::spawn(crate::api::metrics::serve(
+            listener,
+            agent.clone(),
+            opensm.clone(),
+            stopped.clone(),
+        ));
+    }
     let reconciler = agent.reconcile(stopped.clone());
     let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let server = tokio::spawn(serve(
