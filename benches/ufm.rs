@@ -5,9 +5,10 @@
 mod fake_ufm;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
-use fabric_agent::sm::ufm::{UfmConfig, UfmSm};
+use fabric_agent::sm::ufm::{MemoryLedgerStore, UfmConfig, UfmSm};
 use fabric_agent::sm::SubnetManager;
 use fake_ufm::{FakeAuth, FakeUfm};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PORTS: u64 = 8;
@@ -37,7 +38,11 @@ fn node(keys: impl IntoIterator<Item = u16>) -> NodeMemberships {
 async fn backend(dir: &std::path::Path, fake: &FakeUfm) -> UfmSm {
     let cred = dir.join("ufm.cred");
     std::fs::write(&cred, "admin:123456\n").expect("write credentials");
-    UfmSm::new(&UfmConfig::with_credentials_file(fake.url(), cred)).expect("backend")
+    UfmSm::new(
+        &UfmConfig::with_credentials_file(fake.url(), cred),
+        Arc::new(MemoryLedgerStore::new()),
+    )
+    .expect("backend")
 }
 
 async fn requests_of(fake: &FakeUfm, sm: &UfmSm, desired: &NodeMemberships) -> usize {
