@@ -42,7 +42,7 @@ struct PortTree {
 
 impl PortTree {
     /// Copies the fixture to `root`, brings the DOWN port up and empties every table but the
-    /// default partition at index 0 (a freshly swept node with no tenant keys).
+    /// default partition at index 0, a limited member (a freshly swept node with no tenant keys).
     fn copy(root: &Path) -> PortTree {
         copy_dir(Path::new(FIXTURE), root);
         std::fs::write(root.join("mlx5_3/ports/1/state"), "4: ACTIVE\n").unwrap();
@@ -56,6 +56,8 @@ impl PortTree {
             }
             let link = std::fs::read_to_string(port.join("link_layer")).unwrap();
             if link.trim() == "InfiniBand" {
+                // A well-run fabric: tenant ports are limited members of the default partition.
+                write_entry(&port, 0, 0x7fff);
                 devices.insert(port_guid(&port), dev);
             }
         }
