@@ -244,7 +244,7 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     output::event(&ev?, json);
                 }
             }
-            Command::Serve | Command::CheckConfig | Command::Ports => {
+            Command::Serve | Command::CheckConfig | Command::Ports | Command::Doctor => {
                 unreachable!("handled locally")
             }
         }

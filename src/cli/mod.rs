@@ -3,6 +3,7 @@
 
 mod client;
 mod commands;
+mod doctor;
 pub mod exit;
 mod output;
 mod serve;
@@ -63,6 +64,10 @@ pub enum Command {
     Node,
     /// Read this host's ports directly through the configured observer (no daemon needed).
     Ports,
+    /// Check this host: ports, default-partition membership, table space, the daemon, the
+    /// subnet manager, conditions, clock and store; exit 1 when something blocks ACTIVE or
+    /// RELEASED.
+    Doctor,
     /// Attach an instance on this node to a partition.
     Attach(commands::AttachArgs),
     /// Release a terminated instance's partition.
@@ -91,6 +96,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Serve => serve::run(&cli.config).await,
             Command::CheckConfig => commands::check_config(&cli.config),
             Command::Ports => commands::ports(&cli.config, cli.json).await,
+            Command::Doctor => doctor::doctor(&cli.config, cli.json).await,
             command => commands::client(command, &cli.client, cli.json).await,
         }
     })

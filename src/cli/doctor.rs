@@ -1,0 +1,380 @@
+//! `fabric-agent doctor`: the checks an operator runs on a host, one verdict per line.
+//!
+//! Ports are read directly through the configured observer (the daemon's view for the embedded
+//! fabric); the daemon, the subnet manager, standing conditions and the store are checked
+//! through the daemon's socket and the state directory. The exit code is 1 when anything would
+//! block ACTIVE or RELEASED (a FAIL line), 0 otherwise (WARN lines included).
+
+use super::{client, exit, ClientOpts};
+use crate::config::{Config, ObserverKind};
+use crate::proto::agent as pb;
+use serde_json::json;
+use std::path::Path;
+use std::process::ExitCode;
+
+/// One check's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    fn name(self) -> &'static str {
+        match self {
+            Verdict::Ok => "OK",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        }
+    }
+}
+
+struct Checks(Vec<(Verdict, String, String)>);
+
+impl Checks {
+    fn add(&mut self, verdict: Verdict, check: impl Into<String>, detail: impl Into<String>) {
+        self.0.push((verdict, check.into(), detail.into()));
+    }
+}
+
+/// Runs every check and prints the verdicts.
+pub async fn doctor(config_path: &Path, json: bool) -> ExitCode {
+    let config = match Config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(exit::CONFIG);
+        }
+    };
+    let mut checks = Checks(Vec::new());
+    checks.add(
+        Verdict::Ok,
+        "config",
+        format!(
+            "{}: node {}, fabric {}, backend {:?}, observer {:?}",
+            config_path.display(),
+            config.node_id(),
+            config.fabric,
+            config.subnet_manager.backend,
+            config.observer_kind()
+        ),
+    );
+    clock(&mut checks);
+    store(&mut checks, &config.state_dir);
+    let daemon = daemon(&mut checks, &config).await;
+    let ports = ports(&mut checks, &config, daemon.as_ref()).await;
+    if let Some(ports) = ports {
+        port_checks(&mut checks, &config, &ports);
+    }
+    if let Some(node) = &daemon {
+        daemon_checks(&mut checks, node);
+    }
+    let failed = checks.0.iter().any(|(v, _, _)| *v == Verdict::Fail);
+    if json {
+        let v = json!({
+            "ok": !failed,
+            "checks": checks.0.iter().map(|(v, c, d)| json!({"verdict": v.name(), "check": c, "detail": d})).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+    } else {
+        for (v, c, d) in &checks.0 {
+            println!("{:<5} {:<28} {d}", v.name(), c);
+        }
+        println!(
+            "{}",
+            if failed {
+                "verdict: something above blocks ACTIVE or RELEASED"
+            } else {
+                "verdict: nothing blocks ACTIVE or RELEASED"
+            }
+        );
+    }
+    if failed {
+        ExitCode::from(exit::REFUSED)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn clock(checks: &mut Checks) {
+    // 2024-01-01: a clock before it was never set (certificates and event times would be wrong).
+    const SANE: u64 = 1_704_067_200;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    if now >= SANE {
+        checks.add(Verdict::Ok, "clock", format!("unix time {now}"));
+    } else {
+        checks.add(
+            Verdict::Fail,
+            "clock",
+            format!("unix time {now} is before 2024: the clock was never set (TLS and event times depend on it)"),
+        );
+    }
+}
+
+fn store(checks: &mut Checks, dir: &Path) {
+    let probe = dir.join(".doctor-probe");
+    match std::fs::write(&probe, b"probe").and_then(|()| std::fs::remove_file(&probe)) {
+        Ok(()) => checks.add(
+            Verdict::Ok,
+            "state directory",
+            format!("{} is writable", dir.display()),
+        ),
+        Err(e) => checks.add(
+            Verdict::Fail,
+            "state directory",
+            format!("{}: {e} (the store cannot commit)", dir.display()),
+        ),
+    }
+}
+
+async fn daemon(checks: &mut Checks, config: &Config) -> Option<pb::GetNodeResponse> {
+    let opts = ClientOpts {
+        socket: config.listen.unix_socket.clone(),
+        endpoint: None,
+        ca: None,
+        cert: None,
+        key: None,
+        tls_domain: None,
+    };
+    let node = match client::connect(&opts).await {
+        Ok(mut c) => c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .map_err(|s| s.message().to_owned()),
+        Err(e) => Err(e),
+    };
+    match node {
+        Ok(n) => {
+            let n = n.into_inner();
+            let mine = env!("CARGO_PKG_VERSION");
+            if n.agent_version == mine {
+                checks.add(
+                    Verdict::Ok,
+                    "daemon",
+                    format!(
+                        "answers on {} (version {mine})",
+                        config.listen.unix_socket.display()
+                    ),
+                );
+            } else {
+                checks.add(
+                    Verdict::Warn,
+                    "daemon",
+                    format!("runs version {}, this binary is {mine}: restart the service after an upgrade", n.agent_version),
+                );
+            }
+            Some(n)
+        }
+        Err(e) => {
+            checks.add(
+                Verdict::Fail,
+                "daemon",
+                format!(
+                    "not reachable on {}: {e}",
+                    config.listen.unix_socket.display()
+                ),
+            );
+            None
+        }
+    }
+}
+
+async fn ports(
+    checks: &mut Checks,
+    config: &Config,
+    daemon: Option<&pb::GetNodeResponse>,
+) -> Option<Vec<pb::Port>> {
+    let kind = config.observer_kind();
+    if kind == ObserverKind::Embedded {
+        let ports = daemon.map(|n| n.ports.clone());
+        match &ports {
+            Some(_) => checks.add(
+                Verdict::Ok,
+                "observer",
+                "embedded: the simulated fabric, as the daemon sees it",
+            ),
+            None => checks.add(
+                Verdict::Fail,
+                "observer",
+                "embedded: its tables live in the daemon, which is not reachable",
+            ),
+        }
+        return ports;
+    }
+    match crate::agent::read_ports_once(config).await {
+        Ok((observer, inventory)) => {
+            let how = if observer == "smp" {
+                format!(
+                    "smp: SMPs answered through {} (umad access and agent registration work)",
+                    config.observer.umad_device.display()
+                )
+            } else {
+                format!("{observer}: read {} port(s)", inventory.ports.len())
+            };
+            checks.add(Verdict::Ok, "observer", how);
+            Some(
+                inventory
+                    .ports
+                    .iter()
+                    .map(crate::api::convert::port_to_pb)
+                    .collect(),
+            )
+        }
+        Err(e) => {
+            checks.add(
+                Verdict::Fail,
+                "observer",
+                format!("{kind:?}: cannot read the ports: {e}"),
+            );
+            None
+        }
+    }
+}
+
+fn port_checks(checks: &mut Checks, config: &Config, ports: &[pb::Port]) {
+    let selected_by_config = !config.ports.devices.is_empty() || !config.ports.guids.is_empty();
+    let fabric: Vec<&pb::Port> = ports.iter().filter(|p| p.fabric_port).collect();
+    if fabric.is_empty() {
+        checks.add(
+            Verdict::Fail,
+            "fabric ports",
+            "no fabric port: nothing can become ACTIVE or RELEASED (check [ports] and the link layers)",
+        );
+    }
+    for p in ports {
+        let name = format!("port {}/{}", p.device, p.port_number);
+        let state = pb::PortState::try_from(p.state)
+            .unwrap_or_default()
+            .as_str_name()
+            .trim_start_matches("PORT_STATE_")
+            .to_owned();
+        let link = pb::LinkLayer::try_from(p.link_layer)
+            .unwrap_or_default()
+            .as_str_name()
+            .trim_start_matches("LINK_LAYER_")
+            .to_owned();
+        let facts = format!("{state}, {link}, LID {:#x}, SM LID {:#x}", p.lid, p.sm_lid);
+        if !p.fabric_port {
+            let why = if selected_by_config {
+                "not selected by [ports]"
+            } else {
+                "not InfiniBand (default selection)"
+            };
+            checks.add(
+                Verdict::Ok,
+                name,
+                format!("{facts}; not a fabric port: {why}"),
+            );
+            continue;
+        }
+        let why = if selected_by_config {
+            "selected by [ports]"
+        } else {
+            "InfiniBand link layer (default selection)"
+        };
+        let active = p.state == pb::PortState::Active as i32;
+        checks.add(
+            if active { Verdict::Ok } else { Verdict::Fail },
+            name.clone(),
+            format!(
+                "{facts}; fabric port ({why}){}",
+                if active {
+                    ""
+                } else {
+                    ": not ACTIVE, so no key can be ACTIVE on this node"
+                }
+            ),
+        );
+        let full = p.pkeys.contains(&0xffff);
+        let limited = p.pkeys.contains(&0x7fff);
+        let (verdict, detail) = match (full, limited, config.allow_full_default) {
+            (true, _, false) => (
+                Verdict::Fail,
+                "full member (0xffff): every tenant can reach this port; tenant keys are not reported ACTIVE (allow_full_default = false)",
+            ),
+            (true, _, true) => (
+                Verdict::Warn,
+                "full member (0xffff): insecure, accepted by allow_full_default",
+            ),
+            (false, true, _) => (Verdict::Ok, "limited member (0x7fff)"),
+            (false, false, _) => (
+                Verdict::Warn,
+                "not a member of the default partition (no 0x7fff/0xffff entry)",
+            ),
+        };
+        checks.add(verdict, format!("{name} default partition"), detail);
+        let used = p.pkeys.len() as u32;
+        let free = p.pkey_table_size.saturating_sub(used);
+        checks.add(
+            if free == 0 {
+                Verdict::Fail
+            } else {
+                Verdict::Ok
+            },
+            format!("{name} P_Key table"),
+            format!("{used} of {} entries used, {free} free", p.pkey_table_size),
+        );
+    }
+}
+
+fn daemon_checks(checks: &mut Checks, n: &pb::GetNodeResponse) {
+    let sm = n.subnet_manager.clone().unwrap_or_default();
+    if sm.reachable {
+        checks.add(
+            Verdict::Ok,
+            "subnet manager",
+            format!(
+                "{}: last apply acknowledged (generation {})",
+                sm.backend, sm.generation
+            ),
+        );
+    } else if sm.applies == 0 {
+        checks.add(
+            Verdict::Warn,
+            "subnet manager",
+            format!("{}: no apply yet", sm.backend),
+        );
+    } else {
+        checks.add(
+            Verdict::Fail,
+            "subnet manager",
+            format!("{} unreachable: {}", sm.backend, sm.last_error),
+        );
+    }
+    if !sm.in_doubt_pkeys.is_empty() {
+        let keys: Vec<String> = sm
+            .in_doubt_pkeys
+            .iter()
+            .map(|k| format!("{k:#06x}"))
+            .collect();
+        checks.add(
+            Verdict::Warn,
+            "keys in doubt",
+            format!(
+                "{}: an apply carrying them got no answer; not RELEASED until a set without them is acknowledged",
+                keys.join(", ")
+            ),
+        );
+    }
+    for c in &n.conditions {
+        let accepted = c.detail.contains("accepted by allow_full_default");
+        checks.add(
+            if accepted {
+                Verdict::Warn
+            } else {
+                Verdict::Fail
+            },
+            format!("condition {}", c.kind),
+            c.detail.clone(),
+        );
+    }
+    checks.add(
+        Verdict::Ok,
+        "event log",
+        format!("events {}..{}", n.first_event_seq, n.last_event_seq),
+    );
+}
