@@ -120,6 +120,7 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             &node_id,
             sm_cfg.embedded.ports,
             sm_cfg.embedded.pkey_table_size,
+            sm_cfg.embedded.default_entry(),
             Box::new(StoredSimTables(store.clone())),
         ))
     });
@@ -175,7 +176,8 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             .map_err(|e| AgentError::Unavailable(e.to_string()))?,
         reconciler: config.reconciler.clone(),
         released_retain: Duration::from_secs(config.events.released_retain_secs),
-    });
+        allow_full_default: config.allow_full_default,
+    })?;
     Ok(Assembled {
         agent,
         store,
