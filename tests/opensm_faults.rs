@@ -89,6 +89,17 @@ async fn node(c: &mut FabricAgentClient<Channel>) -> pb::GetNodeResponse {
         .into_inner()
 }
 
+/// The kinds of the standing conditions an agent's GetNode shows.
+async fn condition_kinds(agent: &Agent) -> Vec<String> {
+    let mut c = agent.client().await;
+    node(&mut c)
+        .await
+        .conditions
+        .into_iter()
+        .map(|c| c.kind)
+        .collect()
+}
+
 async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
     let deadline = Instant::now() + CONVERGE;
     while !f().await {
@@ -278,6 +289,12 @@ async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key
     assert!(!smst.reachable, "{smst:?}");
     assert!(smst.last_error.contains("OpenSM"), "{smst:?}");
     assert!(fabric.pkeys("node1").contains(&0x8a61));
+    wait_until("PARTITIONS_FILE_UNCONFIRMED on the SM host", || async {
+        condition_kinds(&sm)
+            .await
+            .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
+    })
+    .await;
 
     fabric.restart_opensm();
     let polls = released_only_without_key(&fabric, &mut c1, "node1", "i-1", 0x0a61, CONVERGE)
@@ -287,6 +304,12 @@ async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key
     assert!(!has_base(&fabric.pkeys("node1"), 0x0a61));
     let smst = node(&mut c1).await.subnet_manager.expect("sm status");
     assert!(smst.reachable && smst.last_error.is_empty(), "{smst:?}");
+    wait_until("the unconfirmed condition cleared", || async {
+        !condition_kinds(&sm)
+            .await
+            .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
+    })
+    .await;
     assert!(n1.stop().success());
     assert!(sm.stop().success());
 }
@@ -350,6 +373,22 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
         k1.contains(&0x8a51) && !k2.contains(&0xffff) && k2.contains(&0x7fff)
     })
     .await;
+    // The SM host shows the standing condition (GetNode), with OpenSM's words.
+    wait_until("PARTITIONS_FILE_REJECTED on the SM host", || async {
+        condition_kinds(&sm)
+            .await
+            .contains(&"PARTITIONS_FILE_REJECTED".to_owned())
+    })
+    .await;
+    let mut smc = sm.client().await;
+    let shown = node(&mut smc).await.conditions;
+    eprintln!("SM host conditions: {shown:?}");
+    assert!(
+        shown
+            .iter()
+            .any(|c| c.kind == "PARTITIONS_FILE_REJECTED" && c.detail.contains("PARSE ERROR")),
+        "{shown:?}"
+    );
     // Nothing new to write: the same set is served (the restored file is the accepted one).
     client
         .set_node_memberships(set_request("node1", guid, &[0x0a51], 1))
