@@ -523,6 +523,7 @@ async fn an_operator_edit_opensm_rejected_is_undone_by_the_log_watch() {
         std::fs::read_to_string(rejected_copy_path(&s.path)).unwrap(),
         broken
     );
+    // The condition is raised before the file is restored.
     let conditions = s.backend.conditions_now();
     assert_eq!(conditions.len(), 1, "{conditions:?}");
     assert_eq!(conditions[0].kind, ConditionKind::PartitionsFileRejected);

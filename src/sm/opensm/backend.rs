@@ -591,6 +591,12 @@ impl Inner {
             let path = path.clone();
             blocking(move || Ok((read_or_empty(&path)?, read_optional(&accepted_path)?))).await?
         };
+        // Raised before anything is restored: whoever sees the restored file sees why.
+        let first = format!(
+            "OpenSM rejected the partitions file on a sweep the agent did not trigger ({seen})"
+        );
+        self.save_commit(|c| c.rejected = Some(first.clone()))
+            .await?;
         let detail = match accepted {
             Some(good) if good != current => {
                 let kept = rejected_copy_path(&path);
@@ -602,7 +608,7 @@ impl Inner {
                     Ok(()) => format!("the rejected file was kept as {shown}"),
                     Err(e) => format!("the rejected file could not be kept ({e})"),
                 };
-                format!("OpenSM rejected the partitions file on a sweep the agent did not trigger ({seen}); {kept}; {restored}")
+                format!("{first}; {kept}; {restored}")
             }
             Some(_) => {
                 // The file is the accepted one again: check it again on this commit.
@@ -610,11 +616,9 @@ impl Inner {
                     c.unconfirmed = Some("OpenSM logged a rejection since the last check".into())
                 })
                 .await?;
-                format!("OpenSM rejected the partitions file on a sweep the agent did not trigger ({seen}); the file on disk is the last accepted one")
+                format!("{first}; the file on disk is the last accepted one")
             }
-            None => format!(
-                "OpenSM rejected the partitions file on a sweep the agent did not trigger ({seen}); no accepted file is kept to restore: fix the file"
-            ),
+            None => format!("{first}; no accepted file is kept to restore: fix the file"),
         };
         tracing::warn!(detail = %detail, "partitions file rejected");
         self.save_commit(|c| c.rejected = Some(detail)).await
@@ -720,14 +724,17 @@ impl Inner {
             }
             Err(ReloadError::Rejected(lines)) => {
                 self.lock().health.rejected_bytes = Some(bytes.clone());
+                // Raised before anything is restored: whoever sees the restored file sees why.
+                let first =
+                    format!("OpenSM rejected the partitions file the agent wrote ({lines})");
+                self.save_commit(|c| c.rejected = Some(first.clone()))
+                    .await?;
                 let fallback = accepted.or_else(|| (current != bytes).then_some(current));
                 let restored = match fallback {
                     Some(good) => self.restore(good).await,
                     None => "no accepted file is kept to restore".into(),
                 };
-                let why = format!(
-                    "OpenSM rejected the partitions file the agent wrote ({lines}); {restored}"
-                );
+                let why = format!("{first}; {restored}");
                 tracing::error!(detail = %why, "partitions file rejected");
                 let still_unconfirmed = !restored.contains("OpenSM re-read it");
                 self.save_commit(|c| {
