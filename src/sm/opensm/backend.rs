@@ -543,34 +543,40 @@ impl Inner {
             .map_err(|e| OpenSmError::Store(e.to_string()))
     }
 
-    /// Writes `bytes` and makes OpenSM re-read them; `Ok(true)` when it was seen doing so
-    /// without error. Moves the log mark past the verdict.
-    async fn write_and_reload(&self, bytes: Vec<u8>) -> Result<bool, ReloadError> {
+    /// Writes `bytes` and makes OpenSM re-read them: the outer error when the file could not be
+    /// written, else `Ok(true)` when OpenSM was seen re-reading it without error. Moves the log
+    /// mark past the verdict.
+    async fn write_and_reload(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<Result<bool, ReloadError>, OpenSmError> {
         let path = self.config.partitions_file.clone();
         let checkpoint = self.reloader.checkpoint();
-        let written = blocking(move || replace_atomically(&path, &bytes)).await;
-        if let Err(e) = written {
-            return Err(ReloadError::Unreachable(format!(
-                "the partitions file could not be written: {e}"
-            )));
-        }
+        blocking(move || replace_atomically(&path, &bytes)).await?;
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.sweeps.fetch_add(1, Ordering::Relaxed);
         let result = self.reloader.reload(checkpoint).await;
         self.lock().health.log_mark = self.reloader.checkpoint();
-        result.map(|r| r.file_read)
+        Ok(result.map(|r| r.file_read))
     }
 
     /// Puts the last accepted file back after OpenSM rejected one, and signals OpenSM again.
-    /// Returns what happened, for humans.
-    async fn restore(&self, good: Vec<u8>) -> String {
+    /// Returns whether OpenSM was seen re-reading it, and what happened for humans.
+    async fn restore(&self, good: Vec<u8>) -> (bool, String) {
         match self.write_and_reload(good).await {
-            Ok(true) => "the last accepted file was restored and OpenSM re-read it".into(),
-            Ok(false) => format!(
-                "the last accepted file was restored; OpenSM was not seen re-reading it within {} ms",
-                self.config.reload_check_ms
+            Ok(Ok(true)) => (
+                true,
+                "the last accepted file was restored and OpenSM re-read it".into(),
             ),
-            Err(e) => format!("the last accepted file was restored; {e}"),
+            Ok(Ok(false)) => (
+                false,
+                format!(
+                    "the last accepted file was restored; OpenSM was not seen re-reading it within {} ms",
+                    self.config.reload_check_ms
+                ),
+            ),
+            Ok(Err(e)) => (false, format!("the last accepted file was restored; {e}")),
+            Err(e) => (false, format!("the last accepted file could not be restored: {e}")),
         }
     }
 
@@ -603,7 +609,7 @@ impl Inner {
                 let shown = kept.display().to_string();
                 let copy = current.clone();
                 let saved = blocking(move || replace_atomically(&kept, &copy)).await;
-                let restored = self.restore(good).await;
+                let (_, restored) = self.restore(good).await;
                 let kept = match saved {
                     Ok(()) => format!("the rejected file was kept as {shown}"),
                     Err(e) => format!("the rejected file could not be kept ({e})"),
@@ -687,7 +693,7 @@ impl Inner {
             c.unconfirmed = Some("a write is in progress or was interrupted".into())
         })
         .await?;
-        match self.write_and_reload(bytes.clone()).await {
+        match self.write_and_reload(bytes.clone()).await? {
             Ok(true) => {
                 let copy = accepted_copy_path(&path);
                 let good = bytes.clone();
@@ -730,16 +736,15 @@ impl Inner {
                 self.save_commit(|c| c.rejected = Some(first.clone()))
                     .await?;
                 let fallback = accepted.or_else(|| (current != bytes).then_some(current));
-                let restored = match fallback {
+                let (reread, restored) = match fallback {
                     Some(good) => self.restore(good).await,
-                    None => "no accepted file is kept to restore".into(),
+                    None => (false, "no accepted file is kept to restore".into()),
                 };
                 let why = format!("{first}; {restored}");
                 tracing::error!(detail = %why, "partitions file rejected");
-                let still_unconfirmed = !restored.contains("OpenSM re-read it");
                 self.save_commit(|c| {
                     c.rejected = Some(why.clone());
-                    c.unconfirmed = still_unconfirmed.then(|| why.clone());
+                    c.unconfirmed = (!reread).then(|| why.clone());
                 })
                 .await?;
                 Err(OpenSmError::Rejected(why))
