@@ -8,6 +8,7 @@
 mod admission;
 mod assemble;
 mod error;
+pub mod metrics;
 mod plan;
 mod ports;
 mod runner;
@@ -90,6 +91,8 @@ struct Shared {
     applying_since: Mutex<Option<std::time::Instant>>,
     /// The durable apply ledger's current value (written only through [`Agent::commit`]).
     ledger: Mutex<ApplyLedger>,
+    /// Prometheus metrics.
+    metrics: metrics::Metrics,
 }
 
 /// Unix time in nanoseconds.
@@ -106,6 +109,7 @@ impl Agent {
     pub fn new(parts: AgentParts) -> Result<Agent, AgentError> {
         let status = status::Status::new(parts.sm.backend());
         let ledger = parts.store.ledger()?;
+        let metrics = metrics::Metrics::new(parts.sm.backend());
         Ok(Agent {
             shared: Arc::new(Shared {
                 parts,
@@ -118,6 +122,7 @@ impl Agent {
                 applying_since: Mutex::new(None),
                 stopping: tokio::sync::watch::channel(false).0,
                 ledger: Mutex::new(ledger),
+                metrics,
             }),
         })
     }
@@ -331,6 +336,62 @@ impl Agent {
             tokio::time::timeout(limit, beats.changed()).await,
             Ok(Ok(()))
         )
+    }
+
+    /// The metrics as OpenMetrics text, with the state gauges refreshed now. `sweeps`: heavy
+    /// sweeps requested so far, on an OpenSM SM host.
+    pub fn metrics_text(&self, sweeps: Option<u64>) -> String {
+        let mut snapshot = metrics::Snapshot {
+            sweeps,
+            ..Default::default()
+        };
+        if let Ok(attachments) = self.store().attachments() {
+            let now = now_unix_ns();
+            snapshot.attachments = AttachmentState::ALL
+                .iter()
+                .map(|s| {
+                    (
+                        *s,
+                        attachments.iter().filter(|a| a.state == *s).count() as u64,
+                    )
+                })
+                .collect();
+            snapshot.oldest_releasing_secs = attachments
+                .iter()
+                .filter(|a| a.state == AttachmentState::Releasing)
+                .map(|a| (now - a.updated_unix_ns).max(0) as f64 / 1e9)
+                .fold(0.0, f64::max);
+        }
+        if let Ok(bounds) = self.store().event_bounds() {
+            snapshot.events = bounds;
+        }
+        {
+            let status = self.status();
+            if let Some(inv) = &status.inventory {
+                snapshot.ports = inv
+                    .ports
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.device.clone(),
+                            p.port_number,
+                            i64::from(p.state.iba_number()),
+                            p.entries().count() as i64,
+                            p.pkeys.len() as i64,
+                        )
+                    })
+                    .collect();
+            }
+            snapshot.conditions = status.conditions.iter().map(|c| c.kind).collect();
+            snapshot.sm_reachable = status.sm.reachable;
+            snapshot.in_doubt = status.sm.in_doubt.len();
+            snapshot.generation = status.sm.generation;
+        }
+        self.shared.metrics.encode(snapshot)
+    }
+
+    fn metrics(&self) -> &metrics::Metrics {
+        &self.shared.metrics
     }
 
     /// One line for systemd's STATUS=.

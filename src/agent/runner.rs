@@ -9,6 +9,7 @@
 //! even when the desired set went back to the last acknowledged one: the failed apply may have
 //! reached the subnet manager.
 
+use super::metrics::Timed;
 use super::plan::{self, Ack, Observed};
 use super::{changed_event, now_unix_ns, ports, Agent};
 use crate::domain::{
@@ -226,7 +227,9 @@ impl Loop {
         let started = Instant::now();
         let started_unix_ns = now_unix_ns();
         let parts = &self.agent.shared.parts;
-        let inventory = match parts.observer.inventory().await {
+        let result = parts.observer.inventory().await;
+        self.agent.metrics().read(result.is_ok(), started.elapsed());
+        let inventory = match result {
             Ok(mut inv) => {
                 parts.selector.apply(&mut inv);
                 self.agent.status().inventory = Some(inv.clone());
@@ -268,6 +271,7 @@ impl Loop {
         self.unacked = true;
         let sm = self.agent.shared.parts.sm.clone();
         self.agent.set_applying(true);
+        let sent = Instant::now();
         let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, generation)).await
         {
             Ok(r) => r,
@@ -276,6 +280,13 @@ impl Loop {
             ))),
         };
         self.agent.set_applying(false);
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(SmError::Unavailable(_)) => "unavailable",
+            Err(SmError::Refused(_)) => "refused",
+            Err(SmError::StaleGeneration { .. }) => "stale_generation",
+        };
+        self.agent.metrics().apply(outcome, sent.elapsed());
         let cfg = &self.agent.shared.parts.reconciler;
         let was = self.sm_error.clone();
         let applied = match result {
@@ -490,6 +501,7 @@ impl Loop {
         let _guard = self.agent.shared.write.lock().await;
         let now = now_unix_ns();
         let mut touched: Vec<Attachment> = Vec::new();
+        let mut latencies = Vec::new();
         for t in transitions {
             let id = snapshot[t.index].instance_id.as_str();
             let current = match touched.iter_mut().find(|a| a.instance_id.as_str() == id) {
@@ -504,6 +516,22 @@ impl Loop {
             };
             if current.state != t.from {
                 continue;
+            }
+            let timed = match (t.from, t.to) {
+                (_, AttachmentState::Active) if t.from == AttachmentState::Drifted => {
+                    Some((Timed::DriftRepaired, current.updated_unix_ns))
+                }
+                (_, AttachmentState::Active) => {
+                    Some((Timed::AttachToActive, current.created_unix_ns))
+                }
+                (_, AttachmentState::Released) => {
+                    Some((Timed::ReleaseToReleased, current.updated_unix_ns))
+                }
+                _ => None,
+            };
+            if let Some((which, since)) = timed {
+                let ns = u64::try_from(now - since).unwrap_or(0);
+                latencies.push((which, Duration::from_nanos(ns)));
             }
             current.state = t.to;
             current.updated_unix_ns = now;
@@ -543,6 +571,9 @@ impl Loop {
         }
         batch.upserts = touched;
         self.agent.commit(batch)?;
+        for (which, elapsed) in latencies {
+            self.agent.metrics().transition(which, elapsed);
+        }
         Ok(())
     }
 
