@@ -219,6 +219,8 @@ async fn console_reload_triggers_a_reread() {
         reload: ReloadMethod::Console,
         console_port: port,
         reload_check_ms: 3000,
+        // The rig's Default grants ALL=full: acknowledged, or tenant keys are refused.
+        allow_full_default: true,
         ..OpenSmConfig::default()
     };
     let backend =

@@ -9,13 +9,17 @@ use crate::observe::embedded::EmbeddedObserver;
 use crate::observe::PortObserver;
 use crate::sim::{SimFabric, SimPersistence};
 use crate::sm::embedded::EmbeddedSm;
-use crate::sm::opensm::{NodeMembershipStore, NodeStoreError, OpenSmBackend, StoredNode};
+use crate::sm::opensm::{
+    CommitState, NodeMembershipStore, NodeStoreError, OpenSmBackend, StoredNode,
+};
 use crate::sm::SubnetManager;
 use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 
 const SIM_TABLES: &str = "sim_tables";
+/// Store meta key of the OpenSM backend's commit state (unconfirmed write, rejected file).
+const OPENSM_COMMIT: &str = "opensm_commit_state";
 /// Store meta key of the UFM backend's ledger (GUIDs this node put in partitions).
 const UFM_LEDGER: &str = "ufm_ledger";
 
@@ -64,6 +68,25 @@ impl NodeMembershipStore for StoredSmNodes {
         .map_err(|e| NodeStoreError(e.to_string()))?;
         self.0
             .put_sm_node(&node.memberships.node_id, &bytes)
+            .map_err(|e| NodeStoreError(e.to_string()))
+    }
+
+    fn load_commit_state(&self) -> Result<CommitState, NodeStoreError> {
+        match self
+            .0
+            .meta(OPENSM_COMMIT)
+            .map_err(|e| NodeStoreError(e.to_string()))?
+        {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| NodeStoreError(format!("{OPENSM_COMMIT}: {e}"))),
+            None => Ok(CommitState::default()),
+        }
+    }
+
+    fn put_commit_state(&self, state: &CommitState) -> Result<(), NodeStoreError> {
+        let bytes = serde_json::to_vec(state).map_err(|e| NodeStoreError(e.to_string()))?;
+        self.0
+            .set_meta(OPENSM_COMMIT, &bytes)
             .map_err(|e| NodeStoreError(e.to_string()))
     }
 }
@@ -128,10 +151,11 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             &sm_cfg.embedded,
         )),
         Backend::Opensm => {
-            let cfg = sm_cfg
+            let mut cfg = sm_cfg
                 .opensm
                 .clone()
                 .expect("validated: [subnet_manager.opensm] present");
+            cfg.allow_full_default = config.allow_full_default;
             let backend =
                 OpenSmBackend::new(cfg, node_id.clone(), Arc::new(StoredSmNodes(store.clone())))
                     .map_err(|e| AgentError::Unavailable(e.to_string()))?;

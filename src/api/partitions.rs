@@ -36,16 +36,57 @@ impl PartitionsService {
     }
 }
 
+/// Type URL of the [`pb::StaleGeneration`] detail of an ABORTED status.
+pub const STALE_GENERATION_TYPE_URL: &str = "type.googleapis.com/fabric.sm.v1.StaleGeneration";
+/// Trailer carrying the stored generation (decimal) of an ABORTED status.
+pub const STORED_GENERATION_TRAILER: &str = "fabric-stored-generation";
+
+/// The ABORTED status refusing a generation: the stored generation as a status detail
+/// (`ErrorStatus` = `google.rpc.Status` with a `StaleGeneration` in `details`) and as the
+/// `fabric-stored-generation` trailer.
+pub fn stale_generation_status(sent: u64, stored: u64, message: String) -> Status {
+    use prost::Message;
+    let detail = pb::StaleGeneration { stored, sent };
+    let details = pb::ErrorStatus {
+        code: tonic::Code::Aborted as i32,
+        message: message.clone(),
+        details: vec![prost_types::Any {
+            type_url: STALE_GENERATION_TYPE_URL.into(),
+            value: detail.encode_to_vec(),
+        }],
+    };
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert(
+        STORED_GENERATION_TRAILER,
+        stored
+            .to_string()
+            .parse()
+            .expect("decimal digits are valid metadata"),
+    );
+    Status::with_details_and_metadata(
+        tonic::Code::Aborted,
+        message,
+        details.encode_to_vec().into(),
+        metadata,
+    )
+}
+
 /// The status a backend error answers with.
 pub fn status_of(e: &OpenSmError) -> Status {
     let msg = e.to_string();
     match e {
         OpenSmError::Invalid(_) | OpenSmError::OperatorKey(_) => Status::invalid_argument(msg),
         OpenSmError::TableFull(_) => Status::resource_exhausted(msg),
-        OpenSmError::OperatorFile(_) | OpenSmError::Rejected(_) => Status::failed_precondition(msg),
-        OpenSmError::Unreachable(_) | OpenSmError::Io(_) | OpenSmError::Store(_) => {
-            Status::unavailable(msg)
+        OpenSmError::StaleGeneration { sent, stored } => {
+            stale_generation_status(*sent, *stored, msg)
         }
+        OpenSmError::OperatorFile(_)
+        | OpenSmError::Rejected(_)
+        | OpenSmError::InsecureDefault(_) => Status::failed_precondition(msg),
+        OpenSmError::Unreachable(_)
+        | OpenSmError::Unconfirmed(_)
+        | OpenSmError::Io(_)
+        | OpenSmError::Store(_) => Status::unavailable(msg),
         OpenSmError::Composed(_) => Status::internal(msg),
     }
 }
@@ -216,6 +257,32 @@ mod tests {
         assert_eq!(
             status_of(&OpenSmError::Unreachable("x".into())).code(),
             tonic::Code::Unavailable
+        );
+        assert_eq!(
+            status_of(&OpenSmError::Unconfirmed("x".into())).code(),
+            tonic::Code::Unavailable
+        );
+        assert_eq!(
+            status_of(&OpenSmError::InsecureDefault("x".into())).code(),
+            tonic::Code::FailedPrecondition
+        );
+    }
+
+    #[test]
+    fn stale_generation_carries_the_stored_generation() {
+        use prost::Message;
+        let s = status_of(&OpenSmError::StaleGeneration { sent: 4, stored: 9 });
+        assert_eq!(s.code(), tonic::Code::Aborted);
+        let details = pb::ErrorStatus::decode(s.details()).unwrap();
+        assert_eq!(details.code, tonic::Code::Aborted as i32);
+        assert_eq!(details.details[0].type_url, STALE_GENERATION_TYPE_URL);
+        let stale = pb::StaleGeneration::decode(&details.details[0].value[..]).unwrap();
+        assert_eq!((stale.stored, stale.sent), (9, 4));
+        assert_eq!(s.metadata().get(STORED_GENERATION_TRAILER).unwrap(), "9");
+        // The node's side reads it back as the typed error.
+        assert_eq!(
+            crate::sm::remote::sm_error_of(&s, 4),
+            crate::sm::SmError::StaleGeneration { sent: 4, stored: 9 }
         );
     }
 }

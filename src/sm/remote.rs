@@ -149,9 +149,39 @@ impl RemoteSm {
     }
 }
 
-/// Maps a gRPC status to the backend error: transient codes are retried soon, the rest are
-/// refusals carrying the SM host's message.
-pub fn sm_error_of(status: &tonic::Status) -> SmError {
+/// The generation the SM host holds, when `status` is its ABORTED refusing a generation
+/// (`fabric.sm.v1.StaleGeneration` in the status details, else the `fabric-stored-generation`
+/// trailer); `None` for any other status.
+pub fn stored_generation(status: &tonic::Status) -> Option<u64> {
+    use prost::Message;
+    if status.code() != Code::Aborted {
+        return None;
+    }
+    let from_details = pb::ErrorStatus::decode(status.details())
+        .ok()
+        .and_then(|s| {
+            s.details
+                .into_iter()
+                .find(|a| a.type_url == "type.googleapis.com/fabric.sm.v1.StaleGeneration")
+        })
+        .and_then(|a| pb::StaleGeneration::decode(&a.value[..]).ok())
+        .map(|s| s.stored);
+    from_details.or_else(|| {
+        status
+            .metadata()
+            .get("fabric-stored-generation")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// Maps a gRPC status to the backend error: the SM host's ABORTED refusing a generation becomes
+/// [`SmError::StaleGeneration`] (`sent` is the generation the request carried), other transient
+/// codes are retried soon, the rest are refusals carrying the SM host's message.
+pub fn sm_error_of(status: &tonic::Status, sent: u64) -> SmError {
+    if let Some(stored) = stored_generation(status) {
+        return SmError::StaleGeneration { sent, stored };
+    }
     let msg = format!("SM host: {}", status.message());
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
@@ -200,7 +230,7 @@ impl SubnetManager for RemoteSm {
         let reply = client
             .set_node_memberships(request)
             .await
-            .map_err(|s| sm_error_of(&s))?
+            .map_err(|s| sm_error_of(&s, generation))?
             .into_inner();
         Ok(ApplyOutcome {
             detail: format!(
@@ -238,9 +268,25 @@ mod tests {
 
     #[test]
     fn statuses_map_to_errors() {
-        assert!(sm_error_of(&tonic::Status::unavailable("x")).is_transient());
-        assert!(sm_error_of(&tonic::Status::deadline_exceeded("x")).is_transient());
-        let refused = sm_error_of(&tonic::Status::resource_exhausted("table full"));
+        assert!(sm_error_of(&tonic::Status::unavailable("x"), 1).is_transient());
+        assert!(sm_error_of(&tonic::Status::deadline_exceeded("x"), 1).is_transient());
+        let refused = sm_error_of(&tonic::Status::resource_exhausted("table full"), 1);
         assert_eq!(refused, SmError::Refused("SM host: table full".into()));
+        // An ABORTED without the generation detail stays a transient Unavailable.
+        assert_eq!(
+            sm_error_of(&tonic::Status::aborted("conflict"), 3),
+            SmError::Unavailable("SM host: conflict".into())
+        );
+        // The trailer alone is enough.
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert("fabric-stored-generation", "12".parse().unwrap());
+        let s = tonic::Status::with_metadata(Code::Aborted, "stale", md);
+        assert_eq!(
+            sm_error_of(&s, 7),
+            SmError::StaleGeneration {
+                sent: 7,
+                stored: 12
+            }
+        );
     }
 }

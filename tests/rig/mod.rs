@@ -17,6 +17,7 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod proxy;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -377,6 +378,13 @@ impl Fabric {
             self.opensm.signal(nix::sys::signal::Signal::SIGKILL);
         }
         self.opensm.stop(Duration::from_secs(5));
+    }
+
+    /// SIGKILLs OpenSM by pid and leaves it unreaped (a zombie until [`Fabric::restart_opensm`]
+    /// or drop): signals to its pid still "succeed", as with a real SM host whose init does not
+    /// reap. The fabric's ports keep their tables.
+    pub fn kill_opensm_unreaped(&self) {
+        self.opensm.signal(nix::sys::signal::Signal::SIGKILL);
     }
 
     /// Starts OpenSM again with the same conf (after [`Fabric::stop_opensm`], or stopping the

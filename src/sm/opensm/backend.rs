@@ -4,23 +4,44 @@
 //! Group commit: a request that arrives while a write + sweep is in flight joins the next one,
 //! so a burst from hundreds of nodes costs a handful of sweeps while a lone request goes out at
 //! once. Each caller's future resolves when the write + sweep containing its change completes.
+//!
+//! Generations (fencing): each node orders its sets with a persisted counter. A set with a lower
+//! generation than the stored one, or the same generation and a different set, is refused with
+//! [`OpenSmError::StaleGeneration`] carrying the stored generation (never answered OK); the same
+//! generation with the same set is a retry and re-checks the file.
+//!
+//! Fail-closed: a commit answers OK only once OpenSM was seen re-reading the file without an
+//! error in its log. From just before a write until then the write is *unconfirmed*, persisted
+//! in the store ([`CommitState`]), so the next commit writes, signals and checks again even when
+//! the bytes are unchanged. A copy of the last file OpenSM accepted is kept beside the file
+//! (`.<name>.fabric-agent-accepted`, replaced atomically); when OpenSM rejects a file (the
+//! agent's, or an operator's edit it re-read on its own sweep or a SIGHUP), that copy is put back
+//! at once and OpenSM signalled again, since a rejected file leaves OpenSM fail-open (every port
+//! a full member of one partition). An operator's rejected edit is kept as `<name>.rejected`.
+//! Rejections the agent did not cause are noticed at the next commit and by a log watch every
+//! `watch_ms`.
 
 use super::file::{read_or_empty, replace_atomically};
 use super::model::PartitionsConf;
 use super::region::{
-    check_composed, check_operator_keys, compose, render_region, split_region, RegionError,
+    check_composed, check_operator_keys, check_operator_unchanged, compose,
+    default_grants_all_full, render_region, split_region, tenant_entry_name, RegionError,
     RegionPlan, TableLimits, TenantEntry,
 };
 use super::reload::{OpenSmReloader, ReloadError, Reloader};
 use super::render::is_safe_name;
-use super::store::{NodeMembershipStore, StoredNode};
+use super::store::{CommitState, NodeMembershipStore, StoredNode};
 use super::OpenSmConfig;
-use crate::domain::{validate_label, Guid, LabelRules, NodeMemberships, PKey};
+use crate::domain::{
+    validate_label, Condition, ConditionKind, Guid, LabelRules, Membership, NodeMemberships, PKey,
+};
 use crate::sm::{ApplyOutcome, SmError, SubnetManager};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::oneshot;
 
@@ -62,6 +83,23 @@ pub enum OpenSmError {
     /// The membership store failed.
     #[error("{0}")]
     Store(String),
+    /// The SM host holds a newer generation of this node's set (or the same generation with a
+    /// different set): the node moves its counter past `stored` and sends its current set again.
+    #[error("generation {sent} refused: the SM host holds generation {stored} of this node's set")]
+    StaleGeneration {
+        /// The generation the request carried.
+        sent: u64,
+        /// The generation stored for the node.
+        stored: u64,
+    },
+    /// The file was written but OpenSM was not seen re-reading it: the outcome is unknown and
+    /// the next attempt writes, signals and checks again.
+    #[error("{0}")]
+    Unconfirmed(String),
+    /// The Default entry gives every port full membership of the default partition and the
+    /// config does not acknowledge it: tenant keys are not served.
+    #[error("{0}")]
+    InsecureDefault(String),
 }
 
 impl From<RegionError> for OpenSmError {
@@ -71,6 +109,7 @@ impl From<RegionError> for OpenSmError {
             RegionError::OperatorKey(m) => OpenSmError::OperatorKey(m),
             RegionError::TableFull(m) => OpenSmError::TableFull(m),
             RegionError::Composed(_) => OpenSmError::Composed(e.to_string()),
+            RegionError::Collision(_) => OpenSmError::OperatorFile(e.to_string()),
         }
     }
 }
@@ -87,9 +126,13 @@ impl From<ReloadError> for OpenSmError {
 impl From<OpenSmError> for SmError {
     fn from(e: OpenSmError) -> Self {
         match e {
-            OpenSmError::Unreachable(_) | OpenSmError::Io(_) | OpenSmError::Store(_) => {
-                SmError::Unavailable(e.to_string())
+            OpenSmError::StaleGeneration { sent, stored } => {
+                SmError::StaleGeneration { sent, stored }
             }
+            OpenSmError::Unreachable(_)
+            | OpenSmError::Unconfirmed(_)
+            | OpenSmError::Io(_)
+            | OpenSmError::Store(_) => SmError::Unavailable(e.to_string()),
             _ => SmError::Refused(e.to_string()),
         }
     }
@@ -113,6 +156,63 @@ struct State {
     operator: PartitionsConf,
     pending: Vec<oneshot::Sender<CommitResult>>,
     committing: bool,
+    health: Health,
+}
+
+/// What the backend knows about the file and OpenSM's verdicts.
+#[derive(Debug, Default)]
+struct Health {
+    /// Persisted: unconfirmed write, rejected file.
+    commit: CommitState,
+    /// Where the Default entry grants `ALL=full`, as of the last read of the operator's part.
+    all_full: Option<String>,
+    /// The last file OpenSM rejected: never written again.
+    rejected_bytes: Option<Vec<u8>>,
+    /// OpenSM's log was checked for rejections up to here.
+    log_mark: u64,
+}
+
+/// Where the copy of the last file OpenSM accepted lives: beside the file, hidden.
+pub fn accepted_copy_path(partitions_file: &Path) -> PathBuf {
+    let name = partitions_file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "partitions.conf".into());
+    partitions_file.with_file_name(format!(".{name}.fabric-agent-accepted"))
+}
+
+/// Where an operator's edit that OpenSM rejected is kept when the accepted file is restored.
+pub fn rejected_copy_path(partitions_file: &Path) -> PathBuf {
+    let name = partitions_file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "partitions.conf".into());
+    partitions_file.with_file_name(format!("{name}.rejected"))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, OpenSmError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| OpenSmError::Io(e.to_string()))?
+        .map_err(|e| OpenSmError::Io(e.to_string()))
+}
+
+fn read_optional(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn same_set(a: &NodeMemberships, b: &NodeMemberships) -> bool {
+    let mut ga = a.port_guids.clone();
+    let mut gb = b.port_guids.clone();
+    ga.sort();
+    gb.sort();
+    a.node_id == b.node_id && ga == gb && a.keys == b.keys
 }
 
 struct Inner {
@@ -171,7 +271,17 @@ impl OpenSmBackend {
             .and_then(|b| split_region(&b).ok())
             .and_then(|p| p.parse().ok())
             .unwrap_or_default();
-        Ok(OpenSmBackend {
+        let commit = store
+            .load_commit_state()
+            .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        let health = Health {
+            commit,
+            all_full: all_full_of(&config, &operator),
+            rejected_bytes: None,
+            log_mark: reloader.checkpoint(),
+        };
+        let watch = Duration::from_millis(config.watch_ms);
+        let backend = OpenSmBackend {
             inner: Arc::new(Inner {
                 config,
                 local_node_id,
@@ -183,13 +293,18 @@ impl OpenSmBackend {
                     operator,
                     pending: Vec::new(),
                     committing: false,
+                    health,
                 }),
                 admit: tokio::sync::Mutex::new(()),
                 serial: tokio::sync::Mutex::new(()),
                 sweeps: AtomicU64::new(0),
                 writes: AtomicU64::new(0),
             }),
-        })
+        };
+        if !watch.is_zero() && tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(watch_log(Arc::downgrade(&backend.inner), watch));
+        }
+        Ok(backend)
     }
 
     /// Sweeps requested since start.
@@ -218,7 +333,9 @@ impl OpenSmBackend {
     }
 
     /// Replaces one node's desired set (declarative). Returns once the write + sweep containing
-    /// it completed; a generation older than the stored one is ignored.
+    /// it completed and OpenSM was seen re-reading the file without error. A generation older
+    /// than the stored one, or the same generation with a different set, is refused with
+    /// [`OpenSmError::StaleGeneration`]; the same generation with the same set is a retry.
     pub async fn set_node(
         &self,
         desired: NodeMemberships,
@@ -230,50 +347,68 @@ impl OpenSmBackend {
         let _alone = self.serial_unless_grouped().await;
         {
             let _admit = self.inner.admit.lock().await;
-            {
+            let retry = {
                 let st = self.inner.lock();
-                if let Some(old) = st.nodes.get(&desired.node_id) {
-                    if old.generation > generation {
-                        return Ok(SetOutcome {
-                            sweeps: self.sweeps(),
-                            detail: format!(
-                                "generation {generation} is older than the stored {}: ignored",
-                                old.generation
-                            ),
-                        });
+                let retry = match st.nodes.get(&desired.node_id) {
+                    Some(old) if old.generation > generation => {
+                        return Err(OpenSmError::StaleGeneration {
+                            sent: generation,
+                            stored: old.generation,
+                        })
                     }
+                    Some(old) if old.generation == generation => {
+                        if !same_set(&old.memberships, &desired) {
+                            return Err(OpenSmError::StaleGeneration {
+                                sent: generation,
+                                stored: old.generation,
+                            });
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !retry {
+                    self.admissible(&st, &desired)?;
                 }
-                self.admissible(&st, &desired)?;
-            }
-            let record = StoredNode {
-                memberships: desired.clone(),
-                generation,
+                retry
             };
-            let store = Arc::clone(&self.inner.store);
-            let put = record.clone();
-            tokio::task::spawn_blocking(move || store.put(&put))
-                .await
-                .map_err(|e| OpenSmError::Store(e.to_string()))?
-                .map_err(|e| OpenSmError::Store(e.to_string()))?;
-            let mut st = self.inner.lock();
-            let old_guids = st
-                .nodes
-                .get(&desired.node_id)
-                .map(|old| old.memberships.port_guids.clone())
-                .unwrap_or_default();
-            for g in &old_guids {
-                st.guid_owner.remove(g);
+            if !retry {
+                self.admit(desired, generation).await?;
             }
-            for g in &desired.port_guids {
-                st.guid_owner.insert(*g, desired.node_id.clone());
-            }
-            st.nodes.insert(desired.node_id.clone(), record);
         }
         let detail = self.commit().await?;
         Ok(SetOutcome {
             sweeps: self.sweeps(),
             detail,
         })
+    }
+
+    /// Stores an admitted set durably, then in memory.
+    async fn admit(&self, desired: NodeMemberships, generation: u64) -> Result<(), OpenSmError> {
+        let record = StoredNode {
+            memberships: desired.clone(),
+            generation,
+        };
+        let store = Arc::clone(&self.inner.store);
+        let put = record.clone();
+        tokio::task::spawn_blocking(move || store.put(&put))
+            .await
+            .map_err(|e| OpenSmError::Store(e.to_string()))?
+            .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        let mut st = self.inner.lock();
+        let old_guids = st
+            .nodes
+            .get(&desired.node_id)
+            .map(|old| old.memberships.port_guids.clone())
+            .unwrap_or_default();
+        for g in &old_guids {
+            st.guid_owner.remove(g);
+        }
+        for g in &desired.port_guids {
+            st.guid_owner.insert(*g, desired.node_id.clone());
+        }
+        st.nodes.insert(desired.node_id.clone(), record);
+        Ok(())
     }
 
     /// Request checks against the other nodes and the operator's part of the file.
@@ -285,6 +420,13 @@ impl OpenSmBackend {
                         "port {g} belongs to node {owner:?}"
                     )));
                 }
+            }
+        }
+        if !desired.keys.is_empty() && !self.inner.config.allow_full_default {
+            if let Some(why) = &st.health.all_full {
+                return Err(OpenSmError::InsecureDefault(format!(
+                    "{why}; the SM host serves tenant keys only when its config acknowledges this with allow_full_default = true (an empty set is always served)"
+                )));
             }
         }
         check_operator_keys(&st.operator, desired.keys.keys())?;
@@ -378,9 +520,7 @@ impl Inner {
         }
         tenants.retain(|_, t| !t.members.is_empty());
         for (key, t) in tenants.iter_mut() {
-            if t.name.is_empty() {
-                t.name = format!("pkey_{:04x}", key.base());
-            }
+            t.name = tenant_entry_name(*key, &t.name);
         }
         RegionPlan {
             default_entry: (!operator.has_explicit_default())
@@ -389,24 +529,135 @@ impl Inner {
         }
     }
 
-    /// One write + sweep of the whole region.
-    async fn commit_once(&self, nodes: &BTreeMap<String, StoredNode>) -> CommitResult {
+    /// Saves the persisted part of the health after `change`.
+    async fn save_commit(&self, change: impl FnOnce(&mut CommitState)) -> Result<(), OpenSmError> {
+        let state = {
+            let mut st = self.lock();
+            change(&mut st.health.commit);
+            st.health.commit.clone()
+        };
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || store.put_commit_state(&state))
+            .await
+            .map_err(|e| OpenSmError::Store(e.to_string()))?
+            .map_err(|e| OpenSmError::Store(e.to_string()))
+    }
+
+    /// Writes `bytes` and makes OpenSM re-read them: the outer error when the file could not be
+    /// written, else `Ok(true)` when OpenSM was seen re-reading it without error. Moves the log
+    /// mark past the verdict.
+    async fn write_and_reload(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<Result<bool, ReloadError>, OpenSmError> {
         let path = self.config.partitions_file.clone();
-        let current = {
+        let checkpoint = self.reloader.checkpoint();
+        blocking(move || replace_atomically(&path, &bytes)).await?;
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
+        let result = self.reloader.reload(checkpoint).await;
+        self.lock().health.log_mark = self.reloader.checkpoint();
+        Ok(result.map(|r| r.file_read))
+    }
+
+    /// Puts the last accepted file back after OpenSM rejected one, and signals OpenSM again.
+    /// Returns whether OpenSM was seen re-reading it, and what happened for humans.
+    async fn restore(&self, good: Vec<u8>) -> (bool, String) {
+        match self.write_and_reload(good).await {
+            Ok(Ok(true)) => (
+                true,
+                "the last accepted file was restored and OpenSM re-read it".into(),
+            ),
+            Ok(Ok(false)) => (
+                false,
+                format!(
+                    "the last accepted file was restored; OpenSM was not seen re-reading it within {} ms",
+                    self.config.reload_check_ms
+                ),
+            ),
+            Ok(Err(e)) => (false, format!("the last accepted file was restored; {e}")),
+            Err(e) => (false, format!("the last accepted file could not be restored: {e}")),
+        }
+    }
+
+    /// Repairs a rejection OpenSM logged on its own since the last check (an operator's edit it
+    /// re-read on a sweep or a SIGHUP): keeps the edit as `<name>.rejected`, restores the last
+    /// accepted file and raises the rejected condition.
+    async fn repair_foreign_rejection(&self) -> Result<(), OpenSmError> {
+        let mark = self.lock().health.log_mark;
+        let (errors, end) = self.reloader.rejections_since(mark);
+        self.lock().health.log_mark = end;
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let seen = errors.join(" | ");
+        let path = self.config.partitions_file.clone();
+        let accepted_path = accepted_copy_path(&path);
+        let (current, accepted) = {
+            let path = path.clone();
+            blocking(move || Ok((read_or_empty(&path)?, read_optional(&accepted_path)?))).await?
+        };
+        // Raised before anything is restored: whoever sees the restored file sees why.
+        let first = format!(
+            "OpenSM rejected the partitions file on a sweep the agent did not trigger ({seen})"
+        );
+        self.save_commit(|c| c.rejected = Some(first.clone()))
+            .await?;
+        let detail = match accepted {
+            Some(good) if good != current => {
+                let kept = rejected_copy_path(&path);
+                let shown = kept.display().to_string();
+                let copy = current.clone();
+                let saved = blocking(move || replace_atomically(&kept, &copy)).await;
+                let (_, restored) = self.restore(good).await;
+                let kept = match saved {
+                    Ok(()) => format!("the rejected file was kept as {shown}"),
+                    Err(e) => format!("the rejected file could not be kept ({e})"),
+                };
+                format!("{first}; {kept}; {restored}")
+            }
+            Some(_) => {
+                // The file is the accepted one again: check it again on this commit.
+                self.save_commit(|c| {
+                    c.unconfirmed = Some("OpenSM logged a rejection since the last check".into())
+                })
+                .await?;
+                format!("{first}; the file on disk is the last accepted one")
+            }
+            None => format!("{first}; no accepted file is kept to restore: fix the file"),
+        };
+        tracing::warn!(detail = %detail, "partitions file rejected");
+        self.save_commit(|c| c.rejected = Some(detail)).await
+    }
+
+    /// One write + sweep of the whole region, answered OK only once OpenSM was seen re-reading
+    /// the file without error.
+    async fn commit_once(&self, nodes: &BTreeMap<String, StoredNode>) -> CommitResult {
+        self.repair_foreign_rejection().await?;
+        let path = self.config.partitions_file.clone();
+        let (current, accepted) = {
             let path = path.clone();
             let shown = path.display().to_string();
-            tokio::task::spawn_blocking(move || read_or_empty(&path))
-                .await
-                .map_err(|e| OpenSmError::Io(e.to_string()))?
-                .map_err(|e| OpenSmError::Io(format!("{shown}: {e}")))?
+            let accepted_path = accepted_copy_path(&path);
+            blocking(move || {
+                let current = read_or_empty(&path)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{shown}: {e}")))?;
+                Ok((current, read_optional(&accepted_path)?))
+            })
+            .await?
         };
         let parts = split_region(&current)?;
         let operator = parts.parse()?;
+        {
+            let mut st = self.lock();
+            st.health.all_full = all_full_of(&self.config, &operator);
+            st.operator = operator.clone();
+        }
         let plan = self.plan(nodes, &operator);
         check_operator_keys(&operator, plan.tenants.keys())?;
         let region = render_region(&plan);
         let bytes = compose(&parts, &region);
-        check_composed(
+        let whole = check_composed(
             &bytes,
             &region,
             &plan,
@@ -415,29 +666,123 @@ impl Inner {
                 allow_both_pkeys: self.config.allow_both_pkeys,
             },
         )?;
-        self.lock().operator = operator;
-        if bytes == current {
-            return Ok("partitions file already up to date".into());
+        check_operator_unchanged(&operator, &whole, &plan)?;
+        let (confirmed, rejected_before) = {
+            let st = self.lock();
+            (
+                st.health.commit.unconfirmed.is_none(),
+                st.health.rejected_bytes.as_deref() == Some(&bytes[..]),
+            )
+        };
+        if bytes == current && confirmed && accepted.as_deref() == Some(&current[..]) {
+            return Ok("partitions file already up to date (OpenSM accepted it)".into());
         }
-        let checkpoint = self.reloader.checkpoint();
-        tokio::task::spawn_blocking(move || replace_atomically(&path, &bytes))
-            .await
-            .map_err(|e| OpenSmError::Io(e.to_string()))?
-            .map_err(|e| OpenSmError::Io(e.to_string()))?;
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.sweeps.fetch_add(1, Ordering::Relaxed);
-        let report = self.reloader.reload(checkpoint).await?;
-        Ok(if report.file_read {
-            format!(
-                "partitions file written ({} keys), heavy sweep requested, OpenSM re-read it without error",
-                plan.tenants.len()
-            )
-        } else {
-            format!(
-                "partitions file written ({} keys), heavy sweep requested, OpenSM not yet seen re-reading it",
-                plan.tenants.len()
-            )
+        if rejected_before {
+            let why = self
+                .lock()
+                .health
+                .commit
+                .rejected
+                .clone()
+                .unwrap_or_default();
+            return Err(OpenSmError::Rejected(format!(
+                "OpenSM rejected this exact partitions file before; it is not written again ({why})"
+            )));
+        }
+        self.save_commit(|c| {
+            c.unconfirmed = Some("a write is in progress or was interrupted".into())
         })
+        .await?;
+        match self.write_and_reload(bytes.clone()).await? {
+            Ok(true) => {
+                let copy = accepted_copy_path(&path);
+                let good = bytes.clone();
+                blocking(move || replace_atomically(&copy, &good)).await?;
+                self.lock().health.rejected_bytes = None;
+                self.save_commit(|c| {
+                    c.unconfirmed = None;
+                    c.rejected = None;
+                })
+                .await?;
+                Ok(format!(
+                    "partitions file written ({} keys), heavy sweep requested, OpenSM re-read it without error",
+                    plan.tenants.len()
+                ))
+            }
+            Ok(false) => {
+                let why = format!(
+                    "partitions file written ({} keys) and a heavy sweep requested, but OpenSM was not seen re-reading it within {} ms (is OpenSM running and sweeping?); the write is re-checked on the next attempt",
+                    plan.tenants.len(),
+                    self.config.reload_check_ms
+                );
+                self.save_commit(|c| c.unconfirmed = Some(why.clone()))
+                    .await?;
+                Err(OpenSmError::Unconfirmed(why))
+            }
+            Err(ReloadError::Unreachable(m)) => {
+                let why = format!(
+                    "partitions file written ({} keys) but OpenSM could not be made to re-read it: {m}; the write is re-checked on the next attempt",
+                    plan.tenants.len()
+                );
+                self.save_commit(|c| c.unconfirmed = Some(why.clone()))
+                    .await?;
+                Err(OpenSmError::Unreachable(why))
+            }
+            Err(ReloadError::Rejected(lines)) => {
+                self.lock().health.rejected_bytes = Some(bytes.clone());
+                // Raised before anything is restored: whoever sees the restored file sees why.
+                let first =
+                    format!("OpenSM rejected the partitions file the agent wrote ({lines})");
+                self.save_commit(|c| c.rejected = Some(first.clone()))
+                    .await?;
+                let fallback = accepted.or_else(|| (current != bytes).then_some(current));
+                let (reread, restored) = match fallback {
+                    Some(good) => self.restore(good).await,
+                    None => (false, "no accepted file is kept to restore".into()),
+                };
+                let why = format!("{first}; {restored}");
+                tracing::error!(detail = %why, "partitions file rejected");
+                self.save_commit(|c| {
+                    c.rejected = Some(why.clone());
+                    c.unconfirmed = (!reread).then(|| why.clone());
+                })
+                .await?;
+                Err(OpenSmError::Rejected(why))
+            }
+        }
+    }
+}
+
+/// Where the Default entry (the operator's, or the region's when the operator has none) grants
+/// every port full membership.
+fn all_full_of(config: &OpenSmConfig, operator: &PartitionsConf) -> Option<String> {
+    if operator.has_explicit_default() {
+        default_grants_all_full(operator)
+    } else if config.default_membership == Membership::Full {
+        Some("default_membership = \"full\" makes the region's Default entry ALL=full: every tenant port can reach every other through the default partition".into())
+    } else {
+        None
+    }
+}
+
+/// Looks at OpenSM's log every `every` for rejections the agent did not cause, and repairs them
+/// with a commit. Ends when the backend is dropped.
+async fn watch_log(inner: Weak<Inner>, every: Duration) {
+    let mut scanned = 0u64;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let mark = inner.lock().health.log_mark;
+        let (errors, end) = inner.reloader.rejections_since(scanned.max(mark));
+        scanned = end;
+        if !errors.is_empty() {
+            let backend = OpenSmBackend { inner };
+            if let Err(e) = backend.resync().await {
+                tracing::warn!(error = %e, "repair after a rejected partitions file");
+            }
+        }
     }
 }
 
@@ -495,5 +840,44 @@ impl SubnetManager for OpenSmBackend {
         Ok(ApplyOutcome {
             detail: outcome.detail,
         })
+    }
+
+    fn conditions(&self) -> Vec<Condition> {
+        self.conditions_now()
+    }
+}
+
+impl OpenSmBackend {
+    /// The standing conditions of the partitions file and OpenSM, as the SM host sees them now:
+    /// the Default entry grants `ALL=full`, OpenSM rejected a file (last accepted one restored),
+    /// the last write is unconfirmed.
+    pub fn conditions_now(&self) -> Vec<Condition> {
+        let st = self.inner.lock();
+        let h = &st.health;
+        let mut out = Vec::new();
+        if let Some(why) = &h.all_full {
+            let ack = if self.inner.config.allow_full_default {
+                "acknowledged by allow_full_default = true"
+            } else {
+                "tenant keys are not served until allow_full_default = true"
+            };
+            out.push(Condition {
+                kind: ConditionKind::OperatorDefaultAllFull,
+                detail: format!("{why} ({ack})"),
+            });
+        }
+        if let Some(why) = &h.commit.rejected {
+            out.push(Condition {
+                kind: ConditionKind::PartitionsFileRejected,
+                detail: why.clone(),
+            });
+        }
+        if let Some(why) = &h.commit.unconfirmed {
+            out.push(Condition {
+                kind: ConditionKind::PartitionsFileUnconfirmed,
+                detail: why.clone(),
+            });
+        }
+        out
     }
 }

@@ -20,7 +20,7 @@ pub mod render;
 pub mod store;
 
 pub use backend::{OpenSmBackend, OpenSmError, SetOutcome};
-pub use store::{InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode};
+pub use store::{CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode};
 
 use crate::domain::Membership;
 use serde::Deserialize;
@@ -78,6 +78,16 @@ pub struct OpenSmConfig {
     /// sweep per request, for comparison).
     #[serde(default = "default_true")]
     pub group_commit: bool,
+    /// How often to look at OpenSM's log for a file it rejected on a sweep the agent did not
+    /// trigger (an operator's edit that breaks the file), milliseconds; such a rejection is
+    /// repaired at once (last accepted file restored, OpenSM signalled). 0: only at the next
+    /// commit. Default 2000.
+    #[serde(default = "default_watch_ms")]
+    pub watch_ms: u64,
+    /// Whether tenant keys are served while the Default entry grants `ALL=full`. Not read from
+    /// this section: the daemon copies the top-level `allow_full_default` here.
+    #[serde(skip)]
+    pub allow_full_default: bool,
 }
 
 fn default_partitions_file() -> PathBuf {
@@ -101,6 +111,9 @@ fn default_membership() -> Membership {
 fn default_true() -> bool {
     true
 }
+fn default_watch_ms() -> u64 {
+    2000
+}
 
 impl Default for OpenSmConfig {
     fn default() -> Self {
@@ -116,6 +129,8 @@ impl Default for OpenSmConfig {
             allow_both_pkeys: false,
             default_membership: default_membership(),
             group_commit: true,
+            watch_ms: default_watch_ms(),
+            allow_full_default: false,
         }
     }
 }

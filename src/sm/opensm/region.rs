@@ -9,17 +9,59 @@
 //! the default partition (they reach the SM and SA, which are full members, but not each other),
 //! and the SM host's own port (`SELF`) is a full member as OpenSM needs.
 //!
+//! Tenant entries are named `fa.<key>[.<requested name>]` (cut to OpenSM's 31 characters): a
+//! name no operator entry is expected to use, so a keyless operator entry (whose key OpenSM looks
+//! up by name) never resolves to a tenant's partition and pulls its ports into it.
+//!
 //! Before anything is written the whole composed file is parsed back with the strict parser and
-//! refused unless it loads, has an explicit Default entry, adds no surprise of its own, and puts
-//! no more keys on any agent-managed port than its table holds.
+//! refused unless it loads, has an explicit Default entry, adds no surprise of its own, puts no
+//! more keys on any agent-managed port than its table holds, leaves every operator partition with
+//! exactly the key and members it has without the region, and gives every tenant key exactly the
+//! members the region lists.
 
-use super::model::{MemberKind, PartitionsConf, PortSet, DEFAULT_BASE};
+use super::model::{
+    EffectivePartition, MemberKind, PartitionsConf, PortSet, DEFAULT_BASE, NAME_MAX,
+};
 use super::parse::{parse, parse_part};
 use super::render::{render_entry, EntrySpec, FlagSpec};
 use crate::domain::{Guid, Membership, PKey};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
+/// Prefix of every tenant entry's name in the region.
+pub const TENANT_NAME_PREFIX: &str = "fa.";
+
+/// The name of a tenant key's entry: `fa.<4 hex digits>` plus `.<requested>` when the nodes gave
+/// one, cut to OpenSM's 31 characters. `requested` must already be safe (`[A-Za-z0-9_.-]`).
+pub fn tenant_entry_name(key: PKey, requested: &str) -> String {
+    let mut name = format!("{TENANT_NAME_PREFIX}{:04x}", key.base());
+    if !requested.is_empty() {
+        name.push('.');
+        name.push_str(requested);
+    }
+    name.truncate(NAME_MAX);
+    name
+}
+
+/// Where the operator's part gives every port full membership of the default partition
+/// (`Default=0x7fff : ALL=full`, also written `A=f`, `ALL_CAS=full`, `both`, or through
+/// `defmember=full`): every tenant could reach every other through it. `None` when it does not.
+pub fn default_grants_all_full(conf: &PartitionsConf) -> Option<String> {
+    conf.entries
+        .iter()
+        .filter(|e| e.pkey == DEFAULT_BASE)
+        .flat_map(|e| e.members.iter())
+        .find(|m| {
+            matches!(m.ports, PortSet::All | PortSet::AllCas)
+                && matches!(m.kind, MemberKind::Full | MemberKind::Both)
+        })
+        .map(|m| {
+            format!(
+                "line {} of the partitions file makes {} a {} member of the default partition (0x7fff): every tenant port can reach every other through it",
+                m.line, m.ports, m.kind
+            )
+        })
+}
 /// First line of the agent's region.
 pub const BEGIN_MARKER: &str = "# BEGIN fabric-agent managed region: do not edit";
 /// Last line of the agent's region.
@@ -40,6 +82,10 @@ pub enum RegionError {
     /// The composed file failed the final check (a bug: nothing was written).
     #[error("composed file refused: {0}")]
     Composed(String),
+    /// The region would change an operator partition's key or members, or an operator entry
+    /// would add members to a tenant key (nothing was written).
+    #[error("refused, nothing written: {0}")]
+    Collision(String),
 }
 
 /// The operator's bytes around the region.
@@ -233,6 +279,64 @@ pub fn check_operator_keys<'a>(
                 e.line
             )));
         }
+    }
+    Ok(())
+}
+
+fn member_set(p: Option<&EffectivePartition>) -> BTreeSet<(PortSet, MemberKind)> {
+    p.map(|p| p.members.iter().map(|m| (m.ports, m.kind)).collect())
+        .unwrap_or_default()
+}
+
+/// Checks that the composed file (`whole`) leaves every partition the operator's part defines
+/// (`operator`, parsed without the region) with the same key and members, and gives each tenant
+/// key exactly the region's members: no entry of one side resolved to the other by name or key.
+pub fn check_operator_unchanged(
+    operator: &PartitionsConf,
+    whole: &PartitionsConf,
+    plan: &RegionPlan,
+) -> Result<(), RegionError> {
+    let before = operator.effective();
+    let after = whole.effective();
+    let operator_keys: BTreeSet<u16> = operator.keys().collect();
+    for key in &operator_keys {
+        let was = member_set(before.get(key));
+        let now = member_set(after.get(key));
+        if was != now {
+            return Err(RegionError::Collision(format!(
+                "the operator's partition {key:#06x} ({}) would change members with the region in place: {} before, {} after",
+                before.get(key).map_or("?", |p| p.name.as_str()),
+                was.len(),
+                now.len()
+            )));
+        }
+    }
+    for (key, t) in &plan.tenants {
+        let want: BTreeSet<(PortSet, MemberKind)> = t
+            .members
+            .iter()
+            .map(|(g, m)| (PortSet::Guid(*g), member_kind(*m)))
+            .collect();
+        let got = member_set(after.get(&key.base()));
+        if want != got {
+            return Err(RegionError::Collision(format!(
+                "tenant key {key} would hold {} members in the composed file instead of the region's {} (an operator entry resolves to it)",
+                got.len(),
+                want.len()
+            )));
+        }
+    }
+    let expected: BTreeSet<u16> = operator_keys
+        .iter()
+        .copied()
+        .chain(plan.tenants.keys().map(|k| k.base()))
+        .chain([DEFAULT_BASE])
+        .collect();
+    let found: BTreeSet<u16> = after.keys().copied().collect();
+    if let Some(extra) = found.difference(&expected).next() {
+        return Err(RegionError::Collision(format!(
+            "the composed file defines partition {extra:#06x}, which neither the operator's part nor the region does"
+        )));
     }
     Ok(())
 }

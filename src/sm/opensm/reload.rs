@@ -49,6 +49,11 @@ pub trait Reloader: Send + Sync + 'static {
     fn checkpoint(&self) -> u64;
     /// Forces a heavy sweep and checks OpenSM's verdict on everything after `checkpoint`.
     async fn reload(&self, checkpoint: u64) -> Result<ReloadReport, ReloadError>;
+    /// Rejections OpenSM logged after `offset` on its own (a sweep the agent did not trigger
+    /// re-read a file an operator broke), and the offset read up to. Default: none.
+    fn rejections_since(&self, offset: u64) -> (Vec<String>, u64) {
+        (Vec::new(), offset)
+    }
 }
 
 /// The real [`Reloader`]: SIGHUP or console, then OpenSM's log.
@@ -172,23 +177,30 @@ pub fn log_length(path: &Path) -> u64 {
 
 /// Complete lines written after `offset` (from the start when the log was rotated).
 pub fn log_lines_since(path: &Path, offset: u64) -> Vec<String> {
+    log_lines_and_end(path, offset).0
+}
+
+/// Complete lines written after `offset` (from the start when the log was rotated), and the
+/// offset just past the last complete line.
+pub fn log_lines_and_end(path: &Path, offset: u64) -> (Vec<String>, u64) {
     let Ok(mut f) = std::fs::File::open(path) else {
-        return Vec::new();
+        return (Vec::new(), offset);
     };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let from = if len < offset { 0 } else { offset };
     if f.seek(SeekFrom::Start(from)).is_err() {
-        return Vec::new();
+        return (Vec::new(), offset);
     }
     let mut buf = Vec::new();
     if f.read_to_end(&mut buf).is_err() {
-        return Vec::new();
+        return (Vec::new(), offset);
     }
     let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    String::from_utf8_lossy(&buf[..complete])
+    let lines = String::from_utf8_lossy(&buf[..complete])
         .lines()
         .map(str::to_owned)
-        .collect()
+        .collect();
+    (lines, from + complete as u64)
 }
 
 /// OpenSM's verdict in log lines: the lines showing it dropped the file, and whether a sweep
@@ -211,6 +223,14 @@ pub fn verdict(lines: &[String]) -> (Vec<String>, bool) {
 impl Reloader for OpenSmReloader {
     fn checkpoint(&self) -> u64 {
         log_length(&self.log_file)
+    }
+
+    fn rejections_since(&self, offset: u64) -> (Vec<String>, u64) {
+        if log_length(&self.log_file) == offset {
+            return (Vec::new(), offset);
+        }
+        let (lines, end) = log_lines_and_end(&self.log_file, offset);
+        (verdict(&lines).0, end)
     }
 
     async fn reload(&self, checkpoint: u64) -> Result<ReloadReport, ReloadError> {

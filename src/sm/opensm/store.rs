@@ -1,6 +1,7 @@
-//! Persistence of every node's desired memberships on the SM host, so a restarted agent
-//! rewrites the same region. The daemon implements [`NodeMembershipStore`] on its durable store;
-//! [`InMemoryNodeStore`] serves tests.
+//! Persistence on the SM host: every node's desired memberships, so a restarted agent rewrites
+//! the same region, and the state of the last write ([`CommitState`]: unconfirmed, rejected), so
+//! a restarted agent re-checks a write OpenSM was never seen accepting. The daemon implements
+//! [`NodeMembershipStore`] on its durable store; [`InMemoryNodeStore`] serves tests.
 
 use crate::domain::NodeMemberships;
 use std::collections::BTreeMap;
@@ -12,8 +13,21 @@ use thiserror::Error;
 pub struct StoredNode {
     /// The complete desired set.
     pub memberships: NodeMemberships,
-    /// The node's generation for it (requests with a lower one are ignored).
+    /// The node's generation for it: a request with a lower one, or with the same one and a
+    /// different set, is refused.
     pub generation: u64,
+}
+
+/// What the SM host knows about its last write of the partitions file, kept across restarts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CommitState {
+    /// Set (with what was seen) from just before a write until OpenSM is seen re-reading the
+    /// file without error; while set, the next commit rewrites, re-signals and re-checks even
+    /// when the rendered bytes equal the file.
+    pub unconfirmed: Option<String>,
+    /// Set when OpenSM rejected a file (the agent's or an operator's edit) and the last accepted
+    /// one was restored; cleared when a later write of the agent's is confirmed.
+    pub rejected: Option<String>,
 }
 
 /// The store failed.
@@ -27,12 +41,17 @@ pub trait NodeMembershipStore: Send + Sync + 'static {
     fn load_all(&self) -> Result<Vec<StoredNode>, NodeStoreError>;
     /// Replaces one node's record durably before returning.
     fn put(&self, node: &StoredNode) -> Result<(), NodeStoreError>;
+    /// The last saved [`CommitState`] (default when none was saved).
+    fn load_commit_state(&self) -> Result<CommitState, NodeStoreError>;
+    /// Saves the [`CommitState`] durably before returning.
+    fn put_commit_state(&self, state: &CommitState) -> Result<(), NodeStoreError>;
 }
 
 /// A [`NodeMembershipStore`] in memory.
 #[derive(Debug, Default)]
 pub struct InMemoryNodeStore {
     nodes: Mutex<BTreeMap<String, StoredNode>>,
+    commit: Mutex<CommitState>,
 }
 
 impl NodeMembershipStore for InMemoryNodeStore {
@@ -49,6 +68,22 @@ impl NodeMembershipStore for InMemoryNodeStore {
             .lock()
             .map_err(|_| NodeStoreError("poisoned".into()))?
             .insert(node.memberships.node_id.clone(), node.clone());
+        Ok(())
+    }
+
+    fn load_commit_state(&self) -> Result<CommitState, NodeStoreError> {
+        Ok(self
+            .commit
+            .lock()
+            .map_err(|_| NodeStoreError("poisoned".into()))?
+            .clone())
+    }
+
+    fn put_commit_state(&self, state: &CommitState) -> Result<(), NodeStoreError> {
+        *self
+            .commit
+            .lock()
+            .map_err(|_| NodeStoreError("poisoned".into()))? = state.clone();
         Ok(())
     }
 }

@@ -1,0 +1,534 @@
+//! Faults on an ibsim fabric with a real OpenSM, through the public APIs only (the node agent's
+//! `fabric.agent.v1`, the SM-host agent's `fabric.sm.v1.Partitions` with a stock tonic client),
+//! cross-checked with `smpquery`/`saquery`: a stale generation is ABORTED with the stored one;
+//! OpenSM killed mid-release gives a clear reason and RELEASED only once the key is gone; an
+//! operator's edit OpenSM rejects is undone; a tenant named like an operator's keyless entry
+//! changes no operator membership; a reply lost after OpenSM programmed the key never leads to
+//! RELEASED while the key is on the port. Skipped when ibsim/OpenSM are not installed.
+
+mod common;
+#[path = "rig/mod.rs"]
+mod rig;
+
+use common::{attach, partition, state};
+use fabric_agent::proto::agent as pb;
+use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
+use fabric_agent::proto::sm as smpb;
+use fabric_agent::proto::sm::partitions_client::PartitionsClient;
+use fabric_agent::sm::opensm::parse::parse;
+use fabric_agent::sm::opensm::region::{BEGIN_MARKER, END_MARKER};
+use prost::Message;
+use rig::agents::{node_config, sm_config, Agent};
+use rig::proxy::ReplyDropper;
+use rig::{Fabric, FabricSpec};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+use tonic::Code;
+
+/// Tenant ports are limited members of the default partition: no path between two of them but
+/// through a tenant key.
+const OPERATOR: &str = "# operator's partitions\n\
+Default=0x7fff : ALL=limited, SELF=full ;\n\
+storage=0x0100, ipoib : ALL_SWITCHES=full, SELF=full ;\n";
+
+const CONVERGE: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn has_base(keys: &[u16], base: u16) -> bool {
+    keys.iter().any(|k| k & 0x7fff == base)
+}
+
+async fn attach_now(
+    c: &mut FabricAgentClient<Channel>,
+    req: pb::AttachPartitionRequest,
+) -> pb::Attachment {
+    c.attach_partition(req)
+        .await
+        .expect("attach")
+        .into_inner()
+        .attachment
+        .expect("attachment")
+}
+
+async fn release(
+    c: &mut FabricAgentClient<Channel>,
+    instance: &str,
+    wait_ms: Option<u32>,
+) -> pb::Attachment {
+    c.release_instance(pb::ReleaseInstanceRequest {
+        instance_id: instance.into(),
+        wait_ms,
+    })
+    .await
+    .expect("release")
+    .into_inner()
+    .attachment
+    .expect("attachment")
+}
+
+async fn get(c: &mut FabricAgentClient<Channel>, instance: &str) -> pb::Attachment {
+    c.get_attachment(pb::GetAttachmentRequest {
+        instance_id: instance.into(),
+    })
+    .await
+    .expect("get attachment")
+    .into_inner()
+}
+
+async fn node(c: &mut FabricAgentClient<Channel>) -> pb::GetNodeResponse {
+    c.get_node(pb::GetNodeRequest {})
+        .await
+        .expect("get node")
+        .into_inner()
+}
+
+/// The kinds of the standing conditions an agent's GetNode shows.
+async fn condition_kinds(agent: &Agent) -> Vec<String> {
+    let mut c = agent.client().await;
+    node(&mut c)
+        .await
+        .conditions
+        .into_iter()
+        .map(|c| c.kind)
+        .collect()
+}
+
+async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    let deadline = Instant::now() + CONVERGE;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `instance` until RELEASED, checking on every poll that RELEASED is never reported while
+/// `smpquery` (read after the state) shows `base` on `node`'s port. Returns the polls made.
+async fn released_only_without_key(
+    fabric: &Fabric,
+    c: &mut FabricAgentClient<Channel>,
+    node: &str,
+    instance: &str,
+    base: u16,
+    within: Duration,
+) -> Result<usize, pb::Attachment> {
+    let deadline = Instant::now() + within;
+    let mut polls = 0;
+    loop {
+        let a = get(c, instance).await;
+        let keys = fabric.pkeys(node);
+        polls += 1;
+        if state(&a) == pb::AttachmentState::Released {
+            assert!(
+                !has_base(&keys, base),
+                "{instance} RELEASED while smpquery shows {base:#06x} on {node}: {keys:x?} ({a:?})"
+            );
+            return Ok(polls);
+        }
+        if Instant::now() >= deadline {
+            return Err(a);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn set_request(
+    node_id: &str,
+    guid: u64,
+    keys: &[u32],
+    generation: u64,
+) -> smpb::SetNodeMembershipsRequest {
+    smpb::SetNodeMembershipsRequest {
+        memberships: Some(smpb::NodeMemberships {
+            node_id: node_id.into(),
+            port_guids: vec![format!("0x{guid:016x}")],
+            keys: keys
+                .iter()
+                .map(|k| smpb::KeyMembership {
+                    pkey: *k,
+                    full: true,
+                    name: format!("t{k:x}"),
+                })
+                .collect(),
+            generation,
+        }),
+    }
+}
+
+/// The stored generation an ABORTED carries, read the way any client can: the status details
+/// (`google.rpc.Status`-shaped `ErrorStatus` with a `StaleGeneration`) and the trailer.
+fn stored_generation_of(status: &tonic::Status) -> (u64, u64, u64) {
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    let details = smpb::ErrorStatus::decode(status.details()).expect("status details");
+    let any = details
+        .details
+        .iter()
+        .find(|a| a.type_url == "type.googleapis.com/fabric.sm.v1.StaleGeneration")
+        .expect("a StaleGeneration detail");
+    let stale = smpb::StaleGeneration::decode(&any.value[..]).expect("StaleGeneration");
+    let trailer: u64 = status
+        .metadata()
+        .get("fabric-stored-generation")
+        .expect("trailer")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    (stale.stored, stale.sent, trailer)
+}
+
+/// (a) A stale generation sent by a stock tonic client is ABORTED with the stored generation,
+/// and the stored set (and the port) are unchanged; the same generation with another set too; the
+/// same generation with the same set is a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_generation_is_aborted_with_the_stored_one() {
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
+        return;
+    };
+    let port = free_port();
+    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let guid = fabric.node_info("node2").port_guid;
+    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("connect");
+    client
+        .set_node_memberships(set_request("node2", guid, &[0x0a31], 5))
+        .await
+        .expect("generation 5");
+    wait_until("0x8a31 on node2", || async {
+        fabric.pkeys("node2").contains(&0x8a31)
+    })
+    .await;
+
+    let err = client
+        .set_node_memberships(set_request("node2", guid, &[], 3))
+        .await
+        .expect_err("generation 3 is older");
+    assert_eq!(stored_generation_of(&err), (5, 3, 5), "{err:?}");
+    let err = client
+        .set_node_memberships(set_request("node2", guid, &[0x0a32], 5))
+        .await
+        .expect_err("generation 5 with another set");
+    assert_eq!(stored_generation_of(&err), (5, 5, 5), "{err:?}");
+    let held = client
+        .get_node_memberships(smpb::GetNodeMembershipsRequest {
+            node_id: "node2".into(),
+        })
+        .await
+        .expect("held")
+        .into_inner();
+    assert_eq!(held.generation, 5);
+    assert_eq!(
+        held.keys.iter().map(|k| k.pkey).collect::<Vec<_>>(),
+        vec![0x0a31]
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keys = fabric.pkeys("node2");
+    assert!(
+        keys.contains(&0x8a31) && !has_base(&keys, 0x0a32),
+        "{keys:x?}"
+    );
+    // A retry of generation 5 is served; generation 6 moves on.
+    client
+        .set_node_memberships(set_request("node2", guid, &[0x0a31], 5))
+        .await
+        .expect("retry of generation 5");
+    client
+        .set_node_memberships(set_request("node2", guid, &[], 6))
+        .await
+        .expect("generation 6");
+    wait_until("0x0a31 gone from node2", || async {
+        !has_base(&fabric.pkeys("node2"), 0x0a31)
+    })
+    .await;
+    assert!(sm.stop().success());
+}
+
+/// (b) OpenSM is SIGKILLed (and left a zombie, so signals to its pid still "succeed") before a
+/// release: the attachment stays RELEASING with a clear reason, GetNode shows the subnet manager
+/// unreachable with that reason, and RELEASED comes only after OpenSM is back and the key left
+/// the port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key_is_gone() {
+    let Some(mut fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
+        return;
+    };
+    let port = free_port();
+    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let mut n1 = Agent::start(&fabric, "node1", &node_config(&fabric, "node1", port));
+    let mut c1 = n1.client().await;
+    let a = attach_now(
+        &mut c1,
+        attach("i-1", partition("ibpart_k", 0x0a61), Some(20_000)),
+    )
+    .await;
+    assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
+
+    fabric.kill_opensm_unreaped();
+    let r = release(&mut c1, "i-1", Some(3000)).await;
+    assert_ne!(state(&r), pb::AttachmentState::Released, "{r:?}");
+    let deadline = Instant::now() + CONVERGE;
+    let reason = loop {
+        let a = get(&mut c1, "i-1").await;
+        assert_ne!(state(&a), pb::AttachmentState::Released, "{a:?}");
+        if !a.reason.is_empty() {
+            break a.reason;
+        }
+        assert!(Instant::now() < deadline, "no reason: {a:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("reason while OpenSM is dead: {reason}");
+    assert!(reason.contains("OpenSM"), "{reason}");
+    let smst = node(&mut c1).await.subnet_manager.expect("sm status");
+    assert!(!smst.reachable, "{smst:?}");
+    assert!(smst.last_error.contains("OpenSM"), "{smst:?}");
+    assert!(fabric.pkeys("node1").contains(&0x8a61));
+    wait_until("PARTITIONS_FILE_UNCONFIRMED on the SM host", || async {
+        condition_kinds(&sm)
+            .await
+            .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
+    })
+    .await;
+
+    fabric.restart_opensm();
+    let polls = released_only_without_key(&fabric, &mut c1, "node1", "i-1", 0x0a61, CONVERGE)
+        .await
+        .unwrap_or_else(|a| panic!("not RELEASED after OpenSM came back: {a:?}"));
+    eprintln!("RELEASED after {polls} polls");
+    assert!(!has_base(&fabric.pkeys("node1"), 0x0a61));
+    let smst = node(&mut c1).await.subnet_manager.expect("sm status");
+    assert!(smst.reachable && smst.last_error.is_empty(), "{smst:?}");
+    wait_until("the unconfirmed condition cleared", || async {
+        !condition_kinds(&sm)
+            .await
+            .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
+    })
+    .await;
+    assert!(n1.stop().success());
+    assert!(sm.stop().success());
+}
+
+/// (c) The operator breaks their part of the file (outside the region) and OpenSM re-reads it on
+/// a SIGHUP: OpenSM logs PARSE ERROR and falls back to every port a full member of the default
+/// partition. The SM-host agent notices (log watch), keeps the edit as `<file>.rejected`,
+/// restores the last accepted file and signals OpenSM: the ports get their keys back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file() {
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
+        return;
+    };
+    let port = free_port();
+    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("connect");
+    let guid = fabric.node_info("node1").port_guid;
+    client
+        .set_node_memberships(set_request("node1", guid, &[0x0a51], 1))
+        .await
+        .expect("generation 1");
+    wait_until("0x8a51 on node1", || async {
+        fabric.pkeys("node1").contains(&0x8a51)
+    })
+    .await;
+    let good = std::fs::read_to_string(fabric.partitions_path()).unwrap();
+
+    let broken = good.replacen(
+        "storage=0x0100",
+        "broken=0x0c0c : 0xzz ;\nstorage=0x0100",
+        1,
+    );
+    assert!(parse(broken.as_bytes()).is_err());
+    let log_at = fabric.opensm_log().len();
+    let tmp = fabric.dir().join("operator-edit.tmp");
+    std::fs::write(&tmp, &broken).unwrap();
+    std::fs::rename(&tmp, fabric.partitions_path()).unwrap();
+    fabric.hup_opensm();
+    let started = Instant::now();
+    wait_until("OpenSM's PARSE ERROR", || async {
+        fabric.opensm_log()[log_at..].contains("PARSE ERROR")
+    })
+    .await;
+    wait_until("the last accepted file restored", || async {
+        std::fs::read_to_string(fabric.partitions_path()).unwrap() == good
+    })
+    .await;
+    eprintln!(
+        "restored {:?} after the operator's SIGHUP",
+        started.elapsed()
+    );
+    let kept = fabric.dir().join("partitions.conf.rejected");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), broken);
+    // OpenSM re-read the restored file: the default partition is limited again, the tenant key
+    // is back on node1, node2 holds no full default key.
+    wait_until("ports restored", || async {
+        let k1 = fabric.pkeys("node1");
+        let k2 = fabric.pkeys("node2");
+        k1.contains(&0x8a51) && !k2.contains(&0xffff) && k2.contains(&0x7fff)
+    })
+    .await;
+    // The SM host shows the standing condition (GetNode), with OpenSM's words.
+    wait_until("PARTITIONS_FILE_REJECTED on the SM host", || async {
+        condition_kinds(&sm)
+            .await
+            .contains(&"PARTITIONS_FILE_REJECTED".to_owned())
+    })
+    .await;
+    let mut smc = sm.client().await;
+    let shown = node(&mut smc).await.conditions;
+    eprintln!("SM host conditions: {shown:?}");
+    assert!(
+        shown
+            .iter()
+            .any(|c| c.kind == "PARTITIONS_FILE_REJECTED" && c.detail.contains("PARSE ERROR")),
+        "{shown:?}"
+    );
+    // Nothing new to write: the same set is served (the restored file is the accepted one).
+    client
+        .set_node_memberships(set_request("node1", guid, &[0x0a51], 1))
+        .await
+        .expect("retry of generation 1");
+    assert_eq!(
+        std::fs::read_to_string(fabric.partitions_path()).unwrap(),
+        good
+    );
+    assert!(sm.stop().success());
+}
+
+/// (d) A keyless operator entry after the region (OpenSM looks its key up by name) and a tenant
+/// partition with the same name: the tenant's entry is named so the lookup cannot find it, so
+/// the operator's partition keeps its key and members and no tenant port joins it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_named_like_an_operator_entry_changes_no_operator_membership() {
+    let operator = format!("{OPERATOR}{BEGIN_MARKER}\n{END_MARKER}\nbackup : SELF=full ;\n");
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), &operator) else {
+        return;
+    };
+    let backup = parse(operator.as_bytes())
+        .unwrap()
+        .entries
+        .iter()
+        .find(|e| e.name.as_deref() == Some("backup"))
+        .expect("backup entry")
+        .pkey;
+    wait_until("the operator's backup key on the SM port", || async {
+        fabric.pkeys(rig::SM_HOST).contains(&(0x8000 | backup))
+    })
+    .await;
+    let port = free_port();
+    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("connect");
+    let guid = fabric.node_info("node1").port_guid;
+    let mut request = set_request("node1", guid, &[0x0a41], 1);
+    if let Some(m) = request.memberships.as_mut() {
+        m.keys[0].name = "backup".into();
+    }
+    client
+        .set_node_memberships(request)
+        .await
+        .expect("a tenant named backup");
+    wait_until("0x8a41 on node1", || async {
+        fabric.pkeys("node1").contains(&0x8a41)
+    })
+    .await;
+    let text = std::fs::read_to_string(fabric.partitions_path()).unwrap();
+    let conf = parse(text.as_bytes()).unwrap();
+    let eff = conf.effective();
+    assert_eq!(eff[&backup].members.len(), 1, "{text}");
+    assert_eq!(eff[&0x0a41].members.len(), 1, "{text}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sm_keys = fabric.pkeys(rig::SM_HOST);
+    let n1_keys = fabric.pkeys("node1");
+    assert!(sm_keys.contains(&(0x8000 | backup)), "{sm_keys:x?}");
+    assert!(
+        !has_base(&sm_keys, 0x0a41),
+        "the SM port joined the tenant: {sm_keys:x?}"
+    );
+    assert!(
+        !has_base(&n1_keys, backup),
+        "node1 joined the operator's partition: {n1_keys:x?}"
+    );
+    let lid = |n: &str| fabric.port_info(n).lid;
+    let (l1, lsm) = (lid("node1"), lid(rig::SM_HOST));
+    let path = fabric.path_pkey("node1", l1, lsm);
+    assert!(
+        path.is_some_and(|p| p & 0x7fff != 0x0a41 && p & 0x7fff != backup),
+        "node1 -> SM path via {path:x?}"
+    );
+
+    assert!(sm.stop().success());
+}
+
+/// (e) The SM host's reply to an apply carrying a key is lost after OpenSM programmed it
+/// (a proxy closes the node's connection when the answer starts), then the instance is released
+/// while replies are still lost: never RELEASED while smpquery shows the key on the port; once
+/// replies flow again, RELEASED with the key gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_then_a_release_is_never_released_while_the_key_is_on_the_port() {
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
+        return;
+    };
+    let port = free_port();
+    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let proxy = ReplyDropper::start(port);
+    let mut n1 = Agent::start(
+        &fabric,
+        "node1",
+        &node_config(&fabric, "node1", proxy.port()),
+    );
+    let mut c1 = n1.client().await;
+    let a = attach_now(
+        &mut c1,
+        attach("i-0", partition("ibpart_base", 0x0a70), Some(20_000)),
+    )
+    .await;
+    assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
+
+    proxy.arm(true);
+    attach_now(
+        &mut c1,
+        attach("i-1", partition("ibpart_lost", 0x0a71), None),
+    )
+    .await;
+    wait_until(
+        "the SM host programmed 0x8a71 and its reply was lost",
+        || async { proxy.dropped() >= 1 && fabric.pkeys("node1").contains(&0x8a71) },
+    )
+    .await;
+    let r = release(&mut c1, "i-1", None).await;
+    assert_ne!(state(&r), pb::AttachmentState::Released, "{r:?}");
+    // Replies still lost for a while: whatever the node claims, never RELEASED with the key on.
+    let _ = released_only_without_key(
+        &fabric,
+        &mut c1,
+        "node1",
+        "i-1",
+        0x0a71,
+        Duration::from_secs(5),
+    )
+    .await;
+    proxy.arm(false);
+    let polls = released_only_without_key(&fabric, &mut c1, "node1", "i-1", 0x0a71, CONVERGE)
+        .await
+        .unwrap_or_else(|a| panic!("not RELEASED after replies flow again: {a:?}"));
+    eprintln!(
+        "RELEASED after {polls} polls; {} replies lost",
+        proxy.dropped()
+    );
+    assert!(!has_base(&fabric.pkeys("node1"), 0x0a71));
+    assert_eq!(
+        state(&get(&mut c1, "i-0").await),
+        pb::AttachmentState::Active
+    );
+    assert!(fabric.pkeys("node1").contains(&0x8a70));
+    assert!(n1.stop().success());
+    assert!(sm.stop().success());
+}
