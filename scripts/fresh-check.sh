@@ -6,8 +6,10 @@
 #   2. bind-mount the host's Rust toolchain read-only (RUSTUP_HOME and CARGO_HOME/bin); the root
 #      gets its own, empty, writable CARGO_HOME, so every crate is downloaded afresh;
 #   3. `git clone` the checkout's HEAD into the root (uncommitted changes are NOT included);
-#   4. chroot in and run `scripts/run.sh [ARGS]` exactly as the README says;
-#   5. print the Debian packages setup installed (dpkg list before/after), the time taken and
+#   4. copy the host's local CA certificates (/usr/local/share/ca-certificates: a site's own
+#      trust anchors, e.g. for a TLS-inspecting proxy) and resolv.conf into the root;
+#   5. chroot in and run `scripts/run.sh [ARGS]` exactly as the README says;
+#   6. print the Debian packages setup installed (dpkg list before/after), the time taken and
 #      whether the build and the demo completed.
 #
 # Everything runs in a private mount namespace (unshare), so no mount outlives the script even
@@ -129,6 +131,13 @@ fi
 t_base=$((SECONDS - t0))
 
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The site's own trust anchors (e.g. a TLS-inspecting egress proxy), as the site's images carry
+# them: ca-certificates, once setup installs it, adds them to the bundle cargo uses.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  echo "fresh-check: copied the host's local CA certificates: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+fi
 # Standard for chroots: package scripts must not start services (there is no init in here).
 printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
