@@ -218,7 +218,11 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     output::event(&ev?, json);
                 }
             }
-            Command::Serve | Command::CheckConfig | Command::Ports => {
+            Command::Serve
+            | Command::CheckConfig
+            | Command::Ports
+            | Command::Man
+            | Command::Completions { .. } => {
                 unreachable!("handled locally")
             }
         }
