@@ -19,9 +19,13 @@
 # Not part of scripts/test.sh: it downloads a base system and every crate (~ 10-20 min).
 #
 #   scripts/fresh-check.sh [--keep] [--base-cache FILE] [--mirror URL] [-- RUN_ARGS...]
+#   scripts/fresh-check.sh --deb FILE [--keep] [--base-cache FILE] [--mirror URL]
 #     --keep             keep the root (printed) for inspection instead of deleting it
 #     --base-cache FILE  a tar of the debootstrapped base: created when missing, reused after
 #     --mirror URL       Debian mirror (default http://deb.debian.org/debian)
+#     --deb FILE         instead of run.sh: `apt install` the package (scripts/package.sh) in
+#                        the fresh root, maintainer scripts and all, check the system user, the
+#                        unit's enablement, the conffile and check-config, then purge it
 #     RUN_ARGS           passed to scripts/run.sh, e.g. -- --embedded
 set -euo pipefail
 
@@ -31,11 +35,13 @@ keep=0
 base_cache=""
 mirror="http://deb.debian.org/debian"
 run_args=()
+deb=""
 while (($#)); do
   case "$1" in
     --keep) keep=1 ;;
     --base-cache) base_cache="$(realpath -m "$2")"; shift ;;
     --mirror) mirror="$2"; shift ;;
+    --deb) deb="$(realpath "$2")"; shift ;;
     --) shift; run_args=("$@"); break ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -56,6 +62,7 @@ if [ -z "${FRESH_CHECK_IN_NS:-}" ]; then
   args=()
   ((keep)) && args+=(--keep)
   [ -n "$base_cache" ] && args+=(--base-cache "$base_cache")
+  [ -n "$deb" ] && args+=(--deb "$deb")
   exec env FRESH_CHECK_IN_NS=1 unshare --mount --propagation private \
     "$0" "${args[@]}" --mirror "$mirror" -- "${run_args[@]}"
 fi
@@ -149,6 +156,42 @@ mount_bind /dev/pts "$root/dev/pts"
 mkdir -p "$root/dev/shm" && mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm" && mounts+=("$root/dev/shm")
 mount_bind "$host_rustup" "$root/opt/rust/rustup" ro
 mount_bind "$host_cargo_bin" "$root/opt/rust/cargo-bin" ro
+
+# The package check: install the .deb the way an operator would, in the fresh root.
+deb_check() {
+  local name ok=1
+  name="$(basename "$deb")"
+  cp "$deb" "$root/tmp/$name"
+  in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive "$@"; }
+  check() { # description command...
+    local what="$1"; shift
+    if out="$("$@" 2>&1)"; then echo "ok    $what: $(echo "$out" | tail -1)"; else echo "FAIL  $what: $out"; ok=0; fi
+  }
+  echo "fresh-check: apt install /tmp/$name in the fresh root"
+  in_root apt-get update -qq
+  if ! in_root apt-get install -y -qq --no-install-recommends "/tmp/$name" > "$log" 2>&1; then
+    tail -30 "$log"; echo "deb: install FAILED"; return 1
+  fi
+  check "installed" in_root sh -c 'dpkg -s fabric-agent | grep "^Status: install ok installed"'
+  check "conffile" in_root sh -c "dpkg-query -W -f='\${Conffiles}' fabric-agent | grep '^ /etc/fabric-agent/config.toml [0-9a-f]\{32\}\$'"
+  check "system user (sysusers)" in_root id fabric-agent
+  check "in group rdma" in_root sh -c 'id -nG fabric-agent | grep -qw rdma && echo rdma'
+  check "unit enabled" in_root systemctl is-enabled fabric-agent.service
+  check "check-config on the shipped example" in_root fabric-agent check-config
+  check "man page" in_root test -s /usr/share/man/man1/fabric-agent.1.gz
+  in_root apt-get purge -y -qq fabric-agent > /dev/null 2>&1
+  check "purge removes the enablement" in_root sh -c '! test -e /etc/systemd/system/multi-user.target.wants/fabric-agent.service'
+  echo
+  echo "== fresh-check --deb summary"
+  echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "package: $name ($(stat -c %s "$deb") bytes), into Debian 12 bookworm minbase"
+  echo "result:  $( ((ok)) && echo "installed, checked and purged" || echo FAILED)"
+  ((ok))
+}
+if [ -n "$deb" ]; then
+  deb_check
+  exit
+fi
 
 git clone --quiet --no-hardlinks "$repo" "$root/src/fabric-agent"
 

@@ -167,9 +167,19 @@ fn deb_package_contents_scripts_and_scratch_install() {
         .arg(format!("--root={}", root.display()))
         .args(["--status", "fabric-agent"])));
     assert!(status.contains("Status: install ok unpacked"), "{status}");
+    let conffiles = text(&run(Command::new("dpkg-query")
+        .arg(format!(
+            "--admindir={}",
+            root.join("var/lib/dpkg").display()
+        ))
+        .args(["-W", "-f=${Conffiles}", "fabric-agent"])));
     assert!(
-        status.contains("Conffiles:") && status.contains(" /etc/fabric-agent/config.toml "),
-        "the example config is not registered as a conffile:\n{status}"
+        conffiles.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            // Unpacked, not yet configured: dpkg records the hash as `newconffile`.
+            f.next() == Some("/etc/fabric-agent/config.toml") && f.next() == Some("newconffile")
+        }),
+        "the example config is not registered as a conffile: {conffiles:?}"
     );
 
     // dpkg handled the example as a conffile: unpacked beside its final name until configure.
