@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what fabric-agent needs to build, test and run its demo on Debian 12, as root:
-# libibverbs + libclang (rdma-sys), ibsim + OpenSM + infiniband-diags
+# a C compiler and CA certificates (the linker, ring's C code, crates.io over https; a bare
+# Debian has neither), libibverbs + libclang (rdma-sys), ibsim + OpenSM + infiniband-diags
 # (the userspace InfiniBand test fabric), systemd (systemd-analyze verify). Idempotent.
 set -euo pipefail
 
 packages=(
+  gcc libc6-dev ca-certificates
   pkg-config libclang-dev
   libibverbs-dev librdmacm-dev ibverbs-providers
   ibsim-utils opensm infiniband-diags

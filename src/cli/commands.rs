@@ -244,7 +244,12 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     output::event(&ev?, json);
                 }
             }
-            Command::Serve | Command::CheckConfig | Command::Ports | Command::Doctor => {
+            Command::Serve
+            | Command::CheckConfig
+            | Command::Ports
+            | Command::Doctor
+            | Command::Man
+            | Command::Completions { .. } => {
                 unreachable!("handled locally")
             }
         }

@@ -5,6 +5,7 @@ mod client;
 mod commands;
 mod doctor;
 pub mod exit;
+mod generate;
 mod output;
 mod serve;
 
@@ -76,10 +77,24 @@ pub enum Command {
     Attachments(commands::ListArgs),
     /// Print events (replayed from the durable log; --follow keeps streaming).
     Events(commands::EventsArgs),
+    /// Print the man page (roff), for packaging.
+    #[command(hide = true)]
+    Man,
+    /// Print a shell completion script, for packaging.
+    #[command(hide = true)]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: generate::Shell,
+    },
 }
 
 /// Runs the command line.
 pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Man => return generate::man_page(),
+        Command::Completions { shell } => return generate::completions(shell),
+        _ => {}
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
