@@ -5,9 +5,13 @@
 mod fake_ufm;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
-use fabric_agent::sm::ufm::{UfmConfig, UfmSm};
+use fabric_agent::sm::ufm::{
+    LedgerStoreError, MemoryLedgerStore, UfmConfig, UfmLedgerStore, UfmSm,
+};
 use fabric_agent::sm::SubnetManager;
+use fabric_agent::store::Store;
 use fake_ufm::{FakeAuth, FakeUfm};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PORTS: u64 = 8;
@@ -34,10 +38,27 @@ fn node(keys: impl IntoIterator<Item = u16>) -> NodeMemberships {
     }
 }
 
-async fn backend(dir: &std::path::Path, fake: &FakeUfm) -> UfmSm {
+/// The ledger in a real store file, as the agent keeps it (every save is an fsync).
+struct RedbLedger(Store);
+
+impl UfmLedgerStore for RedbLedger {
+    fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
+        self.0
+            .meta("ufm_ledger")
+            .map_err(|e| LedgerStoreError(e.to_string()))
+    }
+
+    fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
+        self.0
+            .set_meta("ufm_ledger", bytes)
+            .map_err(|e| LedgerStoreError(e.to_string()))
+    }
+}
+
+async fn backend(dir: &std::path::Path, fake: &FakeUfm, ledger: Arc<dyn UfmLedgerStore>) -> UfmSm {
     let cred = dir.join("ufm.cred");
     std::fs::write(&cred, "admin:123456\n").expect("write credentials");
-    UfmSm::new(&UfmConfig::with_credentials_file(fake.url(), cred)).expect("backend")
+    UfmSm::new(&UfmConfig::with_credentials_file(fake.url(), cred), ledger).expect("backend")
 }
 
 async fn requests_of(fake: &FakeUfm, sm: &UfmSm, desired: &NodeMemberships) -> usize {
@@ -72,15 +93,15 @@ async fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     println!("UFM backend, {PORTS} port GUIDs per node, fake UFM on loopback ({RUNS} applies per latency row)");
     println!();
-    println!("| keys | first apply | no-change re-apply | release all | re-apply p50 / p99 ms | one-key change p50 / p99 ms | re-apply p50 / p99 ms, UFM +2 ms/request |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| keys | first apply | no-change re-apply | release all | re-apply p50 / p99 ms | one-key change p50 / p99 ms | one-key change, ledger in a store file, p50 / p99 ms | re-apply p50 / p99 ms, UFM +2 ms/request |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in [1u16, 8, 32] {
         let fake = FakeUfm::start_with(FakeAuth::Basic {
             user: "admin".into(),
             password: "123456".into(),
         })
         .await;
-        let sm = backend(dir.path(), &fake).await;
+        let sm = backend(dir.path(), &fake, Arc::new(MemoryLedgerStore::new())).await;
         let keys: Vec<u16> = (0..n).map(|i| 0x0100 + i).collect();
         let all = node(keys.clone());
         let first = requests_of(&fake, &sm, &all).await;
@@ -91,15 +112,21 @@ async fn main() {
         let steady = latency(&sm, std::slice::from_ref(&all)).await;
         // One key attached then released on top of the others, alternately.
         let plus_one = node(keys.iter().copied().chain([0x0fff]));
-        let change = latency(&sm, &[plus_one, all.clone()]).await;
+        let change = latency(&sm, &[plus_one.clone(), all.clone()]).await;
+        let file = Store::open(&dir.path().join(format!("state-{n}.redb")), 1_000).expect("store");
+        let durable = backend(dir.path(), &fake, Arc::new(RedbLedger(file))).await;
+        durable.apply(&all, 0).await.expect("apply");
+        let change_durable = latency(&durable, &[plus_one, all.clone()]).await;
         fake.set_delay(Duration::from_millis(2));
         let slow = latency(&sm, std::slice::from_ref(&all)).await;
         println!(
-            "| {n} | {first} | {again} | {release} | {} / {} | {} / {} | {} / {} |",
+            "| {n} | {first} | {again} | {release} | {} / {} | {} / {} | {} / {} | {} / {} |",
             ms(steady.0),
             ms(steady.1),
             ms(change.0),
             ms(change.1),
+            ms(change_durable.0),
+            ms(change_durable.1),
             ms(slow.0),
             ms(slow.1)
         );

@@ -85,6 +85,39 @@ pub struct Config {
     /// are not reported ACTIVE (node) and not served (SM host). Default false.
     #[serde(default)]
     pub allow_full_default: bool,
+    /// The Prometheus metrics listener.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: an OpenMetrics endpoint (`GET /metrics`), off by default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve metrics.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Where (default 127.0.0.1:9464, loopback). Another address needs `allow_remote = true`:
+    /// the metrics name instances, partitions' states and ports.
+    #[serde(default = "default_metrics_listen")]
+    pub listen: SocketAddr,
+    /// Allow a non-loopback listen address.
+    #[serde(default)]
+    pub allow_remote: bool,
+}
+
+fn default_metrics_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9464))
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: false,
+            listen: default_metrics_listen(),
+            allow_remote: false,
+        }
+    }
 }
 
 fn default_state_dir() -> PathBuf {
@@ -376,6 +409,18 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         FabricName::parse(&self.fabric).map_err(|e| invalid("fabric", e.to_string()))?;
+        if self.metrics.enabled
+            && !self.metrics.listen.ip().is_loopback()
+            && !self.metrics.allow_remote
+        {
+            return Err(invalid(
+                "metrics.listen",
+                format!(
+                    "{} is not a loopback address; set allow_remote = true to serve metrics beyond this host",
+                    self.metrics.listen
+                ),
+            ));
+        }
         if let Some(id) = &self.node_id {
             crate::domain::InstanceId::parse(id).map_err(|e| invalid("node_id", e.to_string()))?;
         }

@@ -36,6 +36,7 @@ pub enum SimError {
 pub struct SimFabric {
     node_guid: Guid,
     table_size: usize,
+    default_entry: PKeyValue,
     tables: Mutex<Vec<Vec<u16>>>,
     generation: watch::Sender<u64>,
     persistence: Box<dyn SimPersistence>,
@@ -44,15 +45,18 @@ pub struct SimFabric {
 impl SimFabric {
     /// Creates the simulated device for `node_id`, restoring saved tables when their shape
     /// matches. GUIDs are derived from the node id, so they are stable across restarts.
+    /// `default_entry` is the default partition's entry in slot 0 of every table: 0x7FFF
+    /// (limited member, a well-run fabric) or 0xFFFF (full member, an insecure posture).
     pub fn new(
         node_id: &str,
         ports: u8,
         table_size: usize,
+        default_entry: PKeyValue,
         persistence: Box<dyn SimPersistence>,
     ) -> SimFabric {
         let fresh = || {
             let mut t = vec![0u16; table_size];
-            t[0] = PKeyValue::DEFAULT_FULL.0;
+            t[0] = default_entry.0;
             t
         };
         let tables = match persistence.load() {
@@ -72,6 +76,7 @@ impl SimFabric {
         SimFabric {
             node_guid,
             table_size,
+            default_entry,
             tables: Mutex::new(tables),
             generation: watch::channel(0).0,
             persistence,
@@ -94,7 +99,7 @@ impl SimFabric {
             });
         }
         let mut table = vec![0u16; self.table_size];
-        table[0] = PKeyValue::DEFAULT_FULL.0;
+        table[0] = self.default_entry.0;
         for (slot, k) in table[1..].iter_mut().zip(keys) {
             *slot = k.0;
         }
@@ -179,7 +184,13 @@ mod tests {
     #[test]
     fn programs_persists_and_restores() {
         let mem = Memory::default();
-        let sim = SimFabric::new("n1", 2, 4, Box::new(mem.clone()));
+        let sim = SimFabric::new(
+            "n1",
+            2,
+            4,
+            PKeyValue::DEFAULT_LIMITED,
+            Box::new(mem.clone()),
+        );
         let mut rx = sim.subscribe();
         sim.program(&[PKeyValue(0x8001), PKeyValue(0x0002)])
             .unwrap();
@@ -188,7 +199,7 @@ mod tests {
         assert_eq!(
             sim.inventory().ports[1].pkeys,
             vec![
-                PKeyValue(0xFFFF),
+                PKeyValue(0x7FFF),
                 PKeyValue(0x8001),
                 PKeyValue(0x0002),
                 PKeyValue(0)
@@ -200,7 +211,7 @@ mod tests {
             !rx.has_changed().unwrap(),
             "no-op program must not wake observers"
         );
-        let again = SimFabric::new("n1", 2, 4, Box::new(mem));
+        let again = SimFabric::new("n1", 2, 4, PKeyValue::DEFAULT_LIMITED, Box::new(mem));
         assert_eq!(again.inventory(), sim.inventory());
         assert_eq!(again.port_guids(), sim.port_guids());
         assert!(matches!(

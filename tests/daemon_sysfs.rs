@@ -69,8 +69,10 @@ async fn port_tables_in_sysfs_drive_active_and_released() {
     std::fs::write(port_file(&root, "mlx5_3", "state"), "4: ACTIVE\n").unwrap();
     set_pkey(&root, "mlx5_3", 1, 0);
     let devices: Vec<String> = IB.iter().map(|d| format!("\"{d}\"")).collect();
+    // The fixture's ports are full members of the default partition (0xffff), as with OpenSM's
+    // stock Default; the operator accepts that posture here.
     let extra = format!(
-        "[observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\nfast_poll_ms = 20\n[ports]\ndevices = [{}]\n",
+        "allow_full_default = true\n[observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\nfast_poll_ms = 20\n[ports]\ndevices = [{}]\n",
         root.display(),
         devices.join(", ")
     );

@@ -158,12 +158,12 @@ fn read_entry(port: &Path, index: usize) -> u16 {
     u16::from_str_radix(text.trim().trim_start_matches("0x"), 16).unwrap()
 }
 
+/// Replaces one table entry atomically (temp file beside `pkeys/`, then rename), so neither
+/// the agent's observer nor a test ever reads a half-written entry.
 fn write_entry(port: &Path, index: usize, value: u16) {
-    std::fs::write(
-        port.join(format!("pkeys/{index}")),
-        format!("{value:#06x}\n"),
-    )
-    .unwrap();
+    let tmp = port.join(format!(".pkey-{index}.tmp"));
+    std::fs::write(&tmp, format!("{value:#06x}\n")).unwrap();
+    std::fs::rename(&tmp, port.join(format!("pkeys/{index}"))).unwrap();
 }
 
 /// The port GUID from the low half of GID 0 (`fe80:…:a088:c203:00f1:2e40`).
@@ -804,4 +804,44 @@ async fn wrong_credentials_stop_calls_until_the_file_changes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_never_leak_into_log_status_or_events() {
     within(45, credentials_never_leak_into_log_status_or_events_steps()).await;
+}
+
+/// The agent is killed while attached and comes back with four of its eight ports no longer
+/// selected (as if their HCAs failed to enumerate): the release still takes every GUID it
+/// ever put in the key out of it, because the ledger in the store remembers them.
+async fn a_release_after_a_restart_with_fewer_ports_removes_every_guid_steps() {
+    let fake = FakeUfm::start().await;
+    let mut node = start_node(&fake, &format!("{USER}:123456"));
+    let mut c = node.daemon.client().await;
+    settle(&mut c, &fake).await;
+    let a = attach_to(&mut c, "gpu-1", "ibpart_train", 0x0c33).await;
+    assert_eq!(state(&a), Active, "{}", a.reason);
+    assert_eq!(fake.members(0x0c33), all_guids());
+
+    node.daemon.crash();
+    let config = std::fs::read_to_string(&node.daemon.config).unwrap();
+    let devices: Vec<String> = IB.iter().map(|d| format!("\"{d}\"")).collect();
+    let narrowed = config.replace(&devices.join(", "), &devices[..4].join(", "));
+    assert_ne!(narrowed, config);
+    std::fs::write(&node.daemon.config, narrowed).unwrap();
+    node.daemon.spawn(&[]);
+    let mut c = node.daemon.client().await;
+    settle(&mut c, &fake).await;
+
+    let r = release(&mut c, "gpu-1", Some(5000)).await;
+    assert_eq!(state(&r), Released, "{}", r.reason);
+    assert!(
+        fake.members(0x0c33).is_empty(),
+        "hidden GUIDs left in the key: {:?}",
+        fake.members(0x0c33)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_a_restart_with_fewer_ports_removes_every_guid() {
+    within(
+        30,
+        a_release_after_a_restart_with_fewer_ports_removes_every_guid_steps(),
+    )
+    .await;
 }

@@ -99,3 +99,41 @@ fn notify_protocol_ready_watchdog_stopping() {
     assert!(stopping, "STOPPING=1 after SIGTERM");
     assert!(d.stop_after_signal().success(), "exit 0 after draining");
 }
+
+#[test]
+fn a_slow_apply_longer_than_the_watchdog_keeps_the_pets_coming() {
+    let tmp = tempfile::tempdir().unwrap();
+    let notify_path = tmp.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&notify_path).unwrap();
+    let fault = tmp.path().join("fault");
+    // Every apply takes 4 s: four times the 1 s WatchdogSec. A slow SM is not a wedged agent,
+    // and systemd must not kill it mid-apply.
+    std::fs::write(&fault, "slow 4000").unwrap();
+    let extra = format!(
+        "[subnet_manager.embedded]\nfault_file = \"{}\"\n",
+        fault.display()
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    let notify = notify_path.to_str().unwrap().to_owned();
+    d.spawn(&[("NOTIFY_SOCKET", &notify), ("WATCHDOG_USEC", "1000000")]);
+    let first = recv(&sock, Instant::now() + Duration::from_secs(10)).expect("READY");
+    assert!(first.lines().any(|l| l == "READY=1"), "{first:?}");
+    // The start-up apply is in progress now; count pets over the next 3 s, all inside it.
+    let mut pets = 0;
+    let mut gaps = Vec::new();
+    let mut last = Instant::now();
+    let until = Instant::now() + Duration::from_secs(3);
+    while let Some(m) = recv(&sock, until) {
+        if m.lines().any(|l| l == "WATCHDOG=1") {
+            pets += 1;
+            gaps.push(last.elapsed());
+            last = Instant::now();
+        }
+    }
+    assert!(pets >= 4, "{pets} pets in 3 s of a slow apply: {gaps:?}");
+    assert!(
+        gaps.iter().all(|g| *g < Duration::from_secs(1)),
+        "no gap reaches WatchdogSec: {gaps:?}"
+    );
+    d.stop();
+}

@@ -4,12 +4,13 @@
 mod fake_ufm;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
-use fabric_agent::sm::ufm::{TokenScheme, UfmConfig, UfmSm};
+use fabric_agent::sm::ufm::{MemoryLedgerStore, TokenScheme, UfmConfig, UfmLedgerStore, UfmSm};
 use fabric_agent::sm::{SmError, SubnetManager};
 use fake_ufm::{FakeAuth, FakeMember, FakePartition, FakeUfm, LoggedRequest, Quirks};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const G1: u64 = 0x0002_c903_000e_0b72;
@@ -17,10 +18,17 @@ const G2: u64 = 0x0002_c903_000e_0b73;
 const OTHER: u64 = 0x0002_c903_00ff_0001;
 const PASSWORD: &str = "S3cr3t-Pa55word";
 
+fn fresh_ledger() -> Arc<dyn UfmLedgerStore> {
+    Arc::new(MemoryLedgerStore::new())
+}
+
 struct Rig {
     fake: FakeUfm,
     dir: tempfile::TempDir,
     cred: PathBuf,
+    /// The node's store for the ledger: every backend built by [`Rig::sm`] shares it, like
+    /// agent processes restarted on one node.
+    ledger: MemoryLedgerStore,
 }
 
 impl Rig {
@@ -33,7 +41,12 @@ impl Rig {
         let dir = tempfile::tempdir().unwrap();
         let cred = dir.path().join("ufm.cred");
         std::fs::write(&cred, format!("admin:{PASSWORD}\n")).unwrap();
-        Rig { fake, dir, cred }
+        Rig {
+            fake,
+            dir,
+            cred,
+            ledger: MemoryLedgerStore::new(),
+        }
     }
 
     fn config(&self) -> UfmConfig {
@@ -47,7 +60,7 @@ impl Rig {
     }
 
     fn sm(&self) -> UfmSm {
-        UfmSm::new(&self.config()).unwrap()
+        UfmSm::new(&self.config(), Arc::new(self.ledger.clone())).unwrap()
     }
 }
 
@@ -126,7 +139,7 @@ async fn partition_settings_come_from_the_config() {
     let mut config = rig.config();
     config.index0 = true;
     config.ip_over_ib = false;
-    let sm = UfmSm::new(&config).unwrap();
+    let sm = UfmSm::new(&config, fresh_ledger()).unwrap();
     sm.apply(&node(&[G1], &[(0x0005, Membership::Limited)]), 2)
         .await
         .unwrap();
@@ -382,8 +395,8 @@ async fn after_a_restart_keys_found_by_the_scan_are_released() {
         .unwrap();
     drop(before);
 
-    // A new process knows nothing but what UFM says.
-    let after = rig.sm();
+    // A new process with an empty store (no ledger) knows nothing but what UFM says.
+    let after = UfmSm::new(&rig.config(), fresh_ledger()).unwrap();
     rig.fake.clear_requests();
     after
         .apply(&node(&[G1, G2], &[(0x0010, Membership::Full)]), 19)
@@ -553,7 +566,7 @@ async fn a_token_echoed_by_the_server_is_redacted() {
     let mut config = UfmConfig::with_credentials_file(fake.url(), PathBuf::new());
     config.credentials_file = None;
     config.token_file = Some(token);
-    let sm = UfmSm::new(&config).unwrap();
+    let sm = UfmSm::new(&config, fresh_ledger()).unwrap();
     let err = sm
         .apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 31)
         .await
@@ -584,7 +597,7 @@ async fn token_authentication_uses_ufm_rest_v3() {
         config.credentials_file = None;
         config.token_file = Some(token);
         config.token_scheme = scheme;
-        let sm = UfmSm::new(&config).unwrap();
+        let sm = UfmSm::new(&config, fresh_ledger()).unwrap();
         sm.apply(&node(&[G1], &[(0x0a12, Membership::Full)]), 32)
             .await
             .unwrap();
@@ -624,7 +637,7 @@ async fn a_slow_ufm_times_out_then_recovers() {
     let mut config = rig.config();
     config.request_timeout_ms = 100;
     config.retries = 1;
-    let sm = UfmSm::new(&config).unwrap();
+    let sm = UfmSm::new(&config, fresh_ledger()).unwrap();
     let desired = node(&[G1], &[(0x0a12, Membership::Full)]);
     rig.fake.set_delay(Duration::from_millis(300));
     let err = sm.apply(&desired, 35).await.unwrap_err();
@@ -688,7 +701,7 @@ async fn constructor_checks_config_and_certificate_files() {
     let rig = Rig::new().await;
     let mut bad = rig.config();
     bad.url = "http://ufm.example.net".into();
-    let err = UfmSm::new(&bad).unwrap_err();
+    let err = UfmSm::new(&bad, fresh_ledger()).unwrap_err();
     assert!(err.to_string().contains("https"), "{err}");
 
     let cert = rcgen::generate_simple_self_signed(vec!["agent.example".into()]).unwrap();
@@ -698,16 +711,16 @@ async fn constructor_checks_config_and_certificate_files() {
     c.client_cert = Some(write(dir, "agent.pem", &cert.cert.pem()));
     c.client_key = Some(write(dir, "agent.key", &cert.signing_key.serialize_pem()));
     c.ca_file = Some(write(dir, "ca.pem", &cert.cert.pem()));
-    let sm = UfmSm::new(&c).unwrap();
+    let sm = UfmSm::new(&c, fresh_ledger()).unwrap();
     assert!(format!("{sm:?}").contains("/ufmRestV2"));
     assert!(!format!("{sm:?}").contains("PRIVATE KEY"));
 
     c.client_key = Some(write(dir, "garbage.key", "not a key"));
-    let err = UfmSm::new(&c).unwrap_err();
+    let err = UfmSm::new(&c, fresh_ledger()).unwrap_err();
     assert!(err.to_string().contains("garbage.key"), "{err}");
     c.client_key = Some(write(dir, "agent.key", &cert.signing_key.serialize_pem()));
     c.ca_file = Some(write(dir, "empty-ca.pem", "nothing here"));
-    let err = UfmSm::new(&c).unwrap_err();
+    let err = UfmSm::new(&c, fresh_ledger()).unwrap_err();
     assert!(err.to_string().contains("empty-ca.pem"), "{err}");
 }
 

@@ -5,7 +5,7 @@
 mod fake_ufm;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
-use fabric_agent::sm::ufm::{UfmConfig, UfmSm};
+use fabric_agent::sm::ufm::{MemoryLedgerStore, UfmConfig, UfmLedgerStore, UfmSm};
 use fabric_agent::sm::SubnetManager;
 use fake_ufm::{FakeAuth, FakeUfm};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
@@ -14,6 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const G1: u64 = 0x0002_c903_000e_0b72;
+
+fn fresh_ledger() -> Arc<dyn UfmLedgerStore> {
+    Arc::new(MemoryLedgerStore::new())
+}
 
 struct Pki {
     ca_pem: String,
@@ -103,7 +107,7 @@ async fn client_certificate_and_private_ca() {
     let pki = pki();
     let fake = FakeUfm::start_tls(FakeAuth::Open, Arc::new(pki.server.clone())).await;
     let dir = tempfile::tempdir().unwrap();
-    let sm = UfmSm::new(&config(&fake, dir.path(), &pki)).unwrap();
+    let sm = UfmSm::new(&config(&fake, dir.path(), &pki), fresh_ledger()).unwrap();
     sm.apply(&desired(), 1).await.unwrap();
     let log = fake.requests();
     assert_eq!(log.len(), 3);
@@ -124,7 +128,7 @@ async fn an_untrusted_server_or_a_missing_client_certificate_gets_nothing() {
     let other = self::pki();
     let mut c = config(&fake, dir.path(), &pki);
     c.ca_file = Some(write(dir.path(), "other-ca.pem", &other.ca_pem));
-    let err = UfmSm::new(&c)
+    let err = UfmSm::new(&c, fresh_ledger())
         .unwrap()
         .apply(&desired(), 2)
         .await
@@ -139,7 +143,7 @@ async fn an_untrusted_server_or_a_missing_client_certificate_gets_nothing() {
     let mut c = config(&fake, dir.path(), &pki);
     c.client_cert = Some(write(dir.path(), "other.pem", &other.client_cert_pem));
     c.client_key = Some(write(dir.path(), "other.key", &other.client_key_pem));
-    let err = UfmSm::new(&c)
+    let err = UfmSm::new(&c, fresh_ledger())
         .unwrap()
         .apply(&desired(), 3)
         .await
@@ -162,7 +166,7 @@ async fn a_rotated_client_certificate_is_picked_up_without_restart() {
     write(dir.path(), "client.key", &other.client_key_pem);
     c.client_cert = Some(dir.path().join("client.pem"));
     c.client_key = Some(dir.path().join("client.key"));
-    let sm = UfmSm::new(&c).unwrap();
+    let sm = UfmSm::new(&c, fresh_ledger()).unwrap();
     assert!(sm.apply(&desired(), 4).await.is_err());
     // ...then the operator installs the right one.
     write(dir.path(), "client.pem", &pki.client_cert_pem);

@@ -59,6 +59,22 @@ pub fn admit(
                 p.pkey
             )));
         }
+        // A port holds one entry per key: two memberships of one key on one node cannot both
+        // be true, and the second would wait forever.
+        if a.partition.id == p.id
+            && a.state != AttachmentState::Failed
+            && a.membership != request.membership
+        {
+            return Err(AgentError::FailedPrecondition(format!(
+                "instance {} on this node is a {} member of partition {}: a port holds one \
+                 membership per P_Key, so {} cannot be attached as a {} member here",
+                a.instance_id,
+                a.membership,
+                p.id.as_str(),
+                request.instance_id,
+                request.membership
+            )));
+        }
         if a.partition.id != p.id && a.partition.pkey == p.pkey {
             return Err(AgentError::FailedPrecondition(format!(
                 "P_Key {} is in use on this node by partition {} ({})",
@@ -205,6 +221,12 @@ mod tests {
             admit(&second, &fab(), std::slice::from_ref(&same), 1),
             Err(AgentError::ResourceExhausted(_))
         ));
+        let mut other_membership = req("i2", "ibpart_a", 0x10);
+        other_membership.membership = Membership::Limited;
+        match admit(&other_membership, &fab(), std::slice::from_ref(&same), 4) {
+            Err(AgentError::FailedPrecondition(m)) => assert!(m.contains("i1"), "{m}"),
+            other => panic!("a second membership of one key must be refused: {other:?}"),
+        }
         let same_partition = req("i2", "ibpart_a", 0x10);
         assert_eq!(
             admit(&same_partition, &fab(), &[same], 1).unwrap(),

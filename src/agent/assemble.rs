@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const SIM_TABLES: &str = "sim_tables";
+/// Store meta key of the UFM backend's ledger (GUIDs this node put in partitions).
+const UFM_LEDGER: &str = "ufm_ledger";
 
 /// An assembled agent plus the pieces other services of the daemon need.
 pub struct Assembled {
@@ -83,6 +85,23 @@ impl SimPersistence for StoredSimTables {
     }
 }
 
+/// Keeps the UFM backend's ledger in the agent's store.
+struct StoredUfmLedger(Arc<Store>);
+
+impl crate::sm::ufm::UfmLedgerStore for StoredUfmLedger {
+    fn load(&self) -> Result<Option<Vec<u8>>, crate::sm::ufm::LedgerStoreError> {
+        self.0
+            .meta(UFM_LEDGER)
+            .map_err(|e| crate::sm::ufm::LedgerStoreError(e.to_string()))
+    }
+
+    fn save(&self, bytes: &[u8]) -> Result<(), crate::sm::ufm::LedgerStoreError> {
+        self.0
+            .set_meta(UFM_LEDGER, bytes)
+            .map_err(|e| crate::sm::ufm::LedgerStoreError(e.to_string()))
+    }
+}
+
 /// Opens the store and builds the backend and observer the configuration asks for.
 pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
     let node_id = config.node_id();
@@ -98,6 +117,7 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             &node_id,
             sm_cfg.embedded.ports,
             sm_cfg.embedded.pkey_table_size,
+            sm_cfg.embedded.default_entry(),
             Box::new(StoredSimTables(store.clone())),
         ))
     });
@@ -134,7 +154,7 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
                 .as_ref()
                 .expect("validated: [subnet_manager.ufm] present");
             Arc::new(
-                crate::sm::ufm::UfmSm::new(ufm)
+                crate::sm::ufm::UfmSm::new(ufm, Arc::new(StoredUfmLedger(store.clone())))
                     .map_err(|e| AgentError::Unavailable(e.to_string()))?,
             )
         }
@@ -152,7 +172,8 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             .map_err(|e| AgentError::Unavailable(e.to_string()))?,
         reconciler: config.reconciler.clone(),
         released_retain: Duration::from_secs(config.events.released_retain_secs),
-    });
+        allow_full_default: config.allow_full_default,
+    })?;
     Ok(Assembled {
         agent,
         store,

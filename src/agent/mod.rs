@@ -8,6 +8,7 @@
 mod admission;
 mod assemble;
 mod error;
+pub mod metrics;
 mod plan;
 mod ports;
 mod runner;
@@ -20,7 +21,7 @@ pub use error::AgentError;
 pub use status::{NodeView, SmStatus};
 
 use crate::domain::{
-    Attachment, AttachmentState, Event, EventKind, FabricName, Inventory, PortSelector,
+    ApplyLedger, Attachment, AttachmentState, Event, EventKind, FabricName, Inventory, PortSelector,
 };
 use crate::observe::PortObserver;
 use crate::sm::SubnetManager;
@@ -64,6 +65,8 @@ pub struct AgentParts {
     pub reconciler: crate::config::ReconcilerConfig,
     /// How long RELEASED attachments stay listed.
     pub released_retain: Duration,
+    /// The operator accepted fabric ports that are full members of the default partition.
+    pub allow_full_default: bool,
 }
 
 /// A cheap handle to the running agent.
@@ -86,6 +89,10 @@ struct Shared {
     stopping: tokio::sync::watch::Sender<bool>,
     /// When the apply in progress started (None: not applying).
     applying_since: Mutex<Option<std::time::Instant>>,
+    /// The durable apply ledger's current value (written only through [`Agent::commit`]).
+    ledger: Mutex<ApplyLedger>,
+    /// Prometheus metrics.
+    metrics: metrics::Metrics,
 }
 
 /// Unix time in nanoseconds.
@@ -97,11 +104,13 @@ pub fn now_unix_ns() -> i64 {
 }
 
 impl Agent {
-    /// Creates the agent. Call [`Agent::read_ports`] before serving and [`Agent::reconcile`]
-    /// to start the reconciler.
-    pub fn new(parts: AgentParts) -> Agent {
+    /// Creates the agent from its parts, loading the apply ledger from the store. Call
+    /// [`Agent::read_ports`] before serving and [`Agent::reconcile`] to start the reconciler.
+    pub fn new(parts: AgentParts) -> Result<Agent, AgentError> {
         let status = status::Status::new(parts.sm.backend());
-        Agent {
+        let ledger = parts.store.ledger()?;
+        let metrics = metrics::Metrics::new(parts.sm.backend());
+        Ok(Agent {
             shared: Arc::new(Shared {
                 parts,
                 write: tokio::sync::Mutex::new(()),
@@ -112,8 +121,10 @@ impl Agent {
                 beats: tokio::sync::watch::channel(0).0,
                 applying_since: Mutex::new(None),
                 stopping: tokio::sync::watch::channel(false).0,
+                ledger: Mutex::new(ledger),
+                metrics,
             }),
-        }
+        })
     }
 
     /// Reads the ports once (the first inventory, before READY).
@@ -169,9 +180,13 @@ impl Agent {
                         updated_unix_ns: now,
                     };
                     let event = changed_event(&a, None, "attach requested");
+                    // The key will be sent soon: cover it in the ledger now, in the same commit,
+                    // so the reconciler's apply needs no write of its own.
+                    let ledger = self.ledger().covering(0, [&a.partition.pkey]);
                     self.commit(Batch {
                         upserts: vec![a.clone()],
                         events: vec![event],
+                        ledger,
                         ..Default::default()
                     })?;
                     (a, true)
@@ -288,6 +303,7 @@ impl Agent {
                 .collect(),
             first_event_seq: first_seq,
             last_event_seq: last_seq,
+            conditions: status.conditions.clone(),
         })
     }
 
@@ -322,12 +338,68 @@ impl Agent {
         )
     }
 
+    /// The metrics as OpenMetrics text, with the state gauges refreshed now. `sweeps`: heavy
+    /// sweeps requested so far, on an OpenSM SM host.
+    pub fn metrics_text(&self, sweeps: Option<u64>) -> String {
+        let mut snapshot = metrics::Snapshot {
+            sweeps,
+            ..Default::default()
+        };
+        if let Ok(attachments) = self.store().attachments() {
+            let now = now_unix_ns();
+            snapshot.attachments = AttachmentState::ALL
+                .iter()
+                .map(|s| {
+                    (
+                        *s,
+                        attachments.iter().filter(|a| a.state == *s).count() as u64,
+                    )
+                })
+                .collect();
+            snapshot.oldest_releasing_secs = attachments
+                .iter()
+                .filter(|a| a.state == AttachmentState::Releasing)
+                .map(|a| (now - a.updated_unix_ns).max(0) as f64 / 1e9)
+                .fold(0.0, f64::max);
+        }
+        if let Ok(bounds) = self.store().event_bounds() {
+            snapshot.events = bounds;
+        }
+        {
+            let status = self.status();
+            if let Some(inv) = &status.inventory {
+                snapshot.ports = inv
+                    .ports
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.device.clone(),
+                            p.port_number,
+                            i64::from(p.state.iba_number()),
+                            p.entries().count() as i64,
+                            p.pkeys.len() as i64,
+                        )
+                    })
+                    .collect();
+            }
+            snapshot.conditions = status.conditions.iter().map(|c| c.kind).collect();
+            snapshot.sm_reachable = status.sm.reachable;
+            snapshot.in_doubt = status.sm.in_doubt.len();
+            snapshot.generation = status.sm.generation;
+        }
+        self.shared.metrics.encode(snapshot)
+    }
+
+    fn metrics(&self) -> &metrics::Metrics {
+        &self.shared.metrics
+    }
+
     /// One line for systemd's STATUS=.
     pub fn status_line(&self) -> String {
         match self.node() {
             Ok(n) => {
                 let count = |s| n.counts.get(&s).copied().unwrap_or(0);
-                format!(
+                let mut line = format!(
                     "{} active, {} pending, {} releasing, {} released; SM {} {}",
                     count(AttachmentState::Active),
                     count(AttachmentState::Pending)
@@ -337,7 +409,14 @@ impl Agent {
                     count(AttachmentState::Released),
                     n.sm.backend,
                     if n.sm.reachable { "ok" } else { "unreachable" },
-                )
+                );
+                if !n.sm.in_doubt.is_empty() {
+                    line.push_str(&format!("; {} key(s) in doubt", n.sm.in_doubt.len()));
+                }
+                for c in &n.conditions {
+                    line.push_str(&format!("; CONDITION {}", c.kind));
+                }
+                line
             }
             Err(e) => format!("store error: {e}"),
         }
@@ -347,13 +426,29 @@ impl Agent {
         &self.shared.parts.store
     }
 
+    /// The apply ledger as last committed.
+    fn ledger(&self) -> ApplyLedger {
+        self.shared.ledger.lock().expect("ledger lock").clone()
+    }
+
+    /// Marks an apply in progress (the watchdog's probe counts it as life until the apply's
+    /// own timeout) or done.
+    fn set_applying(&self, applying: bool) {
+        *self.shared.applying_since.lock().expect("applying lock") =
+            applying.then(std::time::Instant::now);
+    }
+
     fn status(&self) -> std::sync::MutexGuard<'_, status::Status> {
         self.shared.status.lock().expect("status lock")
     }
 
     /// Commits a batch and publishes its events. Callers hold the write lock.
     fn commit(&self, batch: Batch) -> Result<Vec<Event>, AgentError> {
+        let ledger = batch.ledger.clone();
         let events = self.store().commit(batch, now_unix_ns())?;
+        if let Some(ledger) = ledger {
+            *self.shared.ledger.lock().expect("ledger lock") = ledger;
+        }
         for e in &events {
             // No receiver is fine: watchers replay from the log.
             let _ = self.shared.events.send(e.clone());
@@ -394,5 +489,6 @@ fn changed_event(a: &Attachment, from: Option<AttachmentState>, reason: &str) ->
         from,
         to: a.state,
         reason: reason.to_owned(),
+        evidence: None,
     }
 }

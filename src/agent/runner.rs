@@ -1,62 +1,109 @@
 //! The reconciler loop: apply the desired set through the subnet manager (with capped, jittered
 //! backoff while it is unreachable), read the ports, commit what `plan` decides, report port
-//! changes, then sleep until something happens. Idle costs nothing: it waits on a wake-up, the
-//! observer's change signal, a retry or resync deadline, or shutdown.
+//! changes and standing conditions, then sleep until something happens. Idle costs nothing: it
+//! waits on a wake-up, the observer's change signal, a retry or resync deadline, or shutdown.
+//!
+//! Write-ahead: before an apply is sent, the apply ledger (src/domain/ledger.rs) durably covers
+//! its generation and every key it carries. An apply that gets no positive answer leaves those
+//! keys in doubt, and the loop keeps sending the current desired set until one is acknowledged,
+//! even when the desired set went back to the last acknowledged one: the failed apply may have
+//! reached the subnet manager.
 
-use super::plan::{self, Observed};
+use super::metrics::Timed;
+use super::plan::{self, Ack, Observed};
 use super::{changed_event, now_unix_ns, ports, Agent};
 use crate::domain::{
-    Attachment, AttachmentState, EventKind, Guid, Inventory, NodeMemberships, PKeyValue,
+    Attachment, AttachmentState, ConditionKind, EventKind, Guid, Inventory, NodeMemberships, PKey,
+    PKeyValue,
 };
 use crate::sm::SmError;
 use crate::store::Batch;
-use rand::Rng;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Longest a single apply may take before it counts as unavailable.
+/// Longest a single apply may take before it counts as unavailable (its keys stay in doubt).
 pub(super) const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The loop goes round at least this often even when nothing happens.
 const HEARTBEAT: Duration = Duration::from_secs(60);
+/// Stale-generation answers retried at once before backing off.
+const STALE_RETRIES: u32 = 3;
+
+/// The subnet manager's last positive answer.
+struct AckRecord {
+    generation: u64,
+    set: NodeMemberships,
+    at: Instant,
+    unix_ns: i64,
+}
+
+/// One port read and when it started.
+struct Reading {
+    inventory: Option<Inventory>,
+    started: Instant,
+    started_unix_ns: i64,
+}
 
 struct Loop {
     agent: Agent,
-    accepted: Option<NodeMemberships>,
+    ack: Option<AckRecord>,
+    /// Key -> generation of the last apply attempt that carried it.
+    carried: BTreeMap<PKey, u64>,
+    next_generation: u64,
+    /// An apply since the last acknowledgement got no positive answer.
+    unacked: bool,
     force_apply: bool,
     retry_at: Option<Instant>,
     backoff: Duration,
+    failures: u64,
+    stale_retries: u32,
     resync_at: Instant,
     sm_error: Option<String>,
     prev_inventory: Option<Inventory>,
     foreign_reported: BTreeSet<(Guid, PKeyValue)>,
+    conditions: BTreeMap<ConditionKind, String>,
 }
 
 pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     let cfg = agent.shared.parts.reconciler.clone();
     let prev_inventory = agent.status().inventory.clone();
+    let ledger = agent.ledger();
+    // Keys from before this start may have been sent with any generation up to the reserved
+    // one; this process's generations all lie above it.
+    let before = ledger.generation_reserved;
     let mut l = Loop {
         agent,
-        accepted: None,
+        ack: None,
+        carried: ledger.keys.iter().map(|k| (*k, before)).collect(),
+        next_generation: before.saturating_add(1),
+        unacked: false,
         // Confirm the desired set with the SM once after every start.
         force_apply: true,
         retry_at: None,
         backoff: Duration::from_millis(cfg.backoff_initial_ms),
+        failures: 0,
+        stale_retries: 0,
         resync_at: Instant::now() + Duration::from_secs(cfg.resync_secs),
         sm_error: None,
         prev_inventory,
         foreign_reported: BTreeSet::new(),
+        conditions: BTreeMap::new(),
     };
     loop {
         let again = match l.pass().await {
-            Ok(again) => again,
+            Ok(again) => {
+                // Only a pass that completed (its commit included) counts as life: a store
+                // that refuses writes stops the watchdog's pets.
+                l.beat();
+                again
+            }
             Err(e) => {
                 tracing::error!(error = %e, "reconciler pass failed");
                 false
             }
         };
-        l.beat();
         if *shutdown.borrow() {
             break;
         }
@@ -74,10 +121,11 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             .expect("at least the heartbeat");
         let observer = l.agent.shared.parts.observer.clone();
         tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
             _ = l.agent.shared.wake.notified() => {}
             _ = observer.changed(pending) => {}
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = shutdown.changed() => break,
         }
         if Instant::now() >= l.resync_at {
             l.resync_at = Instant::now() + Duration::from_secs(cfg.resync_secs);
@@ -88,74 +136,100 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     tracing::info!("reconciler stopped");
 }
 
+/// A retry delay's jitter factor in [0.8, 1.2): spread across a fleet (it depends on the node
+/// id) yet reproducible (no process-global randomness), so a run can be replayed exactly.
+fn jitter(node_id: &str, attempt: u64) -> f64 {
+    let mut h = std::hash::DefaultHasher::new();
+    (node_id, attempt).hash(&mut h);
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    0.8 + 0.4 * unit
+}
+
 impl Loop {
     fn beat(&self) {
         self.agent.shared.beats.send_modify(|b| *b += 1);
     }
 
     fn pending(&self) -> bool {
-        self.agent
-            .store()
-            .attachments()
-            .map(|all| {
-                all.iter().any(|a| {
-                    matches!(
-                        a.state,
-                        AttachmentState::Pending
-                            | AttachmentState::Programming
-                            | AttachmentState::Drifted
-                            | AttachmentState::Releasing
-                    )
-                })
-            })
-            .unwrap_or(true)
+        self.unacked
+            || self
+                .agent
+                .store()
+                .attachments()
+                .map(|all| all.iter().any(|a| is_waiting(a.state)))
+                .unwrap_or(true)
     }
 
     /// One pass. Returns true when another pass should follow at once.
     async fn pass(&mut self) -> Result<bool, super::AgentError> {
-        let inventory = self.read_ports().await;
+        let mut reading = self.read_ports().await;
         let attachments = self.agent.store().attachments()?;
-        let guids: Vec<Guid> = inventory
+        let guids: Vec<Guid> = reading
+            .inventory
             .as_ref()
             .map(|i| i.fabric_ports().map(|p| p.port_guid).collect())
             .unwrap_or_default();
         let desired = plan::desired(&self.agent.shared.parts.node_id, guids, &attachments);
         let mut again = false;
-        let needed = self.force_apply || self.accepted.as_ref() != Some(&desired);
-        if !needed {
-            // Nothing left to retry (the failed change was withdrawn).
-            self.retry_at = None;
-        }
+        let needed =
+            self.force_apply || self.unacked || self.ack.as_ref().map(|a| &a.set) != Some(&desired);
         let due = self.retry_at.is_none_or(|t| Instant::now() >= t);
-        if needed && due && inventory.is_some() {
-            again = self.apply(desired).await?;
+        if needed && due && reading.inventory.is_some() {
+            match self.apply(desired).await? {
+                Applied::Acknowledged => {
+                    // The evidence for ACTIVE and RELEASED must come from a read that started
+                    // after the acknowledgement.
+                    reading = self.read_ports().await;
+                }
+                Applied::RetryNow => again = true,
+                Applied::Failed => {}
+            }
         }
-        let transitions = plan::plan(
-            &attachments,
-            Observed {
-                accepted: self.accepted.as_ref(),
-                inventory: inventory.as_ref(),
-            },
-        );
-        if transitions.iter().any(|t| t.to == AttachmentState::Drifted) {
-            self.force_apply = true;
-            again = true;
-        }
+        let inventory = reading.inventory.as_ref();
+        let allow_full_default = self.agent.shared.parts.allow_full_default;
+        let full_default = inventory.map(plan::full_default_ports);
+        let posture_ok =
+            allow_full_default || full_default.as_ref().is_some_and(|ports| ports.is_empty());
         let mut batch = Batch::default();
-        if let Some(inv) = &inventory {
+        if let Some(inv) = inventory {
             batch
                 .events
                 .extend(ports::changes(self.prev_inventory.as_ref(), inv));
             self.foreign(inv, &attachments, &mut batch.events);
         }
-        self.commit(&attachments, transitions, batch).await?;
-        self.prev_inventory = inventory;
+        let conditions = self.conditions(full_default, allow_full_default);
+        batch.events.extend(self.condition_events(conditions));
+        let observed = Observed {
+            ack: self.ack.as_ref().map(|a| Ack {
+                generation: a.generation,
+                set: &a.set,
+                unix_ns: a.unix_ns,
+            }),
+            carried: &self.carried,
+            inventory,
+            read_after_ack: self.ack.as_ref().is_some_and(|a| reading.started > a.at),
+            read_unix_ns: reading.started_unix_ns,
+            posture_ok,
+        };
+        let transitions = plan::plan(&attachments, observed);
+        if transitions.iter().any(|t| t.to == AttachmentState::Drifted) {
+            self.force_apply = true;
+            again = true;
+        }
+        self.commit(&attachments, transitions, observed, batch)
+            .await?;
+        self.forget_released_keys();
+        self.prev_inventory = reading.inventory;
         Ok(again)
     }
 
-    async fn read_ports(&mut self) -> Option<Inventory> {
+    async fn read_ports(&mut self) -> Reading {
+        let started = Instant::now();
+        let started_unix_ns = now_unix_ns();
         let parts = &self.agent.shared.parts;
-        match parts.observer.inventory().await {
+        let result = parts.observer.inventory().await;
+        self.agent.metrics().read(result.is_ok(), started.elapsed());
+        let inventory = match result {
             Ok(mut inv) => {
                 parts.selector.apply(&mut inv);
                 self.agent.status().inventory = Some(inv.clone());
@@ -165,43 +239,106 @@ impl Loop {
                 tracing::warn!(error = %e, "reading ports failed; no state changes this pass");
                 None
             }
+        };
+        Reading {
+            inventory,
+            started,
+            started_unix_ns,
         }
     }
 
-    /// Applies the desired set; returns true when the ports should be read again at once.
-    async fn apply(&mut self, desired: NodeMemberships) -> Result<bool, super::AgentError> {
+    /// Sends the desired set with a new generation, after the ledger durably covers it.
+    async fn apply(&mut self, desired: NodeMemberships) -> Result<Applied, super::AgentError> {
+        let generation = self.next_generation;
+        self.next_generation = generation.saturating_add(1);
+        {
+            let _guard = self.agent.shared.write.lock().await;
+            if let Some(ledger) = self
+                .agent
+                .ledger()
+                .covering(generation, desired.keys.keys())
+            {
+                self.agent.commit(Batch {
+                    ledger: Some(ledger),
+                    ..Default::default()
+                })?;
+            }
+        }
+        for key in desired.keys.keys() {
+            self.carried.insert(*key, generation);
+        }
+        // Until a positive answer, everything this apply carried is in doubt.
+        self.unacked = true;
         let sm = self.agent.shared.parts.sm.clone();
-        let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, 0)).await {
+        self.agent.set_applying(true);
+        let sent = Instant::now();
+        let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, generation)).await
+        {
             Ok(r) => r,
             Err(_) => Err(SmError::Unavailable(format!(
-                "apply timed out after {APPLY_TIMEOUT:?}"
+                "apply timed out after {APPLY_TIMEOUT:?}; its keys stay in doubt"
             ))),
         };
+        self.agent.set_applying(false);
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(SmError::Unavailable(_)) => "unavailable",
+            Err(SmError::Refused(_)) => "refused",
+            Err(SmError::StaleGeneration { .. }) => "stale_generation",
+        };
+        self.agent.metrics().apply(outcome, sent.elapsed());
         let cfg = &self.agent.shared.parts.reconciler;
         let was = self.sm_error.clone();
-        let outcome = match result {
+        let applied = match result {
             Ok(outcome) => {
-                tracing::debug!(keys = desired.keys.len(), detail = %outcome.detail, "applied");
-                self.accepted = Some(desired);
+                tracing::debug!(keys = desired.keys.len(), generation, detail = %outcome.detail, "applied");
+                self.ack = Some(AckRecord {
+                    generation,
+                    set: desired,
+                    at: Instant::now(),
+                    unix_ns: now_unix_ns(),
+                });
+                self.unacked = false;
                 self.force_apply = false;
                 self.retry_at = None;
                 self.backoff = Duration::from_millis(cfg.backoff_initial_ms);
+                self.failures = 0;
+                self.stale_retries = 0;
                 self.sm_error = None;
-                true
+                Applied::Acknowledged
+            }
+            Err(SmError::StaleGeneration { sent, stored })
+                if self.stale_retries < STALE_RETRIES =>
+            {
+                // Another of our sets, newer by its generation, is stored there (e.g. sent by an
+                // earlier life whose ledger was lost): move past it and send the current set.
+                tracing::info!(
+                    sent,
+                    stored,
+                    "subnet manager holds a newer generation; moving past it"
+                );
+                self.stale_retries += 1;
+                self.next_generation = self.next_generation.max(stored.saturating_add(1));
+                self.retry_at = None;
+                Applied::RetryNow
             }
             Err(e) => {
+                if let SmError::StaleGeneration { stored, .. } = &e {
+                    self.next_generation = self.next_generation.max(stored.saturating_add(1));
+                }
                 // Permanent refusals are retried too (an operator may fix them), just slowly.
                 let delay = if e.is_transient() {
                     self.backoff
                 } else {
                     Duration::from_millis(cfg.backoff_max_ms)
                 };
-                let jitter = rand::rng().random_range(0.8..1.2);
+                self.failures += 1;
+                let jitter = jitter(&self.agent.shared.parts.node_id, self.failures);
                 self.retry_at = Some(Instant::now() + delay.mul_f64(jitter));
                 self.backoff = (self.backoff * 2).min(Duration::from_millis(cfg.backoff_max_ms));
-                tracing::warn!(error = %e, retry_in = ?delay, "apply failed");
+                tracing::warn!(error = %e, generation, retry_in = ?delay, "apply failed");
                 self.sm_error = Some(e.to_string());
-                false
+                Applied::Failed
             }
         };
         {
@@ -209,7 +346,8 @@ impl Loop {
             status.sm.applies += 1;
             status.sm.reachable = self.sm_error.is_none();
             status.sm.last_error = self.sm_error.clone().unwrap_or_default();
-            if outcome {
+            status.sm.generation = generation;
+            if matches!(applied, Applied::Acknowledged) {
                 status.sm.last_apply_unix_ns = now_unix_ns();
             }
         }
@@ -224,7 +362,103 @@ impl Loop {
                 ..Default::default()
             })?;
         }
-        Ok(outcome)
+        Ok(applied)
+    }
+
+    /// Keys in doubt: carried by an attempt with no acknowledgement since.
+    fn in_doubt(&self) -> Vec<PKey> {
+        let acked = self.ack.as_ref().map_or(0, |a| a.generation);
+        self.carried
+            .iter()
+            .filter(|(_, g)| **g > acked)
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Drops keys an acknowledged apply removed from the in-memory record (the durable ledger
+    /// drops them in `commit`).
+    fn forget_released_keys(&mut self) {
+        if let Some(ack) = &self.ack {
+            self.carried
+                .retain(|k, g| ack.set.keys.contains_key(k) || *g >= ack.generation);
+        }
+        self.agent.status().sm.in_doubt = self.in_doubt();
+    }
+
+    /// The standing conditions now: the backend's and the node's own posture. Without a port
+    /// read the posture stays as last seen.
+    fn conditions(
+        &self,
+        full_default: Option<Vec<String>>,
+        allow_full_default: bool,
+    ) -> BTreeMap<ConditionKind, String> {
+        let mut now: BTreeMap<ConditionKind, String> = self
+            .agent
+            .shared
+            .parts
+            .sm
+            .conditions()
+            .into_iter()
+            .map(|c| (c.kind, c.detail))
+            .collect();
+        let kind = ConditionKind::FullDefaultMembership;
+        match full_default {
+            Some(ports) if !ports.is_empty() => {
+                let accepted = if allow_full_default {
+                    "; accepted by allow_full_default"
+                } else {
+                    "; tenant keys are not reported ACTIVE until allow_full_default = true"
+                };
+                now.insert(
+                    kind,
+                    format!(
+                        "{} full member of the default partition (0xffff): every tenant can reach this node{accepted}",
+                        ports.join(", ")
+                    ),
+                );
+            }
+            Some(_) => {}
+            None => {
+                if let Some(d) = self.conditions.get(&kind) {
+                    now.insert(kind, d.clone());
+                }
+            }
+        }
+        now
+    }
+
+    /// Events for conditions raised, changed or cleared; records the new set.
+    fn condition_events(&mut self, now: BTreeMap<ConditionKind, String>) -> Vec<EventKind> {
+        let mut events = Vec::new();
+        for (kind, detail) in &now {
+            if self.conditions.get(kind) != Some(detail) {
+                tracing::warn!(condition = %kind, %detail, "condition raised");
+                events.push(EventKind::ConditionChanged {
+                    condition: *kind,
+                    active: true,
+                    detail: detail.clone(),
+                });
+            }
+        }
+        for (kind, detail) in &self.conditions {
+            if !now.contains_key(kind) {
+                tracing::info!(condition = %kind, "condition cleared");
+                events.push(EventKind::ConditionChanged {
+                    condition: *kind,
+                    active: false,
+                    detail: detail.clone(),
+                });
+            }
+        }
+        self.agent.status().conditions = now
+            .iter()
+            .map(|(kind, detail)| crate::domain::Condition {
+                kind: *kind,
+                detail: detail.clone(),
+            })
+            .collect();
+        self.conditions = now;
+        events
     }
 
     fn foreign(
@@ -255,16 +489,19 @@ impl Loop {
     }
 
     /// Commits transitions (re-checked against the current state under the write lock, so a
-    /// command that changed an attachment meanwhile wins) plus reason updates and port events.
+    /// command that changed an attachment meanwhile wins) plus reason updates, port events and
+    /// the ledger without the keys an acknowledged apply removed.
     async fn commit(
         &self,
         snapshot: &[Attachment],
         transitions: Vec<plan::Transition>,
+        observed: Observed<'_>,
         mut batch: Batch,
     ) -> Result<(), super::AgentError> {
         let _guard = self.agent.shared.write.lock().await;
         let now = now_unix_ns();
         let mut touched: Vec<Attachment> = Vec::new();
+        let mut latencies = Vec::new();
         for t in transitions {
             let id = snapshot[t.index].instance_id.as_str();
             let current = match touched.iter_mut().find(|a| a.instance_id.as_str() == id) {
@@ -280,28 +517,63 @@ impl Loop {
             if current.state != t.from {
                 continue;
             }
+            let timed = match (t.from, t.to) {
+                (_, AttachmentState::Active) if t.from == AttachmentState::Drifted => {
+                    Some((Timed::DriftRepaired, current.updated_unix_ns))
+                }
+                (_, AttachmentState::Active) => {
+                    Some((Timed::AttachToActive, current.created_unix_ns))
+                }
+                (_, AttachmentState::Released) => {
+                    Some((Timed::ReleaseToReleased, current.updated_unix_ns))
+                }
+                _ => None,
+            };
+            if let Some((which, since)) = timed {
+                let ns = u64::try_from(now - since).unwrap_or(0);
+                latencies.push((which, Duration::from_nanos(ns)));
+            }
             current.state = t.to;
             current.updated_unix_ns = now;
             current.reason.clear();
-            batch
-                .events
-                .push(changed_event(current, Some(t.from), &t.reason));
+            let mut event = changed_event(current, Some(t.from), &t.reason);
+            if let EventKind::AttachmentChanged { evidence, .. } = &mut event {
+                *evidence = t.evidence;
+            }
+            batch.events.push(event);
         }
-        // Show a subnet-manager error on every attachment still waiting for it.
-        let reason = self.sm_error.clone().unwrap_or_default();
+        // Show why every attachment still waiting has not moved: the subnet manager's error, or
+        // the node's own reason (a key in doubt, the posture).
         for a in snapshot.iter().filter(|a| is_waiting(a.state)) {
-            if touched.iter().any(|t| t.instance_id == a.instance_id) || a.reason == reason {
+            if touched.iter().any(|t| t.instance_id == a.instance_id) {
+                continue;
+            }
+            let reason = self
+                .sm_error
+                .clone()
+                .or_else(|| plan::waiting_reason(a, observed))
+                .unwrap_or_default();
+            if a.reason == reason {
                 continue;
             }
             if let Some(mut current) = self.agent.store().attachment(a.instance_id.as_str())? {
                 if current.state == a.state && current.reason != reason {
-                    current.reason = reason.clone();
+                    current.reason = reason;
                     touched.push(current);
                 }
             }
         }
+        let ledger = self.agent.ledger();
+        let mut kept = ledger.clone();
+        kept.keys.retain(|k| !observed.acked_without(*k));
+        if kept != ledger {
+            batch.ledger = Some(kept);
+        }
         batch.upserts = touched;
         self.agent.commit(batch)?;
+        for (which, elapsed) in latencies {
+            self.agent.metrics().transition(which, elapsed);
+        }
         Ok(())
     }
 
@@ -325,6 +597,16 @@ impl Loop {
     }
 }
 
+/// What an apply attempt came to.
+enum Applied {
+    /// A positive answer.
+    Acknowledged,
+    /// Refused for a reason the next attempt fixes at once (a stale generation).
+    RetryNow,
+    /// No positive answer: retry after the backoff.
+    Failed,
+}
+
 fn is_waiting(s: AttachmentState) -> bool {
     matches!(
         s,
@@ -333,4 +615,19 @@ fn is_waiting(s: AttachmentState) -> bool {
             | AttachmentState::Drifted
             | AttachmentState::Releasing
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jitter;
+
+    #[test]
+    fn jitter_is_reproducible_and_bounded() {
+        for attempt in 0..1000 {
+            let j = jitter("gpu-node-17", attempt);
+            assert!((0.8..1.2).contains(&j), "{j}");
+            assert_eq!(j, jitter("gpu-node-17", attempt));
+        }
+        assert_ne!(jitter("gpu-node-17", 1), jitter("gpu-node-18", 1));
+    }
 }

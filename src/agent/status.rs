@@ -1,7 +1,7 @@
 //! What the agent knows right now besides the store: the latest inventory and the subnet
 //! manager's health, and the node view built from them.
 
-use crate::domain::{AttachmentState, Inventory, PortInfo};
+use crate::domain::{AttachmentState, Condition, Inventory, PKey, PortInfo};
 use std::collections::BTreeMap;
 
 /// The subnet manager's health as the reconciler last saw it.
@@ -17,11 +17,16 @@ pub struct SmStatus {
     pub last_apply_unix_ns: i64,
     /// Applies attempted since start.
     pub applies: u64,
+    /// The generation of the last apply attempted.
+    pub generation: u64,
+    /// Keys in doubt: carried by an apply with no positive answer since.
+    pub in_doubt: Vec<PKey>,
 }
 
 pub(super) struct Status {
     pub inventory: Option<Inventory>,
     pub sm: SmStatus,
+    pub conditions: Vec<Condition>,
 }
 
 impl Status {
@@ -32,6 +37,7 @@ impl Status {
                 backend: backend.to_owned(),
                 ..Default::default()
             },
+            conditions: Vec::new(),
         }
     }
 }
@@ -59,4 +65,6 @@ pub struct NodeView {
     pub first_event_seq: u64,
     /// Newest event.
     pub last_event_seq: u64,
+    /// Standing conditions (insecure posture, a rejected partitions file, ...).
+    pub conditions: Vec<Condition>,
 }

@@ -2,8 +2,8 @@
 
 use crate::agent::{AgentError, AttachRequest, ListFilter, NodeView, SmStatus};
 use crate::domain::{
-    Attachment, AttachmentState, DomainError, Event, EventKind, InstanceId, LinkLayer, Membership,
-    Partition, PortInfo, PortState,
+    Attachment, AttachmentState, Condition, DomainError, Event, EventKind, Evidence, InstanceId,
+    LinkLayer, Membership, Partition, PortInfo, PortState,
 };
 use crate::proto::agent as pb;
 use std::time::Duration;
@@ -196,6 +196,33 @@ fn sm_to_pb(s: &SmStatus) -> pb::SubnetManagerStatus {
         last_error: s.last_error.clone(),
         last_apply: (s.last_apply_unix_ns > 0).then(|| timestamp(s.last_apply_unix_ns)),
         applies: s.applies,
+        generation: s.generation,
+        in_doubt_pkeys: s.in_doubt.iter().map(|k| u32::from(k.base())).collect(),
+    }
+}
+
+fn condition_to_pb(c: &Condition) -> pb::Condition {
+    pb::Condition {
+        kind: c.kind.name().to_owned(),
+        detail: c.detail.clone(),
+    }
+}
+
+fn evidence_to_pb(e: &Evidence) -> pb::Evidence {
+    pb::Evidence {
+        sm_generation: e.sm_generation,
+        sm_acknowledged: Some(timestamp(e.sm_ack_unix_ns)),
+        read_started: Some(timestamp(e.read_unix_ns)),
+        ports: e
+            .ports
+            .iter()
+            .map(|p| pb::PortReading {
+                device: p.device.clone(),
+                port_number: u32::from(p.port_number),
+                port_guid: p.port_guid.to_string(),
+                state: port_state_to_pb(p.state) as i32,
+            })
+            .collect(),
     }
 }
 
@@ -217,6 +244,7 @@ pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
         first_event_seq: n.first_event_seq,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         pkey_capacity: n.pkey_capacity as u32,
+        conditions: n.conditions.iter().map(condition_to_pb).collect(),
     }
 }
 
@@ -231,6 +259,7 @@ pub fn event_to_pb(e: &Event, node_id: &str) -> pb::Event {
             from,
             to,
             reason,
+            evidence,
         } => Kind::AttachmentChanged(pb::AttachmentChanged {
             instance_id: instance_id.clone(),
             partition_id: partition_id.clone(),
@@ -238,6 +267,7 @@ pub fn event_to_pb(e: &Event, node_id: &str) -> pb::Event {
             from: from.map_or(pb::AttachmentState::Unspecified, state_to_pb) as i32,
             to: state_to_pb(*to) as i32,
             reason: reason.clone(),
+            evidence: evidence.as_ref().map(evidence_to_pb),
         }),
         EventKind::PKeyTableChanged {
             device,
@@ -284,6 +314,17 @@ pub fn event_to_pb(e: &Event, node_id: &str) -> pb::Event {
             port_number: u32::from(*port_number),
             port_guid: port_guid.to_string(),
             pkey_value: u32::from(pkey_value.0),
+        }),
+        EventKind::ConditionChanged {
+            condition,
+            active,
+            detail,
+        } => Kind::ConditionChanged(pb::ConditionChanged {
+            condition: Some(pb::Condition {
+                kind: condition.name().to_owned(),
+                detail: detail.clone(),
+            }),
+            active: *active,
         }),
     };
     pb::Event {

@@ -27,6 +27,9 @@ pub enum ServeError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A live agent already answers on the unix socket: its socket is not replaced.
+    #[error("another fabric-agent is serving on {0}; refusing to replace its socket (stop it, or give this one another [listen] unix_socket)")]
+    SocketInUse(String),
     /// TLS material could not be loaded.
     #[error("TLS: {0}")]
     Tls(String),
@@ -52,6 +55,10 @@ impl Listeners {
         };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(bind_err)?;
+        }
+        // Only a stale socket (nobody answers) is replaced; a live agent's is left alone.
+        if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            return Err(ServeError::SocketInUse(path.display().to_string()));
         }
         match std::fs::remove_file(&path) {
             Ok(()) => {}

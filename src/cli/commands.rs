@@ -29,14 +29,15 @@ pub struct AttachArgs {
     /// The partition's fabric (default: this node's fabric).
     #[arg(long)]
     pub fabric: Option<String>,
-    /// P_Key base, e.g. 0x0012 or 18 (0x0001..=0x7ffe).
-    #[arg(long, value_parser = parse_u32)]
+    /// P_Key base in hex as InfiniBand tools print it: 0x0a12 or 0a12 (0x0001..=0x7ffe; never
+    /// decimal). Membership is --limited, not bit 15.
+    #[arg(long, value_parser = parse_pkey)]
     pub pkey: u32,
     /// Limited instead of full membership.
     #[arg(long)]
     pub limited: bool,
-    /// Wait up to this many seconds for ACTIVE.
-    #[arg(long)]
+    /// Wait up to this many seconds (at most 600) for ACTIVE; exit 75 if it is not reached.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=600))]
     pub wait: Option<u32>,
 }
 
@@ -46,8 +47,8 @@ pub struct ReleaseArgs {
     /// The terminated instance.
     #[arg(long)]
     pub instance: String,
-    /// Wait up to this many seconds for RELEASED.
-    #[arg(long)]
+    /// Wait up to this many seconds (at most 600) for RELEASED; exit 75 if it is not reached.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=600))]
     pub wait: Option<u32>,
 }
 
@@ -76,12 +77,32 @@ pub struct EventsArgs {
     pub follow: bool,
 }
 
-fn parse_u32(s: &str) -> Result<u32, String> {
-    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => u32::from_str_radix(hex, 16),
-        None => s.parse(),
-    };
-    r.map_err(|e| format!("{s:?}: {e}"))
+/// Parses a P_Key base the way InfiniBand tools write keys: hex, with or without `0x`, 1-4
+/// digits, never decimal. A value with the membership bit set or outside 0x0001..=0x7ffe is
+/// refused with what was understood.
+pub fn parse_pkey(s: &str) -> Result<u32, String> {
+    let digits = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if digits.is_empty() || digits.len() > 4 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!(
+            "{s:?} is not a P_Key: give 1-4 hex digits, e.g. 0x0a12 or 0a12 (P_Keys are always hex)"
+        ));
+    }
+    let v = u32::from_str_radix(digits, 16).expect("checked hex digits");
+    match v {
+        0 => Err(format!("{s:?} read as 0x0000, which is not a valid P_Key")),
+        0x7fff | 0xffff => Err(format!(
+            "{s:?} read as {v:#06x}, the default partition, which no tenant may claim"
+        )),
+        0x8000.. => Err(format!(
+            "{s:?} read as {v:#06x}, which has the full-membership bit set: give the base {:#06x} \
+             (membership is --limited or full by default)",
+            v & 0x7fff
+        )),
+        _ => Ok(v),
+    }
 }
 
 /// `check-config`.
@@ -100,7 +121,7 @@ pub fn check_config(path: &Path) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(super::serve::EXIT_CONFIG)
+            ExitCode::from(super::exit::CONFIG)
         }
     }
 }
@@ -111,7 +132,7 @@ pub async fn ports(path: &Path, json: bool) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(super::serve::EXIT_CONFIG);
+            return ExitCode::from(super::exit::CONFIG);
         }
     };
     match crate::agent::read_ports_once(&config).await {
@@ -137,9 +158,10 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(69);
+            return ExitCode::from(super::exit::UNREACHABLE);
         }
     };
+    let mut outcome = Outcome::Done;
     let result: Result<(), tonic::Status> = async {
         match command {
             Command::Node => {
@@ -147,6 +169,7 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                 output::node(&n, json);
             }
             Command::Attach(a) => {
+                let wait = a.wait;
                 let fabric = match a.fabric {
                     Some(f) => f,
                     None => c.get_node(pb::GetNodeRequest {}).await?.into_inner().fabric,
@@ -171,9 +194,11 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     })
                     .await?
                     .into_inner();
+                outcome = waited(r.attachment.as_ref(), wait, pb::AttachmentState::Active);
                 output::attachments(r.attachment.as_slice(), json);
             }
             Command::Release(r) => {
+                let wait = r.wait;
                 let r = c
                     .release_instance(pb::ReleaseInstanceRequest {
                         instance_id: r.instance,
@@ -181,6 +206,7 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     })
                     .await?
                     .into_inner();
+                outcome = waited(r.attachment.as_ref(), wait, pb::AttachmentState::Released);
                 output::attachments(r.attachment.as_slice(), json);
             }
             Command::Attachments(l) => {
@@ -226,10 +252,121 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
     }
     .await;
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(s) => {
-            eprintln!("error: {:?}: {}", s.code(), s.message());
-            ExitCode::FAILURE
+        Ok(()) => match outcome {
+            Outcome::Done => ExitCode::SUCCESS,
+            Outcome::Expired { state, reason } => {
+                eprintln!(
+                    "wait expired: the attachment is {state}{}",
+                    if reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({reason})")
+                    }
+                );
+                ExitCode::from(super::exit::WAIT_EXPIRED)
+            }
+            Outcome::Ended { state, reason } => {
+                eprintln!("error: the attachment ended {state}: {reason}");
+                ExitCode::from(super::exit::REFUSED)
+            }
+        },
+        Err(s) if is_unreachable(&s) => {
+            eprintln!("error: the daemon is unreachable: {}", s.message());
+            ExitCode::from(super::exit::UNREACHABLE)
         }
+        Err(s) => {
+            eprintln!("error: {}: {}", code_name(s.code()), s.message());
+            ExitCode::from(super::exit::REFUSED)
+        }
+    }
+}
+
+/// How a call that waited for a state ended.
+enum Outcome {
+    /// The requested state was reached, or no wait was asked.
+    Done,
+    /// `--wait` ran out while the attachment was still on its way.
+    Expired { state: String, reason: String },
+    /// The attachment reached a state from which the requested one cannot follow.
+    Ended { state: String, reason: String },
+}
+
+fn waited(a: Option<&pb::Attachment>, wait: Option<u32>, want: pb::AttachmentState) -> Outcome {
+    let (Some(a), Some(_)) = (a, wait) else {
+        return Outcome::Done;
+    };
+    let state = pb::AttachmentState::try_from(a.state).unwrap_or_default();
+    let name = state
+        .as_str_name()
+        .trim_start_matches("ATTACHMENT_STATE_")
+        .to_owned();
+    let terminal = matches!(
+        state,
+        pb::AttachmentState::Failed | pb::AttachmentState::Released
+    ) || (want == pb::AttachmentState::Active
+        && state == pb::AttachmentState::Releasing);
+    if state == want {
+        Outcome::Done
+    } else if terminal {
+        Outcome::Ended {
+            state: name,
+            reason: a.reason.clone(),
+        }
+    } else {
+        Outcome::Expired {
+            state: name,
+            reason: a.reason.clone(),
+        }
+    }
+}
+
+/// The daemon went away between connecting and answering.
+fn is_unreachable(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::Unavailable && std::error::Error::source(s).is_some()
+}
+
+/// A gRPC code as the API documentation spells it (`INVALID_ARGUMENT`).
+pub fn code_name(code: tonic::Code) -> String {
+    let camel = format!("{code:?}");
+    let mut out = String::new();
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_uppercase());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pkeys_are_hex_as_infiniband_tools_write_them() {
+        assert_eq!(parse_pkey("0x0a12"), Ok(0x0a12));
+        assert_eq!(parse_pkey("0X0A12"), Ok(0x0a12));
+        assert_eq!(parse_pkey("0a12"), Ok(0x0a12));
+        assert_eq!(parse_pkey("7ffe"), Ok(0x7ffe));
+        assert_eq!(
+            parse_pkey("1234"),
+            Ok(0x1234),
+            "bare digits are hex, never decimal"
+        );
+        assert_eq!(parse_pkey("012"), Ok(0x12));
+        for bad in [
+            "", "0x", "12345", "0x1g", "-1", "18z", "1.5", "0", "7fff", "0xffff",
+        ] {
+            assert!(parse_pkey(bad).is_err(), "{bad:?}");
+        }
+        let e = parse_pkey("0x8a12").unwrap_err();
+        assert!(e.contains("0x0a12"), "{e}");
+    }
+
+    #[test]
+    fn codes_are_spelled_as_in_the_api_docs() {
+        assert_eq!(code_name(tonic::Code::InvalidArgument), "INVALID_ARGUMENT");
+        assert_eq!(code_name(tonic::Code::NotFound), "NOT_FOUND");
+        assert_eq!(code_name(tonic::Code::Ok), "OK");
     }
 }

@@ -3,6 +3,7 @@
 
 mod client;
 mod commands;
+pub mod exit;
 mod output;
 mod serve;
 

@@ -92,7 +92,10 @@ pub fn node(n: &pb::GetNodeResponse, json: bool) {
         let v = json!({
             "node_id": n.node_id, "fabric": n.fabric, "agent_version": n.agent_version,
             "observer": n.observer, "observer_reason": n.observer_reason, "pkey_capacity": n.pkey_capacity,
-            "subnet_manager": {"backend": sm.backend, "reachable": sm.reachable, "last_error": sm.last_error, "applies": sm.applies},
+            "subnet_manager": {"backend": sm.backend, "reachable": sm.reachable, "last_error": sm.last_error, "applies": sm.applies,
+                               "generation": sm.generation,
+                               "in_doubt_pkeys": sm.in_doubt_pkeys.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>()},
+            "conditions": n.conditions.iter().map(|c| json!({"kind": c.kind, "detail": c.detail})).collect::<Vec<_>>(),
             "attachment_counts": n.attachment_counts,
             "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq,
             "ports": n.ports.iter().map(port_json).collect::<Vec<_>>(),
@@ -123,6 +126,20 @@ pub fn node(n: &pb::GetNodeResponse, json: bool) {
         },
         sm.applies
     );
+    if !sm.in_doubt_pkeys.is_empty() {
+        let keys: Vec<String> = sm
+            .in_doubt_pkeys
+            .iter()
+            .map(|k| format!("{k:#06x}"))
+            .collect();
+        say!(
+            "in doubt: {} (an apply carrying them got no answer; not RELEASED until a set without them is acknowledged)",
+            keys.join(", ")
+        );
+    }
+    for c in &n.conditions {
+        say!("CONDITION {}: {}", c.kind, c.detail);
+    }
     let mut counts: Vec<String> = n
         .attachment_counts
         .iter()
@@ -223,6 +240,13 @@ pub fn event(e: &pb::Event, json: bool) {
             "foreign_pkey",
             json!({"device": f.device, "port": f.port_number, "port_guid": f.port_guid, "pkey_value": format!("{:#06x}", f.pkey_value)}),
         ),
+        Some(Kind::ConditionChanged(c)) => {
+            let cond = c.condition.clone().unwrap_or_default();
+            (
+                "condition",
+                json!({"condition": cond.kind, "active": c.active, "detail": cond.detail}),
+            )
+        }
         None => ("unknown", Value::Null),
     };
     if json {

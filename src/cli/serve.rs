@@ -10,8 +10,6 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-/// Exit code for a bad configuration (EX_USAGE... sysexits' EX_USAGE is 64).
-pub const EXIT_CONFIG: u8 = 64;
 const DRAIN: Duration = Duration::from_secs(10);
 
 /// Runs the daemon until SIGTERM or SIGINT.
@@ -20,12 +18,13 @@ pub async fn run(config_path: &Path) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(EXIT_CONFIG);
+            return ExitCode::from(super::exit::CONFIG);
         }
     };
-    let (Ok(mut term), Ok(mut int)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         eprintln!("error: cannot install signal handlers");
         return ExitCode::from(71);
@@ -66,7 +65,26 @@ pub async fn run(config_path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let metrics = if config.metrics.enabled {
+        match crate::api::metrics::bind(config.metrics.listen).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::error!(error = %e, listen = %config.metrics.listen, "cannot listen for metrics");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let (stop, stopped) = watch::channel(false);
+    if let Some(listener) = metrics {
+        tokio::spawn(crate::api::metrics::serve(
+            listener,
+            agent.clone(),
+            opensm.clone(),
+            stopped.clone(),
+        ));
+    }
     let reconciler = agent.reconcile(stopped.clone());
     let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let server = tokio::spawn(serve(
@@ -81,12 +99,21 @@ pub async fn run(config_path: &Path) -> ExitCode {
     tracing::info!(node = %config.node_id(), fabric = %config.fabric, socket = %config.listen.unix_socket.display(), "ready");
     systemd::ready(&agent.status_line());
     let mut server = server;
-    let failed = tokio::select! {
-        _ = term.recv() => false,
-        _ = int.recv() => false,
-        r = &mut server => {
-            tracing::error!(result = ?r, "gRPC server stopped unexpectedly");
-            true
+    let failed = loop {
+        tokio::select! {
+            _ = term.recv() => break false,
+            _ = int.recv() => break false,
+            _ = hup.recv() => {
+                // SIGHUP never ends the daemon. The configuration is read once at start: a
+                // changed file takes effect on restart (check it first with check-config).
+                tracing::info!(
+                    "SIGHUP: nothing is reloaded in place; restart the service to apply configuration changes"
+                );
+            }
+            r = &mut server => {
+                tracing::error!(result = ?r, "gRPC server stopped unexpectedly");
+                break true;
+            }
         }
     };
     systemd::stopping();

@@ -1,4 +1,4 @@
-use super::{AttachmentState, Guid, PKeyValue, PortState};
+use super::{AttachmentState, ConditionKind, Guid, PKeyValue, PortState};
 use serde::{Deserialize, Serialize};
 
 /// One entry of the node's durable, ordered event log.
@@ -30,6 +30,10 @@ pub enum EventKind {
         to: AttachmentState,
         /// Why, when there is something to say.
         reason: String,
+        /// For ACTIVE and RELEASED: the subnet manager's acknowledgement and the port read the
+        /// claim rests on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        evidence: Option<Evidence>,
     },
     /// A port's P_Key table changed.
     PKeyTableChanged {
@@ -77,4 +81,40 @@ pub enum EventKind {
         /// The unexpected entry.
         pkey_value: PKeyValue,
     },
+    /// A standing condition was raised or cleared.
+    ConditionChanged {
+        /// Which condition.
+        condition: ConditionKind,
+        /// True when raised, false when cleared.
+        active: bool,
+        /// What was seen.
+        detail: String,
+    },
+}
+
+/// What an ACTIVE or RELEASED claim rests on: an acknowledged apply, and a port read that
+/// started after that acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// The generation of the acknowledged apply.
+    pub sm_generation: u64,
+    /// When the subnet manager's acknowledgement arrived, Unix nanoseconds.
+    pub sm_ack_unix_ns: i64,
+    /// When the port read began, Unix nanoseconds (after the acknowledgement).
+    pub read_unix_ns: i64,
+    /// Every fabric port that read saw.
+    pub ports: Vec<PortReading>,
+}
+
+/// One fabric port as a read saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortReading {
+    /// Device name.
+    pub device: String,
+    /// Port number.
+    pub port_number: u8,
+    /// Port GUID.
+    pub port_guid: Guid,
+    /// Logical state.
+    pub state: PortState,
 }

@@ -33,6 +33,18 @@ impl PortState {
         }
     }
 
+    /// The IBA PortState number (0 when unknown).
+    pub fn iba_number(self) -> u8 {
+        match self {
+            PortState::Unknown => 0,
+            PortState::Down => 1,
+            PortState::Init => 2,
+            PortState::Armed => 3,
+            PortState::Active => 4,
+            PortState::ActiveDefer => 5,
+        }
+    }
+
     /// Whether the port's P_Key table counts (a DOWN port is reprogrammed before it can go
     /// ACTIVE again, so its table counts as empty).
     pub fn table_counts(self) -> bool {

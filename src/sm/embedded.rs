@@ -3,10 +3,11 @@
 //!
 //! Fault injection for tests and demos: when `fault_file` is set, every apply first reads it:
 //! `unreachable` fails the apply as unavailable, `slow <ms>` delays it, `refuse <text>` refuses
-//! it; an absent or empty file means healthy.
+//! it, `lose-reply` applies the set and then answers as unavailable (the reply was lost: the
+//! agent must treat the keys as in doubt); an absent or empty file means healthy.
 
 use super::{ApplyOutcome, SmError, SubnetManager};
-use crate::domain::{NodeMemberships, PKeyValue};
+use crate::domain::{Membership, NodeMemberships, PKeyValue};
 use crate::sim::SimFabric;
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -30,6 +31,14 @@ pub struct EmbeddedConfig {
     /// Optional fault-injection file (see the module docs).
     #[serde(default)]
     pub fault_file: Option<PathBuf>,
+    /// The simulated ports' membership of the default partition: `limited` (0x7FFF, a
+    /// well-run fabric; the default) or `full` (0xFFFF, an insecure posture to demonstrate).
+    #[serde(default = "default_default_membership")]
+    pub default_membership: Membership,
+}
+
+fn default_default_membership() -> Membership {
+    Membership::Limited
 }
 
 fn default_ports() -> u8 {
@@ -46,11 +55,20 @@ impl Default for EmbeddedConfig {
             pkey_table_size: default_table_size(),
             apply_delay_ms: 0,
             fault_file: None,
+            default_membership: default_default_membership(),
         }
     }
 }
 
 impl EmbeddedConfig {
+    /// The default partition's entry on the simulated ports.
+    pub fn default_entry(&self) -> PKeyValue {
+        match self.default_membership {
+            Membership::Full => PKeyValue::DEFAULT_FULL,
+            Membership::Limited => PKeyValue::DEFAULT_LIMITED,
+        }
+    }
+
     /// Checks ranges.
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=16).contains(&self.ports) {
@@ -80,9 +98,10 @@ impl EmbeddedSm {
         }
     }
 
-    async fn injected_fault(&self) -> Result<(), SmError> {
+    /// Applies the injected fault before the apply; returns whether the reply is to be lost.
+    async fn injected_fault(&self) -> Result<bool, SmError> {
         let Some(path) = &self.fault_file else {
-            return Ok(());
+            return Ok(false);
         };
         let text = tokio::fs::read_to_string(path).await.unwrap_or_default();
         let line = text.trim();
@@ -96,7 +115,7 @@ impl EmbeddedSm {
         if let Some(why) = line.strip_prefix("refuse ") {
             return Err(SmError::Refused(format!("embedded SM: {why}")));
         }
-        Ok(())
+        Ok(line == "lose-reply")
     }
 }
 
@@ -111,7 +130,7 @@ impl SubnetManager for EmbeddedSm {
         desired: &NodeMemberships,
         _generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
-        self.injected_fault().await?;
+        let lose_reply = self.injected_fault().await?;
         let keys: Vec<PKeyValue> = desired
             .keys
             .iter()
@@ -132,6 +151,11 @@ impl SubnetManager for EmbeddedSm {
                     tracing::warn!(error = %e, "embedded SM: programming tables failed");
                 }
             });
+        }
+        if lose_reply {
+            return Err(SmError::Unavailable(
+                "embedded SM: injected lost reply (the set was applied)".into(),
+            ));
         }
         Ok(ApplyOutcome { detail })
     }

@@ -13,12 +13,13 @@ mod tables;
 
 pub use error::StoreError;
 
-use crate::domain::{Attachment, AttachmentState, Event, EventKind, InstanceId};
+use crate::domain::{ApplyLedger, Attachment, AttachmentState, Event, EventKind, InstanceId};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::path::Path;
 use tables::{ATTACHMENTS, EVENTS, META};
 
 const LAST_SEQ: &str = "last_seq";
+const APPLY_LEDGER: &str = "apply_ledger";
 
 /// The agent's durable store.
 pub struct Store {
@@ -35,12 +36,17 @@ pub struct Batch {
     pub deletes: Vec<InstanceId>,
     /// Events to append, in order.
     pub events: Vec<EventKind>,
+    /// A new apply ledger to store with the rest.
+    pub ledger: Option<ApplyLedger>,
 }
 
 impl Batch {
     /// Whether the batch changes nothing.
     pub fn is_empty(&self) -> bool {
-        self.upserts.is_empty() && self.deletes.is_empty() && self.events.is_empty()
+        self.upserts.is_empty()
+            && self.deletes.is_empty()
+            && self.events.is_empty()
+            && self.ledger.is_none()
     }
 }
 
@@ -108,6 +114,9 @@ impl Store {
                 attachments.remove(id.as_str())?;
             }
             let mut meta = txn.open_table(META)?;
+            if let Some(ledger) = &batch.ledger {
+                meta.insert(APPLY_LEDGER, encode(ledger)?.as_slice())?;
+            }
             let mut seq = match meta.get(LAST_SEQ)? {
                 Some(v) => u64_from(v.value())?,
                 None => 0,
@@ -154,6 +163,14 @@ impl Store {
         let first = table.first()?.map(|(k, _)| k.value()).unwrap_or(0);
         let last = table.last()?.map(|(k, _)| k.value()).unwrap_or(0);
         Ok((first, last))
+    }
+
+    /// The apply ledger (empty when none was ever stored).
+    pub fn ledger(&self) -> Result<ApplyLedger, StoreError> {
+        self.meta(APPLY_LEDGER)?
+            .map(|b| decode(&b))
+            .transpose()
+            .map(Option::unwrap_or_default)
     }
 
     /// Reads an opaque value (used for the simulated fabric's tables).

@@ -21,6 +21,7 @@ fn changed(id: &str, to: AttachmentState) -> EventKind {
         from: None,
         to,
         reason: String::new(),
+        evidence: None,
     }
 }
 
@@ -72,4 +73,32 @@ fn retention_prunes_oldest_events_only() {
         .map(|e| e.seq)
         .collect();
     assert_eq!(seqs, vec![8, 9, 10, 11, 12]);
+}
+
+#[test]
+fn the_apply_ledger_commits_with_the_batch_and_survives_reopen() {
+    use crate::domain::{ApplyLedger, PKey};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let ledger = ApplyLedger {
+        generation_reserved: 2048,
+        keys: [PKey::new(0x12).unwrap()].into(),
+    };
+    {
+        let store = Store::open(&path, 100).unwrap();
+        assert_eq!(store.ledger().unwrap(), ApplyLedger::default());
+        store
+            .commit(
+                Batch {
+                    upserts: vec![attachment("i1", AttachmentState::Pending)],
+                    ledger: Some(ledger.clone()),
+                    ..Default::default()
+                },
+                1,
+            )
+            .unwrap();
+    }
+    let store = Store::open(&path, 100).unwrap();
+    assert_eq!(store.ledger().unwrap(), ledger);
+    assert_eq!(store.attachments().unwrap().len(), 1);
 }

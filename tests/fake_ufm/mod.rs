@@ -4,8 +4,9 @@
 //! `GET resources/pkeys[/{pkey}]?guids_data=true`, `POST resources/pkeys`,
 //! `POST actions/remove_guids_from_pkey`, `DELETE resources/pkeys/{pkey}/guids/{g1,g2}`,
 //! `DELETE resources/pkeys/{pkey}` and `GET app/ufm_version`; checks basic or token
-//! authentication; switches UFM's quirks ([`Quirks`]); injects slowness, 503 bursts and
-//! outages (503 or connection refused); logs every request; and reports membership changes
+//! authentication; switches UFM's quirks ([`Quirks`]); injects slowness, 503 bursts,
+//! outages (503 or connection refused) and writes whose answer comes too late to be seen
+//! although they took effect; logs every request; and reports membership changes
 //! (broadcast and callback, with a configurable delay) so tests can drive port tables.
 //!
 //! Use from `tests/*.rs` with `mod fake_ufm;`, from benches with
@@ -84,6 +85,8 @@ struct Inner {
     delay: Duration,
     /// The next `.0` requests answer status `.1`.
     inject: (usize, u16),
+    /// The next `.0` writes (POST, DELETE) take effect, then answer only after `.1`.
+    late_writes: (usize, Duration),
     outage_until: Option<Instant>,
     /// Injected answers quote the request's `Authorization` header (a careless server).
     echo_auth: bool,
@@ -165,6 +168,7 @@ impl FakeUfm {
                 auth,
                 delay: Duration::ZERO,
                 inject: (0, 503),
+                late_writes: (0, Duration::ZERO),
                 outage_until: None,
                 echo_auth: false,
                 log: Vec::new(),
@@ -228,6 +232,12 @@ impl FakeUfm {
     /// The next `n` requests answer `status` (with a JSON error body), whatever they ask.
     pub fn inject_status(&self, n: usize, status: u16) {
         self.with(|i| i.inject = (n, status));
+    }
+
+    /// The next `n` writes (POST, DELETE) take effect at once but are answered only after
+    /// `delay`: with `delay` beyond the client's timeout, a change whose answer was lost.
+    pub fn answer_writes_late(&self, n: usize, delay: Duration) {
+        self.with(|i| i.late_writes = (n, delay));
     }
 
     /// Makes injected answers quote the request's `Authorization` header, like a careless
@@ -424,7 +434,7 @@ async fn handle(
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
-    let (reply, changed) = {
+    let (reply, changed, late) = {
         let mut i = shared.inner.lock().expect("fake UFM lock");
         let result = if let Some(status) = injected {
             let mut body = json!({"error": format!("injected {status}")});
@@ -450,10 +460,20 @@ async fn handle(
             (Some(_), _) => touched_guids(&uri, json_body.as_ref()),
             _ => Vec::new(),
         };
-        (result.0, result.1.map(|k| (k, touched)))
+        let write = method == Method::POST || method == Method::DELETE;
+        let late = if write && injected.is_none() && i.late_writes.0 > 0 {
+            i.late_writes.0 -= 1;
+            Some(i.late_writes.1)
+        } else {
+            None
+        };
+        (result.0, result.1.map(|k| (k, touched)), late)
     };
     if let Some((pkey, guids)) = changed {
         report(&shared, pkey, guids);
+    }
+    if let Some(late) = late {
+        tokio::time::sleep(late).await;
     }
     let (status, value) = reply;
     (

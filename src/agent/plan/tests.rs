@@ -2,6 +2,7 @@ use super::*;
 use crate::domain::{
     Guid, InstanceId, LinkLayer, Membership, PKeyValue, Partition, PortInfo, PortState,
 };
+use std::collections::BTreeMap;
 use AttachmentState::*;
 
 fn att(state: AttachmentState, membership: Membership) -> Attachment {
@@ -17,7 +18,7 @@ fn att(state: AttachmentState, membership: Membership) -> Attachment {
 }
 
 fn port(n: u8, state: PortState, keys: &[u16]) -> PortInfo {
-    let mut pkeys = vec![PKeyValue(0xFFFF)];
+    let mut pkeys = vec![PKeyValue::DEFAULT_LIMITED];
     pkeys.extend(keys.iter().map(|k| PKeyValue(*k)));
     pkeys.resize(8, PKeyValue(0));
     PortInfo {
@@ -45,21 +46,42 @@ fn accepted(with: bool, membership: Membership) -> NodeMemberships {
     }
 }
 
+/// The acknowledged apply in these tests has generation 2; every key it carries was last
+/// carried by it.
+fn carried_by(acc: Option<&NodeMemberships>) -> BTreeMap<PKey, u64> {
+    acc.map(|a| a.keys.keys().map(|k| (*k, 2)).collect())
+        .unwrap_or_default()
+}
+
+fn observed<'a>(
+    acc: Option<&'a NodeMemberships>,
+    carried: &'a BTreeMap<PKey, u64>,
+    i: Option<&'a Inventory>,
+) -> Observed<'a> {
+    Observed {
+        ack: acc.map(|set| Ack {
+            generation: 2,
+            set,
+            unix_ns: 1_000,
+        }),
+        carried,
+        inventory: i,
+        read_after_ack: true,
+        read_unix_ns: 2_000,
+        posture_ok: true,
+    }
+}
+
 fn states(
     a: &Attachment,
     acc: Option<&NodeMemberships>,
     i: Option<&Inventory>,
 ) -> Vec<AttachmentState> {
-    plan(
-        std::slice::from_ref(a),
-        Observed {
-            accepted: acc,
-            inventory: i,
-        },
-    )
-    .iter()
-    .map(|t| t.to)
-    .collect()
+    let carried = carried_by(acc);
+    plan(std::slice::from_ref(a), observed(acc, &carried, i))
+        .iter()
+        .map(|t| t.to)
+        .collect()
 }
 
 #[test]
@@ -112,12 +134,10 @@ fn active_key_vanishing_is_drift_and_returning_is_active() {
     let a = att(Active, Membership::Full);
     let acc = accepted(true, Membership::Full);
     let gone = inv(vec![port(1, PortState::Active, &[])]);
+    let carried = carried_by(Some(&acc));
     let t = plan(
         std::slice::from_ref(&a),
-        Observed {
-            accepted: Some(&acc),
-            inventory: Some(&gone),
-        },
+        observed(Some(&acc), &carried, Some(&gone)),
     );
     assert_eq!(t.len(), 1);
     assert_eq!(t[0].to, Drifted);
@@ -179,4 +199,62 @@ fn desired_set_has_wanted_keys_and_full_wins() {
         set.keys.values().next().unwrap().membership,
         Membership::Full
     );
+}
+
+#[test]
+fn a_key_in_doubt_is_never_released() {
+    // Generation 3 carried the key and got no answer; the acknowledged generation 2 had no key.
+    let a = att(Releasing, Membership::Full);
+    let without = accepted(false, Membership::Full);
+    let clean = inv(vec![port(1, PortState::Active, &[])]);
+    let key = a.partition.pkey;
+    let carried = BTreeMap::from([(key, 3)]);
+    let o = observed(Some(&without), &carried, Some(&clean));
+    assert!(plan(std::slice::from_ref(&a), o).is_empty());
+    assert!(waiting_reason(&a, o).unwrap().contains("in doubt"));
+    // An earlier attempt (generation 1) is superseded by the acknowledged generation 2.
+    let carried = BTreeMap::from([(key, 1)]);
+    let o = observed(Some(&without), &carried, Some(&clean));
+    let t = plan(std::slice::from_ref(&a), o);
+    assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), vec![Released]);
+    let evidence = t[0].evidence.as_ref().expect("RELEASED carries evidence");
+    assert_eq!(evidence.sm_generation, 2);
+    assert_eq!(evidence.ports.len(), 1);
+    assert_eq!(waiting_reason(&a, o), None);
+}
+
+#[test]
+fn evidence_must_come_from_a_read_after_the_acknowledgement() {
+    let without = accepted(false, Membership::Full);
+    let with = accepted(true, Membership::Full);
+    let clean = inv(vec![port(1, PortState::Active, &[])]);
+    let holding = inv(vec![port(1, PortState::Active, &[0x8012])]);
+    let carried = BTreeMap::new();
+    let mut o = observed(Some(&without), &carried, Some(&clean));
+    o.read_after_ack = false;
+    assert!(plan(&[att(Releasing, Membership::Full)], o).is_empty());
+    let carried = carried_by(Some(&with));
+    let mut o = observed(Some(&with), &carried, Some(&holding));
+    o.read_after_ack = false;
+    let t = plan(&[att(Programming, Membership::Full)], o);
+    assert!(t.is_empty(), "{t:?}");
+}
+
+#[test]
+fn an_insecure_posture_blocks_active_until_accepted() {
+    let a = att(Programming, Membership::Full);
+    let with = accepted(true, Membership::Full);
+    let mut p = port(1, PortState::Active, &[0x8012]);
+    p.pkeys[0] = PKeyValue::DEFAULT_FULL;
+    let i = inv(vec![p]);
+    assert_eq!(full_default_ports(&i), vec!["hca/1".to_owned()]);
+    let carried = carried_by(Some(&with));
+    let mut o = observed(Some(&with), &carried, Some(&i));
+    o.posture_ok = false;
+    assert!(plan(std::slice::from_ref(&a), o).is_empty());
+    assert!(waiting_reason(&a, o)
+        .unwrap()
+        .contains("allow_full_default"));
+    o.posture_ok = true;
+    assert_eq!(plan(std::slice::from_ref(&a), o)[0].to, Active);
 }

@@ -1,15 +1,23 @@
 //! UFM backend: programs this node's port GUIDs into partitions through NVIDIA UFM's REST API.
 //!
 //! # How an apply works
-//! `apply` is declarative and serialised (one at a time per backend). For every key that is
-//! desired, or that this node's GUIDs may still be in, it
+//! `apply` is declarative and serialised (one at a time per backend). The backend keeps a
+//! persisted ledger ([`UfmLedger`]): per key, every GUID this node put (or found) in it and has
+//! not yet seen removed, visible now or not. For every key that is desired or in the ledger, it
 //! 1. reads the partition first (`GET …/resources/pkeys/{pkey}?guids_data=true`; on the first
 //!    apply after start one `GET …/resources/pkeys?guids_data=true` instead, which also finds
-//!    every key this node's GUIDs are in, so keys programmed before a restart are released);
-//! 2. changes only what differs: releases undesired keys first (frees table slots), then adds
-//!    missing GUIDs or fixes their membership (`POST …/resources/pkeys`, which also re-creates
-//!    a partition UFM dropped when its last GUID left) and removes GUIDs of replaced ports;
-//! 3. reads back only the keys it changed and checks them with the same comparison.
+//!    every key this node's visible GUIDs are in and records them in the ledger);
+//! 2. records every GUID it is about to add in the ledger, durably, before sending anything;
+//! 3. changes only what differs: removes every ledger GUID (and visible port) from keys no
+//!    longer desired, first (frees table slots); then adds missing visible GUIDs or fixes their
+//!    membership (`POST …/resources/pkeys`, which also re-creates a partition UFM dropped when
+//!    its last GUID left) and removes ledger GUIDs that are no longer among the node's ports;
+//! 4. reads back the keys it changed and checks them with the same comparison.
+//!
+//! Ok therefore means: a read of UFM made during this apply shows every desired key holding
+//! every visible port with the desired membership, no ledger GUID of a port the node no longer
+//! has in a desired key, and none of the ledger's GUIDs in any key no longer desired. A ledger
+//! entry is dropped only after such a read showed the GUID gone.
 //!
 //! A no-change re-apply therefore costs one `GET` per key and writes nothing. Removal uses
 //! `POST …/actions/remove_guids_from_pkey` and falls back, for good, to
@@ -25,10 +33,12 @@
 mod auth;
 mod config;
 mod http;
+mod ledger;
 mod plan;
 mod wire;
 
 pub use config::{TokenScheme, UfmConfig};
+pub use ledger::{LedgerStoreError, MemoryLedgerStore, UfmLedger, UfmLedgerStore};
 
 use super::{ApplyOutcome, SmError, SubnetManager};
 use crate::domain::{Guid, Membership, NodeMemberships, PKey};
@@ -42,6 +52,7 @@ use reqwest::{Certificate, Client, Method, StatusCode};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use wire::{guid_text, pkey_text, PartitionState};
 
@@ -56,6 +67,7 @@ pub struct UfmSm {
     index0: bool,
     ip_over_ib: bool,
     client_settings: ClientSettings,
+    ledger_store: Arc<dyn UfmLedgerStore>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -94,8 +106,11 @@ struct State {
     rejected: Option<(u64, StatusCode)>,
     /// Whether the start-up scan of all partitions has been done.
     discovered: bool,
-    /// Keys this node's GUIDs may be in, with the GUIDs put there.
-    programmed: BTreeMap<PKey, BTreeSet<Guid>>,
+    /// Keys this node's GUIDs may be in, with the GUIDs put there (`None` until loaded from
+    /// the ledger store at the first apply).
+    ledger: Option<UfmLedger>,
+    /// The ledger as last saved: a save is due whenever `ledger` differs.
+    saved: UfmLedger,
     removal: RemovalForm,
 }
 
@@ -149,7 +164,12 @@ struct Summary {
 impl UfmSm {
     /// Builds the backend: validates `config`, reads the CA bundle and (for client-certificate
     /// authentication) the certificate and key. Credentials files are read on every apply.
-    pub fn new(config: &UfmConfig) -> Result<UfmSm, SmError> {
+    /// `ledger_store` keeps the ledger of GUIDs this node put in keys (see [`UfmLedger`]); it
+    /// is read at the first apply.
+    pub fn new(
+        config: &UfmConfig,
+        ledger_store: Arc<dyn UfmLedgerStore>,
+    ) -> Result<UfmSm, SmError> {
         config
             .validate()
             .map_err(|why| SmError::Refused(format!("UFM configuration: {why}")))?;
@@ -201,12 +221,14 @@ impl UfmSm {
             index0: config.index0,
             ip_over_ib: config.ip_over_ib,
             client_settings,
+            ledger_store,
             state: tokio::sync::Mutex::new(State {
                 client,
                 identity,
                 rejected: None,
                 discovered: false,
-                programmed: BTreeMap::new(),
+                ledger: None,
+                saved: UfmLedger::default(),
                 removal: RemovalForm::Action,
             }),
         })
@@ -237,108 +259,159 @@ impl UfmSm {
         ports: &BTreeSet<Guid>,
         ex: &Exchange<'_>,
     ) -> Result<Summary, Failure> {
+        let State {
+            discovered,
+            ledger,
+            saved,
+            removal,
+            ..
+        } = state;
+        let ledger = ledger
+            .as_mut()
+            .expect("the ledger is loaded before an apply");
+
         // 1. Read first.
-        let mut current: BTreeMap<PKey, Option<PartitionState>> = BTreeMap::new();
-        if !state.discovered {
+        let current: BTreeMap<PKey, Option<PartitionState>> = if !*discovered {
             let all = self.read_all(ex).await?;
             for (key, partition) in &all {
-                let ours: BTreeSet<Guid> = partition
+                let ours = partition
                     .members
                     .keys()
                     .filter(|g| ports.contains(g))
-                    .copied()
-                    .collect();
-                if !ours.is_empty() {
-                    state.programmed.entry(*key).or_default().extend(ours);
-                }
+                    .copied();
+                ledger.record(*key, ours);
             }
-            state.discovered = true;
-            for key in desired.keys.keys().chain(state.programmed.keys()) {
-                current.insert(*key, all.get(key).cloned());
-            }
+            self.save_ledger(ledger, saved).await?;
+            *discovered = true;
+            keys_of(desired, ledger)
+                .into_iter()
+                .map(|key| (key, all.get(&key).cloned()))
+                .collect()
         } else {
-            let keys: BTreeSet<PKey> = desired
-                .keys
-                .keys()
-                .chain(state.programmed.keys())
-                .copied()
-                .collect();
-            current = self.read_keys(ex, &keys).await?;
-        }
+            self.read_keys(ex, &keys_of(desired, ledger)).await?
+        };
 
-        // 2. Change what differs: releases first, then additions.
-        let no_stale = BTreeSet::new();
+        // 2. Plan; keys already right are confirmed by this read.
         let mut plans: BTreeMap<PKey, KeyPlan> = BTreeMap::new();
         let mut summary = Summary::default();
         for (key, partition) in &current {
             let want = desired.keys.get(key).map(|s| s.membership);
-            let stale = state.programmed.get(key).unwrap_or(&no_stale);
-            let plan = plan_key(partition.as_ref(), want, ports, stale, self.index0);
+            let plan = self.plan(ledger, partition.as_ref(), *key, want, ports);
             if plan.is_empty() {
                 summary.unchanged += 1;
-                self.settle(state, *key, want, ports);
+                confirm(ledger, *key, want, ports);
             } else {
                 plans.insert(*key, plan);
             }
         }
+
+        // 3. Write ahead: every GUID about to be added is recorded durably before the request
+        //    goes out (an add that fails or times out may still take effect).
+        for (key, plan) in &plans {
+            ledger.record(*key, plan.add.iter().copied());
+        }
+        self.save_ledger(ledger, saved).await?;
+
+        // 4. Change what differs: releases first (frees table slots), then additions.
         for (key, plan) in plans.iter().filter(|(k, _)| !desired.keys.contains_key(k)) {
-            self.remove_guids(ex, &mut state.removal, *key, &plan.remove)
-                .await?;
+            self.remove_guids(ex, removal, *key, &plan.remove).await?;
             summary.released += 1;
         }
         for (key, plan) in plans.iter().filter(|(k, _)| desired.keys.contains_key(k)) {
             let membership = desired.keys[key].membership;
             if !plan.add.is_empty() {
-                // Recorded before sending: an add that times out may still have happened.
-                state
-                    .programmed
-                    .entry(*key)
-                    .or_default()
-                    .extend(plan.add.iter().copied());
                 self.add_guids(ex, *key, membership, &plan.add).await?;
             }
             if !plan.remove.is_empty() {
-                self.remove_guids(ex, &mut state.removal, *key, &plan.remove)
-                    .await?;
+                self.remove_guids(ex, removal, *key, &plan.remove).await?;
             }
             summary.programmed += 1;
         }
 
-        // 3. Read back what changed.
+        // 5. Read back what changed. Entries leave the ledger only once a read showed them gone.
         let changed: BTreeSet<PKey> = plans.keys().copied().collect();
         let after = self.read_keys(ex, &changed).await?;
+        let mut wrong: Vec<(PKey, KeyPlan)> = Vec::new();
         for (key, partition) in &after {
             let want = desired.keys.get(key).map(|s| s.membership);
-            let stale = state.programmed.get(key).unwrap_or(&no_stale);
-            let left = plan_key(partition.as_ref(), want, ports, stale, self.index0);
-            if !left.is_empty() {
-                return Err(Failure::Unavailable(format!(
-                    "UFM accepted the change to {key} but reading it back shows {} GUID(s) still to add and {} to remove",
-                    left.add.len(),
-                    left.remove.len()
-                )));
+            let left = self.plan(ledger, partition.as_ref(), *key, want, ports);
+            if left.is_empty() {
+                confirm(ledger, *key, want, ports);
+            } else {
+                wrong.push((*key, left));
             }
-            self.settle(state, *key, want, ports);
+        }
+        self.save_ledger(ledger, saved).await?;
+        if let Some((key, left)) = wrong.first() {
+            let more = match wrong.len() {
+                1 => String::new(),
+                n => format!(" (and {} more key(s) not as asked)", n - 1),
+            };
+            return Err(Failure::Unavailable(format!(
+                "UFM accepted the change to {key} but reading it back shows {} GUID(s) still to add and {} to remove{more}",
+                left.add.len(),
+                left.remove.len()
+            )));
         }
         Ok(summary)
     }
 
-    /// Bookkeeping once a key is confirmed right.
-    fn settle(
+    /// What to change in `key` for this node: the visible ports and the ledger's GUIDs.
+    fn plan(
         &self,
-        state: &mut State,
+        ledger: &UfmLedger,
+        partition: Option<&PartitionState>,
         key: PKey,
         want: Option<Membership>,
         ports: &BTreeSet<Guid>,
-    ) {
-        match want {
-            Some(_) => {
-                state.programmed.insert(key, ports.clone());
-            }
-            None => {
-                state.programmed.remove(&key);
-            }
+    ) -> KeyPlan {
+        let none = BTreeSet::new();
+        let recorded = ledger.guids_ref(key).unwrap_or(&none);
+        plan_key(partition, want, ports, recorded, self.index0)
+    }
+
+    /// Reads the ledger from its store once.
+    async fn load_ledger(&self, state: &mut State) -> Result<(), SmError> {
+        if state.ledger.is_some() {
+            return Ok(());
         }
+        let store = self.ledger_store.clone();
+        let bytes = tokio::task::spawn_blocking(move || store.load())
+            .await
+            .map_err(|e| SmError::Unavailable(format!("reading the UFM ledger: {e}")))?
+            .map_err(|e| {
+                SmError::Unavailable(format!("cannot read the UFM ledger from the store: {e}"))
+            })?;
+        let ledger = match bytes {
+            None => UfmLedger::default(),
+            Some(bytes) => UfmLedger::decode(&bytes).map_err(|why| {
+                SmError::Refused(format!(
+                    "the UFM ledger in the store cannot be read ({why}); without it the GUIDs this node put in partitions are unknown"
+                ))
+            })?,
+        };
+        state.saved = ledger.clone();
+        state.ledger = Some(ledger);
+        Ok(())
+    }
+
+    /// Saves the ledger when it differs from what was saved last.
+    async fn save_ledger(&self, ledger: &UfmLedger, saved: &mut UfmLedger) -> Result<(), Failure> {
+        if ledger == saved {
+            return Ok(());
+        }
+        let bytes = ledger.encode();
+        let store = self.ledger_store.clone();
+        tokio::task::spawn_blocking(move || store.save(&bytes))
+            .await
+            .map_err(|e| Failure::Unavailable(format!("recording the UFM ledger: {e}")))?
+            .map_err(|e| {
+                Failure::Unavailable(format!(
+                    "cannot record the UFM ledger in the store ({e}); nothing more is sent to UFM until it can"
+                ))
+            })?;
+        *saved = ledger.clone();
+        Ok(())
     }
 
     async fn read_all(&self, ex: &Exchange<'_>) -> Result<BTreeMap<PKey, PartitionState>, Failure> {
@@ -479,6 +552,20 @@ impl UfmSm {
     }
 }
 
+/// Every key to look at: the desired ones and every key the ledger holds GUIDs in.
+fn keys_of(desired: &NodeMemberships, ledger: &UfmLedger) -> BTreeSet<PKey> {
+    desired.keys.keys().copied().chain(ledger.keys()).collect()
+}
+
+/// Bookkeeping once a read showed `key` right: the ledger keeps exactly the GUIDs now in it
+/// (every port when desired, none otherwise).
+fn confirm(ledger: &mut UfmLedger, key: PKey, want: Option<Membership>, ports: &BTreeSet<Guid>) {
+    match want {
+        Some(_) => ledger.confirm(key, ports),
+        None => ledger.confirm(key, &BTreeSet::new()),
+    };
+}
+
 #[async_trait]
 impl SubnetManager for UfmSm {
     fn backend(&self) -> &'static str {
@@ -491,17 +578,19 @@ impl SubnetManager for UfmSm {
         _generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
         let ports: BTreeSet<Guid> = desired.port_guids.iter().copied().collect();
-        if ports.is_empty() {
-            if desired.keys.is_empty() {
-                return Ok(ApplyOutcome {
-                    detail: "UFM: no fabric ports, nothing to program".into(),
-                });
-            }
+        if ports.is_empty() && !desired.keys.is_empty() {
             return Err(SmError::Refused(
                 "no InfiniBand port GUIDs on this node to program keys for".into(),
             ));
         }
         let mut state = self.state.lock().await;
+        self.load_ledger(&mut state).await?;
+        if ports.is_empty() && state.ledger.as_ref().is_some_and(UfmLedger::is_empty) {
+            return Ok(ApplyOutcome {
+                detail: "UFM: no fabric ports and no GUIDs of this node in any key, nothing to do"
+                    .into(),
+            });
+        }
         let loaded = auth::load(&self.auth).await?;
         if let Some((fingerprint, status)) = state.rejected {
             if fingerprint == loaded.fingerprint {

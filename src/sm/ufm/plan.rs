@@ -25,7 +25,8 @@ impl KeyPlan {
 /// - `current`: the partition as UFM reports it (`None`: no such key).
 /// - `want`: the desired membership, or `None` when the node no longer wants the key.
 /// - `ports`: the node's current port GUIDs.
-/// - `stale`: GUIDs this node programmed earlier that are no longer its ports (a replaced HCA).
+/// - `stale`: the ledger's GUIDs for this key: GUIDs this node put in it earlier, visible now
+///   or not (removed when the key is no longer wanted, or when no longer among `ports`).
 /// - `index0`: the configured index0; checked only where UFM reports it.
 pub(crate) fn plan_key(
     current: Option<&PartitionState>,

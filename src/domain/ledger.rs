@@ -1,0 +1,59 @@
+use super::PKey;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// What this node may have told its subnet manager, persisted BEFORE anything is sent, so a
+/// restarted agent knows which keys may have reached the subnet manager even when no answer
+/// ever came back.
+///
+/// A key stays here from the moment an apply carrying it may be sent until an apply without it
+/// was acknowledged; while it is here and no such acknowledgement was seen since the last
+/// attempt carrying it, the key is *in doubt* and can never be reported RELEASED.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyLedger {
+    /// Every generation up to this one may have been used. Generations are reserved in blocks
+    /// (one durable write per block, not per apply); a restarted agent continues above it.
+    pub generation_reserved: u64,
+    /// Keys an apply may have carried and no later acknowledged apply has removed.
+    pub keys: BTreeSet<PKey>,
+}
+
+impl ApplyLedger {
+    /// How many generations one durable write reserves.
+    pub const RESERVE: u64 = 1024;
+
+    /// The ledger needed before sending `keys` at `generation`, or None when this one already
+    /// covers it (no write needed).
+    pub fn covering<'a>(
+        &self,
+        generation: u64,
+        keys: impl IntoIterator<Item = &'a PKey>,
+    ) -> Option<ApplyLedger> {
+        let mut next = self.clone();
+        next.keys.extend(keys);
+        if generation > next.generation_reserved {
+            next.generation_reserved = generation.saturating_add(Self::RESERVE - 1);
+        }
+        (next != *self).then_some(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covering_writes_only_for_new_keys_or_generations() {
+        let k = PKey::new(0x12).unwrap();
+        let l = ApplyLedger::default();
+        let l1 = l.covering(1, [&k]).expect("new key and generation");
+        assert_eq!(l1.generation_reserved, ApplyLedger::RESERVE);
+        assert!(l1.keys.contains(&k));
+        assert_eq!(l1.covering(2, [&k]), None);
+        assert_eq!(l1.covering(ApplyLedger::RESERVE, []), None);
+        let l2 = l1
+            .covering(ApplyLedger::RESERVE + 1, [])
+            .expect("next block");
+        assert_eq!(l2.generation_reserved, 2 * ApplyLedger::RESERVE);
+    }
+}

@@ -1,0 +1,256 @@
+//! The UFM ledger: for each P_Key, every port GUID this node ever asked UFM to put in it (or
+//! found there as one of its ports) and has not yet seen removed.
+//!
+//! It is what makes a release complete when ports are not visible: an HCA that failed to
+//! enumerate, a narrowed port selector, a replaced card, a restart. GUIDs are recorded durably
+//! *before* the add request is sent (a failed or timed-out add may still have taken effect),
+//! and dropped only after a read of UFM showed them gone. Only GUIDs in the ledger for a key
+//! are ever removed from that key, so a GUID now owned by another node is never touched in a
+//! key this node did not put it in.
+//!
+//! Format (JSON, one value): `{"version":1,"keys":{"0x0a12":["0002c903000e0b72", ...]}}`, keys
+//! and GUIDs spelled as UFM spells them.
+
+use super::wire::{guid_text, parse_pkey, pkey_text};
+use crate::domain::{Guid, PKey};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use thiserror::Error;
+
+const VERSION: u32 = 1;
+
+/// The ledger could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct LedgerStoreError(pub String);
+
+/// Where the ledger is kept: one opaque value, read once and replaced whole.
+pub trait UfmLedgerStore: Send + Sync + 'static {
+    /// The saved value, `None` when nothing was ever saved.
+    fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError>;
+
+    /// Replaces the saved value durably; returns only once it would survive a crash.
+    fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError>;
+}
+
+/// A ledger store in memory: survives rebuilding the backend (share it by cloning), not the
+/// process. For tests and benchmarks. Saves can be made to fail.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLedgerStore {
+    inner: Arc<Mutex<MemoryInner>>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryInner {
+    value: Option<Vec<u8>>,
+    refuse_saves: bool,
+    saves: usize,
+}
+
+impl MemoryLedgerStore {
+    /// An empty store.
+    pub fn new() -> MemoryLedgerStore {
+        MemoryLedgerStore::default()
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut MemoryInner) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Makes every save fail (`true`) or succeed again (`false`).
+    pub fn refuse_saves(&self, refuse: bool) {
+        self.with(|i| i.refuse_saves = refuse);
+    }
+
+    /// Successful saves so far.
+    pub fn saves(&self) -> usize {
+        self.with(|i| i.saves)
+    }
+
+    /// The ledger as last saved (empty when never saved).
+    pub fn ledger(&self) -> Result<UfmLedger, String> {
+        match self.with(|i| i.value.clone()) {
+            Some(bytes) => UfmLedger::decode(&bytes),
+            None => Ok(UfmLedger::default()),
+        }
+    }
+}
+
+impl UfmLedgerStore for MemoryLedgerStore {
+    fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
+        Ok(self.with(|i| i.value.clone()))
+    }
+
+    fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
+        self.with(|i| {
+            if i.refuse_saves {
+                return Err(LedgerStoreError("the store refuses writes".into()));
+            }
+            i.value = Some(bytes.to_vec());
+            i.saves += 1;
+            Ok(())
+        })
+    }
+}
+
+/// Per P_Key, the GUIDs this node may have in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UfmLedger {
+    keys: BTreeMap<PKey, BTreeSet<Guid>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LedgerFile {
+    version: u32,
+    keys: BTreeMap<String, Vec<String>>,
+}
+
+impl UfmLedger {
+    /// Whether no key holds any GUID of this node.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Every key with GUIDs recorded.
+    pub fn keys(&self) -> impl Iterator<Item = PKey> + '_ {
+        self.keys.keys().copied()
+    }
+
+    /// The GUIDs recorded for `key` (empty when none).
+    pub fn guids(&self, key: PKey) -> BTreeSet<Guid> {
+        self.keys.get(&key).cloned().unwrap_or_default()
+    }
+
+    /// The GUIDs recorded for `key`, borrowed.
+    pub(crate) fn guids_ref(&self, key: PKey) -> Option<&BTreeSet<Guid>> {
+        self.keys.get(&key)
+    }
+
+    /// Records `guids` for `key`. Returns whether anything was new.
+    pub(crate) fn record(&mut self, key: PKey, guids: impl IntoIterator<Item = Guid>) -> bool {
+        let entry = self.keys.entry(key).or_default();
+        let before = entry.len();
+        entry.extend(guids);
+        let changed = entry.len() != before;
+        if entry.is_empty() {
+            self.keys.remove(&key);
+        }
+        changed
+    }
+
+    /// After a read of UFM confirmed that, of the recorded GUIDs, only `kept` are in `key`:
+    /// the entry becomes `kept` (every other recorded GUID was seen absent). Returns whether the
+    /// ledger changed.
+    pub(crate) fn confirm(&mut self, key: PKey, kept: &BTreeSet<Guid>) -> bool {
+        let before = self.keys.get(&key).cloned().unwrap_or_default();
+        if &before == kept {
+            return false;
+        }
+        if kept.is_empty() {
+            self.keys.remove(&key);
+        } else {
+            self.keys.insert(key, kept.clone());
+        }
+        true
+    }
+
+    /// The saved form.
+    pub fn encode(&self) -> Vec<u8> {
+        let file = LedgerFile {
+            version: VERSION,
+            keys: self
+                .keys
+                .iter()
+                .map(|(k, guids)| (pkey_text(*k), guids.iter().map(|g| guid_text(*g)).collect()))
+                .collect(),
+        };
+        serde_json::to_vec(&file).expect("the ledger serialises")
+    }
+
+    /// Reads the saved form.
+    pub fn decode(bytes: &[u8]) -> Result<UfmLedger, String> {
+        let file: LedgerFile =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a UFM ledger: {e}"))?;
+        if file.version != VERSION {
+            return Err(format!(
+                "UFM ledger version {} is not understood (expected {VERSION})",
+                file.version
+            ));
+        }
+        let mut ledger = UfmLedger::default();
+        for (key_text, guids) in &file.keys {
+            let key = parse_pkey(key_text)
+                .ok_or_else(|| format!("UFM ledger key {key_text:?} is not a tenant P_Key"))?;
+            let guids: BTreeSet<Guid> = guids
+                .iter()
+                .map(|g| {
+                    g.parse::<Guid>()
+                        .map_err(|_| format!("UFM ledger GUID {g:?} under {key_text} is not hex"))
+                })
+                .collect::<Result<_, _>>()?;
+            ledger.record(key, guids);
+        }
+        Ok(ledger)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(k: u32) -> PKey {
+        PKey::new(k).unwrap()
+    }
+
+    fn set(g: &[u64]) -> BTreeSet<Guid> {
+        g.iter().map(|g| Guid(*g)).collect()
+    }
+
+    #[test]
+    fn round_trips_in_the_documented_form() {
+        let mut l = UfmLedger::default();
+        assert!(l.record(key(0x0a12), set(&[0x0002_c903_000e_0b72, 1])));
+        assert!(!l.record(key(0x0a12), set(&[1])));
+        assert!(l.record(key(5), set(&[2])));
+        let bytes = l.encode();
+        assert_eq!(
+            String::from_utf8(bytes.clone()).unwrap(),
+            r#"{"version":1,"keys":{"0x0005":["0000000000000002"],"0x0a12":["0000000000000001","0002c903000e0b72"]}}"#
+        );
+        assert_eq!(UfmLedger::decode(&bytes).unwrap(), l);
+    }
+
+    #[test]
+    fn confirm_keeps_only_what_was_seen() {
+        let mut l = UfmLedger::default();
+        l.record(key(7), set(&[1, 2, 3]));
+        assert!(!l.confirm(key(7), &set(&[1, 2, 3])));
+        assert!(l.confirm(key(7), &set(&[1])));
+        assert_eq!(l.guids(key(7)), set(&[1]));
+        assert!(l.confirm(key(7), &set(&[])));
+        assert!(l.is_empty());
+        assert!(!l.confirm(key(7), &set(&[])));
+    }
+
+    #[test]
+    fn malformed_ledgers_are_errors() {
+        assert!(UfmLedger::decode(b"nope").is_err());
+        assert!(UfmLedger::decode(br#"{"version":2,"keys":{}}"#).is_err());
+        assert!(UfmLedger::decode(br#"{"version":1,"keys":{"0x7fff":[]}}"#).is_err());
+        assert!(UfmLedger::decode(br#"{"version":1,"keys":{"0x0001":["zz"]}}"#).is_err());
+        assert!(UfmLedger::decode(br#"{"version":1,"keys":{},"more":1}"#).is_err());
+    }
+
+    #[test]
+    fn the_memory_store_can_refuse_writes() {
+        let s = MemoryLedgerStore::new();
+        assert_eq!(s.load().unwrap(), None);
+        s.save(b"x").unwrap();
+        s.refuse_saves(true);
+        assert!(s.save(b"y").is_err());
+        assert_eq!(s.load().unwrap(), Some(b"x".to_vec()));
+        assert_eq!(s.saves(), 1);
+    }
+}

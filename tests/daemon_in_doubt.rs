@@ -1,0 +1,212 @@
+//! The truth rules at the daemon level, on the embedded fabric with injected faults: a key
+//! carried by an apply whose reply was lost stays in doubt (across a crash, too) and is never
+//! reported RELEASED while it may still reach the ports; RELEASED carries its evidence; a port
+//! that is a full member of the default partition is a standing condition that blocks ACTIVE
+//! until the operator accepts it.
+
+mod common;
+
+use common::*;
+use fabric_agent::proto::agent as pb;
+use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+async fn node(c: &mut FabricAgentClient<Channel>) -> pb::GetNodeResponse {
+    c.get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn get(c: &mut FabricAgentClient<Channel>, id: &str) -> pb::Attachment {
+    c.get_attachment(pb::GetAttachmentRequest {
+        instance_id: id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+fn in_doubt(n: &pb::GetNodeResponse) -> Vec<u32> {
+    n.subnet_manager.clone().unwrap_or_default().in_doubt_pkeys
+}
+
+fn holds(n: &pb::GetNodeResponse, value: u32) -> bool {
+    n.ports.iter().any(|p| p.pkeys.contains(&value))
+}
+
+/// Polls until `done` holds for the node view, or fails after `limit`.
+async fn until_node(
+    c: &mut FabricAgentClient<Channel>,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&pb::GetNodeResponse) -> bool,
+) -> pb::GetNodeResponse {
+    let end = Instant::now() + limit;
+    loop {
+        let n = node(c).await;
+        if done(&n) {
+            return n;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}: {n:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_keeps_the_key_in_doubt_until_a_set_without_it_is_acknowledged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fault = tmp.path().join("fault");
+    // The SM takes every set but its replies are lost, and it programs the ports 1.5 s later.
+    std::fs::write(&fault, "lose-reply").unwrap();
+    let extra = format!(
+        "[subnet_manager.embedded]\nfault_file = \"{}\"\napply_delay_ms = 1500\n[reconciler]\nbackoff_initial_ms = 100\nbackoff_max_ms = 300\n",
+        fault.display()
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), None))
+        .await
+        .unwrap();
+    let n = until_node(&mut c, Duration::from_secs(5), "0x0012 in doubt", |n| {
+        in_doubt(n).contains(&0x12)
+    })
+    .await;
+    assert!(!n.subnet_manager.unwrap().reachable);
+
+    // The instance is terminated before any apply was acknowledged. The desired set is now
+    // empty, as it was at start; RELEASED must still wait: the set with the key may be (and
+    // here is) on its way to the ports.
+    let r = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "i-1".into(),
+            wait_ms: Some(1000),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .attachment
+        .unwrap();
+    assert_eq!(state(&r), pb::AttachmentState::Releasing);
+    let n = until_node(
+        &mut c,
+        Duration::from_secs(5),
+        "the key on the ports",
+        |n| holds(n, 0x8012),
+    )
+    .await;
+    assert!(in_doubt(&n).contains(&0x12), "{n:?}");
+    let a = get(&mut c, "i-1").await;
+    assert_eq!(state(&a), pb::AttachmentState::Releasing);
+    assert!(!a.reason.is_empty(), "a waiting release says why");
+
+    // A crash does not forget what may have reached the SM.
+    d.crash();
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    until_node(
+        &mut c,
+        Duration::from_secs(5),
+        "in doubt after restart",
+        |n| in_doubt(n).contains(&0x12),
+    )
+    .await;
+    assert_eq!(
+        state(&get(&mut c, "i-1").await),
+        pb::AttachmentState::Releasing
+    );
+
+    // The SM answers again: the set without the key is acknowledged, the ports drop it.
+    std::fs::write(&fault, "").unwrap();
+    let a = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "i-1".into(),
+            wait_ms: Some(10_000),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .attachment
+        .unwrap();
+    assert_eq!(state(&a), pb::AttachmentState::Released, "{a:?}");
+    let n = node(&mut c).await;
+    assert!(!holds(&n, 0x8012) && !holds(&n, 0x0012), "{:?}", n.ports);
+    assert!(in_doubt(&n).is_empty());
+
+    let evs = events(&mut c, 0).await;
+    assert_gap_free(&evs);
+    let released = evs
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(pb::event::Kind::AttachmentChanged(a))
+                if a.to == pb::AttachmentState::Released as i32 =>
+            {
+                Some(a.clone())
+            }
+            _ => None,
+        })
+        .expect("a RELEASED event");
+    let ev = released.evidence.expect("RELEASED carries its evidence");
+    assert!(ev.sm_generation > 0);
+    let ack = ev.sm_acknowledged.unwrap();
+    let read = ev.read_started.unwrap();
+    assert!(
+        (read.seconds, read.nanos) >= (ack.seconds, ack.nanos),
+        "the read started after the acknowledgement: {ev:?}"
+    );
+    assert_eq!(ev.ports.len(), 2, "both simulated ports were read");
+    d.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_default_membership_blocks_active_until_accepted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let embedded = "[subnet_manager.embedded]\ndefault_membership = \"full\"\n";
+    let mut d = Daemon::prepare(tmp.path(), embedded);
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let r = c
+        .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(1500)))
+        .await
+        .unwrap()
+        .into_inner()
+        .attachment
+        .unwrap();
+    assert_eq!(state(&r), pb::AttachmentState::Programming);
+    let a = get(&mut c, "i-1").await;
+    assert!(a.reason.contains("allow_full_default"), "{:?}", a.reason);
+    let n = node(&mut c).await;
+    assert!(holds(&n, 0x8012), "the key itself is programmed");
+    let cond: Vec<&str> = n.conditions.iter().map(|c| c.kind.as_str()).collect();
+    assert_eq!(cond, vec!["FULL_DEFAULT_MEMBERSHIP"]);
+    let raised = events(&mut c, 0).await.into_iter().any(|e| {
+        matches!(&e.kind, Some(pb::event::Kind::ConditionChanged(c))
+            if c.active && c.condition.as_ref().is_some_and(|k| k.kind == "FULL_DEFAULT_MEMBERSHIP"))
+    });
+    assert!(raised, "the condition is an event too");
+    d.stop();
+
+    // The operator accepts the posture: the same attachment goes ACTIVE, the condition stays.
+    let config = std::fs::read_to_string(&d.config).unwrap();
+    std::fs::write(&d.config, format!("allow_full_default = true\n{config}")).unwrap();
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let r = c
+        .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
+        .await
+        .unwrap()
+        .into_inner()
+        .attachment
+        .unwrap();
+    assert_eq!(state(&r), pb::AttachmentState::Active);
+    let n = node(&mut c).await;
+    assert_eq!(n.conditions.len(), 1);
+    assert!(
+        n.conditions[0].detail.contains("accepted"),
+        "{:?}",
+        n.conditions
+    );
+    d.stop();
+}
