@@ -55,7 +55,17 @@ impl SubnetManager for ModelSm {
             .collect();
         let (fate, id) = with(&self.world, |w| {
             w.applies += 1;
-            w.fabric.max_generation_seen = w.fabric.max_generation_seen.max(generation);
+            // The node's generations increase across its whole life, crashes included (the
+            // old protocol sent 0 every time; that is not a regression of this check).
+            let max = w.fabric.max_generation_seen;
+            if generation != 0 && generation <= max {
+                let now = w.now_ms();
+                w.oracle.finding.get_or_insert(format!(
+                    "seen at t={now} ms: the node sent generation {generation}, not above {max} \
+                     which it sent before"
+                ));
+            }
+            w.fabric.max_generation_seen = max.max(generation);
             let fate = choose_fate(w);
             let id = w.next_request;
             w.next_request += 1;

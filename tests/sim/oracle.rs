@@ -10,7 +10,9 @@
 //!    that returned Ok is RELEASING or RELEASED), across crashes.
 //! 4. Events are gap-free from seq 1; an attachment's changes chain (`from` is the previous
 //!    `to`), RELEASED is final, and the stored state is the last reported one.
-//! 5. Liveness (checked by the driver with [`Oracle::unconverged`]): with faults healed,
+//! 5. The node's generations strictly increase over its life, across crashes (checked by the
+//!    model SM).
+//! 6. Liveness (checked by the driver with [`Oracle::unconverged`]): with faults healed,
 //!    attached instances go ACTIVE and released ones RELEASED (a released instance whose key
 //!    another instance on the node still wants stays RELEASING).
 

@@ -80,7 +80,9 @@ impl Parts {
             selector: PortSelector::default(),
             reconciler: ReconcilerConfig::default(),
             released_retain: Duration::from_secs(3650 * 86_400),
-        });
+            allow_full_default: false,
+        })
+        .expect("agent from the store");
         // Like `serve`: the first inventory before anything else, retried.
         while agent.read_ports().await.is_err() {
             sleep(Duration::from_millis(200)).await;
