@@ -11,6 +11,8 @@ cargo clippy --all-targets -- -D warnings
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 cargo test 2>&1 | tee "$log"
+# The reconciler's deterministic simulation, long run (docs/SIMULATION.md).
+cargo run --release --example simulate -- --seeds 20000
 scripts/fuzz-smoke.sh
 
 # Totals over every test binary's "test result:" line.

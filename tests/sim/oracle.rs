@@ -1,0 +1,297 @@
+//! The oracle: reads the agent's durable event log as it grows and judges it against the model's
+//! truth at that instant.
+//!
+//! 1. Never RELEASED while a model fabric port holds the key's base, while the model SM's config
+//!    for the node contains it, or while a request carrying it may still be taken; and once a
+//!    key was reported RELEASED and no attachment asked for it since, it never reaches the SM's
+//!    config or a port again.
+//! 2. Never ACTIVE unless every fabric port held the exact entry in the read the agent used.
+//! 3. Every acknowledged command is durable (an attach that returned Ok is stored; a release
+//!    that returned Ok is RELEASING or RELEASED), across crashes.
+//! 4. Events are gap-free from seq 1; an attachment's changes chain (`from` is the previous
+//!    `to`), RELEASED is final, and the stored state is the last reported one.
+//! 5. The node's generations strictly increase over its life, across crashes (checked by the
+//!    model SM).
+//! 6. Liveness (checked by the driver with [`Oracle::unconverged`]): with faults healed,
+//!    attached instances go ACTIVE and released ones RELEASED (a released instance whose key
+//!    another instance on the node still wants stays RELEASING).
+
+use super::world::Fabric;
+use fabric_agent::domain::{AttachmentState, EventKind, Inventory, PKeyValue};
+use fabric_agent::store::Store;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    value: u16,
+    state: AttachmentState,
+}
+
+/// The checker's state.
+pub struct Oracle {
+    store: Arc<Store>,
+    last_seq: u64,
+    instances: BTreeMap<String, Known>,
+    /// Bases reported RELEASED that nobody asked for since -> who reported it.
+    guard: BTreeMap<u16, String>,
+    last_read: Option<(u64, Inventory)>,
+    /// Instances whose attach returned Ok.
+    pub acked_attach: BTreeSet<String>,
+    /// Instances whose release returned Ok.
+    pub acked_release: BTreeSet<String>,
+    /// The first violation found.
+    pub finding: Option<String>,
+    /// RELEASED events seen.
+    pub released: u64,
+    /// ACTIVE events seen.
+    pub active: u64,
+    /// State changes seen since the world last took them for its trace.
+    pub notes: Vec<String>,
+}
+
+impl Oracle {
+    /// A checker of `store`'s log.
+    pub fn new(store: Arc<Store>) -> Oracle {
+        Oracle {
+            store,
+            last_seq: 0,
+            instances: BTreeMap::new(),
+            guard: BTreeMap::new(),
+            last_read: None,
+            acked_attach: BTreeSet::new(),
+            acked_release: BTreeSet::new(),
+            finding: None,
+            released: 0,
+            active: 0,
+            notes: Vec::new(),
+        }
+    }
+
+    /// Records the first violation. `now_ms` is when the oracle saw it: the first change of
+    /// the world after the event (the truth it is judged against is the same as at the event).
+    fn fail(&mut self, now_ms: u64, what: String) {
+        if self.finding.is_none() {
+            self.finding = Some(format!("seen at t={now_ms} ms: {what}"));
+        }
+    }
+
+    /// Records the inventory a read returned (it showed the truth at `started_ms`).
+    pub fn record_read(&mut self, inventory: Inventory, started_ms: u64) {
+        self.last_read = Some((started_ms, inventory));
+    }
+
+    /// Reads the new events and checks 1, 2 and 4 against the truth now (the truth has not
+    /// changed since they were committed: every change of the world calls this first).
+    pub fn sync(&mut self, fabric: &Fabric, now_ms: u64) {
+        if self.finding.is_some() {
+            return;
+        }
+        let events = match self.store.events_after(self.last_seq, usize::MAX) {
+            Ok(e) => e,
+            Err(e) => return self.fail(now_ms, format!("reading the event log failed: {e}")),
+        };
+        for e in events {
+            if e.seq != self.last_seq + 1 {
+                return self.fail(
+                    now_ms,
+                    format!("event log gap: after seq {} came {}", self.last_seq, e.seq),
+                );
+            }
+            self.last_seq = e.seq;
+            let EventKind::AttachmentChanged {
+                instance_id,
+                pkey_value,
+                from,
+                to,
+                reason,
+                ..
+            } = e.kind
+            else {
+                continue;
+            };
+            self.notes.push(format!(
+                "agent event {}: {instance_id} {} -> {to:?} ({reason})",
+                e.seq,
+                from.map_or("new".to_owned(), |f| format!("{f:?}"))
+            ));
+            let prev = self.instances.get(&instance_id).map(|k| k.state);
+            if from != prev {
+                return self.fail(
+                    now_ms,
+                    format!(
+                        "event {} of {instance_id} goes {from:?} -> {to:?} but its last state was {prev:?}",
+                        e.seq
+                    ),
+                );
+            }
+            if prev == Some(AttachmentState::Released) {
+                return self.fail(
+                    now_ms,
+                    format!("event {}: {instance_id} left RELEASED for {to:?}", e.seq),
+                );
+            }
+            let base = pkey_value.base();
+            if from.is_none() {
+                // A new attachment asks for the key again.
+                self.guard.remove(&base);
+            }
+            self.instances.insert(
+                instance_id.clone(),
+                Known {
+                    value: pkey_value.0,
+                    state: to,
+                },
+            );
+            match to {
+                AttachmentState::Active => {
+                    self.active += 1;
+                    if let Some(why) = self.not_active_proof(pkey_value) {
+                        return self.fail(
+                            now_ms,
+                            format!(
+                                "{instance_id} reported ACTIVE ({pkey_value}, event {}: {reason:?}) but {why}",
+                                e.seq
+                            ),
+                        );
+                    }
+                }
+                AttachmentState::Released => {
+                    self.released += 1;
+                    let others_want = self.instances.iter().any(|(id, k)| {
+                        *id != instance_id && k.value & 0x7FFF == base && k.state.wants_key()
+                    });
+                    if others_want {
+                        continue;
+                    }
+                    if let Some(why) = fabric.holds_or_may_program(base) {
+                        return self.fail(
+                            now_ms,
+                            format!(
+                                "{instance_id} reported RELEASED ({pkey_value}, event {}: {reason:?}) while {why}",
+                                e.seq
+                            ),
+                        );
+                    }
+                    self.guard
+                        .insert(base, format!("{instance_id}, event {}", e.seq));
+                }
+                _ => {}
+            }
+        }
+        let mut broken = None;
+        for (base, who) in &self.guard {
+            if let Some(why) = fabric.holds_or_may_program(*base) {
+                broken = Some(format!(
+                    "{base:#06x} was reported RELEASED ({who}) and no attachment asked for it since, yet {why}"
+                ));
+                break;
+            }
+        }
+        if let Some(b) = broken {
+            self.fail(now_ms, b);
+        }
+    }
+
+    /// Why the last read does not prove ACTIVE for `value` (None: it does).
+    fn not_active_proof(&self, value: PKeyValue) -> Option<String> {
+        let Some((started, inv)) = &self.last_read else {
+            return Some("no port read was returned before".into());
+        };
+        let fabric: Vec<_> = inv
+            .ports
+            .iter()
+            .filter(|p| p.link_layer == fabric_agent::domain::LinkLayer::Infiniband)
+            .collect();
+        if fabric.is_empty() {
+            return Some(format!(
+                "the read started at t={started} ms showed no fabric port"
+            ));
+        }
+        for p in fabric {
+            if !(p.state.table_counts() && p.holds(value)) {
+                return Some(format!(
+                    "in the read it used (started at t={started} ms) port {} was {:?} with table {:04x?}",
+                    p.device,
+                    p.state,
+                    p.pkeys.iter().map(|k| k.0).collect::<Vec<_>>()
+                ));
+            }
+        }
+        None
+    }
+
+    /// Check 3 and the store/log agreement of 4 (called between steps).
+    pub fn check_durable(&mut self, now_ms: u64) {
+        if self.finding.is_some() {
+            return;
+        }
+        let stored = match self.store.attachments() {
+            Ok(a) => a,
+            Err(e) => return self.fail(now_ms, format!("reading attachments failed: {e}")),
+        };
+        let by_id: BTreeMap<&str, AttachmentState> = stored
+            .iter()
+            .map(|a| (a.instance_id.as_str(), a.state))
+            .collect();
+        for id in &self.acked_attach {
+            if !by_id.contains_key(id.as_str()) {
+                let what = format!("attach of {id} was acknowledged but it is not in the store");
+                return self.fail(now_ms, what);
+            }
+        }
+        for id in &self.acked_release {
+            if !by_id
+                .get(id.as_str())
+                .is_some_and(|s| s.is_released_or_releasing())
+            {
+                let what = format!(
+                    "release of {id} was acknowledged but the store has it {:?}",
+                    by_id.get(id.as_str())
+                );
+                return self.fail(now_ms, what);
+            }
+        }
+        for (id, state) in &by_id {
+            let logged = self.instances.get(*id).map(|k| k.state);
+            if logged != Some(*state) {
+                let what = format!("{id} is stored {state:?} but its last event says {logged:?}");
+                return self.fail(now_ms, what);
+            }
+        }
+    }
+
+    /// What has not converged yet (None: every attachment is ACTIVE or RELEASED as asked).
+    pub fn unconverged(&self) -> Option<String> {
+        let stored = match self.store.attachments() {
+            Ok(a) => a,
+            Err(e) => return Some(format!("reading attachments failed: {e}")),
+        };
+        // A released instance whose key another instance on the node still wants stays
+        // RELEASING until that one is released too: its key cannot leave the ports before.
+        let wanted: BTreeSet<u16> = stored
+            .iter()
+            .filter(|a| a.state.wants_key())
+            .map(|a| a.partition.pkey.base())
+            .collect();
+        let lagging: Vec<String> = stored
+            .iter()
+            .filter(|a| {
+                if a.state.wants_key() {
+                    a.state != AttachmentState::Active
+                } else if a.state == AttachmentState::Releasing {
+                    !wanted.contains(&a.partition.pkey.base())
+                } else {
+                    a.state != AttachmentState::Released
+                }
+            })
+            .map(|a| {
+                format!(
+                    "{} ({} {}) is {:?} (reason {:?})",
+                    a.instance_id, a.partition.pkey, a.membership, a.state, a.reason
+                )
+            })
+            .collect();
+        (!lagging.is_empty()).then(|| lagging.join("; "))
+    }
+}

@@ -1,0 +1,317 @@
+//! The driver: one seed, one current-thread runtime with paused time, the real agent built from
+//! the model parts and one store, the schedule's commands at their simulated instants, crashes
+//! that drop the agent wherever it is, then healing and the liveness check.
+
+use super::model_ports::{port_down, port_up, ModelObserver};
+use super::model_sm::{generation_conflict, restart as sm_restart, ModelSm};
+use super::schedule::{
+    generate, Command, CrashPoint, GenOptions, Schedule, FABRIC, PARTITIONS, PORTS,
+};
+use super::world::{with, Shared, World};
+use fabric_agent::agent::{Agent, AgentParts, AttachRequest};
+use fabric_agent::config::ReconcilerConfig;
+use fabric_agent::domain::{FabricName, InstanceId, Membership, Partition, PortSelector};
+use fabric_agent::store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until, Instant};
+
+/// How long, in simulated time, the agent has to converge once the faults are healed.
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(20 * 60);
+/// How long the converged state must hold, with nothing left in flight or to program, to count
+/// (longer than the observer's slow poll, so the agent looks at least once more).
+const STABLE_FOR: Duration = Duration::from_secs(6);
+
+/// The result of one seed.
+pub struct Outcome {
+    /// The schedule that ran.
+    pub schedule: Schedule,
+    /// The oracle's first finding (None: every check held).
+    pub finding: Option<String>,
+    /// What happened, with simulated times.
+    pub trace: Vec<String>,
+    /// Simulated time the run took, ms.
+    pub sim_ms: u64,
+    /// Applies the agent issued.
+    pub applies: u64,
+    /// Port reads the agent issued.
+    pub reads: u64,
+    /// ACTIVE and RELEASED events seen.
+    pub active: u64,
+    /// RELEASED events seen.
+    pub released: u64,
+}
+
+/// Runs one seed to its end.
+pub fn run_seed(seed: u64, options: GenOptions) -> Outcome {
+    let schedule = generate(seed, options);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(drive(schedule))
+}
+
+/// One incarnation of the agent.
+struct Node {
+    agent: Agent,
+    reconciler: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+struct Parts {
+    store: Arc<Store>,
+    sm: Arc<ModelSm>,
+    observer: Arc<ModelObserver>,
+}
+
+impl Parts {
+    async fn start(&self, world: &Shared) -> Node {
+        let agent = Agent::new(AgentParts {
+            node_id: "node-a".into(),
+            fabric: FabricName::parse(FABRIC).expect("fabric name"),
+            store: self.store.clone(),
+            sm: self.sm.clone(),
+            observer: self.observer.clone(),
+            observer_reason: "simulation".into(),
+            selector: PortSelector::default(),
+            reconciler: ReconcilerConfig::default(),
+            released_retain: Duration::from_secs(3650 * 86_400),
+            allow_full_default: false,
+        })
+        .expect("agent from the store");
+        // Like `serve`: the first inventory before anything else, retried.
+        while agent.read_ports().await.is_err() {
+            sleep(Duration::from_millis(200)).await;
+        }
+        let (stop, stopped) = watch::channel(false);
+        let reconciler = agent.reconcile(stopped);
+        with(world, |w| w.log("agent: started"));
+        Node {
+            agent,
+            reconciler,
+            stop,
+        }
+    }
+}
+
+fn failed(world: &Shared) -> bool {
+    world.lock().expect("world lock").oracle.finding.is_some()
+}
+
+async fn drive(schedule: Schedule) -> Outcome {
+    let store = Arc::new(Store::in_memory(u64::MAX).expect("in-memory store"));
+    let world = World::new(schedule.seed, store.clone());
+    let t0 = world.lock().expect("world lock").t0;
+    let parts = Parts {
+        store,
+        sm: Arc::new(ModelSm::new(world.clone())),
+        observer: Arc::new(ModelObserver::new(
+            world.clone(),
+            Duration::from_millis(schedule.fast_poll_ms),
+            schedule.push_changes,
+        )),
+    };
+    let mut node = parts.start(&world).await;
+    for step in &schedule.steps {
+        sleep_until(t0 + Duration::from_millis(step.at_ms)).await;
+        if failed(&world) {
+            break;
+        }
+        with(&world, |w| w.log(format!("command: {}", step.command)));
+        node = execute(&step.command, node, &parts, &world).await;
+        with(&world, |w| {
+            let now = w.now_ms();
+            w.oracle.check_durable(now)
+        });
+        if failed(&world) {
+            break;
+        }
+    }
+    if !failed(&world) {
+        heal(&world);
+        converge(&world).await;
+    }
+    // Stop the agent before the runtime goes (its tasks are dropped with it anyway).
+    node.reconciler.abort();
+    drop(node.stop);
+    let mut w = world.lock().expect("world lock");
+    w.check();
+    Outcome {
+        schedule,
+        finding: w.oracle.finding.clone(),
+        trace: std::mem::take(&mut w.trace),
+        sim_ms: w.now_ms(),
+        applies: w.applies,
+        reads: w.reads,
+        active: w.oracle.active,
+        released: w.oracle.released,
+    }
+}
+
+fn instance_name(i: usize) -> String {
+    format!("i{i}")
+}
+
+async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -> Node {
+    match command {
+        Command::Attach {
+            instance,
+            partition,
+            membership,
+        } => {
+            attach(&node.agent, world, *instance, *partition, *membership).await;
+            node
+        }
+        Command::Release { instance } => {
+            let name = instance_name(*instance);
+            let r = node.agent.release(&name, None).await;
+            with(world, |w| match r {
+                Ok(a) => {
+                    w.log(format!(
+                        "agent: release {name} acknowledged ({:?})",
+                        a.state
+                    ));
+                    w.oracle.acked_release.insert(name);
+                }
+                Err(e) => w.log(format!("agent: release {name} refused: {e}")),
+            });
+            node
+        }
+        Command::Crash { at, down_ms } => {
+            let signal = match at {
+                CrashPoint::Now => None,
+                CrashPoint::InApply => Some(world.lock().expect("lock").apply_started.clone()),
+                CrashPoint::InRead => Some(world.lock().expect("lock").read_started.clone()),
+            };
+            if let Some(signal) = signal {
+                // Wait (bounded) for the call to start, then crash somewhere inside it.
+                let started = signal.notified();
+                let _ = tokio::time::timeout(Duration::from_secs(30), started).await;
+                let d = with(world, |w| w.ms(0, 40));
+                sleep(d).await;
+            }
+            node.reconciler.abort();
+            let _ = node.reconciler.await;
+            drop(node.agent);
+            drop(node.stop);
+            with(world, |w| w.log("agent: CRASHED"));
+            sleep(Duration::from_millis(*down_ms)).await;
+            parts.start(world).await
+        }
+        Command::Restart => {
+            let _ = node.stop.send(true);
+            let _ = node.reconciler.await;
+            drop(node.agent);
+            with(world, |w| w.log("agent: stopped cleanly"));
+            parts.start(world).await
+        }
+        Command::Faults(on) => {
+            with(world, |w| w.faults = *on);
+            node
+        }
+        Command::SmRestart { keep_state } => {
+            sm_restart(world, *keep_state);
+            node
+        }
+        Command::GenerationConflict => {
+            generation_conflict(world);
+            node
+        }
+        Command::PortDown(p) => {
+            port_down(world, *p);
+            node
+        }
+        Command::PortUp(p) => {
+            port_up(world, *p);
+            node
+        }
+    }
+}
+
+async fn attach(
+    agent: &Agent,
+    world: &Shared,
+    instance: usize,
+    partition: usize,
+    membership: Membership,
+) {
+    let name = instance_name(instance);
+    let (id, pname, base) = PARTITIONS[partition];
+    let request = AttachRequest {
+        instance_id: InstanceId::parse(&name).expect("instance id"),
+        partition: Partition::new(id, pname, "ws", "acct", FABRIC, u32::from(base))
+            .expect("partition"),
+        membership,
+    };
+    let r = agent.attach(request, None).await;
+    with(world, |w| match r {
+        Ok((a, created)) => {
+            w.log(format!(
+                "agent: attach {name} acknowledged ({:?}{})",
+                a.state,
+                if created { ", created" } else { "" }
+            ));
+            w.oracle.acked_attach.insert(name);
+        }
+        Err(e) => w.log(format!("agent: attach {name} refused: {e}")),
+    });
+}
+
+fn heal(world: &Shared) {
+    with(world, |w| {
+        w.faults = false;
+        w.log("heal: faults off, every port UP");
+    });
+    for p in 0..PORTS {
+        port_up(world, p);
+    }
+}
+
+/// Waits until every attachment is ACTIVE or RELEASED as asked, nothing is in flight to the
+/// SM, and that held for [`STABLE_FOR`]; records a liveness finding past [`LIVENESS_BOUND`].
+async fn converge(world: &Shared) {
+    let deadline = Instant::now() + LIVENESS_BOUND;
+    let mut stable_since: Option<Instant> = None;
+    loop {
+        sleep(Duration::from_secs(1)).await;
+        if failed(world) {
+            return;
+        }
+        let (lagging, in_flight) = {
+            let mut w = world.lock().expect("world lock");
+            w.check();
+            (
+                w.oracle.unconverged(),
+                w.fabric.in_flight.len() + w.sweeps_pending as usize,
+            )
+        };
+        if lagging.is_none() && in_flight == 0 {
+            let since = *stable_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= STABLE_FOR {
+                return;
+            }
+        } else {
+            stable_since = None;
+        }
+        if Instant::now() >= deadline {
+            with(world, |w| {
+                let now = w.now_ms();
+                let what = format!(
+                    "liveness: {} s after the faults were healed, not converged: {}",
+                    LIVENESS_BOUND.as_secs(),
+                    lagging.unwrap_or_else(|| {
+                        format!("{in_flight} requests or port sweeps still pending")
+                    })
+                );
+                w.oracle
+                    .finding
+                    .get_or_insert(format!("at t={now} ms: {what}"));
+            });
+            return;
+        }
+    }
+}

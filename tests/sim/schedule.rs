@@ -1,0 +1,277 @@
+//! The schedule: the commands a run issues and when, drawn up front from the seed.
+
+use fabric_agent::domain::Membership;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::fmt;
+
+/// The partitions a run attaches to: (id, name, P_Key base).
+pub const PARTITIONS: [(&str, &str, u16); 4] = [
+    ("ibpart_p0", "p0", 0x0012),
+    ("ibpart_p1", "p1", 0x0034),
+    ("ibpart_p2", "p2", 0x0056),
+    ("ibpart_p3", "p3", 0x0078),
+];
+
+/// The fabric every partition and the node are on.
+pub const FABRIC: &str = "fab1";
+
+/// Model fabric ports of the node.
+pub const PORTS: usize = 2;
+
+/// Where a crash lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// At the scheduled instant, whatever the agent is doing.
+    Now,
+    /// Inside the next apply (after the request left, before or after it landed).
+    InApply,
+    /// Inside the next port read.
+    InRead,
+}
+
+/// One command of a schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Attach instance `i<instance>` to a partition.
+    Attach {
+        /// Instance number.
+        instance: usize,
+        /// Index into [`PARTITIONS`].
+        partition: usize,
+        /// Full or limited.
+        membership: Membership,
+    },
+    /// Release instance `i<instance>`.
+    Release {
+        /// Instance number.
+        instance: usize,
+    },
+    /// Kill the agent (drop it, abort its reconciler) and start it again from the same store.
+    Crash {
+        /// When within the agent's work.
+        at: CrashPoint,
+        /// How long the node stays down, ms.
+        down_ms: u64,
+    },
+    /// Stop the agent cleanly (shutdown signal, wait for the reconciler) and start it again.
+    Restart,
+    /// Turn the model's random faults on or off.
+    Faults(bool),
+    /// The subnet manager restarts, keeping or forgetting this node's set.
+    SmRestart {
+        /// Whether the SM keeps its state.
+        keep_state: bool,
+    },
+    /// The subnet manager's stored generation for the node jumps ahead (another writer, a
+    /// restored backup): the node must move past it.
+    GenerationConflict,
+    /// A fabric port goes DOWN (its table counts as empty).
+    PortDown(usize),
+    /// A fabric port comes back UP, reprogrammed by the SM from its config.
+    PortUp(usize),
+}
+
+/// A command at a simulated instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Milliseconds after the start of the run.
+    pub at_ms: u64,
+    /// What happens.
+    pub command: Command,
+}
+
+/// A seeded schedule.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    /// The seed it was drawn from.
+    pub seed: u64,
+    /// Steps in time order.
+    pub steps: Vec<Step>,
+    /// The observer's fast poll, ms.
+    pub fast_poll_ms: u64,
+    /// Whether the observer is woken by table changes (traps) or only polls.
+    pub push_changes: bool,
+}
+
+/// Options of the schedule generator.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GenOptions {
+    /// Let two instances of one partition ask for different memberships.
+    pub mixed_membership: bool,
+}
+
+/// Draws a schedule from `seed`.
+pub fn generate(seed: u64, options: GenOptions) -> Schedule {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let fast_poll_ms = match rng.random_range(0..10) {
+        0 => 50,
+        1..=5 => 200,
+        _ => 1000,
+    };
+    let push_changes = rng.random_bool(0.5);
+    let memberships: Vec<Membership> = (0..PARTITIONS.len())
+        .map(|_| {
+            if rng.random_bool(0.5) {
+                Membership::Full
+            } else {
+                Membership::Limited
+            }
+        })
+        .collect();
+    let n = rng.random_range(6..=24);
+    let mut t = 0u64;
+    let mut steps = Vec::with_capacity(n);
+    // (partition, membership) per instance, and which are released in the schedule.
+    let mut instances: Vec<(usize, Membership)> = Vec::new();
+    let mut released: Vec<bool> = Vec::new();
+    let mut down = [false; PORTS];
+    for _ in 0..n {
+        t += match rng.random_range(0..20) {
+            0..=9 => rng.random_range(0..250),
+            10..=15 => rng.random_range(250..3_000),
+            16..=18 => rng.random_range(3_000..20_000),
+            _ => rng.random_range(20_000..60_000),
+        };
+        let live: Vec<usize> = (0..instances.len()).filter(|i| !released[*i]).collect();
+        let command = match rng.random_range(0..100) {
+            0..=29 => {
+                let partition = rng.random_range(0..PARTITIONS.len());
+                let membership = if options.mixed_membership && rng.random_bool(0.5) {
+                    memberships[partition].flip()
+                } else {
+                    memberships[partition]
+                };
+                instances.push((partition, membership));
+                released.push(false);
+                Command::Attach {
+                    instance: instances.len() - 1,
+                    partition,
+                    membership,
+                }
+            }
+            30..=32 if !instances.is_empty() => {
+                // An idempotent re-send of an earlier attach.
+                let instance = rng.random_range(0..instances.len());
+                let (partition, membership) = instances[instance];
+                Command::Attach {
+                    instance,
+                    partition,
+                    membership,
+                }
+            }
+            33..=54 if !live.is_empty() => {
+                let instance = live[rng.random_range(0..live.len())];
+                released[instance] = true;
+                Command::Release { instance }
+            }
+            55..=56 => Command::Release {
+                // Unknown instance (NotFound) or a repeated release.
+                instance: rng.random_range(0..instances.len() + 1),
+            },
+            57..=68 => Command::Crash {
+                at: match rng.random_range(0..3) {
+                    0 => CrashPoint::Now,
+                    1 => CrashPoint::InApply,
+                    _ => CrashPoint::InRead,
+                },
+                down_ms: if rng.random_bool(0.5) {
+                    0
+                } else {
+                    rng.random_range(1..3_000)
+                },
+            },
+            69..=70 => Command::Restart,
+            71..=80 => Command::Faults(rng.random_bool(0.7)),
+            81..=84 => Command::SmRestart {
+                keep_state: rng.random_bool(0.5),
+            },
+            85..=87 => Command::GenerationConflict,
+            88..=93 => {
+                let p = rng.random_range(0..PORTS);
+                if down[p] {
+                    down[p] = false;
+                    Command::PortUp(p)
+                } else {
+                    down[p] = true;
+                    Command::PortDown(p)
+                }
+            }
+            _ => Command::Faults(true),
+        };
+        steps.push(Step { at_ms: t, command });
+    }
+    Schedule {
+        seed,
+        steps,
+        fast_poll_ms,
+        push_changes,
+    }
+}
+
+trait Flip {
+    fn flip(self) -> Self;
+}
+
+impl Flip for Membership {
+    fn flip(self) -> Membership {
+        match self {
+            Membership::Full => Membership::Limited,
+            Membership::Limited => Membership::Full,
+        }
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Command::Attach {
+                instance,
+                partition,
+                membership,
+            } => {
+                let (id, _, base) = PARTITIONS[*partition];
+                write!(f, "attach i{instance} -> {id} ({base:#06x} {membership})")
+            }
+            Command::Release { instance } => write!(f, "release i{instance}"),
+            Command::Crash { at, down_ms } => {
+                let at = match at {
+                    CrashPoint::Now => "now",
+                    CrashPoint::InApply => "inside the next apply",
+                    CrashPoint::InRead => "inside the next port read",
+                };
+                write!(f, "agent crash ({at}), down {down_ms} ms, restart")
+            }
+            Command::Restart => write!(f, "agent clean restart"),
+            Command::Faults(on) => write!(f, "faults {}", if *on { "on" } else { "off" }),
+            Command::SmRestart { keep_state } => write!(
+                f,
+                "SM restart {}",
+                if *keep_state {
+                    "keeping its state"
+                } else {
+                    "forgetting the node"
+                }
+            ),
+            Command::GenerationConflict => write!(f, "SM generation conflict"),
+            Command::PortDown(p) => write!(f, "port {p} DOWN"),
+            Command::PortUp(p) => write!(f, "port {p} UP"),
+        }
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "schedule of seed {} (observer fast poll {} ms, change push {}):",
+            self.seed,
+            self.fast_poll_ms,
+            if self.push_changes { "on" } else { "off" }
+        )?;
+        for s in &self.steps {
+            writeln!(f, "  t={:>7} ms  {}", s.at_ms, s.command)?;
+        }
+        Ok(())
+    }
+}
