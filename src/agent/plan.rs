@@ -209,11 +209,15 @@ fn missing(ports: &[&PortInfo], value: PKeyValue) -> String {
 }
 
 /// InfiniBand fabric ports that are full members of the default partition (0xFFFF), as
-/// `device/port`. (On RoCE, P_Keys do not isolate tenants and 0xFFFF is the norm.)
+/// `device/port`. (On RoCE, P_Keys do not isolate tenants and 0xFFFF is the norm; the subnet
+/// manager's own port, whose LID is the SM LID, must be a full member.)
 pub fn full_default_ports(inventory: &Inventory) -> Vec<String> {
     inventory
         .fabric_ports()
         .filter(|p| p.link_layer == LinkLayer::Infiniband)
+        // The subnet manager's own port must be a full member (OpenSM's SELF=full): on the SM
+        // host that is expected, not a tenant's exposure.
+        .filter(|p| !(p.lid != 0 && p.lid == p.sm_lid))
         .filter(|p| p.state.table_counts() && p.holds(PKeyValue::DEFAULT_FULL))
         .map(|p| format!("{}/{}", p.device, p.port_number))
         .collect()

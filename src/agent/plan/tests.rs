@@ -248,6 +248,13 @@ fn an_insecure_posture_blocks_active_until_accepted() {
     p.pkeys[0] = PKeyValue::DEFAULT_FULL;
     let i = inv(vec![p]);
     assert_eq!(full_default_ports(&i), vec!["hca/1".to_owned()]);
+    let mut sm_port = i.clone();
+    sm_port.ports[0].lid = 1;
+    sm_port.ports[0].sm_lid = 1;
+    assert!(
+        full_default_ports(&sm_port).is_empty(),
+        "the SM's own port is exempt"
+    );
     let carried = carried_by(Some(&with));
     let mut o = observed(Some(&with), &carried, Some(&i));
     o.posture_ok = false;
