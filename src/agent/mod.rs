@@ -446,6 +446,9 @@ impl Agent {
     fn commit(&self, batch: Batch) -> Result<Vec<Event>, AgentError> {
         let ledger = batch.ledger.clone();
         let events = self.store().commit(batch, now_unix_ns())?;
+        for e in &events {
+            self.log_event(e);
+        }
         if let Some(ledger) = ledger {
             *self.shared.ledger.lock().expect("ledger lock") = ledger;
         }
@@ -455,6 +458,46 @@ impl Agent {
         }
         self.shared.changed.send_modify(|g| *g += 1);
         Ok(events)
+    }
+
+    /// One journal record per committed state change, with fields an operator selects on
+    /// (`journalctl -u fabric-agent INSTANCE_ID=vm-42`, `PKEY=0x0a12`, `STATE=RELEASED`).
+    fn log_event(&self, e: &Event) {
+        let node_id = self.shared.parts.node_id.as_str();
+        match &e.kind {
+            EventKind::AttachmentChanged {
+                instance_id,
+                partition_id,
+                pkey_value,
+                from,
+                to,
+                reason,
+                ..
+            } => tracing::info!(
+                seq = e.seq,
+                node_id,
+                instance_id = instance_id.as_str(),
+                partition_id = partition_id.as_str(),
+                pkey = %format!("{:#06x}", pkey_value.base()),
+                from = from.map_or("", |s| s.name()),
+                state = to.name(),
+                reason = reason.as_str(),
+                "attachment changed"
+            ),
+            EventKind::ConditionChanged {
+                condition,
+                active,
+                detail,
+            } => tracing::warn!(
+                seq = e.seq,
+                node_id,
+                condition = condition.name(),
+                active,
+                detail = detail.as_str(),
+                "condition changed"
+            ),
+            _ => {}
+        }
     }
 
     async fn wait_for(
