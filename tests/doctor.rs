@@ -13,19 +13,6 @@ const IB: [&str; 8] = [
     "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7",
 ];
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// A copy of the 8x ConnectX fixture with every port ACTIVE and slot 0 set to `default`.
 fn host(root: &Path, default: u16) {
     copy_tree(Path::new("tests/fixtures/sysfs/mlx5-8x"), root);

@@ -292,15 +292,7 @@ impl Agent {
             sm: status.sm.clone(),
             observer: parts.observer.kind().to_owned(),
             observer_reason: parts.observer_reason.clone(),
-            counts: AttachmentState::ALL
-                .iter()
-                .map(|s| {
-                    (
-                        *s,
-                        attachments.iter().filter(|a| a.state == *s).count() as u64,
-                    )
-                })
-                .collect(),
+            counts: state_counts(&attachments).collect(),
             first_event_seq: first_seq,
             last_event_seq: last_seq,
             conditions: status.conditions.clone(),
@@ -347,15 +339,7 @@ impl Agent {
         };
         if let Ok(attachments) = self.store().attachments() {
             let now = now_unix_ns();
-            snapshot.attachments = AttachmentState::ALL
-                .iter()
-                .map(|s| {
-                    (
-                        *s,
-                        attachments.iter().filter(|a| a.state == *s).count() as u64,
-                    )
-                })
-                .collect();
+            snapshot.attachments = state_counts(&attachments).collect();
             snapshot.oldest_releasing_secs = attachments
                 .iter()
                 .filter(|a| a.state == AttachmentState::Releasing)
@@ -522,6 +506,16 @@ impl Agent {
             }
         }
     }
+}
+
+/// How many attachments are in each state, every state listed.
+fn state_counts(attachments: &[Attachment]) -> impl Iterator<Item = (AttachmentState, u64)> + '_ {
+    AttachmentState::ALL.iter().map(|s| {
+        (
+            *s,
+            attachments.iter().filter(|a| a.state == *s).count() as u64,
+        )
+    })
 }
 
 fn changed_event(a: &Attachment, from: Option<AttachmentState>, reason: &str) -> EventKind {
