@@ -88,6 +88,19 @@ pub struct Config {
     /// The Prometheus metrics listener.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[log]`: the daemon's log filter, re-read on SIGHUP.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// A tracing filter such as `info` or `info,fabric_agent::agent=debug` (default `info`;
+    /// the `FABRIC_AGENT_LOG` environment variable overrides it).
+    #[serde(default)]
+    pub filter: Option<String>,
 }
 
 /// `[metrics]`: an OpenMetrics endpoint (`GET /metrics`), off by default.
@@ -409,6 +422,13 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         FabricName::parse(&self.fabric).map_err(|e| invalid("fabric", e.to_string()))?;
+        if let Some(filter) = &self.log.filter {
+            tracing_subscriber::EnvFilter::builder()
+                .parse(filter)
+                .map_err(|e| {
+                    invalid("log.filter", format!("{filter:?} is not a log filter: {e}"))
+                })?;
+        }
         if self.metrics.enabled
             && !self.metrics.listen.ip().is_loopback()
             && !self.metrics.allow_remote

@@ -2,17 +2,16 @@
 
 mod logging;
 
-use clap::Parser;
 use fabric_agent::cli::{run, Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     let default_level = if matches!(cli.command, Command::Serve) {
-        "info"
+        fabric_agent::cli::reload::DEFAULT_FILTER
     } else {
         "warn"
     };
-    logging::init(default_level);
-    run(cli)
+    let log = logging::init(default_level);
+    run(cli, log)
 }

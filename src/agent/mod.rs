@@ -492,20 +492,42 @@ impl Agent {
     ) -> Result<Attachment, AgentError> {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
         let mut changes = self.shared.changed.subscribe();
+        let mut stopping = self.shared.stopping.subscribe();
         loop {
             changes.mark_unchanged();
             let a = self.get(instance_id)?;
             if done(a.state) {
                 return Ok(a);
             }
-            if tokio::time::timeout_at(deadline, changes.changed())
-                .await
-                .is_err()
-            {
-                return Ok(a);
+            if *stopping.borrow_and_update() {
+                return Err(stopping_error(&a));
+            }
+            tokio::select! {
+                r = tokio::time::timeout_at(deadline, changes.changed()) => {
+                    if r.is_err() {
+                        return Ok(a);
+                    }
+                }
+                _ = stopping.changed() => {}
             }
         }
     }
+}
+
+/// The answer to a waiting call when the agent begins to stop: UNAVAILABLE at once (a drain
+/// must not wait out `--wait`), with the attachment's current state; the request itself is
+/// stored and carries on when the agent is back.
+fn stopping_error(a: &Attachment) -> AgentError {
+    AgentError::Unavailable(format!(
+        "agent stopping: instance {} is {}{}; the request is stored and carries on when the agent is back",
+        a.instance_id.as_str(),
+        a.state,
+        if a.reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", a.reason)
+        }
+    ))
 }
 
 /// How many attachments are in each state, every state listed.

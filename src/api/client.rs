@@ -60,13 +60,38 @@ pub async fn tcp(url: &str, tls: &ClientTls) -> Result<Channel, String> {
         .map_err(|e| format!("cannot reach {url}: {}", chain(&e)))
 }
 
-/// An error with its causes, `a: b: c`.
+/// An error with its causes, `a: b: c`, each cause said once (tonic's transport error repeats
+/// its source in its own text) and without tonic's bare "transport error" prefix.
 fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&dyn std::error::Error> = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        if text != "transport error" && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
     }
-    msg
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[tokio::test]
+    async fn a_missing_socket_is_said_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = super::unix(&dir.path().join("absent.sock"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+        assert!(!e.contains("transport error"), "{e}");
+    }
+
+    #[test]
+    fn causes_are_joined() {
+        let e = std::io::Error::other("outer");
+        assert_eq!(chain(&e), "outer");
+    }
 }

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod partitions;
 mod server;
 mod service;
+mod socket_guard;
 
 pub use auth::ClientAllowlist;
 pub use server::{serve, Listeners, ServeError};

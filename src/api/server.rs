@@ -2,10 +2,10 @@
 
 use super::auth::{ClientAllowlist, Gate};
 use super::partitions::PartitionsService;
+use super::socket_guard;
 use super::AgentService;
 use crate::config::ListenConfig;
 use crate::proto::agent::fabric_agent_server::FabricAgentServer;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use thiserror::Error;
@@ -42,6 +42,7 @@ pub enum ServeError {
 pub struct Listeners {
     unix: UnixListener,
     unix_path: PathBuf,
+    unix_mode: u32,
     tcp: Option<(TcpListener, Option<(ServerTlsConfig, ClientAllowlist)>)>,
 }
 
@@ -65,9 +66,8 @@ impl Listeners {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(bind_err(e)),
         }
-        let unix = UnixListener::bind(&path).map_err(bind_err)?;
         let mode = config.socket_mode().unwrap_or(0o660);
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(bind_err)?;
+        let unix = socket_guard::bind(&path, mode).map_err(bind_err)?;
         let tcp = match config.tcp {
             None => None,
             Some(addr) => {
@@ -101,6 +101,7 @@ impl Listeners {
         Ok(Listeners {
             unix,
             unix_path: path,
+            unix_mode: mode,
             tcp,
         })
     }
@@ -154,7 +155,14 @@ pub async fn serve(
     let signal = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let unix_incoming = tokio_stream::wrappers::UnixListenerStream::new(listeners.unix);
+    let owned = socket_guard::OwnedSocket::default();
+    let unix_incoming = socket_guard::incoming(
+        listeners.unix,
+        listeners.unix_path.clone(),
+        listeners.unix_mode,
+        shutdown.clone(),
+        owned.clone(),
+    );
     let unix = Server::builder()
         .add_routes(routes(Gate::Open))
         .serve_with_incoming_shutdown(unix_incoming, signal(shutdown.clone()));
@@ -178,6 +186,10 @@ pub async fn serve(
     };
     let result = tokio::try_join!(unix, tcp);
     let _ = shutdown.wait_for(|s| *s).await;
-    let _ = std::fs::remove_file(&listeners.unix_path);
+    // Only the socket this daemon bound is removed: a path taken over by another process
+    // meanwhile is not ours to delete.
+    if owned.is_ours(&listeners.unix_path) {
+        let _ = std::fs::remove_file(&listeners.unix_path);
+    }
     result.map(|_| ()).map_err(ServeError::from)
 }

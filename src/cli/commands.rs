@@ -1,6 +1,8 @@
 //! Client subcommands and `check-config` / `ports`.
 
-use super::{client, output, ClientOpts, Command};
+use super::client::{self, Target};
+use super::preflight::Preflight;
+use super::{output, Command};
 use crate::config::Config;
 use crate::proto::agent as pb;
 use clap::Args;
@@ -105,25 +107,58 @@ pub fn parse_pkey(s: &str) -> Result<u32, String> {
     }
 }
 
-/// `check-config`.
-pub fn check_config(path: &Path) -> ExitCode {
-    match Config::load(path) {
-        Ok(c) => {
-            println!(
-                "{}: ok (node {}, fabric {}, backend {:?}, observer {:?})",
-                path.display(),
-                c.node_id(),
-                c.fabric,
-                c.subnet_manager.backend,
-                c.observer_kind()
-            );
-            ExitCode::SUCCESS
-        }
+/// `check-config`: loads and validates the file, then runs every check `serve` runs before it
+/// binds ([`Preflight`]); exit 64 when anything fails. `--json` prints one object:
+/// `{"config", "ok", "error"?, "node"?, "fabric"?, "backend"?, "observer"?, "checks": [{"check", "ok", "detail"}]}`.
+pub fn check_config(path: &Path, json: bool) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(super::exit::CONFIG)
+            if json {
+                say_json(&serde_json::json!({
+                    "config": path.display().to_string(), "ok": false, "error": e.to_string(), "checks": [],
+                }));
+            } else {
+                eprintln!("error: {e}");
+            }
+            return ExitCode::from(super::exit::CONFIG);
+        }
+    };
+    let preflight = Preflight::run(&config);
+    if json {
+        say_json(&serde_json::json!({
+            "config": path.display().to_string(),
+            "ok": preflight.ok(),
+            "node": config.node_id(),
+            "fabric": config.fabric,
+            "backend": format!("{:?}", config.subnet_manager.backend).to_lowercase(),
+            "observer": format!("{:?}", config.observer_kind()).to_lowercase(),
+            "checks": preflight.checks,
+        }));
+    } else if preflight.ok() {
+        println!(
+            "{}: ok (node {}, fabric {}, backend {:?}, observer {:?}; {} checks passed)",
+            path.display(),
+            config.node_id(),
+            config.fabric,
+            config.subnet_manager.backend,
+            config.observer_kind(),
+            preflight.checks.len()
+        );
+    } else {
+        for c in preflight.failures() {
+            eprintln!("error: {}: {}", c.check, c.detail);
         }
     }
+    if preflight.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(super::exit::CONFIG)
+    }
+}
+
+fn say_json(v: &serde_json::Value) {
+    println!("{v}");
 }
 
 /// `ports`: reads the ports through the configured observer, without the daemon.
@@ -153,8 +188,8 @@ pub async fn ports(path: &Path, json: bool) -> ExitCode {
 }
 
 /// Runs a subcommand that talks to the daemon.
-pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode {
-    let mut c = match client::connect(opts).await {
+pub async fn client(command: Command, target: &Target, json: bool) -> ExitCode {
+    let mut c = match client::connect(target).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -195,7 +230,9 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     .await?
                     .into_inner();
                 outcome = waited(r.attachment.as_ref(), wait, pb::AttachmentState::Active);
-                output::attachments(r.attachment.as_slice(), json);
+                if let Some(a) = &r.attachment {
+                    output::attachment(a, json);
+                }
             }
             Command::Release(r) => {
                 let wait = r.wait;
@@ -207,7 +244,9 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     .await?
                     .into_inner();
                 outcome = waited(r.attachment.as_ref(), wait, pb::AttachmentState::Released);
-                output::attachments(r.attachment.as_slice(), json);
+                if let Some(a) = &r.attachment {
+                    output::attachment(a, json);
+                }
             }
             Command::Attachments(l) => {
                 let state = match l.state {
@@ -240,6 +279,7 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     })
                     .await?
                     .into_inner();
+                output::event_header(json);
                 while let Some(ev) = stream.next().await {
                     output::event(&ev?, json);
                 }
@@ -277,6 +317,12 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
         },
         Err(s) if is_unreachable(&s) => {
             eprintln!("error: the daemon is unreachable: {}", s.message());
+            ExitCode::from(super::exit::UNREACHABLE)
+        }
+        Err(s) if s.code() == tonic::Code::Unavailable => {
+            // The daemon answered but cannot serve (starting, or stopping with the wait cut
+            // short): unavailable, not refused; the message carries the attachment's state.
+            eprintln!("error: {}: {}", code_name(s.code()), s.message());
             ExitCode::from(super::exit::UNREACHABLE)
         }
         Err(s) => {

@@ -5,7 +5,7 @@
 //! through the daemon's socket and the state directory. The exit code is 1 when anything would
 //! block ACTIVE or RELEASED (a FAIL line), 0 otherwise (WARN lines included).
 
-use super::{client, exit, ClientOpts};
+use super::{client, exit};
 use crate::config::{Config, ObserverKind};
 use crate::proto::agent as pb;
 use serde_json::json;
@@ -132,15 +132,8 @@ fn store(checks: &mut Checks, dir: &Path) {
 }
 
 async fn daemon(checks: &mut Checks, config: &Config) -> Option<pb::GetNodeResponse> {
-    let opts = ClientOpts {
-        socket: config.listen.unix_socket.clone(),
-        endpoint: None,
-        ca: None,
-        cert: None,
-        key: None,
-        tls_domain: None,
-    };
-    let node = match client::connect(&opts).await {
+    let target = client::Target::Unix(config.listen.unix_socket.clone());
+    let node = match client::connect(&target).await {
         Ok(mut c) => c
             .get_node(pb::GetNodeRequest {})
             .await

@@ -7,36 +7,128 @@ mod doctor;
 pub mod exit;
 mod generate;
 mod output;
+pub mod preflight;
+pub mod reload;
 mod serve;
 
-use clap::{Args, Parser, Subcommand};
+pub use reload::LogControl;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The exit codes, as `--help` prints them (the table in `exit.rs` and the README say the same).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0   done: the requested end state was reached (or no --wait was asked)
+  1   refused: the daemon answered with an error (its gRPC code and message are printed),
+      or the attachment ended where the wait cannot lead (FAILED; RELEASING/RELEASED for attach)
+  2   usage: bad arguments
+  64  configuration: the config file is missing or invalid
+  69  unavailable: the daemon cannot be reached, or it is stopping
+  75  --wait expired: the current state and reason are printed
+
+P_Keys are hex as InfiniBand tools print them: 0x0a12 or 0a12 (never decimal).";
+
 /// fabric-agent: programs and confirms this node's InfiniBand partition keys.
 #[derive(Debug, Parser)]
-#[command(name = "fabric-agent", version, about)]
+#[command(name = "fabric-agent", version, about, after_help = EXIT_CODES)]
 pub struct Cli {
-    /// Configuration file.
+    /// Configuration file. Client commands take the daemon's socket from it unless --socket or
+    /// --endpoint is given.
     #[arg(long, global = true, env = "FABRIC_AGENT_CONFIG", default_value = crate::config::DEFAULT_PATH)]
     pub config: PathBuf,
     /// How client subcommands reach the daemon.
     #[command(flatten)]
     pub client: ClientOpts,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
+    /// Print JSON instead of tables (the same as `-o json`).
+    #[arg(long, global = true, help_heading = "Output")]
     pub json: bool,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        global = true,
+        value_enum,
+        help_heading = "Output"
+    )]
+    pub output: Option<Format>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// Which options were given explicitly (filled in by [`Cli::parse_args`]).
+    #[arg(skip)]
+    pub given: Given,
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Human-readable tables.
+    Table,
+    /// JSON: one object (node, attach, release, check-config), one array (attachments) or one
+    /// object per line (events).
+    Json,
+}
+
+/// Options the user gave on the command line or in the environment, not by default.
+#[derive(Debug, Clone, Default)]
+pub struct Given {
+    /// `--config` or `FABRIC_AGENT_CONFIG`.
+    pub config: bool,
+    /// The connection options given on the command line (`--socket`, `--endpoint`, ...).
+    pub connection: Vec<&'static str>,
+}
+
+/// The connection options, by argument id.
+const CONNECTION_ARGS: [&str; 6] = ["socket", "endpoint", "ca", "cert", "key", "tls_domain"];
+
+impl Cli {
+    /// Parses `std::env::args`, exiting with 2 (usage) on bad arguments, and records which
+    /// options were given explicitly.
+    pub fn parse_args() -> Cli {
+        let matches = Cli::command().get_matches();
+        let mut cli = match Cli::from_arg_matches(&matches) {
+            Ok(c) => c,
+            Err(e) => e.exit(),
+        };
+        cli.given = given(&matches);
+        cli
+    }
+
+    /// Whether output is JSON (`--json` or `-o json`).
+    pub fn json(&self) -> bool {
+        self.json || self.output == Some(Format::Json)
+    }
+}
+
+fn given(matches: &ArgMatches) -> Given {
+    // Global options are recorded on the subcommand's matches too.
+    let sub = matches.subcommand().map(|(_, m)| m);
+    let source = |id: &str| {
+        sub.and_then(|m| m.value_source(id))
+            .into_iter()
+            .chain(matches.value_source(id))
+            .find(|s| *s != ValueSource::DefaultValue)
+    };
+    Given {
+        config: source("config").is_some(),
+        connection: CONNECTION_ARGS
+            .into_iter()
+            .filter(|id| source(id) == Some(ValueSource::CommandLine))
+            .collect(),
+    }
 }
 
 /// Connection options for client subcommands.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Connection (client commands)")]
 pub struct ClientOpts {
-    /// The daemon's unix socket.
-    #[arg(long, global = true, env = "FABRIC_AGENT_SOCKET", default_value = crate::config::DEFAULT_SOCKET)]
-    pub socket: PathBuf,
+    /// The daemon's unix socket [default: the config's [listen] unix_socket, else
+    /// /run/fabric-agent/agent.sock].
+    #[arg(long, global = true, env = "FABRIC_AGENT_SOCKET")]
+    pub socket: Option<PathBuf>,
     /// Reach the daemon over TCP instead, e.g. https://node1:7443 (mTLS) or http://127.0.0.1:7443.
     #[arg(long, global = true)]
     pub endpoint: Option<String>,
@@ -57,25 +149,55 @@ pub struct ClientOpts {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the daemon.
+    /// Run the daemon (its socket, listeners and state come from the config file).
+    #[command(
+        after_help = "Examples:\n  fabric-agent --config /etc/fabric-agent/config.toml serve\n\n\
+        Signals: SIGTERM/SIGINT drain and exit 0; SIGHUP reloads the log filter and TLS material."
+    )]
     Serve,
-    /// Validate the configuration file and exit (64 when invalid).
+    /// Validate the configuration file as `serve` would before binding, and exit (64 when
+    /// invalid).
+    #[command(
+        after_help = "Examples:\n  fabric-agent check-config --config /etc/fabric-agent/config.toml\n  \
+        fabric-agent check-config --json | jq '.checks[] | select(.ok | not)'"
+    )]
     CheckConfig,
     /// Show this node: fabric, ports with their P_Key tables, subnet manager, counts.
+    #[command(
+        after_help = "Examples:\n  fabric-agent node\n  fabric-agent node -o json | jq '.ports[].pkeys'"
+    )]
     Node,
     /// Read this host's ports directly through the configured observer (no daemon needed).
+    #[command(after_help = "Examples:\n  fabric-agent ports\n  fabric-agent ports --json")]
     Ports,
     /// Check this host: ports, default-partition membership, table space, the daemon, the
     /// subnet manager, conditions, clock and store; exit 1 when something blocks ACTIVE or
     /// RELEASED.
+    #[command(after_help = "Examples:\n  fabric-agent doctor\n  fabric-agent doctor --json")]
     Doctor,
     /// Attach an instance on this node to a partition.
+    #[command(after_help = "Examples:\n  \
+        fabric-agent attach --instance vm-42 --partition ibpart_7f3k2 --name train-a \\\n      \
+        --workspace ml-team --account acme --pkey 0a12 --wait 30\n\n\
+        Exit 0 when ACTIVE (or no --wait), 75 when --wait expired, 1 when refused.")]
     Attach(commands::AttachArgs),
     /// Release a terminated instance's partition.
+    #[command(
+        after_help = "Examples:\n  fabric-agent release --instance vm-42 --wait 30\n\n\
+        Exit 0 when RELEASED (or no --wait), 75 when --wait expired, 1 when refused."
+    )]
     Release(commands::ReleaseArgs),
     /// List attachments.
+    #[command(
+        after_help = "Examples:\n  fabric-agent attachments --state releasing\n  \
+        fabric-agent attachments --partition ibpart_7f3k2 -o json"
+    )]
     Attachments(commands::ListArgs),
     /// Print events (replayed from the durable log; --follow keeps streaming).
+    #[command(
+        after_help = "Examples:\n  fabric-agent events --after 120 --follow\n  \
+        fabric-agent events -o json | jq 'select(.kind == \"attachment\")'"
+    )]
     Events(commands::EventsArgs),
     /// Print the man page (roff), for packaging.
     #[command(hide = true)]
@@ -89,7 +211,7 @@ pub enum Command {
 }
 
 /// Runs the command line.
-pub fn run(cli: Cli) -> ExitCode {
+pub fn run(cli: Cli, log: LogControl) -> ExitCode {
     match cli.command {
         Command::Man => return generate::man_page(),
         Command::Completions { shell } => return generate::completions(shell),
@@ -106,13 +228,40 @@ pub fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(71);
         }
     };
+    let json = cli.json();
+    let local = match &cli.command {
+        Command::Serve => Some("serve"),
+        Command::CheckConfig => Some("check-config"),
+        Command::Ports => Some("ports"),
+        Command::Doctor => Some("doctor"),
+        _ => None,
+    };
+    if let (Some(name), Some(flag)) = (local, cli.given.connection.first()) {
+        eprintln!(
+            "error: --{} is for client commands; {name} takes its socket and listeners from the \
+             config file ({})",
+            flag.replace('_', "-"),
+            cli.config.display()
+        );
+        return ExitCode::from(exit::USAGE);
+    }
     runtime.block_on(async move {
         match cli.command {
-            Command::Serve => serve::run(&cli.config).await,
-            Command::CheckConfig => commands::check_config(&cli.config),
-            Command::Ports => commands::ports(&cli.config, cli.json).await,
-            Command::Doctor => doctor::doctor(&cli.config, cli.json).await,
-            command => commands::client(command, &cli.client, cli.json).await,
+            Command::Serve => serve::run(&cli.config, log).await,
+            Command::CheckConfig => commands::check_config(&cli.config, json),
+            Command::Ports => commands::ports(&cli.config, json).await,
+            Command::Doctor => doctor::doctor(&cli.config, json).await,
+            command => {
+                let target =
+                    match client::Target::resolve(&cli.client, &cli.config, cli.given.config) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::from(exit::CONFIG);
+                        }
+                    };
+                commands::client(command, &target, json).await
+            }
         }
     })
 }

@@ -174,94 +174,263 @@ pub fn ports(observer: &str, ports: &[pb::Port], json: bool) {
     }
 }
 
-/// Prints attachments.
+/// Tables fit this many columns; the last column (a reason or an event's summary) is cut to fit.
+const WIDTH: usize = 100;
+
+/// Cuts `s` to at most `max` characters, marking the cut with `…`.
+fn fit(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
+}
+
+fn membership_name(v: i32) -> &'static str {
+    if v == pb::Membership::Limited as i32 {
+        "limited"
+    } else {
+        "full"
+    }
+}
+
+fn attachment_json(a: &pb::Attachment) -> Value {
+    let p = a.partition.clone().unwrap_or_default();
+    json!({
+        "instance_id": a.instance_id, "state": state_name(a.state), "reason": a.reason,
+        "pkey_value": format!("{:#06x}", a.pkey_value),
+        "membership": membership_name(a.membership),
+        "partition": {"id": p.id, "name": p.name, "workspace": p.workspace, "account": p.account, "fabric": p.fabric, "pkey": format!("{:#06x}", p.pkey)},
+        "created": time(&a.created), "updated": time(&a.updated),
+    })
+}
+
+/// Prints attachments: a table, or (JSON) one array of attachment objects.
 pub fn attachments(list: &[pb::Attachment], json: bool) {
     if json {
-        let v: Vec<Value> = list
-            .iter()
-            .map(|a| {
-                let p = a.partition.clone().unwrap_or_default();
-                json!({
-                    "instance_id": a.instance_id, "state": state_name(a.state), "reason": a.reason,
-                    "pkey_value": format!("{:#06x}", a.pkey_value),
-                    "membership": if a.membership == pb::Membership::Limited as i32 { "limited" } else { "full" },
-                    "partition": {"id": p.id, "name": p.name, "workspace": p.workspace, "account": p.account, "fabric": p.fabric, "pkey": format!("{:#06x}", p.pkey)},
-                    "created": time(&a.created), "updated": time(&a.updated),
-                })
-            })
-            .collect();
-        say!("{}", Value::Array(v));
+        say!(
+            "{}",
+            Value::Array(list.iter().map(attachment_json).collect())
+        );
         return;
     }
-    say!(
-        "{:<24} {:<24} {:<8} {:<12} REASON",
-        "INSTANCE",
-        "PARTITION",
-        "P_KEY",
-        "STATE"
+    attachment_table(list);
+}
+
+/// Prints the one attachment an attach or release answered with: a table row, or (JSON) one
+/// attachment object.
+pub fn attachment(a: &pb::Attachment, json: bool) {
+    if json {
+        say!("{}", attachment_json(a));
+    } else {
+        attachment_table(std::slice::from_ref(a));
+    }
+}
+
+fn attachment_table(list: &[pb::Attachment]) {
+    let partition = |a: &pb::Attachment| {
+        a.partition
+            .as_ref()
+            .map(|p| p.id.clone())
+            .unwrap_or_default()
+    };
+    let instance_w = list
+        .iter()
+        .map(|a| a.instance_id.chars().count())
+        .chain([8])
+        .max()
+        .unwrap_or(8);
+    let partition_w = list
+        .iter()
+        .map(|a| partition(a).chars().count())
+        .chain([9])
+        .max()
+        .unwrap_or(9);
+    let head = format!(
+        "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  ",
+        "INSTANCE", "PARTITION", "P_KEY", "MEMBERSHIP", "STATE"
     );
+    let reason_w = WIDTH.saturating_sub(head.chars().count()).max(20);
+    say!("{head}REASON");
     for a in list {
-        let p = a.partition.clone().unwrap_or_default();
         say!(
-            "{:<24} {:<24} {:<8} {:<12} {}",
+            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {}",
             a.instance_id,
-            p.id,
+            partition(a),
             format!("{:#06x}", a.pkey_value),
+            membership_name(a.membership),
             state_name(a.state),
-            a.reason
+            fit(&a.reason, reason_w)
         );
     }
 }
 
-/// Prints one event.
-pub fn event(e: &pb::Event, json: bool) {
+fn keys(list: &[u32]) -> Vec<String> {
+    list.iter().map(|k| format!("{k:#06x}")).collect()
+}
+
+/// One event's kind, its JSON detail, and a one-line summary for the table.
+fn event_parts(e: &pb::Event) -> (&'static str, Value, String) {
     use pb::event::Kind;
-    let (kind, detail) = match &e.kind {
-        Some(Kind::AttachmentChanged(a)) => (
-            "attachment",
-            json!({"instance_id": a.instance_id, "partition_id": a.partition_id, "pkey_value": format!("{:#06x}", a.pkey_value),
-                   "from": state_name(a.from), "to": state_name(a.to), "reason": a.reason}),
-        ),
-        Some(Kind::PkeyTableChanged(p)) => (
-            "pkey_table",
-            json!({"device": p.device, "port": p.port_number, "port_guid": p.port_guid,
-                   "added": p.added.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>(),
-                   "removed": p.removed.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>()}),
-        ),
+    match &e.kind {
+        Some(Kind::AttachmentChanged(a)) => {
+            let mut detail = json!({"instance_id": a.instance_id, "partition_id": a.partition_id,
+                "pkey_value": format!("{:#06x}", a.pkey_value), "to": state_name(a.to), "reason": a.reason});
+            // The first event of an attachment has no previous state: no `from` at all.
+            let from =
+                (a.from != pb::AttachmentState::Unspecified as i32).then(|| state_name(a.from));
+            if let Some(from) = from {
+                detail["from"] = json!(from);
+            }
+            let summary = format!(
+                "{} {} {:#06x} {}{}{}",
+                a.instance_id,
+                a.partition_id,
+                a.pkey_value,
+                from.map(|f| format!("{f} -> ")).unwrap_or_default(),
+                state_name(a.to),
+                if a.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", a.reason)
+                }
+            );
+            ("attachment", detail, summary)
+        }
+        Some(Kind::PkeyTableChanged(p)) => {
+            let summary = format!(
+                "{}/{} {}{}{}",
+                p.device,
+                p.port_number,
+                p.port_guid,
+                if p.added.is_empty() {
+                    String::new()
+                } else {
+                    format!(" +{}", keys(&p.added).join(" +"))
+                },
+                if p.removed.is_empty() {
+                    String::new()
+                } else {
+                    format!(" -{}", keys(&p.removed).join(" -"))
+                },
+            );
+            (
+                "pkey_table",
+                json!({"device": p.device, "port": p.port_number, "port_guid": p.port_guid,
+                       "added": keys(&p.added), "removed": keys(&p.removed)}),
+                summary,
+            )
+        }
         Some(Kind::PortStateChanged(p)) => (
             "port_state",
             json!({"device": p.device, "port": p.port_number, "port_guid": p.port_guid, "from": port_state(p.from), "to": port_state(p.to)}),
+            format!(
+                "{}/{} {} {} -> {}",
+                p.device,
+                p.port_number,
+                p.port_guid,
+                port_state(p.from),
+                port_state(p.to)
+            ),
         ),
         Some(Kind::SubnetManagerChanged(s)) => (
             "subnet_manager",
             json!({"backend": s.backend, "reachable": s.reachable, "error": s.error}),
+            format!(
+                "{} {}{}",
+                s.backend,
+                if s.reachable {
+                    "reachable"
+                } else {
+                    "UNREACHABLE"
+                },
+                if s.error.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", s.error)
+                }
+            ),
         ),
         Some(Kind::ForeignPkey(f)) => (
             "foreign_pkey",
             json!({"device": f.device, "port": f.port_number, "port_guid": f.port_guid, "pkey_value": format!("{:#06x}", f.pkey_value)}),
+            format!(
+                "{}/{} {} holds {:#06x}, which nobody asked for",
+                f.device, f.port_number, f.port_guid, f.pkey_value
+            ),
         ),
         Some(Kind::ConditionChanged(c)) => {
             let cond = c.condition.clone().unwrap_or_default();
             (
                 "condition",
                 json!({"condition": cond.kind, "active": c.active, "detail": cond.detail}),
+                format!(
+                    "{} {}: {}",
+                    cond.kind,
+                    if c.active { "raised" } else { "cleared" },
+                    cond.detail
+                ),
             )
         }
-        None => ("unknown", Value::Null),
-    };
+        None => ("unknown", Value::Null, String::new()),
+    }
+}
+
+/// Prints the events table's header.
+pub fn event_header(json: bool) {
+    if !json {
+        say!("{:>6}  {:<24}  {:<14}  SUMMARY", "SEQ", "TIME", "KIND");
+    }
+}
+
+/// Prints one event: a table row summarised to fit 100 columns, or (JSON) one object per line
+/// with the full detail.
+pub fn event(e: &pb::Event, json: bool) {
+    let (kind, detail, summary) = event_parts(e);
     if json {
         say!(
             "{}",
             json!({"seq": e.seq, "time": time(&e.time), "node_id": e.node_id, "kind": kind, "detail": detail})
         );
     } else {
-        say!(
-            "{:>6} {} {} {:<15} {}",
-            e.seq,
-            time(&e.time),
-            e.node_id,
-            kind,
-            detail
-        );
+        let head = format!("{:>6}  {:<24}  {:<14}  ", e.seq, time(&e.time), kind);
+        let room = WIDTH.saturating_sub(head.chars().count()).max(20);
+        say!("{head}{}", fit(&summary, room));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_text_is_cut_to_fit() {
+        assert_eq!(fit("short", 10), "short");
+        let cut = fit(&"x".repeat(50), 10);
+        assert_eq!(cut.chars().count(), 10);
+        assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn the_first_event_has_no_from() {
+        let e = pb::Event {
+            seq: 1,
+            kind: Some(pb::event::Kind::AttachmentChanged(pb::AttachmentChanged {
+                instance_id: "i-1".into(),
+                partition_id: "ibpart_a".into(),
+                pkey_value: 0x8a12,
+                from: pb::AttachmentState::Unspecified as i32,
+                to: pb::AttachmentState::Pending as i32,
+                reason: "attach requested".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let (kind, detail, summary) = event_parts(&e);
+        assert_eq!(kind, "attachment");
+        assert!(detail.get("from").is_none(), "{detail}");
+        assert_eq!(summary, "i-1 ibpart_a 0x8a12 PENDING: attach requested");
     }
 }

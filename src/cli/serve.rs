@@ -1,5 +1,7 @@
 //! `fabric-agent serve`: the daemon's life from config to drained exit.
 
+use super::preflight::Preflight;
+use super::LogControl;
 use crate::agent::{assemble, Assembled};
 use crate::api::{serve, AgentService, Listeners};
 use crate::config::Config;
@@ -12,8 +14,8 @@ use tokio::sync::watch;
 
 const DRAIN: Duration = Duration::from_secs(10);
 
-/// Runs the daemon until SIGTERM or SIGINT.
-pub async fn run(config_path: &Path) -> ExitCode {
+/// Runs the daemon until SIGTERM or SIGINT; SIGHUP reloads what can change in place.
+pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     let config = match Config::load(config_path) {
         Ok(c) => c,
         Err(e) => {
@@ -21,6 +23,22 @@ pub async fn run(config_path: &Path) -> ExitCode {
             return ExitCode::from(super::exit::CONFIG);
         }
     };
+    // Every configuration problem is exit 64, found before anything is bound or opened.
+    let preflight = Preflight::run(&config);
+    if !preflight.ok() {
+        for c in preflight.failures() {
+            eprintln!("error: {}: {}", c.check, c.detail);
+            tracing::error!(
+                check = c.check.as_str(),
+                detail = c.detail.as_str(),
+                "configuration"
+            );
+        }
+        return ExitCode::from(super::exit::CONFIG);
+    }
+    if let Err(e) = log.apply(config.log.filter.as_deref()) {
+        tracing::warn!(error = %e, "cannot apply [log] filter");
+    }
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -103,13 +121,7 @@ pub async fn run(config_path: &Path) -> ExitCode {
         tokio::select! {
             _ = term.recv() => break false,
             _ = int.recv() => break false,
-            _ = hup.recv() => {
-                // SIGHUP never ends the daemon. The configuration is read once at start: a
-                // changed file takes effect on restart (check it first with check-config).
-                tracing::info!(
-                    "SIGHUP: nothing is reloaded in place; restart the service to apply configuration changes"
-                );
-            }
+            _ = hup.recv() => super::reload::on_sighup(config_path, &log),
             r = &mut server => {
                 tracing::error!(result = ?r, "gRPC server stopped unexpectedly");
                 break true;

@@ -1,0 +1,246 @@
+//! The checks `serve` runs before it binds anything, and `check-config` runs alone: the file
+//! validates, the paths the daemon will create or write are usable by this process, the socket
+//! path fits a unix socket address, and every PEM file the daemon will load parses.
+
+use crate::config::{Backend, Config};
+use crate::sys::access;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Serialize;
+use std::path::Path;
+
+/// A unix socket address holds 108 bytes of path, NUL included.
+const MAX_SOCKET_PATH: usize = 107;
+
+/// One check's verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// What was checked.
+    pub check: String,
+    /// Whether it passed.
+    pub ok: bool,
+    /// What was found.
+    pub detail: String,
+}
+
+/// Every check's verdict for one configuration.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Preflight {
+    /// The checks, in order.
+    pub checks: Vec<Check>,
+}
+
+impl Preflight {
+    /// Runs every check against `config`.
+    pub fn run(config: &Config) -> Preflight {
+        let mut p = Preflight::default();
+        p.directory("state_dir", &config.state_dir);
+        p.socket(&config.listen.unix_socket);
+        if let Some(tls) = &config.listen.tls {
+            p.certificates("listen.tls.cert", &tls.cert);
+            p.private_key("listen.tls.key", &tls.key);
+            p.certificates("listen.tls.client_ca", &tls.client_ca);
+        }
+        let sm = &config.subnet_manager;
+        match sm.backend {
+            Backend::Embedded => {}
+            Backend::Opensm => {
+                if let Some(o) = &sm.opensm {
+                    match o.partitions_file.parent() {
+                        Some(dir) => p.directory("subnet_manager.opensm.partitions_file", dir),
+                        None => p.fail(
+                            "subnet_manager.opensm.partitions_file",
+                            "has no directory".into(),
+                        ),
+                    }
+                    if let Some(pid_file) = &o.pid_file {
+                        p.readable("subnet_manager.opensm.pid_file", pid_file);
+                    }
+                }
+            }
+            Backend::Remote => {
+                if let Some(r) = &sm.remote {
+                    if let Some(ca) = &r.ca {
+                        p.certificates("subnet_manager.remote.ca", ca);
+                    }
+                    if let Some(cert) = &r.cert {
+                        p.certificates("subnet_manager.remote.cert", cert);
+                    }
+                    if let Some(key) = &r.key {
+                        p.private_key("subnet_manager.remote.key", key);
+                    }
+                }
+            }
+            Backend::Ufm => {
+                if let Some(u) = &sm.ufm {
+                    if let Some(ca) = &u.ca_file {
+                        p.certificates("subnet_manager.ufm.ca_file", ca);
+                    }
+                    if let Some(f) = &u.credentials_file {
+                        p.readable("subnet_manager.ufm.credentials_file", f);
+                    }
+                    if let Some(f) = &u.token_file {
+                        p.readable("subnet_manager.ufm.token_file", f);
+                    }
+                    if let Some(cert) = &u.client_cert {
+                        p.certificates("subnet_manager.ufm.client_cert", cert);
+                    }
+                    if let Some(key) = &u.client_key {
+                        p.private_key("subnet_manager.ufm.client_key", key);
+                    }
+                }
+            }
+        }
+        p
+    }
+
+    /// Whether every check passed.
+    pub fn ok(&self) -> bool {
+        self.checks.iter().all(|c| c.ok)
+    }
+
+    /// The failed checks.
+    pub fn failures(&self) -> impl Iterator<Item = &Check> {
+        self.checks.iter().filter(|c| !c.ok)
+    }
+
+    fn pass(&mut self, check: &str, detail: String) {
+        self.checks.push(Check {
+            check: check.to_owned(),
+            ok: true,
+            detail,
+        });
+    }
+
+    fn fail(&mut self, check: &str, detail: String) {
+        self.checks.push(Check {
+            check: check.to_owned(),
+            ok: false,
+            detail,
+        });
+    }
+
+    /// A directory the daemon writes in: writable now, or creatable (its nearest existing
+    /// ancestor is writable).
+    fn directory(&mut self, check: &str, dir: &Path) {
+        let existing = dir.ancestors().find(|a| a.exists());
+        match existing {
+            Some(a) if a == dir => match access::writable_dir(dir) {
+                Ok(()) => self.pass(check, format!("{} is writable", dir.display())),
+                Err(e) => self.fail(check, format!("{}: not writable: {e}", dir.display())),
+            },
+            Some(a) => match access::writable_dir(a) {
+                Ok(()) => self.pass(
+                    check,
+                    format!("{} will be created in {}", dir.display(), a.display()),
+                ),
+                Err(e) => self.fail(
+                    check,
+                    format!(
+                        "{} does not exist and cannot be created in {}: {e}",
+                        dir.display(),
+                        a.display()
+                    ),
+                ),
+            },
+            None => self.fail(check, format!("{}: no existing ancestor", dir.display())),
+        }
+    }
+
+    fn socket(&mut self, path: &Path) {
+        let len = path.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            self.fail(
+                "listen.unix_socket",
+                format!(
+                    "{} is {len} bytes; a unix socket path holds at most {MAX_SOCKET_PATH}",
+                    path.display()
+                ),
+            );
+            return;
+        }
+        match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => self.directory("listen.unix_socket", dir),
+            _ => self.fail(
+                "listen.unix_socket",
+                format!("{}: give an absolute path", path.display()),
+            ),
+        }
+    }
+
+    fn readable(&mut self, check: &str, file: &Path) {
+        match access::readable(file) {
+            Ok(()) => self.pass(check, format!("{} is readable", file.display())),
+            Err(e) => self.fail(check, format!("{}: {e}", file.display())),
+        }
+    }
+
+    fn certificates(&mut self, check: &str, file: &Path) {
+        let certs: Result<Vec<CertificateDer<'static>>, _> =
+            CertificateDer::pem_file_iter(file).and_then(|it| it.collect());
+        match certs {
+            Ok(c) if !c.is_empty() => self.pass(
+                check,
+                format!("{}: {} certificate(s)", file.display(), c.len()),
+            ),
+            Ok(_) => self.fail(
+                check,
+                format!("{}: no PEM certificate in the file", file.display()),
+            ),
+            Err(e) => self.fail(check, format!("{}: {e}", file.display())),
+        }
+    }
+
+    fn private_key(&mut self, check: &str, file: &Path) {
+        match PrivateKeyDer::from_pem_file(file) {
+            Ok(_) => self.pass(check, format!("{}: a private key", file.display())),
+            Err(e) => self.fail(check, format!("{}: {e}", file.display())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, Path::new("test.toml")).unwrap()
+    }
+
+    #[test]
+    fn a_long_socket_path_and_missing_tls_files_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = format!("/tmp/{}/agent.sock", "x".repeat(120));
+        let c = config(&format!(
+            "fabric = \"f\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{long}\"\ntcp = \"127.0.0.1:7443\"\n\
+             [listen.tls]\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\n\
+             client_ca = \"/nonexistent/ca.pem\"\nallowed_clients = [\"cp\"]\n",
+            dir.path().join("state").display()
+        ));
+        let p = Preflight::run(&c);
+        let failed: Vec<&str> = p.failures().map(|c| c.check.as_str()).collect();
+        assert_eq!(
+            failed,
+            [
+                "listen.unix_socket",
+                "listen.tls.cert",
+                "listen.tls.key",
+                "listen.tls.client_ca"
+            ],
+            "{p:?}"
+        );
+        assert!(p.checks[0].ok, "state_dir is creatable: {p:?}");
+    }
+
+    #[test]
+    fn a_good_config_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(&format!(
+            "fabric = \"f\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\n",
+            dir.path().join("state").display(),
+            dir.path().join("run/agent.sock").display()
+        ));
+        let p = Preflight::run(&c);
+        assert!(p.ok(), "{p:?}");
+    }
+}
