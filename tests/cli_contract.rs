@@ -466,3 +466,31 @@ fn sighup_reloads_the_log_filter_and_never_ends_the_daemon() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn a_second_agent_on_the_same_state_directory_is_told_who_holds_it() {
+    let mut d = Daemon::start("");
+    let other = d.dir.join("other.toml");
+    std::fs::write(
+        &other,
+        format!(
+            "node_id = \"node1\"\nfabric = \"fab1\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\n",
+            d.dir.join("state").display(),
+            d.dir.join("other.sock").display()
+        ),
+    )
+    .unwrap();
+    let o = std::process::Command::new(BIN)
+        .arg("--config")
+        .arg(&other)
+        .arg("serve")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("another fabric-agent holds the state directory"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(d.stop().success());
+}

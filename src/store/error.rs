@@ -10,6 +10,9 @@ pub enum StoreError {
     /// A stored value does not decode.
     #[error("store holds an undecodable value: {0}")]
     Corrupt(String),
+    /// Another process (another fabric-agent) has the store open.
+    #[error("another fabric-agent holds the state directory {0} (its store is locked); stop it, or give this agent another state_dir")]
+    Locked(String),
     /// Creating the state directory failed.
     #[error("store directory: {0}")]
     Io(String),

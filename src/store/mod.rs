@@ -57,7 +57,13 @@ impl Store {
             std::fs::create_dir_all(dir)
                 .map_err(|e| StoreError::Io(format!("{}: {e}", dir.display())))?;
         }
-        Store::init(Database::create(path)?, retain)
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => {
+                StoreError::Locked(path.parent().unwrap_or(path).display().to_string())
+            }
+            other => StoreError::from(other),
+        })?;
+        Store::init(db, retain)
     }
 
     /// A store kept in memory only: nothing survives the process. For tests and the
