@@ -177,7 +177,7 @@ deb_check() {
   check "system user (sysusers)" in_root id fabric-agent
   check "in group rdma" in_root sh -c 'id -nG fabric-agent | grep -qw rdma && echo rdma'
   check "unit enabled" in_root systemctl is-enabled fabric-agent.service
-  check "check-config on the shipped example" in_root fabric-agent check-config
+  check "check-config on the shipped example" in_root fabric-agent check-config --syntax
   check "man page" in_root test -s /usr/share/man/man1/fabric-agent.1.gz
   in_root apt-get purge -y -qq fabric-agent > /dev/null 2>&1
   check "purge removes the enablement" in_root sh -c '! test -e /etc/systemd/system/multi-user.target.wants/fabric-agent.service'

@@ -6,7 +6,7 @@
 //! | 1    | refused: the daemon answered with an error (its gRPC code and message are printed), or the attachment ended in a state the wait cannot reach (FAILED, RELEASED) |
 //! | 2    | usage: bad arguments (clap) |
 //! | 64   | configuration: the config file is missing or invalid |
-//! | 69   | unavailable: the daemon cannot be reached |
+//! | 69   | unavailable: the daemon cannot be reached, or it is stopping (a cut-short `--wait` prints the state reached) |
 //! | 75   | wait expired: `--wait` ran out; the current state and reason are printed |
 
 /// The daemon refused the call, or the attachment ended elsewhere.

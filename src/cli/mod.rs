@@ -159,9 +159,10 @@ pub enum Command {
     /// invalid).
     #[command(
         after_help = "Examples:\n  fabric-agent check-config --config /etc/fabric-agent/config.toml\n  \
-        fabric-agent check-config --json | jq '.checks[] | select(.ok | not)'"
+        fabric-agent check-config --json | jq '.checks[] | select(.ok | not)'\n  \
+        fabric-agent check-config --syntax --config config.toml.example"
     )]
-    CheckConfig,
+    CheckConfig(commands::CheckConfigArgs),
     /// Show this node: fabric, ports with their P_Key tables, subnet manager, counts.
     #[command(
         after_help = "Examples:\n  fabric-agent node\n  fabric-agent node -o json | jq '.ports[].pkeys'"
@@ -231,7 +232,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
     let json = cli.json();
     let local = match &cli.command {
         Command::Serve => Some("serve"),
-        Command::CheckConfig => Some("check-config"),
+        Command::CheckConfig(_) => Some("check-config"),
         Command::Ports => Some("ports"),
         Command::Doctor => Some("doctor"),
         _ => None,
@@ -248,7 +249,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Serve => serve::run(&cli.config, log).await,
-            Command::CheckConfig => commands::check_config(&cli.config, json),
+            Command::CheckConfig(a) => commands::check_config(&cli.config, &a, json),
             Command::Ports => commands::ports(&cli.config, json).await,
             Command::Doctor => doctor::doctor(&cli.config, json).await,
             command => {
