@@ -227,6 +227,7 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                         state,
                         partition_id: l.partition,
                         instance_id: l.instance,
+                        ..Default::default()
                     })
                     .await?
                     .into_inner();
@@ -237,6 +238,7 @@ pub async fn client(command: Command, opts: &ClientOpts, json: bool) -> ExitCode
                     .watch_events(pb::WatchEventsRequest {
                         after_seq: e.after,
                         no_follow: !e.follow,
+                        ..Default::default()
                     })
                     .await?
                     .into_inner();

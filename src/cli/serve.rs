@@ -89,7 +89,7 @@ pub async fn run(config_path: &Path) -> ExitCode {
     let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let server = tokio::spawn(serve(
         listeners,
-        AgentService::new(agent.clone(), config.node_id()),
+        AgentService::with_limits(agent.clone(), config.node_id(), config.limits.clone()),
         partitions,
         stopped.clone(),
     ));
