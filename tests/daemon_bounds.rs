@@ -276,3 +276,82 @@ async fn streams_beyond_the_limit_get_resource_exhausted() {
         Code::ResourceExhausted
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_in_flight_limit_get_resource_exhausted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fault = tmp.path().join("fault");
+    std::fs::write(&fault, "unreachable").unwrap();
+    let extra = format!(
+        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[limits]\nmax_in_flight_requests = 1\n",
+        fault.display()
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[]);
+    let mut waiting = d.client().await;
+    // The subnet manager is unreachable: this attach waits its full 3 s in the handler.
+    let started = Instant::now();
+    let held = tokio::spawn(async move {
+        waiting
+            .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(3000)))
+            .await
+    });
+    let mut c = d.client().await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let refused = loop {
+        match c.get_node(pb::GetNodeRequest {}).await {
+            Err(e) => break e,
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Ok(_) => panic!("a second request was served while the first was in progress"),
+        }
+    };
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("max_in_flight_requests"),
+        "{}",
+        refused.message()
+    );
+    let a = held.await.unwrap().expect("the waiting attach is answered");
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert_eq!(
+        state(&a.into_inner().attachment.unwrap()),
+        pb::AttachmentState::Pending
+    );
+    // The slot is free again.
+    node(&mut c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_past_its_maximum_age_ends_with_its_resume_cursor() {
+    let d = Daemon::start("[limits]\nwatch_max_age_secs = 1\n");
+    let mut c = d.client().await;
+    let n = node(&mut c).await;
+    let mut s = c
+        .watch_events(pb::WatchEventsRequest {
+            after_seq: n.last_event_seq,
+            no_follow: false,
+            log_epoch: Some(n.log_epoch.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let end = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_stream::StreamExt::next(&mut s),
+    )
+    .await
+    .expect("the stream ends within its age")
+    .expect("an item");
+    let e = end.expect_err("ends with a status");
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(
+        e.message().contains(&format!(
+            "after_seq = {} and log_epoch = {}",
+            n.last_event_seq, n.log_epoch
+        )),
+        "{}",
+        e.message()
+    );
+}
