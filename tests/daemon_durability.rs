@@ -44,6 +44,7 @@ async fn watch_replays_after_restart_then_follows_live() {
         .watch_events(pb::WatchEventsRequest {
             after_seq: last,
             no_follow: false,
+            ..Default::default()
         })
         .await
         .unwrap()

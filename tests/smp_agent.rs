@@ -51,6 +51,7 @@ async fn an_operator_change_is_reported_within_500ms_of_smpquery_seeing_it() {
         .watch_events(pb::WatchEventsRequest {
             after_seq: after1,
             no_follow: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -92,6 +93,7 @@ async fn an_operator_change_is_reported_within_500ms_of_smpquery_seeing_it() {
         .watch_events(pb::WatchEventsRequest {
             after_seq: after2,
             no_follow: true,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -19,13 +19,14 @@ pub use admission::AttachRequest;
 pub use assemble::{assemble, read_ports_once, Assembled};
 pub use error::AgentError;
 pub use status::{NodeView, SmStatus};
+pub use watch::{WatchFrom, MAX_BATCH as MAX_WATCH_BATCH};
 
 use crate::domain::{
     ApplyLedger, Attachment, AttachmentState, Event, EventKind, FabricName, Inventory, PortSelector,
 };
 use crate::observe::PortObserver;
 use crate::sm::SubnetManager;
-use crate::store::{Batch, Store};
+use crate::store::{AttachmentPage, Batch, Store};
 use admission::Admission;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -43,6 +44,21 @@ pub struct ListFilter {
     pub partition_id: Option<String>,
     /// Only this instance id.
     pub instance_id: Option<String>,
+}
+
+impl ListFilter {
+    /// Whether an attachment passes every filter.
+    pub fn matches(&self, a: &Attachment) -> bool {
+        self.state.is_none_or(|s| a.state == s)
+            && self
+                .partition_id
+                .as_deref()
+                .is_none_or(|p| a.partition.id.as_str() == p)
+            && self
+                .instance_id
+                .as_deref()
+                .is_none_or(|i| a.instance_id.as_str() == i)
+    }
 }
 
 /// The parts an agent is made of (see [`assemble`]).
@@ -254,20 +270,21 @@ impl Agent {
             .store()
             .attachments()?
             .into_iter()
-            .filter(|a| filter.state.is_none_or(|s| a.state == s))
-            .filter(|a| {
-                filter
-                    .partition_id
-                    .as_deref()
-                    .is_none_or(|p| a.partition.id.as_str() == p)
-            })
-            .filter(|a| {
-                filter
-                    .instance_id
-                    .as_deref()
-                    .is_none_or(|i| a.instance_id.as_str() == i)
-            })
+            .filter(|a| filter.matches(a))
             .collect())
+    }
+
+    /// Up to `limit` attachments matching a filter whose instance id sorts after `after`,
+    /// ordered by instance id (see [`Store::attachments_page`]).
+    pub fn list_page(
+        &self,
+        filter: &ListFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<AttachmentPage, AgentError> {
+        Ok(self
+            .store()
+            .attachments_page(after, limit, |a| filter.matches(a))?)
     }
 
     /// This node's view: ports, subnet manager, counts.
@@ -295,17 +312,24 @@ impl Agent {
             counts: state_counts(&attachments).collect(),
             first_event_seq: first_seq,
             last_event_seq: last_seq,
+            log_epoch: self.store().epoch().to_string(),
             conditions: status.conditions.clone(),
         })
     }
 
-    /// Events after `after`, replayed from the log and then followed live, through a channel.
+    /// Events after `from.after`, replayed from the log and then followed live, through a
+    /// bounded channel. OUT_OF_RANGE for a cursor of another log, beyond the newest event or
+    /// before the oldest retained one.
     pub fn watch(
         &self,
-        after: u64,
-        follow: bool,
+        from: WatchFrom,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<Event, AgentError>>, AgentError> {
-        watch::start(self.clone(), after, follow)
+        watch::start(self.clone(), from)
+    }
+
+    /// The event log's epoch (32 hex digits).
+    pub fn log_epoch(&self) -> String {
+        self.store().epoch().to_string()
     }
 
     /// Ends every WatchEvents stream (with UNAVAILABLE, so clients reconnect with their last

@@ -65,6 +65,8 @@ pub struct NodeView {
     pub first_event_seq: u64,
     /// Newest event.
     pub last_event_seq: u64,
+    /// The event log's epoch (32 hex digits).
+    pub log_epoch: String,
     /// Standing conditions (insecure posture, a rejected partitions file, ...).
     pub conditions: Vec<Condition>,
 }

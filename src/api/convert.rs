@@ -67,6 +67,98 @@ pub fn instance_id(s: &str) -> Result<String, AgentError> {
     Ok(InstanceId::parse(s)?.as_str().to_owned())
 }
 
+/// A validated ListAttachments request: filters, where the page starts, its size.
+#[derive(Debug, Clone)]
+pub struct ListPage {
+    /// The filters.
+    pub filter: ListFilter,
+    /// Start after this instance id (from the page token).
+    pub after: Option<String>,
+    /// Attachments per page.
+    pub size: usize,
+}
+
+const TOKEN_VERSION: &str = "p1";
+
+/// Validates a list request: filters, `page_size` (0 = `default`, at most `max`) and
+/// `page_token` (one this agent issued for the same filters).
+pub fn list_page(
+    mut r: pb::ListAttachmentsRequest,
+    default: u32,
+    max: u32,
+) -> Result<ListPage, AgentError> {
+    let size = match r.page_size {
+        0 => default,
+        n if n > max => {
+            return Err(AgentError::Invalid(DomainError::invalid(
+                "page_size",
+                format!("at most {max}"),
+            )))
+        }
+        n => n,
+    };
+    let token = std::mem::take(&mut r.page_token);
+    let filter = list_filter(r)?;
+    let after = if token.is_empty() {
+        None
+    } else {
+        Some(token_cursor(&token, &filter)?)
+    };
+    Ok(ListPage {
+        filter,
+        after,
+        size: size as usize,
+    })
+}
+
+/// The token for the page after `last_instance_id`: opaque to clients, bound to the filters.
+pub fn page_token(last_instance_id: &str, filter: &ListFilter) -> String {
+    let hex: String = last_instance_id
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{TOKEN_VERSION}.{hex}.{:016x}", filter_fingerprint(filter))
+}
+
+fn token_cursor(token: &str, filter: &ListFilter) -> Result<String, AgentError> {
+    let bad = |why: &str| invalid("page_token", why);
+    let mut parts = token.split('.');
+    let (Some(TOKEN_VERSION), Some(hex), Some(fingerprint), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad("not a token this agent issued"));
+    };
+    if hex.len() % 2 != 0 || !hex.is_ascii() {
+        return Err(bad("not a token this agent issued"));
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .map_err(|_| bad("not a token this agent issued"))?;
+    let id = String::from_utf8(bytes).map_err(|_| bad("not a token this agent issued"))?;
+    InstanceId::parse(&id).map_err(|_| bad("not a token this agent issued"))?;
+    if fingerprint != format!("{:016x}", filter_fingerprint(filter)) {
+        return Err(bad(
+            "issued for other filters; send the same state, partition_id and instance_id as the first page",
+        ));
+    }
+    Ok(id)
+}
+
+/// FNV-1a over the filters, stable across restarts.
+fn filter_fingerprint(f: &ListFilter) -> u64 {
+    let text = format!(
+        "{}|{}|{}",
+        f.state.map(|s| s.name()).unwrap_or(""),
+        f.partition_id.as_deref().unwrap_or(""),
+        f.instance_id.as_deref().unwrap_or("")
+    );
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Validates list filters.
 pub fn list_filter(r: pb::ListAttachmentsRequest) -> Result<ListFilter, AgentError> {
     let state = r
@@ -241,6 +333,7 @@ pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
             .map(|(s, c)| (s.name().to_owned(), *c))
             .collect(),
         last_event_seq: n.last_event_seq,
+        log_epoch: n.log_epoch,
         first_event_seq: n.first_event_seq,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         pkey_capacity: n.pkey_capacity as u32,
@@ -248,8 +341,8 @@ pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
     }
 }
 
-/// An event as protobuf.
-pub fn event_to_pb(e: &Event, node_id: &str) -> pb::Event {
+/// An event as protobuf, with the log epoch its seq belongs to.
+pub fn event_to_pb(e: &Event, node_id: &str, log_epoch: &str) -> pb::Event {
     use pb::event::Kind;
     let kind = match &e.kind {
         EventKind::AttachmentChanged {
@@ -331,6 +424,7 @@ pub fn event_to_pb(e: &Event, node_id: &str) -> pb::Event {
         seq: e.seq,
         time: Some(timestamp(e.time_unix_ns)),
         node_id: node_id.to_owned(),
+        log_epoch: log_epoch.to_owned(),
         kind: Some(kind),
     }
 }
@@ -375,6 +469,43 @@ mod tests {
             status(attach_request(no_partition).unwrap_err()).code(),
             Code::InvalidArgument
         );
+    }
+
+    #[test]
+    fn page_requests_validate_size_and_token() {
+        let req = |size: u32, token: &str| pb::ListAttachmentsRequest {
+            page_size: size,
+            page_token: token.into(),
+            ..Default::default()
+        };
+        let p = list_page(req(0, ""), 500, 5000).unwrap();
+        assert_eq!((p.size, p.after), (500, None));
+        assert_eq!(list_page(req(7, ""), 500, 5000).unwrap().size, 7);
+        let e = list_page(req(5001, ""), 500, 5000).unwrap_err();
+        assert_eq!(status(e).code(), Code::InvalidArgument);
+        let token = page_token("i-42", &ListFilter::default());
+        let p = list_page(req(0, &token), 500, 5000).unwrap();
+        assert_eq!(p.after.as_deref(), Some("i-42"));
+        for bad in [
+            "junk",
+            "p1.zz.0000000000000000",
+            "p1.692d3.0000000000000000",
+            "p2.692d3432.0000000000000000",
+            &format!("{token}.x"),
+            // A valid id, but the fingerprint of other filters.
+            &page_token(
+                "i-42",
+                &ListFilter {
+                    state: Some(AttachmentState::Active),
+                    ..Default::default()
+                },
+            ),
+        ] {
+            let e = list_page(req(0, bad), 500, 5000).unwrap_err();
+            let s = status(e);
+            assert_eq!(s.code(), Code::InvalidArgument, "{bad}");
+            assert!(s.message().contains("page_token"), "{}", s.message());
+        }
     }
 
     #[test]

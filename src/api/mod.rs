@@ -6,6 +6,7 @@
 mod auth;
 pub mod client;
 pub mod convert;
+pub mod limits;
 pub mod metrics;
 pub mod partitions;
 mod server;

@@ -1,6 +1,7 @@
 //! Listeners and the gRPC server: the unix socket always, TCP when configured.
 
 use super::auth::{ClientAllowlist, Gate};
+use super::limits::{self, InFlightLimitLayer};
 use super::partitions::PartitionsService;
 use super::socket_guard;
 use super::AgentService;
@@ -14,7 +15,7 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::{Routes, RoutesBuilder};
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// Why serving failed.
 #[derive(Debug, Error)]
@@ -123,6 +124,7 @@ pub async fn serve(
     health
         .set_serving::<FabricAgentServer<AgentService>>()
         .await;
+    let bounds = agent.limits().clone();
     let agent = Arc::new(agent);
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -163,7 +165,11 @@ pub async fn serve(
         shutdown.clone(),
         owned.clone(),
     );
-    let unix = Server::builder()
+    let unix = limits::builder(&bounds)
+        .layer(InFlightLimitLayer::new(
+            bounds.max_in_flight_requests,
+            "the unix socket",
+        ))
         .add_routes(routes(Gate::Open))
         .serve_with_incoming_shutdown(unix_incoming, signal(shutdown.clone()));
     let tcp = async {
@@ -171,13 +177,18 @@ pub async fn serve(
             None => Ok(()),
             Some((listener, tls)) => {
                 let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                let (mut builder, gate) = match tls {
-                    Some((cfg, list)) => {
-                        (Server::builder().tls_config(cfg)?, Gate::Allowlist(list))
-                    }
-                    None => (Server::builder(), Gate::Open),
+                let (builder, gate) = match tls {
+                    Some((cfg, list)) => (
+                        limits::builder(&bounds).tls_config(cfg)?,
+                        Gate::Allowlist(list),
+                    ),
+                    None => (limits::builder(&bounds), Gate::Open),
                 };
                 builder
+                    .layer(InFlightLimitLayer::new(
+                        bounds.max_in_flight_requests,
+                        "the TCP listener",
+                    ))
                     .add_routes(routes(gate))
                     .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))
                     .await

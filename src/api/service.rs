@@ -1,7 +1,9 @@
 //! The `FabricAgent` service: each handler converts, calls the agent, converts back.
 
 use super::convert;
-use crate::agent::Agent;
+use super::limits::StreamSlots;
+use crate::agent::{Agent, WatchFrom};
+use crate::config::LimitsConfig;
 use crate::proto::agent as pb;
 use crate::proto::agent::fabric_agent_server::FabricAgent;
 use std::pin::Pin;
@@ -12,12 +14,30 @@ use tonic::{Request, Response, Status};
 pub struct AgentService {
     agent: Agent,
     node_id: String,
+    limits: LimitsConfig,
+    streams: StreamSlots,
 }
 
 impl AgentService {
-    /// Wraps an agent.
+    /// Wraps an agent, with the default [`LimitsConfig`].
     pub fn new(agent: Agent, node_id: String) -> AgentService {
-        AgentService { agent, node_id }
+        AgentService::with_limits(agent, node_id, LimitsConfig::default())
+    }
+
+    /// Wraps an agent with the given resource bounds (the server applies the listener bounds
+    /// from the same value).
+    pub fn with_limits(agent: Agent, node_id: String, limits: LimitsConfig) -> AgentService {
+        AgentService {
+            agent,
+            node_id,
+            streams: StreamSlots::new(limits.max_watch_streams),
+            limits,
+        }
+    }
+
+    /// The resource bounds this service was built with.
+    pub fn limits(&self) -> &LimitsConfig {
+        &self.limits
     }
 }
 
@@ -64,10 +84,29 @@ impl FabricAgent for AgentService {
         &self,
         request: Request<pb::ListAttachmentsRequest>,
     ) -> Result<Response<pb::ListAttachmentsResponse>, Status> {
-        let filter = convert::list_filter(request.into_inner()).map_err(convert::status)?;
-        let list = self.agent.list(&filter).map_err(convert::status)?;
+        let page = convert::list_page(
+            request.into_inner(),
+            self.limits.list_default_page_size,
+            self.limits.list_max_page_size,
+        )
+        .map_err(convert::status)?;
+        let found = self
+            .agent
+            .list_page(&page.filter, page.after.as_deref(), page.size)
+            .map_err(convert::status)?;
+        let next_page_token = match found.attachments.last() {
+            Some(last) if found.more => {
+                convert::page_token(last.instance_id.as_str(), &page.filter)
+            }
+            _ => String::new(),
+        };
         Ok(Response::new(pb::ListAttachmentsResponse {
-            attachments: list.iter().map(convert::attachment_to_pb).collect(),
+            attachments: found
+                .attachments
+                .iter()
+                .map(convert::attachment_to_pb)
+                .collect(),
+            next_page_token,
         }))
     }
 
@@ -96,13 +135,24 @@ impl FabricAgent for AgentService {
         request: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<EventStream>, Status> {
         let r = request.into_inner();
+        // The slot is held by the stream and freed when the client goes away.
+        let slot = self.streams.acquire()?;
         let rx = self
             .agent
-            .watch(r.after_seq, !r.no_follow)
+            .watch(WatchFrom {
+                after: r.after_seq,
+                epoch: r.log_epoch,
+                follow: !r.no_follow,
+                batch: self.limits.watch_batch,
+                max_age: (self.limits.watch_max_age_secs > 0)
+                    .then(|| std::time::Duration::from_secs(self.limits.watch_max_age_secs)),
+            })
             .map_err(convert::status)?;
         let node_id = self.node_id.clone();
+        let epoch = self.agent.log_epoch();
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |item| {
-            item.map(|e| convert::event_to_pb(&e, &node_id))
+            let _slot = &slot;
+            item.map(|e| convert::event_to_pb(&e, &node_id, &epoch))
                 .map_err(convert::status)
         });
         Ok(Response::new(Box::pin(stream)))

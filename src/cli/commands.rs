@@ -283,6 +283,7 @@ pub async fn client(command: Command, target: &Target, json: bool) -> ExitCode {
                         state,
                         partition_id: l.partition,
                         instance_id: l.instance,
+                        ..Default::default()
                     })
                     .await?
                     .into_inner();
@@ -293,6 +294,7 @@ pub async fn client(command: Command, target: &Target, json: bool) -> ExitCode {
                     .watch_events(pb::WatchEventsRequest {
                         after_seq: e.after,
                         no_follow: !e.follow,
+                        ..Default::default()
                     })
                     .await?
                     .into_inner();

@@ -107,7 +107,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let server = tokio::spawn(serve(
         listeners,
-        AgentService::new(agent.clone(), config.node_id()),
+        AgentService::with_limits(agent.clone(), config.node_id(), config.limits.clone()),
         partitions,
         stopped.clone(),
     ));

@@ -4,6 +4,10 @@
 //! state change and the events reporting it commit together, so after a crash at any moment the
 //! log and the attachments agree and sequence numbers continue without gaps or duplicates.
 //!
+//! Identity: the store holds a log epoch, a random 128-bit id created with the store (or at the
+//! first open of a store that predates it) and never changed. Sequence numbers are only
+//! comparable within one epoch: a wiped state directory starts a new epoch at seq 1.
+//!
 //! Retention: the log keeps the newest `events.retain` events (default 100,000); older ones are
 //! pruned in the transaction that appends new ones. RELEASED attachments are pruned once older
 //! than `events.released_retain_secs` (default 7 days).
@@ -20,11 +24,39 @@ use tables::{ATTACHMENTS, EVENTS, META};
 
 const LAST_SEQ: &str = "last_seq";
 const APPLY_LEDGER: &str = "apply_ledger";
+const LOG_EPOCH: &str = "log_epoch";
+
+/// The event log's identity: a random id created with the store, shown as 32 hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LogEpoch(u128);
+
+impl LogEpoch {
+    /// A fresh random epoch (never zero).
+    fn generate() -> LogEpoch {
+        LogEpoch(rand::random::<u128>().max(1))
+    }
+}
+
+impl std::fmt::Display for LogEpoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// A page of attachments (see [`Store::attachments_page`]).
+#[derive(Debug, Default)]
+pub struct AttachmentPage {
+    /// Matching attachments, ordered by instance id.
+    pub attachments: Vec<Attachment>,
+    /// Whether attachments with a greater instance id than the last one returned may match.
+    pub more: bool,
+}
 
 /// The agent's durable store.
 pub struct Store {
     db: Database,
     retain: u64,
+    epoch: LogEpoch,
 }
 
 /// A batch of changes committed atomically.
@@ -80,8 +112,58 @@ impl Store {
         txn.open_table(EVENTS)?;
         txn.open_table(META)?;
         txn.open_table(tables::SM_NODES)?;
+        let epoch = {
+            let mut meta = txn.open_table(META)?;
+            let stored = meta.get(LOG_EPOCH)?.map(|v| epoch_from(v.value()));
+            match stored {
+                Some(e) => e?,
+                None => {
+                    let e = LogEpoch::generate();
+                    meta.insert(LOG_EPOCH, e.0.to_be_bytes().as_slice())?;
+                    e
+                }
+            }
+        };
         txn.commit()?;
-        Ok(Store { db, retain })
+        Ok(Store { db, retain, epoch })
+    }
+
+    /// The event log's epoch.
+    pub fn epoch(&self) -> LogEpoch {
+        self.epoch
+    }
+
+    /// Up to `limit` attachments with an instance id greater than `after` (from the first when
+    /// `None`) that `keep` accepts, ordered by instance id, read in one snapshot. Paging with
+    /// the last id returned never repeats an attachment and never skips one that existed
+    /// before the first page was read.
+    pub fn attachments_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&Attachment) -> bool,
+    ) -> Result<AttachmentPage, StoreError> {
+        use std::ops::Bound;
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(ATTACHMENTS)?;
+        let lower = match after {
+            Some(id) => Bound::Excluded(id),
+            None => Bound::Unbounded,
+        };
+        let mut page = AttachmentPage::default();
+        for row in table.range::<&str>((lower, Bound::Unbounded))? {
+            let (_, v) = row?;
+            let a: Attachment = decode(v.value())?;
+            if !keep(&a) {
+                continue;
+            }
+            if page.attachments.len() == limit {
+                page.more = true;
+                break;
+            }
+            page.attachments.push(a);
+        }
+        Ok(page)
     }
 
     /// Every attachment, ordered by instance id.
@@ -129,7 +211,9 @@ impl Store {
             };
             let mut events = txn.open_table(EVENTS)?;
             for kind in batch.events {
-                seq += 1;
+                seq = seq
+                    .checked_add(1)
+                    .ok_or_else(|| StoreError::Corrupt("event sequence exhausted".into()))?;
                 let event = Event {
                     seq,
                     time_unix_ns: now_unix_ns,
@@ -142,7 +226,7 @@ impl Store {
             // Prune the oldest events beyond retention.
             let len = events.len()?;
             if len > self.retain {
-                let cut = seq - self.retain;
+                let cut = seq.saturating_sub(self.retain);
                 events.retain_in(..=cut, |_, _| false)?;
             }
         }
@@ -169,6 +253,15 @@ impl Store {
         let first = table.first()?.map(|(k, _)| k.value()).unwrap_or(0);
         let last = table.last()?.map(|(k, _)| k.value()).unwrap_or(0);
         Ok((first, last))
+    }
+
+    /// The newest event's seq as recorded in the log's counter (0 when none was ever
+    /// appended): the top of the range a watcher may resume from.
+    pub fn last_seq(&self) -> Result<u64, StoreError> {
+        self.meta(LAST_SEQ)?
+            .map(|b| u64_from(&b))
+            .transpose()
+            .map(Option::unwrap_or_default)
     }
 
     /// The apply ledger (empty when none was ever stored).
@@ -237,6 +330,12 @@ fn u64_from(b: &[u8]) -> Result<u64, StoreError> {
     b.try_into()
         .map(u64::from_be_bytes)
         .map_err(|_| StoreError::Corrupt("last_seq is not 8 bytes".into()))
+}
+
+fn epoch_from(b: &[u8]) -> Result<LogEpoch, StoreError> {
+    b.try_into()
+        .map(|b| LogEpoch(u128::from_be_bytes(b)))
+        .map_err(|_| StoreError::Corrupt("log_epoch is not 16 bytes".into()))
 }
 
 #[cfg(test)]

@@ -102,3 +102,94 @@ fn the_apply_ledger_commits_with_the_batch_and_survives_reopen() {
     assert_eq!(store.ledger().unwrap(), ledger);
     assert_eq!(store.attachments().unwrap().len(), 1);
 }
+
+#[test]
+fn the_log_epoch_survives_reopen_and_a_wiped_store_gets_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let first = Store::open(&path, 1000).unwrap().epoch();
+    assert_eq!(Store::open(&path, 1000).unwrap().epoch(), first);
+    assert_eq!(first.to_string().len(), 32);
+    std::fs::remove_file(&path).unwrap();
+    let second = Store::open(&path, 1000).unwrap().epoch();
+    assert_ne!(second, first);
+}
+
+#[test]
+fn a_store_without_an_epoch_gets_one_at_first_open_and_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    {
+        // A database written before epochs existed: tables, a sequence, no epoch.
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(LAST_SEQ, 7u64.to_be_bytes().as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = Store::open(&path, 1000).unwrap();
+    let epoch = store.epoch();
+    assert_eq!(store.last_seq().unwrap(), 7);
+    drop(store);
+    assert_eq!(Store::open(&path, 1000).unwrap().epoch(), epoch);
+}
+
+#[test]
+fn last_seq_follows_commits() {
+    let store = Store::in_memory(1000).unwrap();
+    assert_eq!(store.last_seq().unwrap(), 0);
+    let batch = Batch {
+        events: vec![changed("i", AttachmentState::Active); 3],
+        ..Default::default()
+    };
+    store.commit(batch, 1).unwrap();
+    assert_eq!(store.last_seq().unwrap(), 3);
+}
+
+#[test]
+fn attachment_pages_follow_instance_ids_and_apply_the_filter() {
+    let store = Store::in_memory(1000).unwrap();
+    let ids = ["a1", "a2", "b1", "b2", "c1"];
+    store
+        .commit(
+            Batch {
+                upserts: ids
+                    .iter()
+                    .map(|i| attachment(i, AttachmentState::Pending))
+                    .collect(),
+                ..Default::default()
+            },
+            1,
+        )
+        .unwrap();
+    let names = |p: &AttachmentPage| {
+        p.attachments
+            .iter()
+            .map(|a| a.instance_id.as_str().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let p1 = store.attachments_page(None, 2, |_| true).unwrap();
+    assert_eq!(
+        (names(&p1), p1.more),
+        (vec!["a1".into(), "a2".into()], true)
+    );
+    let p2 = store.attachments_page(Some("a2"), 2, |_| true).unwrap();
+    assert_eq!(names(&p2), vec!["b1", "b2"]);
+    let p3 = store.attachments_page(Some("b2"), 2, |_| true).unwrap();
+    assert_eq!((names(&p3), p3.more), (vec!["c1".into()], false));
+    // Exactly `limit` left: no further page is promised.
+    let exact = store.attachments_page(Some("b1"), 2, |_| true).unwrap();
+    assert_eq!(
+        (names(&exact), exact.more),
+        (vec!["b2".into(), "c1".into()], false)
+    );
+    // A cursor that is not itself an attachment still pages from the next id.
+    let gap = store.attachments_page(Some("a9"), 10, |_| true).unwrap();
+    assert_eq!(names(&gap), vec!["b1", "b2", "c1"]);
+    let only_b = store
+        .attachments_page(None, 10, |a| a.instance_id.as_str().starts_with('b'))
+        .unwrap();
+    assert_eq!(names(&only_b), vec!["b1", "b2"]);
+}

@@ -148,6 +148,7 @@ pub async fn events(c: &mut FabricAgentClient<Channel>, after: u64) -> Vec<pb::E
         .watch_events(pb::WatchEventsRequest {
             after_seq: after,
             no_follow: true,
+            ..Default::default()
         })
         .await
         .expect("watch")

@@ -1,6 +1,7 @@
 //! One HTTP exchange with UFM: authentication, timeouts, and retries with capped, jittered
 //! backoff on timeouts, connection errors and 5xx answers. 4xx answers are returned to the
-//! caller at once (never retried).
+//! caller at once (never retried). Answer bodies are capped at [`MAX_BODY`]: a larger one is an
+//! error (not retried), never an unbounded allocation.
 
 use super::auth::{Credential, Loaded};
 use reqwest::header::{ACCEPT, AUTHORIZATION};
@@ -8,6 +9,9 @@ use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+/// The largest UFM answer body read (8 MiB); a larger one fails the request.
+pub(crate) const MAX_BODY: usize = 8 << 20;
 
 /// Retry policy.
 #[derive(Debug, Clone, Copy)]
@@ -77,7 +81,11 @@ impl Exchange<'_> {
             let failure = match self.send_once(&method, &url, body).await {
                 Ok(answer) if !answer.status.is_server_error() => return Ok(answer),
                 Ok(answer) => format!("UFM answered {} to {method} {url}", answer.status),
-                Err(why) => format!("{method} {url}: {why}"),
+                Err(Failure::Transient(why)) => format!("{method} {url}: {why}"),
+                // Asking again would fetch the same oversized answer.
+                Err(Failure::Permanent(why)) => {
+                    return Err(Unreachable(format!("{method} {url}: {why}")))
+                }
             };
             if attempt >= self.policy.retries {
                 return Err(Unreachable(format!(
@@ -97,7 +105,7 @@ impl Exchange<'_> {
         method: &Method,
         url: &str,
         body: Option<&Value>,
-    ) -> Result<Answer, String> {
+    ) -> Result<Answer, Failure> {
         self.sent.fetch_add(1, Ordering::Relaxed);
         let mut request = self
             .client
@@ -113,15 +121,49 @@ impl Exchange<'_> {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request.send().await.map_err(|e| describe(&e))?;
+        let transient = |e: reqwest::Error| Failure::Transient(describe(&e));
+        let mut response = request.send().await.map_err(transient)?;
         let status = response.status();
-        let body = response.bytes().await.map_err(|e| describe(&e))?;
+        let body = read_capped(&mut response, MAX_BODY).await?;
         tracing::debug!(%method, url, %status, "UFM answered");
-        Ok(Answer {
-            status,
-            body: body.to_vec(),
-        })
+        Ok(Answer { status, body })
     }
+}
+
+/// Why one attempt failed.
+#[derive(Debug)]
+enum Failure {
+    /// Worth another attempt (timeout, connection error, body cut short).
+    Transient(String),
+    /// Not worth another attempt (the answer is too large).
+    Permanent(String),
+}
+
+/// Reads a body of at most `cap` bytes, refusing a larger one (announced or actual) before
+/// holding more than `cap` bytes of it.
+async fn read_capped(response: &mut reqwest::Response, cap: usize) -> Result<Vec<u8>, Failure> {
+    let too_large = |n: String| {
+        Failure::Permanent(format!(
+            "UFM answer body of {n} bytes exceeds the {cap}-byte limit; not read"
+        ))
+    };
+    if let Some(len) = response.content_length() {
+        if len > cap as u64 {
+            return Err(too_large(len.to_string()));
+        }
+    }
+    let mut body = Vec::with_capacity(response.content_length().unwrap_or(0) as usize);
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| Failure::Transient(describe(&e)))?
+    {
+        if body.len() + chunk.len() > cap {
+            return Err(too_large(format!("more than {cap}")));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// A transport error in words, without the URL (it is named by the caller) and without any
@@ -147,6 +189,47 @@ fn describe(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Serves one fixed body (chunked when `announce` is false) on loopback; returns its URL.
+    async fn serve_body(len: usize, announce: bool) -> String {
+        use axum::body::Body;
+        let app = axum::Router::new().route(
+            "/big",
+            axum::routing::get(move || async move {
+                let data = vec![b'x'; len];
+                if announce {
+                    Body::from(data)
+                } else {
+                    let chunks = data
+                        .chunks(64 << 10)
+                        .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
+                        .collect::<Vec<_>>();
+                    Body::from_stream(futures::stream::iter(chunks))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/big")
+    }
+
+    #[tokio::test]
+    async fn bodies_beyond_the_cap_are_refused_announced_or_streamed() {
+        crate::tls::install_crypto_provider();
+        let client = Client::new();
+        for announce in [true, false] {
+            let url = serve_body(MAX_BODY + 1, announce).await;
+            let mut r = client.get(&url).send().await.unwrap();
+            match read_capped(&mut r, MAX_BODY).await {
+                Err(Failure::Permanent(why)) => assert!(why.contains("exceeds"), "{why}"),
+                other => panic!("announce={announce}: {other:?}"),
+            }
+            let url = serve_body(1000, announce).await;
+            let mut r = client.get(&url).send().await.unwrap();
+            assert_eq!(read_capped(&mut r, 1000).await.unwrap().len(), 1000);
+        }
+    }
 
     #[test]
     fn backoff_doubles_is_capped_and_jittered() {

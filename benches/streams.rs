@@ -1,0 +1,321 @@
+//! Stream flood: one client opens 10,000 WatchEvents streams against a real daemon (embedded
+//! fabric, `[limits] max_watch_streams = 8192`), so some are refused. Prints:
+//! - how many streams were accepted and how many refused with RESOURCE_EXHAUSTED,
+//! - the daemon's RSS (VmRSS, VmHWM from /proc/<pid>/status) before, with the streams open, at
+//!   peak and after they closed,
+//! - attach -> ACTIVE and release -> RELEASED latency (p50/p99) without streams and with the
+//!   streams open, and whether every open stream received every event of those cycles.
+//!
+//! Run: `cargo bench --bench streams` (options: `-- --streams N --limit N --cycles N
+//! --connections N`). All streams share one HTTP/2 connection unless `--connections` says
+//! otherwise, so the daemon holds one socket per connection, not per stream; with many
+//! connections raise the fd limit first (`ulimit -n`).
+
+use fabric_agent::proto::agent as pb;
+use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
+use futures::StreamExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
+
+fn arg(name: &str, default: u64) -> u64 {
+    std::env::args()
+        .skip_while(|a| a != name)
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// (VmRSS, VmHWM) of a process in kB.
+fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("a kB figure")
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn mb(kb: u64) -> String {
+    format!("{:.1} MB", kb as f64 / 1024.0)
+}
+
+fn partition(i: u64) -> pb::Partition {
+    pb::Partition {
+        id: format!("ibpart_s{i}"),
+        name: format!("s{i}"),
+        workspace: "bench".into(),
+        account: "bench".into(),
+        fabric: "bench".into(),
+        pkey: 0x100 + (i % 0x7000) as u32,
+    }
+}
+
+/// Attach-with-wait then release-with-wait, `cycles` times; the latencies of both.
+async fn cycles(
+    c: &mut FabricAgentClient<Channel>,
+    first: u64,
+    cycles: u64,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut attach, mut release) = (Vec::new(), Vec::new());
+    for i in first..first + cycles {
+        let t = Instant::now();
+        let a = c
+            .attach_partition(pb::AttachPartitionRequest {
+                partition: Some(partition(i)),
+                instance_id: format!("vm-{i}"),
+                membership: pb::Membership::Full as i32,
+                wait_ms: Some(60_000),
+            })
+            .await
+            .expect("attach")
+            .into_inner();
+        attach.push(t.elapsed());
+        assert_eq!(
+            a.attachment.expect("attachment").state,
+            pb::AttachmentState::Active as i32,
+            "attach did not reach ACTIVE within its wait"
+        );
+        let t = Instant::now();
+        let r = c
+            .release_instance(pb::ReleaseInstanceRequest {
+                instance_id: format!("vm-{i}"),
+                wait_ms: Some(60_000),
+            })
+            .await
+            .expect("release")
+            .into_inner();
+        release.push(t.elapsed());
+        assert_eq!(
+            r.attachment.expect("attachment").state,
+            pb::AttachmentState::Released as i32,
+            "release did not reach RELEASED within its wait"
+        );
+    }
+    attach.sort();
+    release.sort();
+    (attach, release)
+}
+
+fn report(what: &str, attach: &[Duration], release: &[Duration]) {
+    println!(
+        "{what}: attach -> ACTIVE p50 {} p99 {} max {}; release -> RELEASED p50 {} p99 {}",
+        ms(percentile(attach, 0.5)),
+        ms(percentile(attach, 0.99)),
+        ms(*attach.last().expect("cycles")),
+        ms(percentile(release, 0.5)),
+        ms(percentile(release, 0.99)),
+    );
+}
+
+fn main() {
+    let streams = arg("--streams", 10_000);
+    let limit = arg("--limit", 8192);
+    let n_cycles = arg("--cycles", 100).max(1);
+    let connections = arg("--connections", 1).max(1);
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path();
+    let socket = dir.join("agent.sock");
+    std::fs::write(
+        dir.join("config.toml"),
+        format!(
+            "node_id = \"bench\"\nfabric = \"bench\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\n\
+             [limits]\nmax_watch_streams = {limit}\n",
+            dir.join("state").display(),
+            socket.display()
+        ),
+    )
+    .expect("config");
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .arg("serve")
+        .env("FABRIC_AGENT_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start fabric-agent");
+    let pid = child.id();
+    wait_for_socket(&socket);
+    // VmHWM is only updated lazily by the kernel: sample VmRSS every 20 ms for the peak too.
+    let sampled_peak = Arc::new(AtomicU64::new(0));
+    {
+        let peak = sampled_peak.clone();
+        std::thread::spawn(move || loop {
+            if std::fs::metadata(format!("/proc/{pid}")).is_err() {
+                return;
+            }
+            let (rss, _) = memory(pid);
+            peak.fetch_max(rss, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+        });
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut channels = Vec::new();
+        for _ in 0..connections {
+            channels.push(
+                fabric_agent::api::client::unix(&socket)
+                    .await
+                    .expect("connect"),
+            );
+        }
+        let mut c = FabricAgentClient::new(channels[0].clone());
+        // Warm up (first commits, page cache), then the baseline.
+        cycles(&mut c, 0, 10).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (rss_before, _) = memory(pid);
+        let (attach0, release0) = cycles(&mut c, 1_000, n_cycles).await;
+        report(
+            &format!("without streams ({n_cycles} cycles)"),
+            &attach0,
+            &release0,
+        );
+
+        // Open the streams, each from the newest event, each drained by its own task.
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .expect("node")
+            .into_inner();
+        let from = node.last_event_seq;
+        let received = Arc::new(AtomicU64::new(0));
+        let opened = Instant::now();
+        let results: Vec<Result<tokio::task::JoinHandle<()>, tonic::Status>> =
+            futures::stream::iter(0..streams)
+                .map(|i| {
+                    let mut c =
+                        FabricAgentClient::new(channels[(i % connections) as usize].clone());
+                    let epoch = node.log_epoch.clone();
+                    let received = received.clone();
+                    async move {
+                        let mut s = c
+                            .watch_events(pb::WatchEventsRequest {
+                                after_seq: from,
+                                no_follow: false,
+                                log_epoch: Some(epoch),
+                            })
+                            .await?
+                            .into_inner();
+                        Ok(tokio::spawn(async move {
+                            while let Some(Ok(_)) = s.next().await {
+                                received.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }))
+                    }
+                })
+                .buffer_unordered(64)
+                .collect()
+                .await;
+        let open_time = opened.elapsed();
+        let mut readers = Vec::new();
+        let (mut refused, mut other) = (0u64, Vec::new());
+        for r in results {
+            match r {
+                Ok(task) => readers.push(task),
+                Err(s) if s.code() == tonic::Code::ResourceExhausted => refused += 1,
+                Err(s) => other.push(s),
+            }
+        }
+        println!(
+            "streams: {streams} requested over {connections} connection(s) in {:.2} s: {} open, \
+             {refused} refused with RESOURCE_EXHAUSTED, {} other errors",
+            open_time.as_secs_f64(),
+            readers.len(),
+            other.len()
+        );
+        if let Some(s) = other.first() {
+            println!("  first other error: {s:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (rss_open, _) = memory(pid);
+
+        let (attach1, release1) = cycles(&mut c, 2_000, n_cycles).await;
+        report(
+            &format!("with {} streams open ({n_cycles} cycles)", readers.len()),
+            &attach1,
+            &release1,
+        );
+        let last = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .expect("node")
+            .into_inner()
+            .last_event_seq;
+        let expected = (last - from) * readers.len() as u64;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while received.load(Ordering::Relaxed) < expected && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let delivered = received.load(Ordering::Relaxed);
+        println!(
+            "delivery: {delivered} of {expected} events ({} per stream) reached the open streams",
+            last - from
+        );
+        let (rss_peak, hwm) = memory(pid);
+
+        for r in &readers {
+            r.abort();
+        }
+        drop(readers);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (rss_after, hwm_after) = memory(pid);
+        let peak = sampled_peak.load(Ordering::Relaxed).max(hwm_after);
+        // The slots came back: a new stream opens.
+        let reopened = c
+            .watch_events(pb::WatchEventsRequest {
+                after_seq: last,
+                no_follow: false,
+                log_epoch: None,
+            })
+            .await
+            .is_ok();
+        println!(
+            "daemon RSS: before {}, streams open {}, after the loaded cycles {} (VmHWM then {}), \
+             peak {} (max of 20 ms VmRSS samples and VmHWM), 5 s after closing them {}; \
+             a new stream opens afterwards: {reopened}",
+            mb(rss_before),
+            mb(rss_open),
+            mb(rss_peak),
+            mb(hwm),
+            mb(peak),
+            mb(rss_after),
+        );
+    });
+    drop(rt);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = child.wait();
+}
+
+fn wait_for_socket(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(path).is_err() {
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
