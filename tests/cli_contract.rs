@@ -242,6 +242,12 @@ fn the_socket_is_recreated_output_fits_and_json_has_one_shape_per_command() {
         );
     }
 
+    // A cursor beyond the log's end: OUT_OF_RANGE (1), said in the CLI's terms.
+    let o = cli(&sock, &["events", "--after", "100000"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("OUT_OF_RANGE"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--after"), "{}", stderr(&o));
+
     // Connection flags mean nothing to serve: a usage error, not silently ignored.
     let o = std::process::Command::new(BIN)
         .arg("--config")

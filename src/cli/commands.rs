@@ -296,11 +296,15 @@ pub async fn client(command: Command, target: &Target, json: bool) -> ExitCode {
                         no_follow: !e.follow,
                         ..Default::default()
                     })
-                    .await?
+                    .await
+                    .map_err(|s| with_cli_cursor(s, e.after))?
                     .into_inner();
                 output::event_header(json);
+                let mut last = e.after;
                 while let Some(ev) = stream.next().await {
-                    output::event(&ev?, json);
+                    let ev = ev.map_err(|s| with_cli_cursor(s, last))?;
+                    last = ev.seq;
+                    output::event(&ev, json);
                 }
             }
             Command::Serve
@@ -349,6 +353,24 @@ pub async fn client(command: Command, target: &Target, json: bool) -> ExitCode {
             ExitCode::from(super::exit::REFUSED)
         }
     }
+}
+
+/// A WatchEvents status told in the CLI's terms: the API's cursor is `after_seq`, the flag is
+/// `--after`.
+fn with_cli_cursor(s: tonic::Status, last: u64) -> tonic::Status {
+    let hint = match s.code() {
+        tonic::Code::OutOfRange => format!(
+            "{} (this CLI: `fabric-agent node` shows the log's range; `events --after SEQ` \
+             resumes after SEQ)",
+            s.message()
+        ),
+        tonic::Code::Unavailable => format!(
+            "{} (this CLI: resume with `fabric-agent events --after {last} --follow`)",
+            s.message()
+        ),
+        _ => return s,
+    };
+    tonic::Status::new(s.code(), hint)
 }
 
 /// How a call that waited for a state ended.
