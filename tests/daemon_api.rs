@@ -487,3 +487,41 @@ async fn a_shared_key_is_released_only_when_its_last_instance_leaves() {
         assert_eq!(state(&a), pb::AttachmentState::Released, "{id}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_attachments_are_pruned_on_time_not_only_at_resync() {
+    // Kept listed for 1 s after RELEASED; the resync (which also prunes) is 300 s away.
+    let d = Daemon::start("[events]\nreleased_retain_secs = 1\n[reconciler]\nresync_secs = 300\n");
+    let mut c = d.client().await;
+    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
+        .await
+        .unwrap();
+    let r = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: "i-1".into(),
+            wait_ms: Some(5000),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state(&r.attachment.unwrap()), pb::AttachmentState::Released);
+    let released = std::time::Instant::now();
+    let gone = loop {
+        let found = c
+            .get_attachment(pb::GetAttachmentRequest {
+                instance_id: "i-1".into(),
+            })
+            .await;
+        match found {
+            Err(s) if s.code() == tonic::Code::NotFound => break released.elapsed(),
+            Ok(_) if released.elapsed() < std::time::Duration::from_secs(10) => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+            other => panic!("still listed after {:?}: {other:?}", released.elapsed()),
+        }
+    };
+    assert!(
+        gone >= std::time::Duration::from_millis(900),
+        "pruned before its retention: {gone:?}"
+    );
+}

@@ -175,7 +175,14 @@ impl Agent {
     ) -> Result<(Attachment, bool), AgentError> {
         let (attachment, created) = {
             let _guard = self.shared.write.lock().await;
-            let attachments = self.store().attachments()?;
+            // Admission needs the live attachments, plus this instance's own if it was
+            // released (a terminated instance is never attached again); not the whole history.
+            let mut attachments = self.store().live_attachments()?;
+            if let Some(own) = self.store().attachment(request.instance_id.as_str())? {
+                if own.state == AttachmentState::Released {
+                    attachments.push(own);
+                }
+            }
             let capacity = self
                 .status()
                 .inventory

@@ -114,11 +114,17 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         // A retry deadline already past (the ports were unreadable, so no apply happened)
         // must not wake the loop at once, again and again: the observer's poll wakes it.
         let retry = l.retry_at.filter(|t| *t > Instant::now());
-        let deadline = [retry, Some(l.resync_at), Some(Instant::now() + HEARTBEAT)]
-            .into_iter()
-            .flatten()
-            .min()
-            .expect("at least the heartbeat");
+        let prune_at = l.prune_at();
+        let deadline = [
+            retry,
+            Some(l.resync_at),
+            prune_at,
+            Some(Instant::now() + HEARTBEAT),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .expect("at least the heartbeat");
         let observer = l.agent.shared.parts.observer.clone();
         tokio::select! {
             biased;
@@ -130,6 +136,8 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         if Instant::now() >= l.resync_at {
             l.resync_at = Instant::now() + Duration::from_secs(cfg.resync_secs);
             l.force_apply = true;
+            l.prune_released().await;
+        } else if prune_at.is_some_and(|t| Instant::now() >= t) {
             l.prune_released().await;
         }
     }
@@ -155,7 +163,7 @@ impl Loop {
             || self
                 .agent
                 .store()
-                .attachments()
+                .live_attachments()
                 .map(|all| all.iter().any(|a| is_waiting(a.state)))
                 .unwrap_or(true)
     }
@@ -163,7 +171,9 @@ impl Loop {
     /// One pass. Returns true when another pass should follow at once.
     async fn pass(&mut self) -> Result<bool, super::AgentError> {
         let mut reading = self.read_ports().await;
-        let attachments = self.agent.store().attachments()?;
+        // RELEASED attachments play no part in a pass: only the live ones are read, so a pass
+        // costs the same after a million releases as after one.
+        let attachments = self.agent.store().live_attachments()?;
         let guids: Vec<Guid> = reading
             .inventory
             .as_ref()
@@ -575,6 +585,24 @@ impl Loop {
             self.agent.metrics().transition(which, elapsed);
         }
         Ok(())
+    }
+
+    /// When the oldest RELEASED attachment falls out of `released_retain_secs` (None when
+    /// there is none): released attachments are pruned on time, not only at the resync.
+    fn prune_at(&self) -> Option<Instant> {
+        let oldest = match self.agent.store().oldest_released() {
+            Ok(o) => o?,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the oldest released attachment failed");
+                return None;
+            }
+        };
+        let retain =
+            i64::try_from(self.agent.shared.parts.released_retain.as_nanos()).unwrap_or(i64::MAX);
+        let due_in = oldest.saturating_add(retain).saturating_sub(now_unix_ns());
+        // Pruning is housekeeping: batch what falls due within a second.
+        let due_in = u64::try_from(due_in).unwrap_or(0);
+        Some(Instant::now() + Duration::from_nanos(due_in) + Duration::from_secs(1))
     }
 
     async fn prune_released(&self) {

@@ -20,11 +20,13 @@ pub use error::StoreError;
 use crate::domain::{ApplyLedger, Attachment, AttachmentState, Event, EventKind, InstanceId};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::path::Path;
-use tables::{ATTACHMENTS, EVENTS, META};
+use tables::{ATTACHMENTS, EVENTS, LIVE, META, RELEASED_AT};
 
 const LAST_SEQ: &str = "last_seq";
 const APPLY_LEDGER: &str = "apply_ledger";
 const LOG_EPOCH: &str = "log_epoch";
+/// Present once the LIVE and RELEASED_AT indexes cover every attachment.
+const INDEXED: &str = "attachment_index_v1";
 
 /// The event log's identity: a random id created with the store, shown as 32 hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,6 +114,9 @@ impl Store {
         txn.open_table(EVENTS)?;
         txn.open_table(META)?;
         txn.open_table(tables::SM_NODES)?;
+        txn.open_table(LIVE)?;
+        txn.open_table(RELEASED_AT)?;
+        build_index(&txn)?;
         let epoch = {
             let mut meta = txn.open_table(META)?;
             let stored = meta.get(LOG_EPOCH)?.map(|v| epoch_from(v.value()));
@@ -195,11 +200,28 @@ impl Store {
         let mut appended = Vec::with_capacity(batch.events.len());
         {
             let mut attachments = txn.open_table(ATTACHMENTS)?;
+            let mut index = Index {
+                live: txn.open_table(LIVE)?,
+                released_at: txn.open_table(RELEASED_AT)?,
+            };
             for a in &batch.upserts {
-                attachments.insert(a.instance_id.as_str(), encode(a)?.as_slice())?;
+                let old = attachments
+                    .insert(a.instance_id.as_str(), encode(a)?.as_slice())?
+                    .map(|v| decode::<Attachment>(v.value()))
+                    .transpose()?;
+                if let Some(old) = old {
+                    index.remove(&old)?;
+                }
+                index.add(a)?;
             }
             for id in &batch.deletes {
-                attachments.remove(id.as_str())?;
+                let old = attachments
+                    .remove(id.as_str())?
+                    .map(|v| decode::<Attachment>(v.value()))
+                    .transpose()?;
+                if let Some(old) = old {
+                    index.remove(&old)?;
+                }
             }
             let mut meta = txn.open_table(META)?;
             if let Some(ledger) = &batch.ledger {
@@ -309,13 +331,96 @@ impl Store {
 
     /// Instance ids of RELEASED attachments last updated before `cutoff_unix_ns`.
     pub fn expired_released(&self, cutoff_unix_ns: i64) -> Result<Vec<InstanceId>, StoreError> {
-        Ok(self
-            .attachments()?
-            .into_iter()
-            .filter(|a| a.state == AttachmentState::Released && a.updated_unix_ns < cutoff_unix_ns)
-            .map(|a| a.instance_id)
-            .collect())
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(RELEASED_AT)?;
+        let mut out = Vec::new();
+        for row in table.range(..(cutoff_unix_ns, ""))? {
+            let (k, _) = row?;
+            let (_, id) = k.value();
+            out.push(
+                InstanceId::parse(id).map_err(|e| StoreError::Corrupt(format!("{id:?}: {e}")))?,
+            );
+        }
+        Ok(out)
     }
+
+    /// When the oldest RELEASED attachment was released (None when there is none): the
+    /// reconciler prunes it `released_retain_secs` later.
+    pub fn oldest_released(&self) -> Result<Option<i64>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(RELEASED_AT)?;
+        let oldest = table.first()?.map(|(k, _)| k.value().0);
+        Ok(oldest)
+    }
+
+    /// Every attachment that is not RELEASED, ordered by instance id: what the reconciler and
+    /// admission work on. Its cost depends on the live attachments only, not on history.
+    pub fn live_attachments(&self) -> Result<Vec<Attachment>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let live = txn.open_table(LIVE)?;
+        let table = txn.open_table(ATTACHMENTS)?;
+        let mut out = Vec::new();
+        for row in live.iter()? {
+            let (k, _) = row?;
+            let id = k.value();
+            match table.get(id)? {
+                Some(v) => out.push(decode(v.value())?),
+                None => {
+                    return Err(StoreError::Corrupt(format!(
+                        "live index names {id:?}, which is not stored"
+                    )))
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The attachment indexes, open in one write transaction.
+struct Index<'txn> {
+    live: redb::Table<'txn, &'static str, ()>,
+    released_at: redb::Table<'txn, (i64, &'static str), ()>,
+}
+
+impl Index<'_> {
+    fn add(&mut self, a: &Attachment) -> Result<(), StoreError> {
+        let id = a.instance_id.as_str();
+        if a.state == AttachmentState::Released {
+            self.released_at.insert((a.updated_unix_ns, id), ())?;
+        } else {
+            self.live.insert(id, ())?;
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, a: &Attachment) -> Result<(), StoreError> {
+        let id = a.instance_id.as_str();
+        if a.state == AttachmentState::Released {
+            self.released_at.remove((a.updated_unix_ns, id))?;
+        } else {
+            self.live.remove(id)?;
+        }
+        Ok(())
+    }
+}
+
+/// Builds the attachment indexes of a store written before they existed (once).
+fn build_index(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
+    let mut meta = txn.open_table(META)?;
+    if meta.get(INDEXED)?.is_some() {
+        return Ok(());
+    }
+    let attachments = txn.open_table(ATTACHMENTS)?;
+    let mut index = Index {
+        live: txn.open_table(LIVE)?,
+        released_at: txn.open_table(RELEASED_AT)?,
+    };
+    for row in attachments.iter()? {
+        let (_, v) = row?;
+        index.add(&decode::<Attachment>(v.value())?)?;
+    }
+    meta.insert(INDEXED, [1u8].as_slice())?;
+    Ok(())
 }
 
 fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {

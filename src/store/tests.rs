@@ -193,3 +193,71 @@ fn attachment_pages_follow_instance_ids_and_apply_the_filter() {
         .unwrap();
     assert_eq!(names(&only_b), vec!["b1", "b2"]);
 }
+
+fn ids(list: &[Attachment]) -> Vec<&str> {
+    list.iter().map(|a| a.instance_id.as_str()).collect()
+}
+
+#[test]
+fn live_and_released_indexes_follow_every_change_and_are_built_for_old_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let released_at = |id: &str, ns: i64| {
+        let mut a = attachment(id, AttachmentState::Released);
+        a.updated_unix_ns = ns;
+        a
+    };
+    {
+        let store = Store::open(&path, 1000).unwrap();
+        let upserts = vec![
+            attachment("a", AttachmentState::Active),
+            attachment("b", AttachmentState::Pending),
+            released_at("c", 300),
+            released_at("d", 100),
+        ];
+        store
+            .commit(
+                Batch {
+                    upserts,
+                    ..Default::default()
+                },
+                1,
+            )
+            .unwrap();
+        assert_eq!(ids(&store.live_attachments().unwrap()), ["a", "b"]);
+        assert_eq!(store.oldest_released().unwrap(), Some(100));
+        // a is released at 200; b's reason changes (an upsert in the same state); d is pruned.
+        let mut b = attachment("b", AttachmentState::Pending);
+        b.reason = "waiting".into();
+        store
+            .commit(
+                Batch {
+                    upserts: vec![released_at("a", 200), b],
+                    deletes: vec![InstanceId::parse("d").unwrap()],
+                    ..Default::default()
+                },
+                2,
+            )
+            .unwrap();
+        assert_eq!(ids(&store.live_attachments().unwrap()), ["b"]);
+        assert_eq!(store.oldest_released().unwrap(), Some(200));
+        let expired: Vec<String> = store
+            .expired_released(250)
+            .unwrap()
+            .iter()
+            .map(|i| i.as_str().to_owned())
+            .collect();
+        assert_eq!(expired, ["a"]);
+        assert_eq!(store.attachments().unwrap().len(), 3);
+        // Simulate a store written before the indexes existed: drop them and the marker.
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(LIVE).unwrap();
+        txn.delete_table(RELEASED_AT).unwrap();
+        txn.open_table(META).unwrap().remove(INDEXED).unwrap();
+        txn.commit().unwrap();
+    }
+    let store = Store::open(&path, 1000).unwrap();
+    assert_eq!(ids(&store.live_attachments().unwrap()), ["b"]);
+    assert_eq!(store.oldest_released().unwrap(), Some(200));
+    assert_eq!(store.expired_released(301).unwrap().len(), 2);
+}
