@@ -1,0 +1,133 @@
+//! What the benchmark programs share: arguments, percentiles, a daemon started as a child
+//! process (stopped by pid when dropped), and its memory and CPU from /proc.
+
+#![allow(dead_code)] // each bench uses a part
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The daemon binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
+
+/// `--name N` from the command line, or `default`.
+pub fn arg(name: &str, default: u64) -> u64 {
+    std::env::args()
+        .skip_while(|a| a != name)
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The `p` quantile (0..=1) of sorted durations; None when there are none.
+pub fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(i).copied()
+}
+
+/// Milliseconds with two decimals.
+pub fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// A daemon on the embedded fabric in a temp dir, stopped (SIGTERM, by pid) when dropped.
+pub struct BenchDaemon {
+    child: Child,
+    /// Its unix socket.
+    pub socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl BenchDaemon {
+    /// Starts the daemon with `extra` config appended and waits (30 s at most) until its
+    /// socket answers.
+    pub fn start(extra: &str) -> BenchDaemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("agent.sock");
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "node_id = \"bench\"\nfabric = \"bench\"\nstate_dir = \"{}\"\n{extra}\n[listen]\nunix_socket = \"{}\"\n",
+                dir.path().join("state").display(),
+                socket.display()
+            ),
+        )
+        .expect("write config");
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .env("FABRIC_AGENT_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start fabric-agent");
+        let d = BenchDaemon {
+            child,
+            socket,
+            _dir: dir,
+        };
+        wait_for_socket(&d.socket);
+        d
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits up to 30 s for a unix socket to accept; panics with TIMEOUT after that.
+pub fn wait_for_socket(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(path).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "TIMEOUT: the daemon did not answer on {} within 30 s",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// (VmRSS, VmHWM) of a process in kB.
+pub fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// CPU seconds (user + system) a process has used.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let Some(end) = stat.rfind(')') else {
+        return 0.0;
+    };
+    let f: Vec<&str> = stat[end + 2..].split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    ticks as f64 / hz
+}
