@@ -1,43 +1,31 @@
 //! Benchmark of the daemon on the embedded fabric with zero apply delay. Prints:
 //! - attach -> ACTIVE latency (p50/p99 over 1,000 cycles; each cycle attaches with wait and then
-//!   releases with wait, so the table never fills),
+//!   releases with wait, so the table never fills) and the durable commits (fsync) per attach and
+//!   per release, read from the daemon's `fabric_agent_store_commits_total`,
 //! - unary RPC throughput over the unix socket (GetAttachment, 4 concurrent clients, 5 s),
 //! - the daemon's idle RSS and CPU over 10 s.
 //!
 //! Run: `cargo bench --bench daemon` (add `-- --cycles N` to change the cycle count).
 
+mod support;
+
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::{cpu_seconds, memory, ms, percentile, BenchDaemon};
 
-const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1e3)
-}
-
-/// (utime + stime in clock ticks, RSS in kB) of a process.
-fn proc_usage(pid: u32) -> (u64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
-    let f: Vec<&str> = after_comm.split_whitespace().collect();
-    // Fields after the comm: state is index 0, utime is field 14 overall -> index 11 here.
-    let ticks = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    (ticks, rss)
+/// The daemon's `fabric_agent_store_commits_total` from its metrics endpoint.
+async fn commits(metrics: &str) -> u64 {
+    let text = reqwest::get(metrics)
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix("fabric_agent_store_commits_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("fabric_agent_store_commits_total in the metrics")
 }
 
 fn partition(i: u32) -> pb::Partition {
@@ -57,42 +45,30 @@ fn main() {
         .nth(1)
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    let socket = dir.join("agent.sock");
-    std::fs::write(
-        dir.join("config.toml"),
-        format!(
-            "node_id = \"bench\"\nfabric = \"bench\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\n",
-            dir.join("state").display(),
-            socket.display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(dir.join("config.toml"))
-        .arg("serve")
-        .env("FABRIC_AGENT_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start fabric-agent");
-    let pid = child.id();
-    wait_for_socket(&socket);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let metrics = format!("http://127.0.0.1:{port}/metrics");
+    let daemon = BenchDaemon::start(&format!(
+        "[metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\n"
+    ));
+    let pid = daemon.pid();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let channel = fabric_agent::api::client::unix(&socket).await.unwrap();
+        let channel = fabric_agent::api::client::unix(&daemon.socket).await.unwrap();
         let mut c = FabricAgentClient::new(channel.clone());
 
         // attach -> ACTIVE latency.
         let mut lat = Vec::with_capacity(cycles as usize);
+        let (mut attach_commits, mut release_commits) = (0u64, 0u64);
         let started = Instant::now();
         for i in 0..cycles {
+            let before = commits(&metrics).await;
             let t = Instant::now();
             let r = c
                 .attach_partition(pb::AttachPartitionRequest {
@@ -106,19 +82,28 @@ fn main() {
                 .into_inner();
             lat.push(t.elapsed());
             assert_eq!(r.attachment.unwrap().state, pb::AttachmentState::Active as i32);
+            let attached = commits(&metrics).await;
+            attach_commits += attached - before;
             c.release_instance(pb::ReleaseInstanceRequest { instance_id: format!("vm-{i}"), wait_ms: Some(10_000) })
                 .await
                 .unwrap();
+            release_commits += commits(&metrics).await - attached;
         }
         let total = started.elapsed();
         lat.sort();
         println!("attach -> ACTIVE over {cycles} cycles (embedded fabric, apply delay 0):");
         println!(
             "  p50 {}  p99 {}  max {}  ({:.0} attach+release cycles/s)",
-            ms(percentile(&lat, 0.5)),
-            ms(percentile(&lat, 0.99)),
-            ms(*lat.last().unwrap()),
+            percentile(&lat, 0.5).map(ms).unwrap_or_default(),
+            percentile(&lat, 0.99).map(ms).unwrap_or_default(),
+            lat.last().copied().map(ms).unwrap_or_default(),
             f64::from(cycles) / total.as_secs_f64()
+        );
+        println!(
+            "  durable commits (fsync) per attach -> ACTIVE: {:.2}; per release -> RELEASED: {:.2} \
+             (the cycle rate includes two metrics scrapes per cycle)",
+            attach_commits as f64 / f64::from(cycles),
+            release_commits as f64 / f64::from(cycles)
         );
 
         // Unary RPC throughput.
@@ -150,30 +135,14 @@ fn main() {
 
     // Idle: nothing calls the daemon for 10 s.
     std::thread::sleep(Duration::from_secs(1));
-    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .unwrap()
-        .unwrap() as f64;
-    let (t0, _) = proc_usage(pid);
+    let cpu0 = cpu_seconds(pid);
     let start = Instant::now();
     std::thread::sleep(Duration::from_secs(10));
-    let (t1, rss) = proc_usage(pid);
-    let cpu = (t1 - t0) as f64 / tick / start.elapsed().as_secs_f64() * 100.0;
+    let cpu = (cpu_seconds(pid) - cpu0) / start.elapsed().as_secs_f64() * 100.0;
+    let (rss, _) = memory(pid);
     println!(
         "idle over 10 s: CPU {cpu:.3}% of one core, RSS {:.1} MB",
         rss as f64 / 1024.0
     );
-
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = child.wait();
-}
-
-fn wait_for_socket(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::net::UnixStream::connect(path).is_err() {
-        assert!(Instant::now() < deadline, "daemon did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    drop(daemon);
 }

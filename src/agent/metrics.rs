@@ -46,6 +46,8 @@ pub struct Metrics {
     events_last: Gauge,
     conditions: Family<Labels, Gauge>,
     sweeps: Gauge,
+    commits: Counter,
+    commit_seconds: Histogram,
 }
 
 /// A transition whose latency is measured.
@@ -116,6 +118,8 @@ impl Metrics {
             events_last: Gauge::default(),
             conditions: Family::default(),
             sweeps: Gauge::default(),
+            commits: Counter::default(),
+            commit_seconds: latency_histogram(),
         };
         registry.register(
             "build",
@@ -202,7 +206,23 @@ impl Metrics {
             "Heavy sweeps requested from OpenSM since start (SM host)",
             m.sweeps.clone(),
         );
+        registry.register(
+            "store_commits",
+            "Durable store commits (each one write transaction, fsync'd)",
+            m.commits.clone(),
+        );
+        registry.register(
+            "store_commit_seconds",
+            "Time of one durable store commit",
+            m.commit_seconds.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Records one durable commit.
+    pub fn commit(&self, elapsed: Duration) {
+        self.commits.inc();
+        self.commit_seconds.observe(elapsed.as_secs_f64());
     }
 
     /// Records an attachment reaching a state, `elapsed` after its cause.

@@ -460,7 +460,12 @@ impl Agent {
     /// Commits a batch and publishes its events. Callers hold the write lock.
     fn commit(&self, batch: Batch) -> Result<Vec<Event>, AgentError> {
         let ledger = batch.ledger.clone();
+        let durable = !batch.is_empty();
+        let started = std::time::Instant::now();
         let events = self.store().commit(batch, now_unix_ns())?;
+        if durable {
+            self.metrics().commit(started.elapsed());
+        }
         for e in &events {
             self.log_event(e);
         }
