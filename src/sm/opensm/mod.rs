@@ -8,6 +8,7 @@
 //! - [`file`]    — atomic replace (temp file + fsync + rename + directory fsync)
 //! - [`reload`]  — forcing a heavy sweep (SIGHUP or console) and reading OpenSM's log
 //! - [`store`]   — persistence of every node's desired memberships
+//! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
 //! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
 
 pub mod backend;
@@ -17,6 +18,7 @@ pub mod parse;
 pub mod region;
 pub mod reload;
 pub mod render;
+pub mod sa_client;
 pub mod store;
 
 pub use backend::{OpenSmBackend, OpenSmError, SetOutcome};
