@@ -3,8 +3,9 @@
 //! does not have, node2's port and a port whose NodeDescription names nobody — each with a
 //! clear status, nothing written and OpenSM's tables unchanged (`smpquery pkeys`); the
 //! operator's inventory allows a port; an unreachable SA refuses (UNAVAILABLE); and a port
-//! moved to another node (ibsim console `Guid`, then a heavy sweep) is accepted only once the
-//! SA shows it there, leaving its old node's set.
+//! moved to another node (ibsim console `Guid`: out of node2's HCA, a sweep, into an HCA
+//! named "node1 mlx5_1", a sweep) is accepted only once the SA shows it there, and leaves its
+//! old node's set.
 //!
 //! The SM-host agent observes a sysfs fixture, not SMPs: under umad2sim a process routes each
 //! management class to one umad fd, so the ownership check's SA session cannot share the
@@ -78,7 +79,12 @@ async fn start(fabric: &Fabric) -> (Agent, PartitionsClient<Channel>) {
     (sm, client)
 }
 
-fn request(node: &str, guids: &[u64], keys: &[u32], generation: u64) -> smpb::SetNodeMembershipsRequest {
+fn request(
+    node: &str,
+    guids: &[u64],
+    keys: &[u32],
+    generation: u64,
+) -> smpb::SetNodeMembershipsRequest {
     smpb::SetNodeMembershipsRequest {
         memberships: Some(smpb::NodeMemberships {
             node_id: node.into(),
@@ -175,9 +181,16 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
     );
     let ports = sa_ports(&fabric);
     eprintln!("SA ports: {ports:?}");
-    let switch = ports.iter().find(|p| p.switch).expect("a switch port").port_guid;
+    let switch = ports
+        .iter()
+        .find(|p| p.switch)
+        .expect("a switch port")
+        .port_guid;
     assert_eq!(
-        ports.iter().find(|p| p.port_guid == g5).map(|p| p.description.as_str()),
+        ports
+            .iter()
+            .find(|p| p.port_guid == g5)
+            .map(|p| p.description.as_str()),
         Some("spare mlx5_0"),
         "ibsim takes the NodeDescription from the net file's comment"
     );
@@ -213,10 +226,15 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
         eprintln!("{claimed:#x}: {status:?}");
         assert_eq!(status.code(), code, "{status:?}");
         assert!(
-            status.message().contains(&format!("{claimed:#018x}")) && status.message().contains(reason),
+            status.message().contains(&format!("{claimed:#018x}"))
+                && status.message().contains(reason),
             "{status:?}"
         );
-        assert_eq!(std::fs::read(fabric.partitions_path()).unwrap(), file, "nothing written");
+        assert_eq!(
+            std::fs::read(fabric.partitions_path()).unwrap(),
+            file,
+            "nothing written"
+        );
         let stored = held(&mut client, "node1").await;
         assert_eq!((stored.generation, stored.port_guids.len()), (1, 1));
     }
@@ -228,7 +246,10 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
         assert_eq!(&fabric.pkeys(node), before, "{node}'s P_Key table changed");
         assert!(!has_base(before, 0x0a53));
     }
-    assert!(sm.log_text().contains("port claim refused"), "refusals are logged");
+    assert!(
+        sm.log_text().contains("port claim refused"),
+        "refusals are logged"
+    );
 
     // The operator's inventory lists the spare HCA for node1: accepted, and OpenSM programs it.
     std::fs::write(
@@ -264,7 +285,10 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
         .expect_err("SA unreachable");
     eprintln!("SA unreachable after {:?}: {status:?}", started.elapsed());
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert!(started.elapsed() < Duration::from_secs(5), "bounded by sa_deadline_ms");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "bounded by sa_deadline_ms"
+    );
     assert_eq!(std::fs::read(fabric.partitions_path()).unwrap(), file);
     assert_eq!(held(&mut client, "node1").await.generation, 2);
     assert!(sm.stop().success());
@@ -278,8 +302,7 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
     let (mut sm, mut client) = start(&fabric).await;
     let g1 = fabric.node_info("node1").port_guid;
     let g2 = fabric.node_info("node2").port_guid;
-    let moving = fabric.node_info("node3"); // "node2 mlx5_1": node2's second HCA
-    let g3 = moving.port_guid;
+    let g3 = fabric.node_info("node3").port_guid; // "node2 mlx5_1": node2's second HCA
 
     client
         .set_node_memberships(request("node2", &[g2, g3], &[0x0a52], 1))
@@ -296,11 +319,34 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     assert!(status.message().contains("\"node2 mlx5_1\""), "{status:?}");
 
-    // The card moves into node1's chassis: node3's HCA gets another GUID and node4's HCA
-    // ("node1 mlx5_1") takes the moved port's GUID (port GUID = node GUID + 1 under ibsim).
+    // The card is pulled from node2's chassis (node3's HCA takes another GUID) and, after a
+    // sweep, is gone from the fabric: still node2's, so node1 may not have it.
+    let elsewhere = 0x0002_c903_00ab_0000u64;
     fabric
-        .ibsim_console(&format!("Guid \"node3\" {:#x}", 0x0002_c903_00ab_0000u64))
+        .ibsim_console(&format!("Guid \"node3\" {elsewhere:#x}"))
         .unwrap();
+    wait_until("ibsim changed node3's GUID", || {
+        fabric.node_info("node3").port_guid == elsewhere + 1
+    })
+    .await;
+    fabric.hup_opensm();
+    wait_until("the SA no longer shows the port", || {
+        let ports = sa_ports(&fabric);
+        ports.iter().any(|p| p.port_guid == elsewhere + 1)
+            && !ports.iter().any(|p| p.port_guid == g3)
+    })
+    .await;
+    let status = client
+        .set_node_memberships(request("node1", &[g1, g3], &[0x0a51], 2))
+        .await
+        .expect_err("the fabric does not show it in node1");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("does not show it"), "{status:?}");
+
+    // It goes into node1's chassis (node4's HCA, "node1 mlx5_1", takes its GUIDs: port GUID =
+    // node GUID + 1 under ibsim). OpenSM reads a NodeDescription when it discovers a node, so
+    // the card had to leave the fabric first (it does on real hosts too; rdma-ndd then renames
+    // it and OpenSM re-reads it on the NodeDescription-changed trap).
     fabric
         .ibsim_console(&format!("Guid \"node4\" {:#x}", g3 - 1))
         .unwrap();
@@ -308,18 +354,6 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
         fabric.node_info("node4").port_guid == g3
     })
     .await;
-    // Before a heavy sweep the SA still shows the port in node2: still refused.
-    let shown = sa_ports(&fabric);
-    let before = shown.iter().find(|p| p.port_guid == g3).map(|p| p.description.clone());
-    eprintln!("SA before the sweep: {before:?}");
-    if before.as_deref() == Some("node2 mlx5_1") {
-        let status = client
-            .set_node_memberships(request("node1", &[g1, g3], &[0x0a51], 2))
-            .await
-            .expect_err("the SA still shows it in node2");
-        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-    }
-
     fabric.hup_opensm();
     wait_until("the SA shows the port in node1", || {
         sa_ports(&fabric)
@@ -332,7 +366,11 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
         .await
         .expect("the fabric shows it in node1");
     let node2 = held(&mut client, "node2").await;
-    assert_eq!(node2.port_guids, vec![format!("0x{g2:016x}")], "it left node2's set");
+    assert_eq!(
+        node2.port_guids,
+        vec![format!("0x{g2:016x}")],
+        "it left node2's set"
+    );
     assert_eq!(node2.generation, 1);
     wait_until("node1's key on the moved port, node2's gone", || {
         let keys = fabric.pkeys("node4");
