@@ -219,11 +219,16 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
         (g2, Code::PermissionDenied, "belongs to node \"node2\""),
         (g5, Code::FailedPrecondition, "does not name node \"node1\""),
     ] {
+        let asked = Instant::now();
         let status = client
             .set_node_memberships(request("node1", &[g1, claimed], &[0x0a51, 0x0a53], 2))
             .await
             .expect_err("refused");
-        eprintln!("{claimed:#x}: {status:?}");
+        // One SA session: open umad0, NodeInfo + PortInfo SMPs, one NodeRecord GetTable.
+        eprintln!(
+            "refusal of {claimed:#x} answered in {:?}: {status:?}",
+            asked.elapsed()
+        );
         assert_eq!(status.code(), code, "{status:?}");
         assert!(
             status.message().contains(&format!("{claimed:#018x}"))
