@@ -167,11 +167,22 @@ async fn only_new_ports_are_asked_about_and_refusals_change_nothing() {
         asked[1..].iter().all(|q| q.len() == 1 && q[0] != 0x11),
         "{asked:?}"
     );
-    // A retry of the stored set asks nothing.
+    // A retry of the stored set asks nothing, nor does a stale generation (answered ABORTED
+    // even while the SA is down).
     s.backend
         .set_node(set("node1", &[0x11], 0x51), 1)
         .await
         .unwrap();
+    *s.fabric.down.lock().unwrap() = true;
+    let err = s
+        .backend
+        .set_node(set("node1", &[0x11, 0x21], 0x51), 0)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, OpenSmError::StaleGeneration { .. }),
+        "{err:?}"
+    );
     assert_eq!(s.fabric.asked.lock().unwrap().len(), asked.len());
 }
 

@@ -397,7 +397,10 @@ impl OpenSmBackend {
     ) -> Result<SetOutcome, OpenSmError> {
         validate(&desired, self.inner.config.pkey_table_size)?;
         let evidence = match (&self.inner.directory, check_ports) {
-            (Some(directory), true) => Some(self.gather_evidence(directory, &desired).await?),
+            (Some(directory), true) => Some(
+                self.gather_evidence(directory, &desired, generation)
+                    .await?,
+            ),
             _ => None,
         };
         // Without group commit each request is admitted and written alone: one write and one
@@ -502,19 +505,28 @@ impl OpenSmBackend {
     }
 
     /// Asks the fabric about every GUID of `desired` not already in the node's stored set
-    /// (and reads the inventory), outside the admission lock. Fails closed.
+    /// (and reads the inventory), outside the admission lock. Fails closed. Asks nothing for a
+    /// set the generation check will refuse anyway (that refusal must not wait for the SA).
     async fn gather_evidence(
         &self,
         directory: &Arc<dyn PortDirectory>,
         desired: &NodeMemberships,
+        generation: u64,
     ) -> Result<Evidence, OpenSmError> {
-        let held: BTreeSet<Guid> = self
-            .inner
-            .lock()
-            .nodes
-            .get(&desired.node_id)
-            .map(|n| n.memberships.port_guids.iter().copied().collect())
-            .unwrap_or_default();
+        let held: BTreeSet<Guid> = {
+            let st = self.inner.lock();
+            match st.nodes.get(&desired.node_id) {
+                Some(old)
+                    if old.generation > generation
+                        || (old.generation == generation
+                            && !same_set(&old.memberships, desired)) =>
+                {
+                    return Ok(Evidence::default());
+                }
+                Some(old) => old.memberships.port_guids.iter().copied().collect(),
+                None => BTreeSet::new(),
+            }
+        };
         let new: Vec<Guid> = desired
             .port_guids
             .iter()
