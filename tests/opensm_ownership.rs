@@ -390,3 +390,52 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     assert!(sm.stop().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_of_several_nodes_are_each_checked_and_accepted() {
+    let Some(fabric) = Fabric::start(&spec(), PARTITIONS) else {
+        return;
+    };
+    let (mut sm, client) = start(&fabric).await;
+    let guid = |node: &str| fabric.node_info(node).port_guid;
+    let (g1, g2, g3, g4) = (guid("node1"), guid("node2"), guid("node3"), guid("node4"));
+    // Each node claims its two HCAs at once, several times over (retries ask nothing again,
+    // new generations of the same set neither): every SA session runs alone.
+    let mut tasks = Vec::new();
+    for (node, guids, key) in [("node1", [g1, g4], 0x0a51), ("node2", [g2, g3], 0x0a52)] {
+        for generation in 1..=3 {
+            let mut c = client.clone();
+            tasks.push(tokio::spawn(async move {
+                c.set_node_memberships(request(node, &guids, &[key], generation))
+                    .await
+                    .map(|_| ())
+            }));
+        }
+    }
+    for t in tasks {
+        // A later generation may have been stored first: the earlier one is then ABORTED.
+        match t.await.unwrap() {
+            Ok(()) => {}
+            Err(s) => assert_eq!(s.code(), Code::Aborted, "{s:?}"),
+        }
+    }
+    let mut c = client.clone();
+    for (node, guids) in [("node1", [g1, g4]), ("node2", [g2, g3])] {
+        let stored = held(&mut c, node).await;
+        assert_eq!(stored.generation, 3, "{node}");
+        let mut want: Vec<String> = guids.iter().map(|g| format!("0x{g:016x}")).collect();
+        let mut got = stored.port_guids.clone();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{node}");
+    }
+    wait_until("each key on both HCAs of its node", || {
+        has_base(&fabric.pkeys("node1"), 0x0a51)
+            && has_base(&fabric.pkeys("node4"), 0x0a51)
+            && has_base(&fabric.pkeys("node2"), 0x0a52)
+            && has_base(&fabric.pkeys("node3"), 0x0a52)
+    })
+    .await;
+    assert!(!sm.log_text().contains("port claim refused"));
+    assert!(sm.stop().success());
+}

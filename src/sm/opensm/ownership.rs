@@ -22,6 +22,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `[subnet_manager.opensm.ownership]` settings.
@@ -151,11 +152,14 @@ pub trait PortDirectory: Send + Sync {
 }
 
 /// The SA over the SM host's umad device: one session (open, local port, one NodeRecord
-/// GetTable per GUID, close) per check, on a blocking thread.
+/// GetTable per GUID, close) per check, on a blocking thread. Sessions run one at a time: each
+/// registers agents on the device, and under umad2sim two live registrations of one class in
+/// a process steal each other's answers.
 #[derive(Debug, Clone)]
 pub struct UmadDirectory {
     device: PathBuf,
     timing: SaTiming,
+    one_at_a_time: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl UmadDirectory {
@@ -164,6 +168,7 @@ impl UmadDirectory {
         UmadDirectory {
             device: config.umad_device.clone(),
             timing: config.timing(),
+            one_at_a_time: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 }
@@ -172,8 +177,20 @@ impl UmadDirectory {
 impl PortDirectory for UmadDirectory {
     async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String> {
         let device = self.device.clone();
-        let timing = self.timing;
+        let mut timing = self.timing;
         let guids = guids.to_vec();
+        // Waiting for the turn counts against the deadline too.
+        let started = std::time::Instant::now();
+        let _turn = tokio::time::timeout(timing.deadline, self.one_at_a_time.lock())
+            .await
+            .map_err(|_| {
+                format!(
+                    "{}: other checks held the device past the deadline of {} ms",
+                    self.device.display(),
+                    timing.deadline.as_millis()
+                )
+            })?;
+        timing.deadline = timing.deadline.saturating_sub(started.elapsed());
         tokio::task::spawn_blocking(move || -> Result<FabricFacts, SaError> {
             let mut session = SaSession::open(&device, timing)?;
             let local = session.local_port()?;
