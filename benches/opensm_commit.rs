@@ -10,6 +10,7 @@
 mod opensm_rig;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
+use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, ReloadMethod};
 use opensm_rig::Fabric;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ fn backend(fabric: &Fabric, group_commit: bool) -> OpenSmBackend {
         reload: ReloadMethod::Sighup,
         reload_check_ms: 3000,
         group_commit,
+        ownership: OwnershipConfig::disabled(),
         ..OpenSmConfig::default()
     };
     OpenSmBackend::new(config, "h1".into(), Arc::new(InMemoryNodeStore::default())).unwrap()

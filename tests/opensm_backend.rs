@@ -10,6 +10,7 @@ use fabric_agent::sm::opensm::backend::{accepted_copy_path, rejected_copy_path};
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::region::{split_region, BEGIN_MARKER, END_MARKER};
 use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
+use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{
     InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
 };
@@ -111,6 +112,7 @@ fn setup(initial: &[u8], delay: Duration, tweak: impl FnOnce(&mut OpenSmConfig))
         log_file: dir.path().join("opensm.log"),
         pid: Some(12345),
         watch_ms: 0,
+        ownership: OwnershipConfig::disabled(),
         ..OpenSmConfig::default()
     };
     tweak(&mut config);
@@ -414,6 +416,7 @@ async fn an_unseen_reread_is_not_ok_and_is_rechecked_even_with_identical_bytes()
             partitions_file: s.path.clone(),
             pid: Some(12345),
             watch_ms: 0,
+            ownership: OwnershipConfig::disabled(),
             ..OpenSmConfig::default()
         },
         "smhost".into(),
@@ -642,6 +645,7 @@ async fn state_persists_across_restarts() {
         partitions_file: s.path.clone(),
         pid: Some(12345),
         watch_ms: 0,
+        ownership: OwnershipConfig::disabled(),
         ..OpenSmConfig::default()
     };
     let again = OpenSmBackend::with_reloader(

@@ -7,6 +7,7 @@ mod opensm_rig;
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::reload::verdict;
+use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, ReloadMethod};
 use opensm_rig::Fabric;
 use std::collections::BTreeMap;
@@ -60,6 +61,7 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
         pid_file: Some(fabric.pid_file.clone()),
         reload: ReloadMethod::Sighup,
         reload_check_ms: 2000,
+        ownership: OwnershipConfig::disabled(),
         ..OpenSmConfig::default()
     };
     let backend =
@@ -221,6 +223,7 @@ async fn console_reload_triggers_a_reread() {
         reload_check_ms: 3000,
         // The rig's Default grants ALL=full: acknowledged, or tenant keys are refused.
         allow_full_default: true,
+        ownership: OwnershipConfig::disabled(),
         ..OpenSmConfig::default()
     };
     let backend =

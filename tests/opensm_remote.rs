@@ -7,6 +7,7 @@ use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use fabric_agent::proto::sm::GetNodeMembershipsRequest;
 use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
+use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig};
 use fabric_agent::sm::remote::{RemoteConfig, RemoteSm};
 use fabric_agent::sm::{SmError, SubnetManager};
@@ -50,6 +51,7 @@ async fn sm_host(operator: &str, tls: Option<ServerTlsConfig>) -> SmHost {
         OpenSmConfig {
             partitions_file: partitions.clone(),
             pid: Some(12345),
+            ownership: OwnershipConfig::disabled(),
             ..OpenSmConfig::default()
         },
         "smhost".into(),

@@ -82,11 +82,14 @@ pub fn status_of(e: &OpenSmError) -> Status {
         }
         OpenSmError::OperatorFile(_)
         | OpenSmError::Rejected(_)
-        | OpenSmError::InsecureDefault(_) => Status::failed_precondition(msg),
+        | OpenSmError::InsecureDefault(_)
+        | OpenSmError::PortNotShown(_) => Status::failed_precondition(msg),
+        OpenSmError::PortForbidden(_) => Status::permission_denied(msg),
         OpenSmError::Unreachable(_)
         | OpenSmError::Unconfirmed(_)
         | OpenSmError::Io(_)
-        | OpenSmError::Store(_) => Status::unavailable(msg),
+        | OpenSmError::Store(_)
+        | OpenSmError::FabricUnreachable(_) => Status::unavailable(msg),
         OpenSmError::Composed(_) => Status::internal(msg),
     }
 }
@@ -265,6 +268,18 @@ mod tests {
         assert_eq!(
             status_of(&OpenSmError::InsecureDefault("x".into())).code(),
             tonic::Code::FailedPrecondition
+        );
+        assert_eq!(
+            status_of(&OpenSmError::PortForbidden("x".into())).code(),
+            tonic::Code::PermissionDenied
+        );
+        assert_eq!(
+            status_of(&OpenSmError::PortNotShown("x".into())).code(),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(
+            status_of(&OpenSmError::FabricUnreachable("x".into())).code(),
+            tonic::Code::Unavailable
         );
     }
 

@@ -13,9 +13,13 @@
 //! - [`pkey_table`]   — the P_KeyTable attribute (0x0016), 32 entries per block
 //! - [`sa`]           — subnet administration MADs (class 0x03)
 //! - [`path_record`]  — the PathRecord attribute (0x0035) and its component mask bits
+//! - [`node_record`]  — the SA NodeRecord attribute (0x0011): LID, NodeInfo, NodeDescription
+//! - [`get_table`]    — SA GetTable (0x12/0x92): records `AttributeOffset * 8` apart, one MAD only
 
+pub mod get_table;
 pub mod header;
 pub mod node_info;
+pub mod node_record;
 pub mod path_record;
 pub mod pkey_table;
 pub mod port_info;
@@ -25,8 +29,10 @@ pub mod smp;
 #[cfg(test)]
 mod golden;
 
+pub use get_table::TableRecords;
 pub use header::{MadHeader, MadHeaderRepr};
 pub use node_info::{NodeInfo, NodeInfoRepr};
+pub use node_record::{NodeRecord, NodeRecordRepr};
 pub use path_record::{PathRecord, PathRecordRepr};
 pub use pkey_table::{PKeyTable, PKeyTableRepr};
 pub use port_info::{PortInfo, PortInfoRepr};
@@ -84,6 +90,8 @@ pub mod attribute {
     pub const PKEY_TABLE: u16 = 0x0016;
     /// SA PathRecord.
     pub const PATH_RECORD: u16 = 0x0035;
+    /// SA NodeRecord (the same id as NodeInfo, in the SA class).
+    pub const NODE_RECORD: u16 = 0x0011;
 }
 
 /// Status codes seen in MAD headers (the low 15 bits; the directed-route D bit is separate).
@@ -128,6 +136,17 @@ pub enum MadError {
         what: &'static str,
         /// The version found.
         got: u8,
+    },
+    /// An SA table that does not fit one MAD (RMPP with more than one segment): refused, never
+    /// cut short.
+    #[error(
+        "{what}: RMPP-segmented answer ({payload_len} payload bytes) is not read; narrow the query"
+    )]
+    Segmented {
+        /// The structure being read.
+        what: &'static str,
+        /// The payload length the RMPP header announced.
+        payload_len: u32,
     },
     /// A field holds a value the structure cannot carry.
     #[error("{what}: field {field} out of range ({value})")]
@@ -238,6 +257,21 @@ pub fn decode_everything(bytes: &[u8]) -> usize {
         parsed += usize::from(PKeyTableRepr::parse(&p).is_ok());
     }
     let record = bytes.get(sa::field::DATA).unwrap_or(bytes);
+    if let Ok(p) = NodeRecord::new_checked(record) {
+        if let Ok(repr) = NodeRecordRepr::parse(&p) {
+            let again = NodeRecordRepr::parse(&NodeRecord::new_unchecked(&repr.to_bytes()[..]));
+            assert_eq!(again, Ok(repr), "NodeRecord round trip");
+            parsed += 1;
+        }
+    }
+    if let Ok(p) = SaMad::new_checked(bytes) {
+        if let Ok(repr) = SaMadRepr::parse(&p) {
+            if let Ok(table) = TableRecords::new(&repr) {
+                // Every record slice lies inside the data.
+                parsed += usize::from(table.iter().map(<[u8]>::len).sum::<usize>() <= sa::DATA_LEN);
+            }
+        }
+    }
     if let Ok(p) = PathRecord::new_checked(record) {
         if let Ok(repr) = PathRecordRepr::parse(&p) {
             let bytes = repr.to_bytes();

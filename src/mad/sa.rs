@@ -1,5 +1,5 @@
 //! Subnet administration MADs (class 0x03, version 2): the common header, an RMPP header
-//! (unused here: every query fits one MAD), the SM_Key, the attribute offset, the component
+//! (requests never segment; see [`super::get_table`] for responses), the SM_Key, the attribute offset, the component
 //! mask and 200 bytes of attribute data.
 
 use super::header::{self, MadHeader, MadHeaderRepr};
@@ -34,6 +34,12 @@ pub mod field {
 
 /// Length of an SA MAD's attribute data.
 pub const DATA_LEN: usize = 200;
+/// Index of the RMPP version in [`SaMadRepr::rmpp`].
+pub const RMPP_VERSION_INDEX: usize = 0;
+/// Index of the RMPP type in [`SaMadRepr::rmpp`].
+pub const RMPP_TYPE_INDEX: usize = 1;
+/// Index of the RMPP response time and flags in [`SaMadRepr::rmpp`].
+pub const RMPP_FLAGS_INDEX: usize = 2;
 
 /// A read/write view of an SA MAD.
 #[derive(Debug, Clone)]

@@ -96,6 +96,10 @@ impl Agent {
 }
 
 /// The SM-host agent's config: OpenSM backend on the rig's files, Partitions served on TCP.
+///
+/// Port ownership checks are off here: under umad2sim a process routes each management class
+/// to one umad fd, so the SA session of the check and this agent's SMP observer cannot share
+/// the process. `tests/opensm_ownership.rs` runs the check with the embedded observer instead.
 pub fn sm_config(fabric: &Fabric, port: u16) -> String {
     let d = fabric.dir().display();
     format!(
@@ -103,6 +107,7 @@ pub fn sm_config(fabric: &Fabric, port: u16) -> String {
          [listen]\nunix_socket = \"{d}/smhost.sock\"\ntcp = \"127.0.0.1:{port}\"\nplaintext_loopback = true\n\
          [subnet_manager]\nbackend = \"opensm\"\n\
          [subnet_manager.opensm]\npartitions_file = \"{}\"\nlog_file = \"{d}/opensm.log\"\npid_file = \"{}\"\n\
+         [subnet_manager.opensm.ownership]\nenabled = false\n\
          [observer]\nkind = \"smp\"\nslow_poll_ms = 2000\n\
          [reconciler]\nbackoff_max_ms = 1000\n",
         fabric.partitions_path().display(),

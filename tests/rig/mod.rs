@@ -46,6 +46,9 @@ pub struct FabricSpec {
     pub switches: usize,
     /// Number of HCAs besides the SM host.
     pub hcas: usize,
+    /// NodeDescriptions other than the node's name, by node name (ibsim takes a node's
+    /// NodeDescription from a `# "..."` comment after its header line).
+    pub descriptions: std::collections::BTreeMap<String, String>,
 }
 
 impl FabricSpec {
@@ -54,6 +57,7 @@ impl FabricSpec {
         FabricSpec {
             switches: switches.max(1),
             hcas,
+            descriptions: Default::default(),
         }
     }
 
@@ -94,7 +98,10 @@ impl FabricSpec {
         }
         let mut out = String::new();
         for (name, header) in nodes {
-            out.push_str(&format!("{header} \"{name}\"\n"));
+            match self.descriptions.get(&name) {
+                Some(d) => out.push_str(&format!("{header} \"{name}\" # \"{d}\"\n")),
+                None => out.push_str(&format!("{header} \"{name}\"\n")),
+            }
             let mut own: Vec<_> = links.iter().filter(|l| l.0 == name).collect();
             own.sort_by_key(|l| l.1);
             for (_, port, peer, peer_port) in own {

@@ -23,6 +23,7 @@
 
 use super::file::{read_or_empty, replace_atomically};
 use super::model::PartitionsConf;
+use super::ownership::{judge, Inventory, PortDirectory, Proof, Refusal, UmadDirectory};
 use super::region::{
     check_composed, check_operator_keys, check_operator_unchanged, compose,
     default_grants_all_full, render_region, split_region, tenant_entry_name, RegionError,
@@ -37,7 +38,7 @@ use crate::domain::{
 };
 use crate::sm::{ApplyOutcome, SmError, SubnetManager};
 use async_trait::async_trait;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -100,6 +101,16 @@ pub enum OpenSmError {
     /// config does not acknowledge it: tenant keys are not served.
     #[error("{0}")]
     InsecureDefault(String),
+    /// A claimed port never enters a tenant's set (the SM's port, a switch's, a router's), or
+    /// another node holds it and the fabric does not show it in the claiming node.
+    #[error("port ownership: {0}")]
+    PortForbidden(String),
+    /// Neither the fabric nor the operator's inventory shows the claimed port in the node.
+    #[error("port ownership: {0}")]
+    PortNotShown(String),
+    /// The fabric could not be asked who owns a claimed port (fail closed: nothing accepted).
+    #[error("port ownership: the SA could not be asked: {0}")]
+    FabricUnreachable(String),
 }
 
 impl From<RegionError> for OpenSmError {
@@ -132,7 +143,8 @@ impl From<OpenSmError> for SmError {
             OpenSmError::Unreachable(_)
             | OpenSmError::Unconfirmed(_)
             | OpenSmError::Io(_)
-            | OpenSmError::Store(_) => SmError::Unavailable(e.to_string()),
+            | OpenSmError::Store(_)
+            | OpenSmError::FabricUnreachable(_) => SmError::Unavailable(e.to_string()),
             _ => SmError::Refused(e.to_string()),
         }
     }
@@ -149,6 +161,13 @@ pub struct SetOutcome {
 
 /// The result one commit hands to every caller it carried.
 type CommitResult = Result<String, OpenSmError>;
+
+/// What the fabric and the inventory said about a request's new ports.
+#[derive(Default)]
+struct Evidence {
+    facts: super::ownership::FabricFacts,
+    inventory: Inventory,
+}
 
 struct State {
     nodes: BTreeMap<String, StoredNode>,
@@ -220,6 +239,8 @@ struct Inner {
     local_node_id: String,
     store: Arc<dyn NodeMembershipStore>,
     reloader: Arc<dyn Reloader>,
+    /// Asked about ports other nodes claim; `None` when ownership checks are off.
+    directory: Option<Arc<dyn PortDirectory>>,
     state: Mutex<State>,
     /// Orders store writes with the in-memory update.
     admit: tokio::sync::Mutex<()>,
@@ -247,12 +268,29 @@ impl OpenSmBackend {
         Self::with_reloader(config, local_node_id, store, reloader)
     }
 
-    /// Builds the backend with any [`Reloader`] (tests use a fake one).
+    /// Builds the backend with any [`Reloader`] (tests use a fake one). Port ownership is
+    /// checked through the SA on `config.ownership.umad_device` when `config.ownership.enabled`.
     pub fn with_reloader(
         config: OpenSmConfig,
         local_node_id: String,
         store: Arc<dyn NodeMembershipStore>,
         reloader: Arc<dyn Reloader>,
+    ) -> Result<Self, OpenSmError> {
+        let directory = config
+            .ownership
+            .enabled
+            .then(|| Arc::new(UmadDirectory::new(&config.ownership)) as Arc<dyn PortDirectory>);
+        Self::with_directory(config, local_node_id, store, reloader, directory)
+    }
+
+    /// Builds the backend with any [`Reloader`] and [`PortDirectory`] (`None`: ownership is
+    /// not checked).
+    pub fn with_directory(
+        config: OpenSmConfig,
+        local_node_id: String,
+        store: Arc<dyn NodeMembershipStore>,
+        reloader: Arc<dyn Reloader>,
+        directory: Option<Arc<dyn PortDirectory>>,
     ) -> Result<Self, OpenSmError> {
         let stored = store
             .load_all()
@@ -287,6 +325,7 @@ impl OpenSmBackend {
                 local_node_id,
                 store,
                 reloader,
+                directory,
                 state: Mutex::new(State {
                     nodes,
                     guid_owner,
@@ -332,21 +371,44 @@ impl OpenSmBackend {
         })
     }
 
-    /// Replaces one node's desired set (declarative). Returns once the write + sweep containing
-    /// it completed and OpenSM was seen re-reading the file without error. A generation older
-    /// than the stored one, or the same generation with a different set, is refused with
+    /// Replaces one node's desired set (declarative), as another node asks for it through
+    /// `fabric.sm.v1.Partitions`. Returns once the write + sweep containing it completed and
+    /// OpenSM was seen re-reading the file without error. A generation older than the stored
+    /// one, or the same generation with a different set, is refused with
     /// [`OpenSmError::StaleGeneration`]; the same generation with the same set is a retry.
+    ///
+    /// With ownership checks on, every port GUID not yet in the node's stored set must be
+    /// proven the node's (see [`super::ownership`]) before anything is stored or written;
+    /// a refusal is logged and answered with [`OpenSmError::PortForbidden`],
+    /// [`OpenSmError::PortNotShown`] or [`OpenSmError::FabricUnreachable`].
     pub async fn set_node(
         &self,
         desired: NodeMemberships,
         generation: u64,
     ) -> Result<SetOutcome, OpenSmError> {
+        self.set_node_checked(desired, generation, true).await
+    }
+
+    async fn set_node_checked(
+        &self,
+        desired: NodeMemberships,
+        generation: u64,
+        check_ports: bool,
+    ) -> Result<SetOutcome, OpenSmError> {
         validate(&desired, self.inner.config.pkey_table_size)?;
+        let evidence = match (&self.inner.directory, check_ports) {
+            (Some(directory), true) => Some(
+                self.gather_evidence(directory, &desired, generation)
+                    .await?,
+            ),
+            _ => None,
+        };
         // Without group commit each request is admitted and written alone: one write and one
         // sweep per request.
         let _alone = self.serial_unless_grouped().await;
         {
             let _admit = self.inner.admit.lock().await;
+            let mut moves = BTreeMap::new();
             let retry = {
                 let st = self.inner.lock();
                 let retry = match st.nodes.get(&desired.node_id) {
@@ -368,12 +430,16 @@ impl OpenSmBackend {
                     _ => false,
                 };
                 if !retry {
-                    self.admissible(&st, &desired)?;
+                    moves = match &evidence {
+                        Some(ev) => self.prove_claims(&st, &desired, ev)?,
+                        None => BTreeMap::new(),
+                    };
+                    self.admissible(&st, &desired, &moves)?;
                 }
                 retry
             };
             if !retry {
-                self.admit(desired, generation).await?;
+                self.admit(desired, generation, moves).await?;
             }
         }
         let detail = self.commit().await?;
@@ -383,18 +449,37 @@ impl OpenSmBackend {
         })
     }
 
-    /// Stores an admitted set durably, then in memory.
-    async fn admit(&self, desired: NodeMemberships, generation: u64) -> Result<(), OpenSmError> {
+    /// Stores an admitted set durably, then in memory. Ports that move (`moves`: GUID -> the
+    /// node that held it) leave their old node's stored set first (same generation), so a
+    /// crash in between leaves the port in neither set, never in two.
+    async fn admit(
+        &self,
+        desired: NodeMemberships,
+        generation: u64,
+        moves: BTreeMap<Guid, String>,
+    ) -> Result<(), OpenSmError> {
+        let losers: BTreeSet<&String> = moves.values().collect();
+        for from in losers {
+            let Some(mut old) = self.inner.lock().nodes.get(from).cloned() else {
+                continue;
+            };
+            old.memberships
+                .port_guids
+                .retain(|g| moves.get(g).is_none_or(|f| f != from));
+            self.put_stored(old.clone()).await?;
+            let mut st = self.inner.lock();
+            for (g, f) in &moves {
+                if f == from {
+                    st.guid_owner.remove(g);
+                }
+            }
+            st.nodes.insert(from.clone(), old);
+        }
         let record = StoredNode {
             memberships: desired.clone(),
             generation,
         };
-        let store = Arc::clone(&self.inner.store);
-        let put = record.clone();
-        tokio::task::spawn_blocking(move || store.put(&put))
-            .await
-            .map_err(|e| OpenSmError::Store(e.to_string()))?
-            .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        self.put_stored(record.clone()).await?;
         let mut st = self.inner.lock();
         let old_guids = st
             .nodes
@@ -411,11 +496,127 @@ impl OpenSmBackend {
         Ok(())
     }
 
-    /// Request checks against the other nodes and the operator's part of the file.
-    fn admissible(&self, st: &State, desired: &NodeMemberships) -> Result<(), OpenSmError> {
+    async fn put_stored(&self, record: StoredNode) -> Result<(), OpenSmError> {
+        let store = Arc::clone(&self.inner.store);
+        tokio::task::spawn_blocking(move || store.put(&record))
+            .await
+            .map_err(|e| OpenSmError::Store(e.to_string()))?
+            .map_err(|e| OpenSmError::Store(e.to_string()))
+    }
+
+    /// Asks the fabric about every GUID of `desired` not already in the node's stored set
+    /// (and reads the inventory), outside the admission lock. Fails closed. Asks nothing for a
+    /// set the generation check will refuse anyway (that refusal must not wait for the SA).
+    async fn gather_evidence(
+        &self,
+        directory: &Arc<dyn PortDirectory>,
+        desired: &NodeMemberships,
+        generation: u64,
+    ) -> Result<Evidence, OpenSmError> {
+        let held: BTreeSet<Guid> = {
+            let st = self.inner.lock();
+            match st.nodes.get(&desired.node_id) {
+                Some(old)
+                    if old.generation > generation
+                        || (old.generation == generation
+                            && !same_set(&old.memberships, desired)) =>
+                {
+                    return Ok(Evidence::default());
+                }
+                Some(old) => old.memberships.port_guids.iter().copied().collect(),
+                None => BTreeSet::new(),
+            }
+        };
+        let new: Vec<Guid> = desired
+            .port_guids
+            .iter()
+            .copied()
+            .filter(|g| !held.contains(g))
+            .collect();
+        if new.is_empty() {
+            return Ok(Evidence::default());
+        }
+        let facts = directory.facts(&new).await.map_err(|e| {
+            let e = OpenSmError::FabricUnreachable(e);
+            tracing::warn!(node_id = %desired.node_id, error = %e, "port claim refused");
+            e
+        })?;
+        let inventory = match &self.inner.config.ownership.inventory_file {
+            Some(path) => {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || Inventory::load(&path))
+                    .await
+                    .map_err(|e| OpenSmError::Io(e.to_string()))?
+                    .map_err(|e| {
+                        let e = OpenSmError::OperatorFile(format!(
+                            "port ownership: {e}; no claim is accepted until it is fixed"
+                        ));
+                        tracing::warn!(node_id = %desired.node_id, error = %e, "port claim refused");
+                        e
+                    })?
+            }
+            None => Inventory::default(),
+        };
+        Ok(Evidence { facts, inventory })
+    }
+
+    /// Judges every GUID of `desired` not already in the node's stored set. Returns the ports
+    /// that move from another node; a refusal names the GUID and the reason, and is logged.
+    fn prove_claims(
+        &self,
+        st: &State,
+        desired: &NodeMemberships,
+        evidence: &Evidence,
+    ) -> Result<BTreeMap<Guid, String>, OpenSmError> {
+        let held: BTreeSet<Guid> = st
+            .nodes
+            .get(&desired.node_id)
+            .map(|n| n.memberships.port_guids.iter().copied().collect())
+            .unwrap_or_default();
+        let mut moves = BTreeMap::new();
+        for g in desired.port_guids.iter().filter(|g| !held.contains(g)) {
+            let holder = st.guid_owner.get(g).map(String::as_str);
+            let verdict = judge(
+                &desired.node_id,
+                *g,
+                &evidence.facts,
+                &self.inner.config.ownership.description_patterns,
+                &evidence.inventory,
+                holder,
+            );
+            match verdict {
+                Ok(Proof::Moved { from, description }) => {
+                    tracing::info!(node_id = %desired.node_id, guid = %g, from = %from, description = %description, "port moves to the node the fabric shows it in");
+                    moves.insert(*g, from);
+                }
+                Ok(proof) => {
+                    tracing::debug!(node_id = %desired.node_id, guid = %g, ?proof, "port claim proven");
+                }
+                Err(refusal) => {
+                    tracing::warn!(node_id = %desired.node_id, guid = %g, reason = %refusal.message(), "port claim refused");
+                    return Err(match refusal {
+                        Refusal::Forbidden(m) | Refusal::OwnedByOther(m) => {
+                            OpenSmError::PortForbidden(m)
+                        }
+                        Refusal::NotShown(m) => OpenSmError::PortNotShown(m),
+                    });
+                }
+            }
+        }
+        Ok(moves)
+    }
+
+    /// Request checks against the other nodes and the operator's part of the file. Ports in
+    /// `moves` were proven to have moved to this node and may be held by another.
+    fn admissible(
+        &self,
+        st: &State,
+        desired: &NodeMemberships,
+        moves: &BTreeMap<Guid, String>,
+    ) -> Result<(), OpenSmError> {
         for g in &desired.port_guids {
             if let Some(owner) = st.guid_owner.get(g) {
-                if owner != &desired.node_id {
+                if owner != &desired.node_id && moves.get(g) != Some(owner) {
                     return Err(OpenSmError::Invalid(format!(
                         "port {g} belongs to node {owner:?}"
                     )));
@@ -836,7 +1037,9 @@ impl SubnetManager for OpenSmBackend {
     ) -> Result<ApplyOutcome, SmError> {
         let mut own = desired.clone();
         own.node_id = self.inner.local_node_id.clone();
-        let outcome = self.set_node(own, generation).await?;
+        // The SM host's own ports, read by its own observer: not a claim by another node, so
+        // the fabric is not asked (the other rules, including other nodes' ports, still hold).
+        let outcome = self.set_node_checked(own, generation, false).await?;
         Ok(ApplyOutcome {
             detail: outcome.detail,
         })

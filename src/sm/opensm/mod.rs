@@ -8,18 +8,23 @@
 //! - [`file`]    — atomic replace (temp file + fsync + rename + directory fsync)
 //! - [`reload`]  — forcing a heavy sweep (SIGHUP or console) and reading OpenSM's log
 //! - [`store`]   — persistence of every node's desired memberships
+//! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
+//! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
 //! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
 
 pub mod backend;
 pub mod file;
 pub mod model;
+pub mod ownership;
 pub mod parse;
 pub mod region;
 pub mod reload;
 pub mod render;
+pub mod sa_client;
 pub mod store;
 
 pub use backend::{OpenSmBackend, OpenSmError, SetOutcome};
+pub use ownership::OwnershipConfig;
 pub use store::{CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode};
 
 use crate::domain::Membership;
@@ -84,6 +89,9 @@ pub struct OpenSmConfig {
     /// commit. Default 2000.
     #[serde(default = "default_watch_ms")]
     pub watch_ms: u64,
+    /// Port ownership checks on claims from other nodes (`[subnet_manager.opensm.ownership]`).
+    #[serde(default)]
+    pub ownership: OwnershipConfig,
     /// Whether tenant keys are served while the Default entry grants `ALL=full`. Not read from
     /// this section: the daemon copies the top-level `allow_full_default` here.
     #[serde(skip)]
@@ -130,6 +138,7 @@ impl Default for OpenSmConfig {
             default_membership: default_membership(),
             group_commit: true,
             watch_ms: default_watch_ms(),
+            ownership: OwnershipConfig::default(),
             allow_full_default: false,
         }
     }
@@ -150,7 +159,7 @@ impl OpenSmConfig {
         if self.reload_check_ms > 60_000 {
             return Err("reload_check_ms must be at most 60000".into());
         }
-        Ok(())
+        self.ownership.validate()
     }
 }
 

@@ -1,0 +1,579 @@
+//! Port ownership on the SM host: a port GUID enters a node's set only when the fabric itself
+//! shows that port in that node, or the operator's inventory lists it for that node.
+//!
+//! For every GUID a node claims that is not already in its stored set, the SM host asks the SA
+//! for the port's NodeRecord (through [`PortDirectory`]) and [`judge`]s the claim:
+//! - the SM host's own port, and the port at the master SM's LID, are never a tenant's;
+//! - a switch's or a router's port is never a tenant's;
+//! - a channel-adapter port whose NodeDescription matches one of `description_patterns` with
+//!   `{node}` = the claiming node id (rdma-core's default is `<hostname> <device>`, hence the
+//!   default pattern `{node} *`) is proven by the fabric;
+//! - otherwise the inventory file (TOML: `node = ["0x...", ...]`) must list it for the node;
+//! - a GUID stored for another node is refused unless the fabric shows it in the claiming node
+//!   (then ownership moves: it leaves the other node's set). The inventory never moves a port.
+//!
+//! If the SA cannot be asked, the claim is refused (fail closed), never accepted.
+
+use super::sa_client::{SaError, SaSession, SaTiming};
+use crate::domain::Guid;
+use crate::mad::node_info::node_type;
+use crate::mad::NodeRecordRepr;
+use async_trait::async_trait;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `[subnet_manager.opensm.ownership]` settings.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OwnershipConfig {
+    /// Whether claims are checked against the fabric (default true). Off, any node may claim
+    /// any GUID no other node holds: for rigs whose SM host cannot reach the SA.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The umad device of the SM host's port, through which the SA is asked.
+    #[serde(default = "default_umad")]
+    pub umad_device: PathBuf,
+    /// NodeDescription patterns that name a node: `{node}` is the node id, `*` any run of
+    /// characters (possibly empty). Default `["{node} *"]` (rdma-core's `<hostname> <device>`).
+    #[serde(default = "default_patterns")]
+    pub description_patterns: Vec<String>,
+    /// The operator's inventory: a TOML file of `node_id = ["0x<16 hex digits>", ...]`, read at
+    /// every check. A GUID listed for a node is that node's even if the fabric does not show it
+    /// (never a switch's, a router's or the SM's port).
+    #[serde(default)]
+    pub inventory_file: Option<PathBuf>,
+    /// Wait for one SA/SMP answer, milliseconds.
+    #[serde(default = "default_timeout")]
+    pub sa_timeout_ms: u64,
+    /// Further attempts after a timeout.
+    #[serde(default = "default_retries")]
+    pub sa_retries: u32,
+    /// Every question of one check ends within this, milliseconds.
+    #[serde(default = "default_deadline")]
+    pub sa_deadline_ms: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_umad() -> PathBuf {
+    PathBuf::from("/dev/infiniband/umad0")
+}
+fn default_patterns() -> Vec<String> {
+    vec!["{node} *".into()]
+}
+fn default_timeout() -> u64 {
+    500
+}
+fn default_retries() -> u32 {
+    2
+}
+fn default_deadline() -> u64 {
+    5000
+}
+
+impl Default for OwnershipConfig {
+    fn default() -> Self {
+        OwnershipConfig {
+            enabled: true,
+            umad_device: default_umad(),
+            description_patterns: default_patterns(),
+            inventory_file: None,
+            sa_timeout_ms: default_timeout(),
+            sa_retries: default_retries(),
+            sa_deadline_ms: default_deadline(),
+        }
+    }
+}
+
+impl OwnershipConfig {
+    /// The check switched off (tests of the file handling that use made-up GUIDs).
+    pub fn disabled() -> Self {
+        OwnershipConfig {
+            enabled: false,
+            ..OwnershipConfig::default()
+        }
+    }
+
+    /// Checks the patterns and the timing.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.description_patterns.is_empty() {
+            return Err("ownership.description_patterns must not be empty".into());
+        }
+        for p in &self.description_patterns {
+            if p.matches("{node}").count() != 1 {
+                return Err(format!(
+                    "ownership.description_patterns: {p:?} must contain {{node}} exactly once"
+                ));
+            }
+        }
+        if !(1..=60_000).contains(&self.sa_timeout_ms) {
+            return Err("ownership.sa_timeout_ms must be 1-60000".into());
+        }
+        if self.sa_retries > 10 {
+            return Err("ownership.sa_retries must be at most 10".into());
+        }
+        if !(self.sa_timeout_ms..=120_000).contains(&self.sa_deadline_ms) {
+            return Err(
+                "ownership.sa_deadline_ms must be at least sa_timeout_ms and at most 120000".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn timing(&self) -> SaTiming {
+        SaTiming {
+            timeout: Duration::from_millis(self.sa_timeout_ms),
+            retries: self.sa_retries,
+            deadline: Duration::from_millis(self.sa_deadline_ms),
+        }
+    }
+}
+
+/// What the fabric says about some port GUIDs, asked in one go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FabricFacts {
+    /// The SM host's own port GUID.
+    pub local_port_guid: u64,
+    /// The master SM's LID.
+    pub sm_lid: u16,
+    /// Each GUID asked for: its NodeRecord, or `None` when the SA knows no such port.
+    pub records: BTreeMap<Guid, Option<NodeRecordRepr>>,
+}
+
+/// Where facts about ports come from (the SA over umad; tests use a fake).
+#[async_trait]
+pub trait PortDirectory: Send + Sync {
+    /// Asks about `guids`. An error means the fabric could not be asked: the caller refuses.
+    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String>;
+}
+
+/// The SA over the SM host's umad device: one session (open, local port, one NodeRecord
+/// GetTable per GUID, close) per check, on a blocking thread. Sessions run one at a time: each
+/// registers agents on the device, and under umad2sim two live registrations of one class in
+/// a process steal each other's answers.
+#[derive(Debug, Clone)]
+pub struct UmadDirectory {
+    device: PathBuf,
+    timing: SaTiming,
+    one_at_a_time: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl UmadDirectory {
+    /// A directory asking through `config.umad_device`.
+    pub fn new(config: &OwnershipConfig) -> Self {
+        UmadDirectory {
+            device: config.umad_device.clone(),
+            timing: config.timing(),
+            one_at_a_time: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+}
+
+#[async_trait]
+impl PortDirectory for UmadDirectory {
+    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String> {
+        let device = self.device.clone();
+        let mut timing = self.timing;
+        let guids = guids.to_vec();
+        // Waiting for the turn counts against the deadline too.
+        let started = std::time::Instant::now();
+        let _turn = tokio::time::timeout(timing.deadline, self.one_at_a_time.lock())
+            .await
+            .map_err(|_| {
+                format!(
+                    "{}: other checks held the device past the deadline of {} ms",
+                    self.device.display(),
+                    timing.deadline.as_millis()
+                )
+            })?;
+        timing.deadline = timing.deadline.saturating_sub(started.elapsed());
+        tokio::task::spawn_blocking(move || -> Result<FabricFacts, SaError> {
+            let mut session = SaSession::open(&device, timing)?;
+            let local = session.local_port()?;
+            let mut records = BTreeMap::new();
+            for g in guids {
+                records.insert(g, session.node_record(local.sm_lid, g.0)?);
+            }
+            Ok(FabricFacts {
+                local_port_guid: local.port_guid,
+                sm_lid: local.sm_lid,
+                records,
+            })
+        })
+        .await
+        .map_err(|e| format!("the SA query thread failed: {e}"))?
+        .map_err(|e| format!("{}: {e}", self.device.display()))
+    }
+}
+
+/// Why a claim holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proof {
+    /// The fabric shows a channel-adapter port whose NodeDescription names the node.
+    Fabric {
+        /// The NodeDescription.
+        description: String,
+    },
+    /// The fabric shows the port in the node, and another node held it: it moves.
+    Moved {
+        /// The node that held it.
+        from: String,
+        /// The NodeDescription.
+        description: String,
+    },
+    /// The operator's inventory lists it for the node.
+    Inventory,
+}
+
+/// Why a claim is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The port never enters a tenant key (the SM's port, a switch's, a router's): the
+    /// message says which.
+    Forbidden(String),
+    /// Another node holds the port and the fabric does not show it in the claiming node.
+    OwnedByOther(String),
+    /// Neither the fabric nor the inventory says the port is the node's.
+    NotShown(String),
+}
+
+impl Refusal {
+    /// The message, naming GUID and reason.
+    pub fn message(&self) -> &str {
+        match self {
+            Refusal::Forbidden(m) | Refusal::OwnedByOther(m) | Refusal::NotShown(m) => m,
+        }
+    }
+}
+
+/// Whether `description` matches `pattern` with `{node}` = `node_id` (`*`: any run of
+/// characters). Node ids hold no `*`, so the substitution adds no wildcard.
+pub fn description_names(pattern: &str, node_id: &str, description: &str) -> bool {
+    let pattern = pattern.replace("{node}", node_id);
+    glob(pattern.as_bytes(), description.as_bytes())
+}
+
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    // Iterative wildcard match: remember the last `*` and retry from one character further.
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|b| *b == b'*')
+}
+
+/// The operator's inventory: node id -> port GUIDs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inventory {
+    owner: BTreeMap<Guid, String>,
+}
+
+impl Inventory {
+    /// Parses `node = ["0x0002c903000e0b72", ...]` lines. Refuses a GUID that is not `0x` and
+    /// 16 hex digits, GUID 0, and a GUID listed twice.
+    pub fn parse(text: &str) -> Result<Inventory, String> {
+        let table: BTreeMap<String, Vec<String>> =
+            toml::from_str(text).map_err(|e| e.message().to_owned())?;
+        let mut owner = BTreeMap::new();
+        for (node, guids) in table {
+            for g in guids {
+                let guid = parse_guid(&g).ok_or_else(|| {
+                    format!("node {node:?}: {g:?} is not \"0x\" and 16 hex digits")
+                })?;
+                if let Some(other) = owner.insert(guid, node.clone()) {
+                    return Err(format!("{guid} is listed for {other:?} and {node:?}"));
+                }
+            }
+        }
+        Ok(Inventory { owner })
+    }
+
+    /// Reads and parses the file.
+    pub fn load(path: &Path) -> Result<Inventory, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("inventory {}: {e}", path.display()))?;
+        Inventory::parse(&text).map_err(|e| format!("inventory {}: {e}", path.display()))
+    }
+
+    /// Whether the inventory lists `guid` for `node_id`.
+    pub fn lists(&self, node_id: &str, guid: Guid) -> bool {
+        self.owner.get(&guid).is_some_and(|n| n == node_id)
+    }
+}
+
+fn parse_guid(s: &str) -> Option<Guid> {
+    let hex = s
+        .strip_prefix("0x")
+        .filter(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))?;
+    u64::from_str_radix(hex, 16)
+        .ok()
+        .filter(|g| *g != 0)
+        .map(Guid)
+}
+
+fn type_name(t: u8) -> &'static str {
+    match t {
+        node_type::SWITCH => "a switch",
+        node_type::ROUTER => "a router",
+        _ => "not a channel adapter",
+    }
+}
+
+/// Judges one claim: `node_id` claims `guid`, which `holder` holds now (if anyone).
+pub fn judge(
+    node_id: &str,
+    guid: Guid,
+    facts: &FabricFacts,
+    patterns: &[String],
+    inventory: &Inventory,
+    holder: Option<&str>,
+) -> Result<Proof, Refusal> {
+    if guid.0 == facts.local_port_guid {
+        return Err(Refusal::Forbidden(format!(
+            "port {guid} is the SM host's own port: it never enters a tenant's set"
+        )));
+    }
+    let record = match facts.records.get(&guid) {
+        Some(r) => r.as_ref(),
+        None => {
+            return Err(Refusal::NotShown(format!(
+                "port {guid} was not asked about (the stored sets changed during the check): send the set again"
+            )))
+        }
+    };
+    let mut shown = None;
+    if let Some(r) = record {
+        let description = r.description_text();
+        if r.lid == facts.sm_lid {
+            return Err(Refusal::Forbidden(format!(
+                "port {guid} ({description:?}) is the master SM's port (LID {}): it never enters a tenant's set",
+                r.lid
+            )));
+        }
+        if !r.is_channel_adapter() {
+            return Err(Refusal::Forbidden(format!(
+                "port {guid} ({description:?}) is {}'s port (node type {}): it never enters a tenant's set",
+                type_name(r.node_info.node_type),
+                r.node_info.node_type
+            )));
+        }
+        let named = patterns
+            .iter()
+            .any(|p| description_names(p, node_id, &description));
+        shown = Some((description, named));
+    }
+    match (holder, &shown) {
+        (Some(other), Some((description, true))) if other != node_id => {
+            return Ok(Proof::Moved {
+                from: other.to_owned(),
+                description: description.clone(),
+            })
+        }
+        (Some(other), _) if other != node_id => {
+            let seen = match &shown {
+                Some((d, _)) => format!("the fabric shows it as {d:?}"),
+                None => "the fabric does not show it".to_owned(),
+            };
+            return Err(Refusal::OwnedByOther(format!(
+                "port {guid} belongs to node {other:?}; {seen}, not in node {node_id:?}, so it does not move"
+            )));
+        }
+        _ => {}
+    }
+    if let Some((description, true)) = shown {
+        return Ok(Proof::Fabric { description });
+    }
+    if inventory.lists(node_id, guid) {
+        return Ok(Proof::Inventory);
+    }
+    Err(Refusal::NotShown(match shown {
+        Some((d, _)) => format!(
+            "port {guid}: its NodeDescription {d:?} does not name node {node_id:?} (patterns {patterns:?}) and the inventory does not list it for that node"
+        ),
+        None => format!(
+            "port {guid}: the SA knows no such port and the inventory does not list it for node {node_id:?}"
+        ),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mad::{NodeInfo, NodeInfoRepr};
+
+    fn record(lid: u16, kind: u8, guid: u64, description: &str) -> NodeRecordRepr {
+        let mut info =
+            NodeInfoRepr::parse(&NodeInfo::new_checked(&[0u8; 40][..]).unwrap()).unwrap();
+        info.node_type = kind;
+        info.port_guid = guid;
+        let mut d = [0u8; 64];
+        d[..description.len()].copy_from_slice(description.as_bytes());
+        NodeRecordRepr {
+            lid,
+            node_info: info,
+            description: d,
+        }
+    }
+
+    fn facts() -> FabricFacts {
+        let mut records = BTreeMap::new();
+        for r in [
+            record(1, node_type::CHANNEL_ADAPTER, 0x11, "smhost mlx5_0"),
+            record(2, node_type::SWITCH, 0x20, "sw1"),
+            record(3, node_type::CHANNEL_ADAPTER, 0x13, "node1 mlx5_0"),
+            record(4, node_type::CHANNEL_ADAPTER, 0x15, "node2 mlx5_0"),
+            record(5, node_type::ROUTER, 0x30, "node1 router"),
+            record(6, node_type::CHANNEL_ADAPTER, 0x17, "node10 mlx5_0"),
+        ] {
+            records.insert(Guid(r.node_info.port_guid), Some(r));
+        }
+        records.insert(Guid(0x99), None);
+        FabricFacts {
+            local_port_guid: 0x10,
+            sm_lid: 1,
+            records,
+        }
+    }
+
+    fn patterns() -> Vec<String> {
+        vec!["{node} *".into()]
+    }
+
+    #[test]
+    fn patterns_match_whole_descriptions() {
+        assert!(description_names("{node} *", "node1", "node1 mlx5_0"));
+        assert!(description_names("{node} *", "node1", "node1 "));
+        assert!(!description_names("{node} *", "node1", "node10 mlx5_0"));
+        assert!(!description_names("{node} *", "node1", "node1"));
+        assert!(!description_names("{node} *", "node1", "xnode1 mlx5_0"));
+        assert!(description_names("{node}", "node1", "node1"));
+        assert!(description_names("*-{node}.*", "n1", "rack4-n1.fab"));
+        assert!(!description_names("{node}", "node1", "node1 mlx5_0"));
+    }
+
+    #[test]
+    fn fabric_proof_and_refusals() {
+        let f = facts();
+        let inv = Inventory::default();
+        let p = patterns();
+        assert_eq!(
+            judge("node1", Guid(0x13), &f, &p, &inv, None),
+            Ok(Proof::Fabric {
+                description: "node1 mlx5_0".into()
+            })
+        );
+        // Already the node's own: proven again.
+        assert!(judge("node1", Guid(0x13), &f, &p, &inv, Some("node1")).is_ok());
+        for (guid, what) in [
+            (0x10, "SM host's own port"),
+            (0x11, "master SM's port"),
+            (0x20, "a switch"),
+            (0x30, "a router"),
+        ] {
+            let r = judge("node1", Guid(guid), &f, &p, &inv, None).unwrap_err();
+            assert!(
+                matches!(&r, Refusal::Forbidden(m) if m.contains(what)),
+                "{r:?}"
+            );
+        }
+        for guid in [0x15, 0x17, 0x99, 0x1234] {
+            let r = judge("node1", Guid(guid), &f, &p, &inv, None).unwrap_err();
+            assert!(matches!(r, Refusal::NotShown(_)), "{guid:#x}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn inventory_allows_but_never_moves_or_unlocks_forbidden_ports() {
+        let f = facts();
+        let p = patterns();
+        let inv = Inventory::parse(
+            "node1 = [\"0x0000000000000099\", \"0x0000000000000020\", \"0x0000000000000015\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            judge("node1", Guid(0x99), &f, &p, &inv, None),
+            Ok(Proof::Inventory)
+        );
+        assert!(judge("node2", Guid(0x99), &f, &p, &inv, None).is_err());
+        assert!(matches!(
+            judge("node1", Guid(0x20), &f, &p, &inv, None),
+            Err(Refusal::Forbidden(_))
+        ));
+        // Held by node2: the inventory does not move it.
+        assert!(matches!(
+            judge("node1", Guid(0x99), &f, &p, &inv, Some("node2")),
+            Err(Refusal::OwnedByOther(_))
+        ));
+    }
+
+    #[test]
+    fn ownership_moves_only_when_the_fabric_shows_the_port_in_the_new_node() {
+        let f = facts();
+        let p = patterns();
+        let inv = Inventory::default();
+        assert_eq!(
+            judge("node1", Guid(0x13), &f, &p, &inv, Some("node2")),
+            Ok(Proof::Moved {
+                from: "node2".into(),
+                description: "node1 mlx5_0".into()
+            })
+        );
+        let r = judge("node2", Guid(0x13), &f, &p, &inv, Some("node1")).unwrap_err();
+        assert!(
+            matches!(&r, Refusal::OwnedByOther(m) if m.contains("\"node1 mlx5_0\"")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn inventory_file_is_strict() {
+        for bad in [
+            "node1 = [\"0x13\"]",
+            "node1 = [\"0000000000000013\"]",
+            "node1 = [\"0x0000000000000000\"]",
+            "node1 = [\"0x0000000000000013\"]\nnode2 = [\"0x0000000000000013\"]",
+            "node1 = \"0x0000000000000013\"",
+            "[node1]\nx = 1",
+        ] {
+            assert!(Inventory::parse(bad).is_err(), "{bad}");
+        }
+        assert!(Inventory::load(Path::new("/nonexistent/inventory.toml")).is_err());
+    }
+
+    #[test]
+    fn config_defaults_and_validation() {
+        let c: OwnershipConfig = toml::from_str("").unwrap();
+        assert!(c.enabled);
+        assert_eq!(c.description_patterns, vec!["{node} *".to_owned()]);
+        assert!(c.validate().is_ok());
+        for bad in [
+            "description_patterns = []",
+            "description_patterns = [\"node\"]",
+            "description_patterns = [\"{node}{node}\"]",
+            "sa_timeout_ms = 0",
+            "sa_timeout_ms = 1000\nsa_deadline_ms = 500",
+            "sa_retries = 11",
+        ] {
+            let c: OwnershipConfig = toml::from_str(bad).unwrap();
+            assert!(c.validate().is_err(), "{bad}");
+        }
+        assert!(toml::from_str::<OwnershipConfig>("bogus = 1").is_err());
+    }
+}
