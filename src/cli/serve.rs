@@ -76,6 +76,7 @@ pub async fn run(config_path: &Path) -> ExitCode {
     } else {
         None
     };
+    let tls = listeners.tls_reloader();
     let (stop, stopped) = watch::channel(false);
     if let Some(listener) = metrics {
         tokio::spawn(crate::api::metrics::serve(
@@ -109,6 +110,11 @@ pub async fn run(config_path: &Path) -> ExitCode {
                 tracing::info!(
                     "SIGHUP: nothing is reloaded in place; restart the service to apply configuration changes"
                 );
+                match tls.as_ref().map(|t| t.reload()) {
+                    Some(Ok(loaded)) => tracing::info!(%loaded, "SIGHUP: TLS material reloaded"),
+                    Some(Err(e)) => tracing::error!(error = %e, "SIGHUP: TLS reload failed; the previous material stays in use"),
+                    None => {}
+                }
             }
             r = &mut server => {
                 tracing::error!(result = ?r, "gRPC server stopped unexpectedly");

@@ -2,4 +2,5 @@
 //! Every unsafe block is one small operation with a `// SAFETY:` comment.
 
 pub mod umad;
+pub mod users;
 pub mod verbs;
