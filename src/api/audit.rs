@@ -1,9 +1,15 @@
-//! The audit trail: one line (tracing target `audit`) per mutating call, whatever its outcome,
-//! naming the verified caller, the method, what it asked for and the gRPC code it got.
+//! The audit trail: one line (tracing target `fabric_agent::audit`, message `audit`) per
+//! mutating call, whatever its outcome, naming the verified caller, the method, what it asked
+//! for and the gRPC code it got. Calls the call gate refuses get a line too (with the peer as
+//! the connection shows it). The target sits under `fabric_agent` so that any filter that keeps
+//! the agent's own lines keeps the audit trail; `fabric_agent::audit=info` selects it alone.
 //! Client-supplied strings are logged in their quoted (escaped) form so they cannot forge lines.
 
 use super::caller::Caller;
 use tonic::Status;
+
+/// The tracing target of audit lines.
+pub const TARGET: &str = "fabric_agent::audit";
 
 /// The caller as the audit line names it.
 fn who(caller: Option<&Caller>) -> String {
@@ -36,7 +42,7 @@ pub struct Subject<'a> {
 /// Records one FabricAgent mutating call.
 pub fn agent_call(caller: Option<&Caller>, method: &str, s: &Subject<'_>, code: tonic::Code) {
     tracing::info!(
-        target: "audit",
+        target: TARGET,
         caller = %who(caller),
         method,
         instance = ?s.instance,
@@ -58,13 +64,25 @@ pub fn set_node_memberships(
     code: tonic::Code,
 ) {
     tracing::info!(
-        target: "audit",
+        target: TARGET,
         caller = %who(caller),
         method = "SetNodeMemberships",
         node = ?node,
         keys,
         ports,
         generation,
+        result = ?code,
+        "audit"
+    );
+}
+
+/// Records a mutating call the call gate refused before any handler ran.
+pub fn refused(peer: &str, path: &str, code: tonic::Code) {
+    let method = path.rsplit('/').next().unwrap_or(path);
+    tracing::info!(
+        target: TARGET,
+        caller = %peer,
+        method = ?method,
         result = ?code,
         "audit"
     );

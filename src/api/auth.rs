@@ -144,6 +144,13 @@ impl CertIdentity {
         Ok(CertIdentity { names })
     }
 
+    /// The names of a certificate without any check (to describe a refused peer in logs).
+    pub fn names_unverified(der: &[u8]) -> Vec<ClientId> {
+        X509Certificate::from_der(der)
+            .map(|(_, cert)| names_of(&cert))
+            .unwrap_or_default()
+    }
+
     /// Its names, SANs first.
     pub fn names(&self) -> &[ClientId] {
         &self.names

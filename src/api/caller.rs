@@ -194,6 +194,35 @@ impl Policy {
     }
 }
 
+/// The peer of a refused request as its connection shows it (no verification implied).
+fn peer_of<B>(request: &http::Request<B>) -> String {
+    let ext = request.extensions();
+    if let Some(cred) = ext.get::<UdsConnectInfo>().and_then(|i| i.peer_cred) {
+        return format!("unix uid={}", cred.uid());
+    }
+    if let Some(tls) = ext.get::<TlsConnectInfo<TcpConnectInfo>>() {
+        let addr = tls
+            .get_ref()
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let first = tls
+            .peer_certs()
+            .and_then(|c| first_name(c.first()?.as_ref()))
+            .unwrap_or_else(|| "(no certificate)".into());
+        return format!("tls {addr} {first}");
+    }
+    "unknown".into()
+}
+
+/// A certificate's first name, unverified (for refusal lines only).
+fn first_name(der: &[u8]) -> Option<String> {
+    CertIdentity::names_unverified(der)
+        .into_iter()
+        .next()
+        .map(|n| n.to_string())
+}
+
 /// A service behind a [`Policy`].
 #[derive(Debug, Clone)]
 pub struct Guarded<S> {
@@ -236,7 +265,11 @@ where
                 Box::pin(self.inner.call(request))
             }
             Err(status) => {
-                tracing::info!(path = request.uri().path(), code = ?status.code(), reason = status.message(), "call refused");
+                let path = request.uri().path();
+                tracing::info!(path, code = ?status.code(), reason = status.message(), "call refused");
+                if !is_read_only(path) {
+                    super::audit::refused(&peer_of(&request), path, status.code());
+                }
                 Box::pin(async move { Ok(status.into_http()) })
             }
         }
