@@ -1,7 +1,8 @@
 //! Node identity on the SM host: `fabric.sm.v1.Partitions` served over the agent's own
 //! reloadable TLS acceptor and call gate (in process). node1's certificate may write and read
 //! node1 only: writing or reading node2 is PERMISSION_DENIED and changes nothing; an operator
-//! reads every node but writes none. Certificates are generated here.
+//! reads every node but writes none; every SetNodeMemberships leaves one audit line.
+//! Certificates are generated here.
 
 use async_trait::async_trait;
 use fabric_agent::api::client::{tcp, ClientTls};
@@ -17,6 +18,41 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tonic::transport::{Channel, Server};
 use tonic::Code;
+
+/// The process's log lines (a global subscriber: the server runs on the runtime's threads).
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn install() -> Captured {
+        let c = Captured::default();
+        let writer = c.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .init();
+        c
+    }
+
+    fn audit(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains("fabric_agent::audit"))
+            .map(str::to_owned)
+            .collect()
+    }
+}
 
 struct AcceptingReloader;
 
@@ -171,6 +207,7 @@ const NODE2_PORT: &str = "0x0002c903000e0b02";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_certificate_speaks_only_for_its_node() {
+    let log = Captured::install();
     let host = SmHost::start().await;
     let mut node1 = host.client(&["node1.nodes.fab2.example"], "node1").await;
     let mut node2 = host.client(&["node2.nodes.fab2.example"], "node2").await;
@@ -235,4 +272,30 @@ async fn a_node_certificate_speaks_only_for_its_node() {
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert_eq!(host.file(), after);
+
+    // One audit line per SetNodeMemberships: 2 served, 3 refused (the CN-only one at the gate).
+    let audit = log.audit();
+    let sets: Vec<_> = audit
+        .iter()
+        .filter(|l| l.contains("SetNodeMemberships"))
+        .collect();
+    assert_eq!(sets.len(), 5, "{audit:#?}");
+    let denied = sets
+        .iter()
+        .find(|l| l.contains("node=\"node2\"") && l.contains("PermissionDenied"))
+        .unwrap_or_else(|| panic!("{audit:#?}"));
+    for field in [
+        "caller=cert dns:node1.nodes.fab2.example",
+        "keys=\"0x000c:full\"",
+        "ports=1",
+        "generation=18446744073709551614",
+    ] {
+        assert!(denied.contains(field), "{field} in {denied}");
+    }
+    assert!(
+        sets.iter()
+            .any(|l| l.contains("caller=cert dns:node2.nodes.fab2.example")
+                && l.contains("result=Ok")),
+        "{audit:#?}"
+    );
 }
