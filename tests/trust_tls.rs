@@ -1,7 +1,7 @@
 //! The mTLS listener's identity checks, end to end against the daemon: typed allowlist entries
 //! (a CN counts only for a certificate without SANs), an expired client certificate refused with
-//! UNAUTHENTICATED, the audit line of an attach over mTLS, and the client CA bundle reloaded on
-//! SIGHUP (a bad new bundle keeps the old one). Certificates are generated here.
+//! UNAUTHENTICATED, the audit line of an attach over mTLS, and the client CA bundle and the
+//! agent's own certificate reloaded on SIGHUP (a bad new bundle keeps the old material). Certificates are generated here.
 
 mod common;
 
@@ -94,8 +94,17 @@ impl Tls {
 
     /// GetNode over a fresh connection with this identity.
     async fn get_node(&self, identity: &(PathBuf, PathBuf)) -> Result<(), tonic::Status> {
+        self.get_node_trusting(&self.ca, identity).await
+    }
+
+    /// GetNode over a fresh connection that trusts `server_ca` for the agent's certificate.
+    async fn get_node_trusting(
+        &self,
+        server_ca: &Path,
+        identity: &(PathBuf, PathBuf),
+    ) -> Result<(), tonic::Status> {
         let tls = ClientTls {
-            ca: Some(self.ca.clone()),
+            ca: Some(server_ca.to_owned()),
             identity: Some(identity.clone()),
             domain: Some("localhost".into()),
         };
@@ -261,11 +270,27 @@ async fn sighup_reloads_the_client_ca_and_keeps_it_on_a_bad_file() {
         .unwrap_or_else(|e| panic!("{e}\n{}", t.d.log()));
     t.get_node(&by_old).await.unwrap();
 
+    // The agent's own certificate and key rotate the same way: a client trusting only the new
+    // CA for the server is refused before the SIGHUP and served after.
+    let new_ca = dir.join("new-server-ca.pem");
+    std::fs::write(&new_ca, new.ca.pem()).unwrap();
+    assert!(t.get_node_trusting(&new_ca, &by_new).await.is_err());
+    new.issue(dir, "server", &["localhost"], "node1", |_| {});
+    nix::sys::signal::kill(t.d.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+    t.wait_log("TLS material reloaded", 2);
+    t.get_node_trusting(&new_ca, &by_new)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.d.log()));
+    assert!(
+        t.get_node(&by_new).await.is_err(),
+        "the old server certificate is gone"
+    );
+
     // A broken bundle is reported and the material in use is kept.
     std::fs::write(&ca, "not a certificate\n").unwrap();
     nix::sys::signal::kill(t.d.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
     t.wait_log("TLS reload failed", 1);
     assert!(t.d.log().contains("client-ca.pem"), "{}", t.d.log());
-    t.get_node(&by_new).await.unwrap();
-    t.get_node(&by_old).await.unwrap();
+    t.get_node_trusting(&new_ca, &by_new).await.unwrap();
+    t.get_node_trusting(&new_ca, &by_old).await.unwrap();
 }
