@@ -23,6 +23,14 @@ impl AgentService {
     }
 }
 
+/// The membership as the audit trail names it (UNSPECIFIED is treated as, and named, FULL).
+fn membership_name(m: i32) -> Option<&'static str> {
+    match pb::Membership::try_from(m).ok()? {
+        pb::Membership::Unspecified | pb::Membership::Full => Some("FULL"),
+        pb::Membership::Limited => Some("LIMITED"),
+    }
+}
+
 impl AgentService {
     async fn attach(
         &self,
@@ -81,9 +89,7 @@ impl FabricAgent for AgentService {
             r.instance_id.clone(),
             r.partition.clone().unwrap_or_default(),
         );
-        let membership = pb::Membership::try_from(r.membership)
-            .map(|m| m.as_str_name().trim_start_matches("MEMBERSHIP_"))
-            .unwrap_or("INVALID");
+        let membership = membership_name(r.membership).unwrap_or("INVALID");
         let result = self.attach(r).await;
         audit::agent_call(
             caller.as_ref(),
@@ -134,9 +140,7 @@ impl FabricAgent for AgentService {
             .and_then(|a| a.get_ref().attachment.clone())
             .unwrap_or_default();
         let partition = released.partition.unwrap_or_default();
-        let membership = pb::Membership::try_from(released.membership)
-            .map(|m| m.as_str_name().trim_start_matches("MEMBERSHIP_"))
-            .unwrap_or("");
+        let membership = membership_name(released.membership).unwrap_or("");
         audit::agent_call(
             caller.as_ref(),
             "ReleaseInstance",
