@@ -308,6 +308,30 @@ mod tests {
         assert!(!p.matches(&ClientId::Cn("n1.nodes.fab2.example".into())));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn a_wildcard_covers_exactly_one_label(
+            a in "[a-z0-9-]{1,12}",
+            b in "[a-z0-9-]{1,12}",
+            suffix in "[a-z0-9-]{1,10}(\\.[a-z0-9-]{1,10}){0,2}",
+        ) {
+            let p = ClientId::parse(&format!("dns:*.{suffix}")).unwrap();
+            let one = ClientId::Dns(format!("{a}.{suffix}"));
+            let two = ClientId::Dns(format!("{a}.{b}.{suffix}"));
+            let bare = ClientId::Dns(suffix.clone());
+            let glued = ClientId::Dns(format!("{a}{suffix}"));
+            let cn = ClientId::Cn(format!("{a}.{suffix}"));
+            proptest::prop_assert!(p.matches(&one));
+            proptest::prop_assert!(!p.matches(&two));
+            proptest::prop_assert!(!p.matches(&bare));
+            proptest::prop_assert!(!p.matches(&glued));
+            proptest::prop_assert!(!p.matches(&cn));
+            let exact = ClientId::parse(&format!("dns:{a}.{suffix}")).unwrap();
+            proptest::prop_assert!(exact.matches(&one));
+            proptest::prop_assert!(!exact.matches(&two));
+        }
+    }
+
     #[test]
     fn cn_counts_only_without_sans() {
         let list = ClientAllowlist::parse(&["cn:control-plane".into()]).unwrap();
