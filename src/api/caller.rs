@@ -77,11 +77,13 @@ pub fn is_read_only(path: &str) -> bool {
 }
 
 /// Who may call over the unix socket: root, the agent's own user and `allowed_uids` may call
-/// anything; members of the read group may call read-only methods.
+/// anything; members of the read group may call read-only methods. The group's supplementary
+/// members are read once at start, so no request waits on the user database.
 #[derive(Debug, Clone)]
 pub struct LocalPolicy {
     own_uid: u32,
     read_gid: u32,
+    readers: Arc<BTreeSet<u32>>,
     mutators: Arc<BTreeSet<u32>>,
 }
 
@@ -95,9 +97,12 @@ impl LocalPolicy {
             }
             None => own_gid,
         };
+        let readers = crate::sys::users::group_member_uids(read_gid)
+            .map_err(|e| format!("listen.read_group: {e}"))?;
         Ok(LocalPolicy {
             own_uid,
             read_gid,
+            readers: Arc::new(readers.into_iter().collect()),
             mutators: Arc::new(listen.allowed_uids.iter().copied().collect()),
         })
     }
@@ -108,7 +113,8 @@ impl LocalPolicy {
 
     fn admit(&self, uid: u32, gid: u32, read_only: bool, path: &str) -> Result<Caller, Status> {
         let privileged = self.may_mutate(uid);
-        if privileged || (read_only && crate::sys::users::in_group(uid, gid, self.read_gid)) {
+        let reader = gid == self.read_gid || self.readers.contains(&uid);
+        if privileged || (read_only && reader) {
             return Ok(Caller::Local { uid, privileged });
         }
         Err(Status::permission_denied(if read_only {
@@ -285,6 +291,7 @@ mod tests {
         let p = LocalPolicy {
             own_uid: 990,
             read_gid: 990,
+            readers: Arc::new([1002].into()),
             mutators: Arc::new([1000].into()),
         };
         let attach = "/fabric.agent.v1.FabricAgent/AttachPartition";
@@ -297,6 +304,11 @@ mod tests {
         assert!(e.message().contains("uid=1001"), "{}", e.message());
         assert!(p.admit(1001, 990, true, get).is_ok());
         assert!(p.admit(1001, 1001, true, get).is_err());
+        assert!(
+            p.admit(1002, 1002, true, get).is_ok(),
+            "a supplementary member reads"
+        );
+        assert!(p.admit(1002, 1002, false, attach).is_err());
         assert!(!is_read_only("/fabric.agent.v1.FabricAgent/NewMethod"));
         assert!(is_read_only(get));
     }

@@ -1,8 +1,7 @@
 //! User and group lookups for the unix socket's peer-credential policy (the credentials
 //! themselves come from SO_PEERCRED through tokio's `UnixStream::peer_cred`).
 
-use nix::unistd::{getgrouplist, Gid, Group, Uid, User};
-use std::ffi::CString;
+use nix::unistd::{Gid, Group, User};
 
 /// Resolves a group given by name or numeric gid.
 pub fn group_id(name_or_gid: &str) -> Result<u32, String> {
@@ -24,21 +23,21 @@ pub fn own_ids() -> (u32, u32) {
     )
 }
 
-/// Whether the user `uid` (whose primary group at connect time was `primary_gid`) is a member
-/// of `gid`, counting the supplementary groups of its passwd entry.
-pub fn in_group(uid: u32, primary_gid: u32, gid: u32) -> bool {
-    if primary_gid == gid {
-        return true;
-    }
-    let Ok(Some(user)) = User::from_uid(Uid::from_raw(uid)) else {
-        return false;
+/// The uids of the users listed as supplementary members of group `gid` (its member list in
+/// the group database; users whose primary group it is are not listed there). Names that do
+/// not resolve are skipped.
+pub fn group_member_uids(gid: u32) -> Result<Vec<u32>, String> {
+    let group = match Group::from_gid(Gid::from_raw(gid)) {
+        Ok(Some(g)) => g,
+        Ok(None) => return Ok(Vec::new()),
+        Err(e) => return Err(format!("looking up group {gid}: {e}")),
     };
-    let Ok(name) = CString::new(user.name) else {
-        return false;
-    };
-    getgrouplist(&name, Gid::from_raw(primary_gid))
-        .map(|groups| groups.iter().any(|g| g.as_raw() == gid))
-        .unwrap_or(false)
+    Ok(group
+        .mem
+        .iter()
+        .filter_map(|name| User::from_name(name).ok().flatten())
+        .map(|u| u.uid.as_raw())
+        .collect())
 }
 
 #[cfg(test)]
@@ -50,8 +49,8 @@ mod tests {
         assert_eq!(group_id("0").unwrap(), 0);
         assert_eq!(group_id("root").unwrap(), 0);
         assert!(group_id("no-such-group-fabric").is_err());
-        assert!(in_group(0, 0, 0));
-        // nobody (65534) is not in root's group.
-        assert!(!in_group(65534, 65534, 0));
+        // nobody (65534) is no supplementary member of root's group.
+        assert!(!group_member_uids(0).unwrap().contains(&65534));
+        assert!(group_member_uids(4_000_000_000).unwrap().is_empty());
     }
 }
