@@ -276,12 +276,25 @@ pub struct ListenConfig {
     /// Its mode, octal text, default "0660".
     #[serde(default = "default_socket_mode")]
     pub unix_socket_mode: String,
-    /// TCP address for the control plane (mTLS unless `plaintext_loopback`).
+    /// The group (name or numeric gid) whose members may call read-only RPCs on the unix socket;
+    /// default: the agent's own group. Root and `allowed_uids` may always read.
+    #[serde(default)]
+    pub read_group: Option<String>,
+    /// Users (uids) besides root and the agent's own user that may call mutating RPCs
+    /// (AttachPartition, ReleaseInstance, SetNodeMemberships) on the unix socket.
+    #[serde(default)]
+    pub allowed_uids: Vec<u32>,
+    /// TCP address for the control plane (mTLS unless `insecure_plaintext_for_tests`).
     #[serde(default)]
     pub tcp: Option<SocketAddr>,
-    /// Serve plaintext gRPC on `tcp`. Only allowed for loopback addresses.
+    /// UNSAFE, test rigs only: serve plaintext gRPC on a loopback `tcp` address. Every process
+    /// that can reach the address (any container sharing the host's network namespace) may then
+    /// call every RPC, including the SM host's `Partitions` for any node.
     #[serde(default)]
-    pub plaintext_loopback: bool,
+    pub insecure_plaintext_for_tests: bool,
+    /// Replaced by `insecure_plaintext_for_tests`; present only to say so.
+    #[serde(default)]
+    pub plaintext_loopback: Option<bool>,
     /// TLS settings for `tcp`.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
@@ -299,8 +312,11 @@ impl Default for ListenConfig {
         ListenConfig {
             unix_socket: default_socket(),
             unix_socket_mode: default_socket_mode(),
+            read_group: None,
+            allowed_uids: Vec::new(),
             tcp: None,
-            plaintext_loopback: false,
+            insecure_plaintext_for_tests: false,
+            plaintext_loopback: None,
             tls: None,
         }
     }
@@ -314,9 +330,49 @@ impl ListenConfig {
             .filter(|m| *m <= 0o777)
             .ok_or_else(|| invalid("listen.unix_socket_mode", "expected octal like \"0660\""))
     }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.socket_mode()?;
+        if self.plaintext_loopback.is_some() {
+            return Err(invalid(
+                "listen.plaintext_loopback",
+                "renamed: plaintext gRPC is for test rigs only and unsafe (any local process may \
+                 call); write insecure_plaintext_for_tests = true, or use [listen.tls]",
+            ));
+        }
+        if self.read_group.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid(
+                "listen.read_group",
+                "empty; give a group name or a numeric gid, or leave it out",
+            ));
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
+        let Some(addr) = self.tcp else {
+            return Ok(());
+        };
+        match (&self.tls, self.insecure_plaintext_for_tests) {
+            (Some(_), true) => Err(invalid(
+                "listen.insecure_plaintext_for_tests",
+                "set either [listen.tls] or insecure_plaintext_for_tests, not both",
+            )),
+            (None, false) => Err(invalid(
+                "listen.tcp",
+                "TCP needs [listen.tls] (mTLS); plaintext is only for test rigs on a loopback \
+                 address (insecure_plaintext_for_tests = true)",
+            )),
+            (None, true) if !addr.ip().is_loopback() => Err(invalid(
+                "listen.insecure_plaintext_for_tests",
+                format!("{addr} is not a loopback address; plaintext is only allowed on loopback"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
-/// Server-side TLS with client-certificate verification (mTLS).
+/// Server-side TLS with client-certificate verification (mTLS). The certificate, key and CA
+/// bundle are re-read on SIGHUP.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
@@ -326,8 +382,57 @@ pub struct TlsConfig {
     pub key: PathBuf,
     /// PEM CA bundle that client certificates must chain to.
     pub client_ca: PathBuf,
-    /// Client identities allowed to call (a certificate's DNS/URI SAN or subject CN).
+    /// Who may call `fabric.agent.v1.FabricAgent` (the control plane): typed entries
+    /// `dns:NAME`, `uri:URI`, `cn:NAME` (CN only for certificates without DNS/URI SANs).
+    #[serde(default)]
     pub allowed_clients: Vec<String>,
+    /// SM host: who may call `fabric.sm.v1.Partitions` (the nodes' agents). Each call is further
+    /// limited to the node the certificate maps to.
+    #[serde(default)]
+    pub partitions_clients: Vec<String>,
+    /// SM host: identities that may read every node's memberships (`GetNodeMemberships`).
+    #[serde(default)]
+    pub operator_clients: Vec<String>,
+    /// SM host: a node's certificate carries a DNS SAN equal to this with `{node}` replaced by
+    /// its node id (a DNS SAN equal to the node id itself always counts).
+    #[serde(default)]
+    pub node_name_template: Option<String>,
+    /// SM host: an explicit identity -> node id table instead (`"dns:gpu-a.example" = "node1"`).
+    #[serde(default)]
+    pub node_identities: std::collections::BTreeMap<String, String>,
+}
+
+impl TlsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (key, list) in [
+            ("listen.tls.allowed_clients", &self.allowed_clients),
+            ("listen.tls.partitions_clients", &self.partitions_clients),
+            ("listen.tls.operator_clients", &self.operator_clients),
+        ] {
+            crate::api::ClientAllowlist::parse(list).map_err(|r| invalid(key, r))?;
+        }
+        if self.allowed_clients.is_empty()
+            && self.partitions_clients.is_empty()
+            && self.operator_clients.is_empty()
+        {
+            return Err(invalid(
+                "listen.tls.allowed_clients",
+                "must name at least one client identity (or partitions_clients on the SM host)",
+            ));
+        }
+        crate::api::NodeMapping::from_config(
+            self.node_name_template.as_deref(),
+            &self.node_identities,
+        )
+        .map_err(|r| {
+            if self.node_identities.is_empty() {
+                invalid("listen.tls.node_name_template", r)
+            } else {
+                invalid("listen.tls.node_identities", r)
+            }
+        })?;
+        Ok(())
+    }
 }
 
 /// Which backend programs keys, with each backend's settings.
@@ -573,36 +678,7 @@ impl Config {
         if let Some(id) = &self.node_id {
             crate::domain::InstanceId::parse(id).map_err(|e| invalid("node_id", e.to_string()))?;
         }
-        self.listen.socket_mode()?;
-        if let Some(addr) = self.listen.tcp {
-            match (&self.listen.tls, self.listen.plaintext_loopback) {
-                (Some(_), true) => {
-                    return Err(invalid(
-                        "listen.plaintext_loopback",
-                        "set either [listen.tls] or plaintext_loopback, not both",
-                    ))
-                }
-                (None, false) => {
-                    return Err(invalid(
-                        "listen.tcp",
-                        "TCP needs [listen.tls] (mTLS) or plaintext_loopback = true on a loopback address",
-                    ))
-                }
-                (None, true) if !addr.ip().is_loopback() => {
-                    return Err(invalid(
-                        "listen.plaintext_loopback",
-                        format!("{addr} is not a loopback address; plaintext is only allowed on loopback"),
-                    ))
-                }
-                (Some(tls), false) if tls.allowed_clients.is_empty() => {
-                    return Err(invalid(
-                        "listen.tls.allowed_clients",
-                        "must name at least one client identity",
-                    ))
-                }
-                _ => {}
-            }
-        }
+        self.listen.validate()?;
         if self.observer.fast_poll_ms == 0
             || self.observer.slow_poll_ms < self.observer.fast_poll_ms
         {
@@ -736,15 +812,26 @@ mod tests {
             parse("fabric = \"a b\"\n"),
             Err(ConfigError::Invalid { .. })
         ));
-        let plain_public =
-            "fabric = \"f\"\n[listen]\ntcp = \"0.0.0.0:7443\"\nplaintext_loopback = true\n";
+        let plain_public = "fabric = \"f\"\n[listen]\ntcp = \"0.0.0.0:7443\"\ninsecure_plaintext_for_tests = true\n";
         assert!(matches!(
             parse(plain_public),
             Err(ConfigError::Invalid {
-                key: "listen.plaintext_loopback",
+                key: "listen.insecure_plaintext_for_tests",
                 ..
             })
         ));
+        let old_switch =
+            "fabric = \"f\"\n[listen]\ntcp = \"127.0.0.1:7443\"\nplaintext_loopback = true\n";
+        match parse(old_switch) {
+            Err(ConfigError::Invalid { key, reason }) => {
+                assert_eq!(key, "listen.plaintext_loopback");
+                assert!(
+                    reason.contains("insecure_plaintext_for_tests = true"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
         let no_tls = "fabric = \"f\"\n[listen]\ntcp = \"127.0.0.1:7443\"\n";
         assert!(matches!(
             parse(no_tls),
@@ -753,7 +840,7 @@ mod tests {
                 ..
             })
         ));
-        let ok = "fabric = \"f\"\n[listen]\ntcp = \"127.0.0.1:7443\"\nplaintext_loopback = true\n";
+        let ok = "fabric = \"f\"\n[listen]\ntcp = \"127.0.0.1:7443\"\ninsecure_plaintext_for_tests = true\n";
         assert!(parse(ok).is_ok());
         for bad in [
             "max_watch_streams = 0",
@@ -783,6 +870,65 @@ mod tests {
             parse(mismatch),
             Err(ConfigError::Invalid {
                 key: "observer.kind",
+                ..
+            })
+        ));
+    }
+
+    fn tls(lists: &str) -> String {
+        format!(
+            "fabric = \"f\"\n[listen]\ntcp = \"0.0.0.0:7443\"\n[listen.tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n{lists}"
+        )
+    }
+
+    #[test]
+    fn allowlists_are_typed() {
+        assert!(parse(&tls(
+            "allowed_clients = [\"dns:cp.example\", \"uri:spiffe://f/cp\"]\n"
+        ))
+        .is_ok());
+        match parse(&tls("allowed_clients = [\"cp.example\"]\n")) {
+            Err(ConfigError::Invalid { key, reason }) => {
+                assert_eq!(key, "listen.tls.allowed_clients");
+                assert!(reason.contains("\"dns:cp.example\""), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&tls("partitions_clients = [\"node1\"]\n")),
+            Err(ConfigError::Invalid {
+                key: "listen.tls.partitions_clients",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&tls("")),
+            Err(ConfigError::Invalid {
+                key: "listen.tls.allowed_clients",
+                ..
+            })
+        ));
+        assert!(parse(&tls(
+            "partitions_clients = [\"dns:*.nodes.f.example\"]\noperator_clients = [\"cn:ops\"]\nnode_name_template = \"{node}.nodes.f.example\"\n"
+        ))
+        .is_ok());
+        assert!(matches!(
+            parse(&tls(
+                "partitions_clients = [\"dns:a\"]\nnode_name_template = \"nodes.f.example\"\n"
+            )),
+            Err(ConfigError::Invalid {
+                key: "listen.tls.node_name_template",
+                ..
+            })
+        ));
+        assert!(parse(&tls(
+            "partitions_clients = [\"dns:a\"]\n[listen.tls.node_identities]\n\"dns:a\" = \"node1\"\n"
+        ))
+        .is_ok());
+        assert!(matches!(
+            parse("fabric = \"f\"\n[listen]\nread_group = \"\"\n"),
+            Err(ConfigError::Invalid {
+                key: "listen.read_group",
                 ..
             })
         ));

@@ -11,14 +11,14 @@
 //!
 //! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`
 //! - [`config`]   — the TOML configuration, parsed strictly and validated once at start
-//! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; `convert` holds every protobuf <-> domain mapping; `client` channels
+//! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; `convert` holds every protobuf <-> domain mapping; `client` channels; the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the audit trail
 //! - [`agent`]    — command handling, the reconciler (pure `plan` + `runner`), event publishing
 //! - [`store`]    — durable desired state and the ordered event log (redb)
 //! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm
 //! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined
 //! - [`sim`]      — the embedded simulated fabric's port tables
 //! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O
-//! - [`sys`]      — the only unsafe code: umad device I/O and libibverbs wrappers
+//! - [`sys`]      — the only unsafe code: umad device I/O and libibverbs wrappers; user/group lookups
 //! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events: pure types
 //! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG, STOPPING
 //! - [`tls`]      — the process-wide rustls crypto provider

@@ -358,7 +358,7 @@ fn check_config_runs_the_checks_serve_runs() {
         (
             format!(
                 "fabric = \"f\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\ntcp = \"127.0.0.1:0\"\n\
-                 [listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nallowed_clients = [\"cp\"]\n",
+                 [listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nallowed_clients = [\"dns:cp\"]\n",
                 state.display(),
                 tmp.path().join("agent.sock").display(),
                 tmp.path().join("missing-cert.pem").display(),

@@ -298,7 +298,7 @@ fn a_bad_config_exits_64_with_a_clear_message() {
     }
     std::fs::write(
         &cfg,
-        "fabric = \"fab1\"\n[listen]\ntcp = \"0.0.0.0:1\"\nplaintext_loopback = true\n",
+        "fabric = \"fab1\"\n[listen]\ntcp = \"0.0.0.0:1\"\ninsecure_plaintext_for_tests = true\n",
     )
     .unwrap();
     let out = std::process::Command::new(BIN)

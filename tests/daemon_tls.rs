@@ -76,7 +76,7 @@ async fn mtls_accepts_listed_clients_and_refuses_the_rest() {
 
     let port = free_port();
     let extra = format!(
-        "[listen]\nunix_socket = \"{sock}\"\ntcp = \"127.0.0.1:{port}\"\n[listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nallowed_clients = [\"control-plane.example\"]\n",
+        "[listen]\nunix_socket = \"{sock}\"\ntcp = \"127.0.0.1:{port}\"\n[listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nallowed_clients = [\"dns:control-plane.example\"]\n",
         server_crt.display(),
         server_key.display(),
         ca.display(),
@@ -136,7 +136,7 @@ async fn plaintext_tcp_serves_on_loopback_when_asked() {
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port();
     let extra = format!(
-        "[listen]\nunix_socket = \"{}\"\ntcp = \"127.0.0.1:{port}\"\nplaintext_loopback = true\n",
+        "[listen]\nunix_socket = \"{}\"\ntcp = \"127.0.0.1:{port}\"\ninsecure_plaintext_for_tests = true\n",
         tmp.path().join("agent.sock").display()
     );
     let mut d = Daemon::prepare(tmp.path(), &extra);

@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use fabric_agent::api::partitions::PartitionsService;
+use fabric_agent::api::{ClientAllowlist, Guarded, Policy};
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use fabric_agent::proto::sm::GetNodeMembershipsRequest;
@@ -43,6 +44,9 @@ impl Drop for SmHost {
     }
 }
 
+/// The SM host's Partitions service behind the call gate: plaintext loopback runs under the
+/// test-rig policy (what `insecure_plaintext_for_tests = true` selects); TLS under an allowlist
+/// whose node certificates map to their node ids.
 async fn sm_host(operator: &str, tls: Option<ServerTlsConfig>) -> SmHost {
     let dir = tempfile::tempdir().unwrap();
     let partitions = dir.path().join("partitions.conf");
@@ -63,10 +67,20 @@ async fn sm_host(operator: &str, tls: Option<ServerTlsConfig>) -> SmHost {
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut builder = Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls).unwrap();
-    }
-    let router = builder.add_service(PartitionsService::new(backend).into_server());
+    let policy = match tls {
+        Some(tls) => {
+            builder = builder.tls_config(tls).unwrap();
+            Policy::Tls {
+                allowed: ClientAllowlist::parse(&["dns:node-7".into()]).unwrap(),
+                operators: ClientAllowlist::default(),
+            }
+        }
+        None => Policy::InsecureTest,
+    };
+    let router = builder.add_service(Guarded::new(
+        PartitionsService::new(backend).into_server(),
+        policy,
+    ));
     tokio::spawn(async move {
         router
             .serve_with_incoming_shutdown(
@@ -196,7 +210,7 @@ fn pki() -> Pki {
     Pki {
         ca: ca.pem(),
         server: leaf("localhost"),
-        client: leaf("node-7.example"),
+        client: leaf("node-7"),
     }
 }
 

@@ -88,7 +88,7 @@ start_agent() { # node config
 
 start_agents() {
   agent_config smhost "tcp = \"127.0.0.1:$sm_port\"
-plaintext_loopback = true
+insecure_plaintext_for_tests = true
 
 [subnet_manager]
 backend = \"opensm\"

@@ -2,7 +2,15 @@
 //! complete desired set of memberships; the handlers validate, convert and hand it to
 //! [`OpenSmBackend`], which persists it, merges it into the partitions file and forces a sweep
 //! before the reply.
+//!
+//! Every call is authorised by the verified [`Caller`] the call gate attached: a certificate
+//! may write and read only the node it maps to ([`NodeMapping`]); an operator certificate may
+//! read every node; local privileged callers and a plaintext test rig may do anything. A call
+//! that reaches the service without a gate is refused.
 
+use super::audit;
+use super::caller::Caller;
+use super::node_identity::NodeMapping;
 use crate::domain::{
     validate_label, Guid, KeySetting, LabelRules, Membership, NodeMemberships, PKey,
 };
@@ -22,17 +30,51 @@ const NODE_ID_RULES: LabelRules = LabelRules {
 #[derive(Clone)]
 pub struct PartitionsService {
     backend: OpenSmBackend,
+    nodes: NodeMapping,
 }
 
 impl PartitionsService {
-    /// Wraps the backend.
+    /// Wraps the backend; certificates map to nodes by the default rule (a DNS SAN equal to the
+    /// node id) until [`PartitionsService::with_node_mapping`].
     pub fn new(backend: OpenSmBackend) -> Self {
-        PartitionsService { backend }
+        PartitionsService {
+            backend,
+            nodes: NodeMapping::default(),
+        }
+    }
+
+    /// Uses this identity -> node mapping.
+    pub fn with_node_mapping(self, nodes: NodeMapping) -> Self {
+        PartitionsService { nodes, ..self }
     }
 
     /// The tonic server for this service, ready for `Server::add_service`.
     pub fn into_server(self) -> PartitionsServer<PartitionsService> {
         PartitionsServer::new(self)
+    }
+}
+
+impl PartitionsService {
+    /// Validates, authorises (before anything is written) and applies one node's set.
+    async fn set(
+        &self,
+        caller: Option<&Caller>,
+        m: pb::NodeMemberships,
+    ) -> Result<Response<pb::SetNodeMembershipsResponse>, Status> {
+        if m.node_id.is_empty() && m.keys.is_empty() && m.port_guids.is_empty() {
+            return Err(Status::invalid_argument("memberships missing"));
+        }
+        let (desired, generation) = memberships_from_proto(m)?;
+        authorise(caller, &self.nodes, &desired.node_id, true)?;
+        match self.backend.set_node(desired, generation).await {
+            Ok(out) => Ok(Response::new(pb::SetNodeMembershipsResponse {
+                sweeps: out.sweeps,
+            })),
+            Err(e) => {
+                tracing::warn!(error = %e, "memberships not applied");
+                Err(status_of(&e))
+            }
+        }
     }
 }
 
@@ -154,6 +196,63 @@ pub fn memberships_to_proto(n: &StoredNode) -> pb::NodeMemberships {
     crate::sm::remote::memberships_to_proto(&n.memberships, n.generation)
 }
 
+/// Whether `caller` may write (or read) `node`'s memberships: PERMISSION_DENIED otherwise.
+pub fn authorise(
+    caller: Option<&Caller>,
+    nodes: &NodeMapping,
+    node: &str,
+    write: bool,
+) -> Result<(), Status> {
+    let verb = if write { "write" } else { "read" };
+    match caller {
+        None => Err(Status::permission_denied(
+            "no verified caller: Partitions is only served behind the call gate",
+        )),
+        Some(Caller::InsecureTest) => Ok(()),
+        Some(Caller::Local { privileged, uid }) => {
+            if write && !privileged {
+                Err(Status::permission_denied(format!(
+                    "unix uid={uid} may not write node memberships"
+                )))
+            } else {
+                Ok(())
+            }
+        }
+        Some(Caller::Cert {
+            identity,
+            matched,
+            operator,
+        }) => {
+            if nodes.maps(identity, node) || (!write && *operator) {
+                Ok(())
+            } else {
+                Err(Status::permission_denied(format!(
+                    "{matched} may not {verb} the memberships of node {node:?}: its certificate \
+                     does not map to that node{}",
+                    if write || *operator {
+                        ""
+                    } else {
+                        " (only operator_clients may read every node)"
+                    }
+                )))
+            }
+        }
+    }
+}
+
+fn keys_summary(keys: &[pb::KeyMembership]) -> String {
+    keys.iter()
+        .map(|k| {
+            format!(
+                "{:#06x}:{}",
+                k.pkey,
+                if k.full { "full" } else { "limited" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[tonic::async_trait]
 impl Partitions for PartitionsService {
     #[tracing::instrument(skip_all, fields(node_id))]
@@ -161,21 +260,25 @@ impl Partitions for PartitionsService {
         &self,
         request: Request<pb::SetNodeMembershipsRequest>,
     ) -> Result<Response<pb::SetNodeMembershipsResponse>, Status> {
-        let m = request
-            .into_inner()
-            .memberships
-            .ok_or_else(|| Status::invalid_argument("memberships missing"))?;
-        let (desired, generation) = memberships_from_proto(m)?;
-        tracing::Span::current().record("node_id", desired.node_id.as_str());
-        match self.backend.set_node(desired, generation).await {
-            Ok(out) => Ok(Response::new(pb::SetNodeMembershipsResponse {
-                sweeps: out.sweeps,
-            })),
-            Err(e) => {
-                tracing::warn!(error = %e, "memberships not applied");
-                Err(status_of(&e))
-            }
-        }
+        let caller = Caller::of(&request).cloned();
+        let m = request.into_inner().memberships.unwrap_or_default();
+        tracing::Span::current().record("node_id", m.node_id.as_str());
+        let (node, keys, ports, generation) = (
+            m.node_id.clone(),
+            keys_summary(&m.keys),
+            m.port_guids.len(),
+            m.generation,
+        );
+        let result = self.set(caller.as_ref(), m).await;
+        audit::set_node_memberships(
+            caller.as_ref(),
+            &node,
+            &keys,
+            ports,
+            generation,
+            audit::code_of(&result),
+        );
+        result
     }
 
     #[tracing::instrument(skip_all)]
@@ -183,9 +286,11 @@ impl Partitions for PartitionsService {
         &self,
         request: Request<pb::GetNodeMembershipsRequest>,
     ) -> Result<Response<pb::NodeMemberships>, Status> {
+        let caller = Caller::of(&request).cloned();
         let id = request.into_inner().node_id;
         validate_label("node_id", &id, NODE_ID_RULES)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        authorise(caller.as_ref(), &self.nodes, &id, false)?;
         self.backend
             .node(&id)
             .map(|n| Response::new(memberships_to_proto(&n)))

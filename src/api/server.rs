@@ -1,8 +1,13 @@
-//! Listeners and the gRPC server: the unix socket always, TCP when configured.
+//! Listeners and the gRPC server: the unix socket always (callers checked by SO_PEERCRED), TCP
+//! when configured (mTLS with per-service allowlists and reloadable TLS material, or plaintext
+//! loopback on a test rig).
 
-use super::auth::{ClientAllowlist, Gate};
+use super::auth::ClientAllowlist;
+use super::caller::{Guarded, LocalPolicy, Policy};
 use super::limits::{self, InFlightLimitLayer};
+use super::node_identity::NodeMapping;
 use super::partitions::PartitionsService;
+use super::server_tls::TlsReloader;
 use super::socket_guard;
 use super::AgentService;
 use crate::config::ListenConfig;
@@ -12,10 +17,8 @@ use std::sync::Arc;
 use thiserror::Error;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
-use tonic::service::interceptor::InterceptedService;
 use tonic::service::{Routes, RoutesBuilder};
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// Why serving failed.
 #[derive(Debug, Error)]
@@ -34,9 +37,25 @@ pub enum ServeError {
     /// TLS material could not be loaded.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The unix socket's caller policy could not be set up.
+    #[error("unix socket policy: {0}")]
+    Policy(String),
     /// The server failed while running.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+}
+
+/// The TCP listener's allowlists, one per service.
+#[derive(Debug, Clone)]
+struct TcpLists {
+    agent: ClientAllowlist,
+    partitions: ClientAllowlist,
+    operators: ClientAllowlist,
+}
+
+enum TcpMode {
+    Tls(TlsReloader, TcpLists),
+    InsecureTest,
 }
 
 /// Bound listeners (bound before READY=1, so clients can connect as soon as systemd says so).
@@ -44,12 +63,39 @@ pub struct Listeners {
     unix: UnixListener,
     unix_path: PathBuf,
     unix_mode: u32,
-    tcp: Option<(TcpListener, Option<(ServerTlsConfig, ClientAllowlist)>)>,
+    local: LocalPolicy,
+    nodes: NodeMapping,
+    tcp: Option<(TcpListener, TcpMode)>,
 }
 
 impl Listeners {
-    /// Binds the unix socket (replacing a stale one, mode from config) and TCP if configured.
+    /// Binds the unix socket (replacing a stale one, mode from config) and TCP if configured;
+    /// loads the TLS material and the callers' policies.
     pub async fn bind(config: &ListenConfig) -> Result<Listeners, ServeError> {
+        let local = LocalPolicy::from_config(config).map_err(ServeError::Policy)?;
+        let tls = match &config.tls {
+            None => None,
+            Some(t) => {
+                let parse = |key: &str, l: &[String]| {
+                    ClientAllowlist::parse(l).map_err(|e| ServeError::Tls(format!("{key}: {e}")))
+                };
+                let lists = TcpLists {
+                    agent: parse("allowed_clients", &t.allowed_clients)?,
+                    partitions: parse("partitions_clients", &t.partitions_clients)?,
+                    operators: parse("operator_clients", &t.operator_clients)?,
+                };
+                let (reloader, loaded) = TlsReloader::load(t).map_err(ServeError::Tls)?;
+                tracing::info!(%loaded, "TLS material loaded");
+                Some((reloader, lists))
+            }
+        };
+        let nodes = match &config.tls {
+            Some(t) => {
+                NodeMapping::from_config(t.node_name_template.as_deref(), &t.node_identities)
+                    .map_err(ServeError::Tls)?
+            }
+            None => NodeMapping::default(),
+        };
         let path = config.unix_socket.clone();
         let bind_err = |source| ServeError::Bind {
             what: path.display().to_string(),
@@ -79,30 +125,27 @@ impl Listeners {
                             what: addr.to_string(),
                             source,
                         })?;
-                let tls = match &config.tls {
-                    None => None,
-                    Some(t) => {
-                        crate::tls::install_crypto_provider();
-                        let read = |p: &PathBuf| {
-                            std::fs::read(p)
-                                .map_err(|e| ServeError::Tls(format!("{}: {e}", p.display())))
-                        };
-                        let tls = ServerTlsConfig::new()
-                            .identity(Identity::from_pem(read(&t.cert)?, read(&t.key)?))
-                            .client_ca_root(Certificate::from_pem(read(&t.client_ca)?))
-                            // Accept certificate-less handshakes so they get a clear
-                            // UNAUTHENTICATED status instead of a TLS alert.
-                            .client_auth_optional(true);
-                        Some((tls, ClientAllowlist::new(t.allowed_clients.clone())))
+                let mode = match tls {
+                    Some((reloader, lists)) => TcpMode::Tls(reloader, lists),
+                    None if config.insecure_plaintext_for_tests => {
+                        tracing::warn!(%addr, "UNSAFE: plaintext gRPC without caller checks (insecure_plaintext_for_tests)");
+                        TcpMode::InsecureTest
+                    }
+                    None => {
+                        return Err(ServeError::Tls(
+                            "TCP needs [listen.tls] or insecure_plaintext_for_tests".into(),
+                        ))
                     }
                 };
-                Some((listener, tls))
+                Some((listener, mode))
             }
         };
         Ok(Listeners {
             unix,
             unix_path: path,
             unix_mode: mode,
+            local,
+            nodes,
             tcp,
         })
     }
@@ -110,6 +153,51 @@ impl Listeners {
     /// The TCP address actually bound (useful with port 0).
     pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
         self.tcp.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// The handle that re-reads the TCP listener's certificate, key and client CA bundle
+    /// (SIGHUP); None without TLS.
+    pub fn tls_reloader(&self) -> Option<TlsReloader> {
+        match &self.tcp {
+            Some((_, TcpMode::Tls(r, _))) => Some(r.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// The policy of each service on one listener.
+struct Policies {
+    agent: Policy,
+    partitions: Policy,
+    other: Policy,
+}
+
+impl Policies {
+    fn same(p: Policy) -> Policies {
+        Policies {
+            agent: p.clone(),
+            partitions: p.clone(),
+            other: p,
+        }
+    }
+
+    fn tls(lists: &TcpLists) -> Policies {
+        let none = ClientAllowlist::default();
+        Policies {
+            agent: Policy::Tls {
+                allowed: lists.agent.clone(),
+                operators: none.clone(),
+            },
+            partitions: Policy::Tls {
+                allowed: lists.partitions.clone(),
+                operators: lists.operators.clone(),
+            },
+            // Health and reflection: anyone on any list.
+            other: Policy::Tls {
+                allowed: lists.agent.union(&lists.partitions).union(&lists.operators),
+                operators: none,
+            },
+        }
     }
 }
 
@@ -126,6 +214,7 @@ pub async fn serve(
         .await;
     let bounds = agent.limits().clone();
     let agent = Arc::new(agent);
+    let partitions = partitions.map(|p| p.with_node_mapping(listeners.nodes.clone()));
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
@@ -137,20 +226,17 @@ pub async fn serve(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .expect("embedded descriptor set is valid");
-    let routes = |gate: Gate| -> Routes {
+    let routes = |p: Policies| -> Routes {
         let mut b = RoutesBuilder::default();
-        b.add_service(InterceptedService::new(
+        b.add_service(Guarded::new(
             FabricAgentServer::from_arc(agent.clone()),
-            gate.clone(),
+            p.agent,
         ));
-        b.add_service(InterceptedService::new(health_svc.clone(), gate.clone()));
-        b.add_service(InterceptedService::new(reflection_v1.clone(), gate.clone()));
-        b.add_service(InterceptedService::new(
-            reflection_v1alpha.clone(),
-            gate.clone(),
-        ));
-        if let Some(p) = &partitions {
-            b.add_service(InterceptedService::new(p.clone().into_server(), gate));
+        b.add_service(Guarded::new(health_svc.clone(), p.other.clone()));
+        b.add_service(Guarded::new(reflection_v1.clone(), p.other.clone()));
+        b.add_service(Guarded::new(reflection_v1alpha.clone(), p.other));
+        if let Some(svc) = &partitions {
+            b.add_service(Guarded::new(svc.clone().into_server(), p.partitions));
         }
         b.routes()
     };
@@ -170,26 +256,31 @@ pub async fn serve(
             bounds.max_in_flight_requests,
             "the unix socket",
         ))
-        .add_routes(routes(Gate::Open))
+        .add_routes(routes(Policies::same(Policy::Local(listeners.local))))
         .serve_with_incoming_shutdown(unix_incoming, signal(shutdown.clone()));
     let tcp = async {
         match listeners.tcp {
             None => Ok(()),
-            Some((listener, tls)) => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                let (builder, gate) = match tls {
-                    Some((cfg, list)) => (
-                        limits::builder(&bounds).tls_config(cfg)?,
-                        Gate::Allowlist(list),
-                    ),
-                    None => (limits::builder(&bounds), Gate::Open),
-                };
-                builder
+            Some((listener, TcpMode::Tls(reloader, lists))) => {
+                let incoming =
+                    tokio_stream::wrappers::ReceiverStream::new(reloader.incoming(listener));
+                limits::builder(&bounds)
                     .layer(InFlightLimitLayer::new(
                         bounds.max_in_flight_requests,
                         "the TCP listener",
                     ))
-                    .add_routes(routes(gate))
+                    .add_routes(routes(Policies::tls(&lists)))
+                    .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))
+                    .await
+            }
+            Some((listener, TcpMode::InsecureTest)) => {
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                limits::builder(&bounds)
+                    .layer(InFlightLimitLayer::new(
+                        bounds.max_in_flight_requests,
+                        "the TCP listener",
+                    ))
+                    .add_routes(routes(Policies::same(Policy::InsecureTest)))
                     .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))
                     .await
             }

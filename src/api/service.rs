@@ -1,5 +1,7 @@
 //! The `FabricAgent` service: each handler converts, calls the agent, converts back.
 
+use super::audit::{self, Subject};
+use super::caller::Caller;
 use super::convert;
 use super::limits::StreamSlots;
 use crate::agent::{Agent, WatchFrom};
@@ -41,6 +43,48 @@ impl AgentService {
     }
 }
 
+/// The membership as the audit trail names it (UNSPECIFIED is treated as, and named, FULL).
+fn membership_name(m: i32) -> Option<&'static str> {
+    match pb::Membership::try_from(m).ok()? {
+        pb::Membership::Unspecified | pb::Membership::Full => Some("FULL"),
+        pb::Membership::Limited => Some("LIMITED"),
+    }
+}
+
+impl AgentService {
+    async fn attach(
+        &self,
+        r: pb::AttachPartitionRequest,
+    ) -> Result<Response<pb::AttachPartitionResponse>, Status> {
+        let (req, wait) = convert::attach_request(r).map_err(convert::status)?;
+        let (a, created) = self
+            .agent
+            .attach(req, wait)
+            .await
+            .map_err(convert::status)?;
+        Ok(Response::new(pb::AttachPartitionResponse {
+            attachment: Some(convert::attachment_to_pb(&a)),
+            created,
+        }))
+    }
+
+    async fn release(
+        &self,
+        r: pb::ReleaseInstanceRequest,
+    ) -> Result<Response<pb::ReleaseInstanceResponse>, Status> {
+        let id = convert::instance_id(&r.instance_id).map_err(convert::status)?;
+        let wait = convert::wait(r.wait_ms).map_err(convert::status)?;
+        let a = self
+            .agent
+            .release(&id, wait)
+            .await
+            .map_err(convert::status)?;
+        Ok(Response::new(pb::ReleaseInstanceResponse {
+            attachment: Some(convert::attachment_to_pb(&a)),
+        }))
+    }
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -59,16 +103,26 @@ impl FabricAgent for AgentService {
         &self,
         request: Request<pb::AttachPartitionRequest>,
     ) -> Result<Response<pb::AttachPartitionResponse>, Status> {
-        let (req, wait) = convert::attach_request(request.into_inner()).map_err(convert::status)?;
-        let (a, created) = self
-            .agent
-            .attach(req, wait)
-            .await
-            .map_err(convert::status)?;
-        Ok(Response::new(pb::AttachPartitionResponse {
-            attachment: Some(convert::attachment_to_pb(&a)),
-            created,
-        }))
+        let caller = Caller::of(&request).cloned();
+        let r = request.into_inner();
+        let (instance, partition) = (
+            r.instance_id.clone(),
+            r.partition.clone().unwrap_or_default(),
+        );
+        let membership = membership_name(r.membership).unwrap_or("INVALID");
+        let result = self.attach(r).await;
+        audit::agent_call(
+            caller.as_ref(),
+            "AttachPartition",
+            &Subject {
+                instance: &instance,
+                partition: &partition.id,
+                pkey: partition.pkey,
+                membership,
+            },
+            audit::code_of(&result),
+        );
+        result
     }
 
     async fn get_attachment(
@@ -115,17 +169,29 @@ impl FabricAgent for AgentService {
         &self,
         request: Request<pb::ReleaseInstanceRequest>,
     ) -> Result<Response<pb::ReleaseInstanceResponse>, Status> {
+        let caller = Caller::of(&request).cloned();
         let r = request.into_inner();
-        let id = convert::instance_id(&r.instance_id).map_err(convert::status)?;
-        let wait = convert::wait(r.wait_ms).map_err(convert::status)?;
-        let a = self
-            .agent
-            .release(&id, wait)
-            .await
-            .map_err(convert::status)?;
-        Ok(Response::new(pb::ReleaseInstanceResponse {
-            attachment: Some(convert::attachment_to_pb(&a)),
-        }))
+        let instance = r.instance_id.clone();
+        let result = self.release(r).await;
+        let released = result
+            .as_ref()
+            .ok()
+            .and_then(|a| a.get_ref().attachment.clone())
+            .unwrap_or_default();
+        let partition = released.partition.unwrap_or_default();
+        let membership = membership_name(released.membership).unwrap_or("");
+        audit::agent_call(
+            caller.as_ref(),
+            "ReleaseInstance",
+            &Subject {
+                instance: &instance,
+                partition: &partition.id,
+                pkey: partition.pkey,
+                membership: if result.is_ok() { membership } else { "" },
+            },
+            audit::code_of(&result),
+        );
+        result
     }
 
     type WatchEventsStream = EventStream;

@@ -36,6 +36,12 @@ impl Preflight {
         let mut p = Preflight::default();
         p.directory("state_dir", &config.state_dir);
         p.socket(&config.listen.unix_socket);
+        if let Some(group) = &config.listen.read_group {
+            match crate::sys::users::group_id(group) {
+                Ok(gid) => p.pass("listen.read_group", format!("{group} is gid {gid}")),
+                Err(e) => p.fail("listen.read_group", e),
+            }
+        }
         if let Some(tls) = &config.listen.tls {
             p.certificates("listen.tls.cert", &tls.cert);
             p.private_key("listen.tls.key", &tls.key);
@@ -214,7 +220,7 @@ mod tests {
         let c = config(&format!(
             "fabric = \"f\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{long}\"\ntcp = \"127.0.0.1:7443\"\n\
              [listen.tls]\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\n\
-             client_ca = \"/nonexistent/ca.pem\"\nallowed_clients = [\"cp\"]\n",
+             client_ca = \"/nonexistent/ca.pem\"\nallowed_clients = [\"dns:cp\"]\n",
             dir.path().join("state").display()
         ));
         let p = Preflight::run(&c);

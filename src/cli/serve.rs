@@ -94,6 +94,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     } else {
         None
     };
+    let tls = listeners.tls_reloader();
     let (stop, stopped) = watch::channel(false);
     if let Some(listener) = metrics {
         tokio::spawn(crate::api::metrics::serve(
@@ -121,7 +122,16 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         tokio::select! {
             _ = term.recv() => break false,
             _ = int.recv() => break false,
-            _ = hup.recv() => super::reload::on_sighup(config_path, &log),
+            _ = hup.recv() => {
+                // SIGHUP never ends the daemon: it re-reads the log filter and the TLS
+                // material; everything else takes effect on restart.
+                super::reload::on_sighup(config_path, &log);
+                match tls.as_ref().map(|t| t.reload()) {
+                    Some(Ok(loaded)) => tracing::info!(%loaded, "SIGHUP: TLS material reloaded"),
+                    Some(Err(e)) => tracing::error!(error = %e, "SIGHUP: TLS reload failed; the previous material stays in use"),
+                    None => {}
+                }
+            }
             r = &mut server => {
                 tracing::error!(result = ?r, "gRPC server stopped unexpectedly");
                 break true;

@@ -4,4 +4,5 @@
 pub mod access;
 pub mod dirwatch;
 pub mod umad;
+pub mod users;
 pub mod verbs;

@@ -45,7 +45,7 @@ state_dir = "$work/state"
 [listen]
 unix_socket = "$sock"
 tcp = "127.0.0.1:$port"
-plaintext_loopback = true
+insecure_plaintext_for_tests = true
 
 [subnet_manager]
 backend = "embedded"

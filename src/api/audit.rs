@@ -1,0 +1,89 @@
+//! The audit trail: one line (tracing target `fabric_agent::audit`, message `audit`) per
+//! mutating call, whatever its outcome, naming the verified caller, the method, what it asked
+//! for and the gRPC code it got. Calls the call gate refuses get a line too (with the peer as
+//! the connection shows it). The target sits under `fabric_agent` so that any filter that keeps
+//! the agent's own lines keeps the audit trail; `fabric_agent::audit=info` selects it alone.
+//! Client-supplied strings are logged in their quoted (escaped) form so they cannot forge lines.
+
+use super::caller::Caller;
+use tonic::Status;
+
+/// The tracing target of audit lines.
+pub const TARGET: &str = "fabric_agent::audit";
+
+/// The caller as the audit line names it.
+fn who(caller: Option<&Caller>) -> String {
+    caller
+        .map(ToString::to_string)
+        .unwrap_or_else(|| "unknown (no call gate)".into())
+}
+
+/// The gRPC code of a result, in the `Code` enum's spelling ("Ok", "PermissionDenied", ...).
+pub fn code_of<T>(result: &Result<T, Status>) -> tonic::Code {
+    match result {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+/// What an attach or release concerned.
+#[derive(Debug, Default, Clone)]
+pub struct Subject<'a> {
+    /// The instance id as sent.
+    pub instance: &'a str,
+    /// The partition id (from the request, or the stored attachment for a release).
+    pub partition: &'a str,
+    /// The P_Key base.
+    pub pkey: u32,
+    /// FULL or LIMITED (empty when unknown).
+    pub membership: &'a str,
+}
+
+/// Records one FabricAgent mutating call.
+pub fn agent_call(caller: Option<&Caller>, method: &str, s: &Subject<'_>, code: tonic::Code) {
+    tracing::info!(
+        target: TARGET,
+        caller = %who(caller),
+        method,
+        instance = ?s.instance,
+        partition = ?s.partition,
+        pkey = %format_args!("{:#06x}", s.pkey),
+        membership = s.membership,
+        result = ?code,
+        "audit"
+    );
+}
+
+/// Records one `Partitions.SetNodeMemberships` call on the SM host.
+pub fn set_node_memberships(
+    caller: Option<&Caller>,
+    node: &str,
+    keys: &str,
+    ports: usize,
+    generation: u64,
+    code: tonic::Code,
+) {
+    tracing::info!(
+        target: TARGET,
+        caller = %who(caller),
+        method = "SetNodeMemberships",
+        node = ?node,
+        keys,
+        ports,
+        generation,
+        result = ?code,
+        "audit"
+    );
+}
+
+/// Records a mutating call the call gate refused before any handler ran.
+pub fn refused(peer: &str, path: &str, code: tonic::Code) {
+    let method = path.rsplit('/').next().unwrap_or(path);
+    tracing::info!(
+        target: TARGET,
+        caller = %peer,
+        method = ?method,
+        result = ?code,
+        "audit"
+    );
+}

@@ -1,0 +1,315 @@
+//! Who is calling: every service on every listener is wrapped in a [`Guarded`] layer that
+//! establishes the [`Caller`] from the connection (SO_PEERCRED on the unix socket, the verified
+//! client certificate on TLS), refuses callers the listener's policy does not admit for the
+//! method, and hands the `Caller` to the handlers through the request's extensions.
+
+use super::auth::{CertIdentity, ClientAllowlist, ClientId};
+use crate::config::ListenConfig;
+use futures::future::BoxFuture;
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
+use tonic::Status;
+use tower::Service;
+
+/// The verified caller of one request.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// A local process on the unix socket, identified by SO_PEERCRED.
+    Local {
+        /// Its effective uid.
+        uid: u32,
+        /// Whether it may call mutating RPCs (root, the agent's user, `listen.allowed_uids`).
+        privileged: bool,
+    },
+    /// A TLS client with a verified certificate.
+    Cert {
+        /// The certificate's names.
+        identity: Arc<CertIdentity>,
+        /// The name that matched the service's allowlist (or the operator list).
+        matched: ClientId,
+        /// Whether the certificate is on the operator list (may read every node's memberships).
+        operator: bool,
+    },
+    /// A plaintext loopback test rig (`insecure_plaintext_for_tests`): nobody is authenticated.
+    InsecureTest,
+}
+
+impl Caller {
+    /// The caller a guarded request carries.
+    pub fn of<T>(request: &tonic::Request<T>) -> Option<&Caller> {
+        request.extensions().get::<Caller>()
+    }
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Caller::Local { uid, .. } => write!(f, "unix uid={uid}"),
+            Caller::Cert { matched, .. } => write!(f, "cert {matched}"),
+            Caller::InsecureTest => f.write_str("plaintext (test rig, unauthenticated)"),
+        }
+    }
+}
+
+/// Methods that change nothing; every other method counts as mutating (fail closed).
+const READ_ONLY: &[&str] = &[
+    "/fabric.agent.v1.FabricAgent/GetNode",
+    "/fabric.agent.v1.FabricAgent/GetAttachment",
+    "/fabric.agent.v1.FabricAgent/ListAttachments",
+    "/fabric.agent.v1.FabricAgent/WatchEvents",
+    "/fabric.sm.v1.Partitions/GetNodeMemberships",
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+/// Whether a gRPC path names a read-only method.
+pub fn is_read_only(path: &str) -> bool {
+    READ_ONLY.contains(&path)
+}
+
+/// Who may call over the unix socket: root, the agent's own user and `allowed_uids` may call
+/// anything; members of the read group may call read-only methods. The group's supplementary
+/// members are read once at start, so no request waits on the user database.
+#[derive(Debug, Clone)]
+pub struct LocalPolicy {
+    own_uid: u32,
+    read_gid: u32,
+    readers: Arc<BTreeSet<u32>>,
+    mutators: Arc<BTreeSet<u32>>,
+}
+
+impl LocalPolicy {
+    /// From `[listen]`: resolves `read_group` (default: the agent's own group).
+    pub fn from_config(listen: &ListenConfig) -> Result<LocalPolicy, String> {
+        let (own_uid, own_gid) = crate::sys::users::own_ids();
+        let read_gid = match &listen.read_group {
+            Some(g) => {
+                crate::sys::users::group_id(g).map_err(|e| format!("listen.read_group: {e}"))?
+            }
+            None => own_gid,
+        };
+        let readers = crate::sys::users::group_member_uids(read_gid)
+            .map_err(|e| format!("listen.read_group: {e}"))?;
+        Ok(LocalPolicy {
+            own_uid,
+            read_gid,
+            readers: Arc::new(readers.into_iter().collect()),
+            mutators: Arc::new(listen.allowed_uids.iter().copied().collect()),
+        })
+    }
+
+    fn may_mutate(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.own_uid || self.mutators.contains(&uid)
+    }
+
+    fn admit(&self, uid: u32, gid: u32, read_only: bool, path: &str) -> Result<Caller, Status> {
+        let privileged = self.may_mutate(uid);
+        let reader = gid == self.read_gid || self.readers.contains(&uid);
+        if privileged || (read_only && reader) {
+            return Ok(Caller::Local { uid, privileged });
+        }
+        Err(Status::permission_denied(if read_only {
+            format!(
+                "unix uid={uid} may not call {path}: reading needs root, the agent's user, \
+                 listen.allowed_uids or membership of the read group (gid {})",
+                self.read_gid
+            )
+        } else {
+            format!(
+                "unix uid={uid} may not call {path}: changes need root, the agent's user or \
+                 listen.allowed_uids"
+            )
+        }))
+    }
+}
+
+/// What one listener requires of the callers of one service.
+#[derive(Debug, Clone)]
+pub enum Policy {
+    /// The unix socket.
+    Local(LocalPolicy),
+    /// TLS: `allowed` may call the service; `operators` may call its read-only methods.
+    Tls {
+        /// The service's allowlist.
+        allowed: ClientAllowlist,
+        /// The operator list.
+        operators: ClientAllowlist,
+    },
+    /// Plaintext loopback on a test rig.
+    InsecureTest,
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+impl Policy {
+    /// The caller of a request, or the status refusing it.
+    pub fn admit<B>(&self, request: &http::Request<B>) -> Result<Caller, Status> {
+        let path = request.uri().path();
+        let read_only = is_read_only(path);
+        match self {
+            Policy::InsecureTest => Ok(Caller::InsecureTest),
+            Policy::Local(local) => {
+                let cred = request
+                    .extensions()
+                    .get::<UdsConnectInfo>()
+                    .and_then(|i| i.peer_cred)
+                    .ok_or_else(|| {
+                        Status::permission_denied("the caller's credentials are unavailable")
+                    })?;
+                local.admit(cred.uid(), cred.gid(), read_only, path)
+            }
+            Policy::Tls { allowed, operators } => {
+                let certs = request
+                    .extensions()
+                    .get::<TlsConnectInfo<TcpConnectInfo>>()
+                    .and_then(|i| i.peer_certs())
+                    .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
+                let identity = CertIdentity::verify(&certs, now())?;
+                let operator = operators.matching(&identity);
+                let matched = match (allowed.matching(&identity), &operator) {
+                    (Some(m), _) => m,
+                    (None, Some(op)) if read_only => op.clone(),
+                    (None, Some(op)) => {
+                        return Err(Status::permission_denied(format!(
+                            "operator identity {op} may only read here, not call {path}"
+                        )))
+                    }
+                    (None, None) => return Err(allowed.refusal(&identity)),
+                };
+                Ok(Caller::Cert {
+                    identity: Arc::new(identity),
+                    matched,
+                    operator: operator.is_some(),
+                })
+            }
+        }
+    }
+}
+
+/// The peer of a refused request as its connection shows it (no verification implied).
+fn peer_of<B>(request: &http::Request<B>) -> String {
+    let ext = request.extensions();
+    if let Some(cred) = ext.get::<UdsConnectInfo>().and_then(|i| i.peer_cred) {
+        return format!("unix uid={}", cred.uid());
+    }
+    if let Some(tls) = ext.get::<TlsConnectInfo<TcpConnectInfo>>() {
+        let addr = tls
+            .get_ref()
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let first = tls
+            .peer_certs()
+            .and_then(|c| first_name(c.first()?.as_ref()))
+            .unwrap_or_else(|| "(no certificate)".into());
+        return format!("tls {addr} {first}");
+    }
+    "unknown".into()
+}
+
+/// A certificate's first name, unverified (for refusal lines only).
+fn first_name(der: &[u8]) -> Option<String> {
+    CertIdentity::names_unverified(der)
+        .into_iter()
+        .next()
+        .map(|n| n.to_string())
+}
+
+/// A service behind a [`Policy`].
+#[derive(Debug, Clone)]
+pub struct Guarded<S> {
+    inner: S,
+    policy: Arc<Policy>,
+}
+
+impl<S> Guarded<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, policy: Policy) -> Guarded<S> {
+        Guarded {
+            inner,
+            policy: Arc::new(policy),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Guarded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for Guarded<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<http::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        match self.policy.admit(&request) {
+            Ok(caller) => {
+                tracing::debug!(caller = %caller, path = request.uri().path(), "admitted");
+                request.extensions_mut().insert(caller);
+                Box::pin(self.inner.call(request))
+            }
+            Err(status) => {
+                let path = request.uri().path();
+                tracing::info!(path, code = ?status.code(), reason = status.message(), "call refused");
+                if !is_read_only(path) {
+                    super::audit::refused(&peer_of(&request), path, status.code());
+                }
+                Box::pin(async move { Ok(status.into_http()) })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_policy() {
+        let p = LocalPolicy {
+            own_uid: 990,
+            read_gid: 990,
+            readers: Arc::new([1002].into()),
+            mutators: Arc::new([1000].into()),
+        };
+        let attach = "/fabric.agent.v1.FabricAgent/AttachPartition";
+        let get = "/fabric.agent.v1.FabricAgent/GetNode";
+        assert!(p.admit(0, 0, false, attach).is_ok());
+        assert!(p.admit(990, 990, false, attach).is_ok());
+        assert!(p.admit(1000, 1000, false, attach).is_ok());
+        let e = p.admit(1001, 990, false, attach).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("uid=1001"), "{}", e.message());
+        assert!(p.admit(1001, 990, true, get).is_ok());
+        assert!(p.admit(1001, 1001, true, get).is_err());
+        assert!(
+            p.admit(1002, 1002, true, get).is_ok(),
+            "a supplementary member reads"
+        );
+        assert!(p.admit(1002, 1002, false, attach).is_err());
+        assert!(!is_read_only("/fabric.agent.v1.FabricAgent/NewMethod"));
+        assert!(is_read_only(get));
+    }
+}

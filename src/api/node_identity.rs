@@ -1,0 +1,145 @@
+//! Which node a verified certificate speaks for on the SM host: by default a DNS SAN equal to
+//! the node id or to a configured template (`{node}.nodes.fab2.example`); alternatively an
+//! explicit table from typed identities to node ids.
+
+use super::auth::{CertIdentity, ClientId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The placeholder a name template must contain exactly once.
+pub const NODE_PLACEHOLDER: &str = "{node}";
+
+/// How certificate identities map to node ids.
+#[derive(Debug, Clone)]
+pub enum NodeMapping {
+    /// A DNS SAN equal to the node id or, with a template, to the template with `{node}`
+    /// replaced by the node id.
+    Names {
+        /// E.g. `{node}.nodes.fab2.example`.
+        template: Option<String>,
+    },
+    /// Only these identities, each speaking for one node.
+    Table(Arc<BTreeMap<ClientId, String>>),
+}
+
+impl Default for NodeMapping {
+    fn default() -> Self {
+        NodeMapping::Names { template: None }
+    }
+}
+
+impl NodeMapping {
+    /// Builds the mapping from configuration: a non-empty table wins; else the template (checked
+    /// to hold `{node}` once and to look like a DNS name around it).
+    pub fn from_config(
+        template: Option<&str>,
+        table: &BTreeMap<String, String>,
+    ) -> Result<NodeMapping, String> {
+        if !table.is_empty() {
+            if template.is_some() {
+                return Err(
+                    "set either node_name_template or [listen.tls.node_identities], not both"
+                        .into(),
+                );
+            }
+            let mut map = BTreeMap::new();
+            for (id, node) in table {
+                let id = ClientId::parse(id)?;
+                if node.is_empty() {
+                    return Err(format!("{id} maps to an empty node id"));
+                }
+                map.insert(id, node.clone());
+            }
+            return Ok(NodeMapping::Table(Arc::new(map)));
+        }
+        match template {
+            None => Ok(NodeMapping::default()),
+            Some(t) => {
+                let rest = t.replacen(NODE_PLACEHOLDER, "n", 1);
+                if t.matches(NODE_PLACEHOLDER).count() != 1
+                    || rest.contains(['{', '}', '*', '/', ':', ' '])
+                {
+                    return Err(format!(
+                        "{t:?} must be a DNS name holding {NODE_PLACEHOLDER} exactly once, e.g. \"{{node}}.nodes.fab2.example\""
+                    ));
+                }
+                Ok(NodeMapping::Names {
+                    template: Some(t.to_ascii_lowercase()),
+                })
+            }
+        }
+    }
+
+    /// Whether `identity` speaks for `node`.
+    pub fn maps(&self, identity: &CertIdentity, node: &str) -> bool {
+        match self {
+            NodeMapping::Names { template } => {
+                let expected = template
+                    .as_ref()
+                    .map(|t| t.replacen(NODE_PLACEHOLDER, node, 1));
+                identity.dns_names().any(|d| {
+                    d.eq_ignore_ascii_case(node)
+                        || expected.as_ref().is_some_and(|e| d.eq_ignore_ascii_case(e))
+                })
+            }
+            NodeMapping::Table(table) => identity
+                .names()
+                .iter()
+                .any(|n| table.get(n).is_some_and(|mapped| mapped == node)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, KeyPair};
+
+    fn identity(sans: &[&str]) -> CertIdentity {
+        let p =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let der = p.self_signed(&KeyPair::generate().unwrap()).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        CertIdentity::verify(&[der.der().to_vec()], now).unwrap()
+    }
+
+    #[test]
+    fn names_and_templates() {
+        let plain = NodeMapping::default();
+        assert!(plain.maps(&identity(&["node1"]), "node1"));
+        assert!(!plain.maps(&identity(&["node1"]), "node2"));
+        let t =
+            NodeMapping::from_config(Some("{node}.nodes.fab2.example"), &BTreeMap::new()).unwrap();
+        assert!(t.maps(&identity(&["node1.nodes.fab2.example"]), "node1"));
+        assert!(t.maps(&identity(&["node1"]), "node1"));
+        assert!(!t.maps(&identity(&["node1.nodes.fab2.example"]), "node2"));
+        assert!(!t.maps(&identity(&["node1.nodes.fab2.example"]), "node1.nodes"));
+        for bad in ["nodes.example", "{node}.{node}.x", "*.{node}.x", "{node} x"] {
+            assert!(
+                NodeMapping::from_config(Some(bad), &BTreeMap::new()).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn table_is_exclusive() {
+        let table: BTreeMap<String, String> = [
+            ("dns:gpu-a.example".to_owned(), "node1".to_owned()),
+            ("uri:spiffe://fab2/node/2".to_owned(), "node2".to_owned()),
+        ]
+        .into();
+        let m = NodeMapping::from_config(None, &table).unwrap();
+        assert!(m.maps(&identity(&["gpu-a.example"]), "node1"));
+        assert!(!m.maps(&identity(&["node1"]), "node1"));
+        assert!(!m.maps(&identity(&["gpu-a.example"]), "node2"));
+        assert!(NodeMapping::from_config(Some("{node}.x"), &table).is_err());
+        let untyped: BTreeMap<String, String> = [("gpu-a".to_owned(), "n".to_owned())].into();
+        assert!(NodeMapping::from_config(None, &untyped)
+            .unwrap_err()
+            .contains("dns:gpu-a"));
+    }
+}

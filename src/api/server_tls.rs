@@ -1,0 +1,267 @@
+//! The TCP listener's TLS, reloadable: handshakes run on tokio-rustls with a rustls
+//! `ServerConfig` that a [`TlsReloader`] swaps when the certificate, key or client CA bundle is
+//! re-read (SIGHUP). Connections already open keep the material they started with; a bad new
+//! file is reported and the old material stays in use.
+//!
+//! The client verifier checks the chain against the CA bundle. A chain that is only outside
+//! its validity period is let through the handshake so that every call on it is refused with
+//! UNAUTHENTICATED and the reason (see [`super::caller::Policy`]) instead of a bare TLS alert.
+
+use crate::config::TlsConfig;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore};
+use rustls::{ServerConfig, SignatureScheme};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+/// Handshakes running at once; more connections wait in the kernel's backlog.
+const MAX_HANDSHAKES: usize = 256;
+/// A client that does not finish its handshake in this time is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a load or reload read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsLoaded {
+    /// Certificates in this agent's chain.
+    pub chain_certs: usize,
+    /// CA certificates client certificates may chain to.
+    pub client_cas: usize,
+}
+
+impl fmt::Display for TlsLoaded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "server certificate chain of {} and client CA bundle of {} certificate(s)",
+            self.chain_certs, self.client_cas
+        )
+    }
+}
+
+/// The current TLS material and the files it came from. Cloning shares it.
+#[derive(Clone)]
+pub struct TlsReloader {
+    files: Arc<(PathBuf, PathBuf, PathBuf)>,
+    current: Arc<RwLock<Arc<ServerConfig>>>,
+}
+
+impl fmt::Debug for TlsReloader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsReloader")
+            .field("cert", &self.files.0)
+            .field("key", &self.files.1)
+            .field("client_ca", &self.files.2)
+            .finish()
+    }
+}
+
+impl TlsReloader {
+    /// Loads the configured files.
+    pub fn load(config: &TlsConfig) -> Result<(TlsReloader, TlsLoaded), String> {
+        let files = (
+            config.cert.clone(),
+            config.key.clone(),
+            config.client_ca.clone(),
+        );
+        let (server, loaded) = build(&files.0, &files.1, &files.2)?;
+        Ok((
+            TlsReloader {
+                files: Arc::new(files),
+                current: Arc::new(RwLock::new(Arc::new(server))),
+            },
+            loaded,
+        ))
+    }
+
+    /// Re-reads the files; on any error the material in use is kept and the error returned.
+    pub fn reload(&self) -> Result<TlsLoaded, String> {
+        let (cert, key, ca) = &*self.files;
+        let (server, loaded) = build(cert, key, ca)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(server);
+        Ok(loaded)
+    }
+
+    fn current(&self) -> Arc<ServerConfig> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Accepts TCP connections and completes TLS handshakes with the material current at
+    /// accept time; the stream ends when the consumer (the server) is dropped.
+    pub fn incoming(
+        &self,
+        listener: TcpListener,
+    ) -> mpsc::Receiver<std::io::Result<TlsStream<TcpStream>>> {
+        let (tx, rx) = mpsc::channel(64);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+            loop {
+                let accepted = tokio::select! {
+                    r = listener.accept() => r,
+                    _ = tx.closed() => break,
+                };
+                let (tcp, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "accepting a TCP connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    break;
+                };
+                let acceptor = TlsAcceptor::from(me.current());
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = tx.send(Ok(stream)).await;
+                        }
+                        Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake refused"),
+                        Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        rx
+    }
+}
+
+fn read_err(path: &Path, e: impl fmt::Display) -> String {
+    format!("{}: {e}", path.display())
+}
+
+fn build(cert: &Path, key: &Path, ca: &Path) -> Result<(ServerConfig, TlsLoaded), String> {
+    crate::tls::install_crypto_provider();
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| read_err(cert, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| read_err(cert, e))?;
+    if chain.is_empty() {
+        return Err(read_err(cert, "no PEM certificate in the file"));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| read_err(key, e))?;
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(|e| read_err(ca, e))? {
+        roots
+            .add(c.map_err(|e| read_err(ca, e))?)
+            .map_err(|e| read_err(ca, e))?;
+    }
+    if roots.is_empty() {
+        return Err(read_err(ca, "no PEM CA certificate in the file"));
+    }
+    let loaded = TlsLoaded {
+        chain_certs: chain.len(),
+        client_cas: roots.len(),
+    };
+    let inner = WebPkiClientVerifier::builder(Arc::new(roots))
+        // A certificate-less handshake gets a clear UNAUTHENTICATED status, not a TLS alert.
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| read_err(ca, e))?;
+    let mut server = ServerConfig::builder()
+        .with_client_cert_verifier(Arc::new(PeriodChecked { inner }))
+        .with_single_cert(chain, key_der)
+        .map_err(|e| format!("{} with {}: {e}", cert.display(), key.display()))?;
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    Ok((server, loaded))
+}
+
+/// WebPKI client verification, except that a chain refused only for its validity period is
+/// re-verified at the leaf's notBefore: if it chains to a trusted CA then, the handshake
+/// completes and the call gate refuses every call with UNAUTHENTICATED naming the dates.
+#[derive(Debug)]
+struct PeriodChecked {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+fn is_period_error(e: &rustls::Error) -> bool {
+    matches!(
+        e,
+        rustls::Error::InvalidCertificate(
+            CertificateError::Expired
+                | CertificateError::ExpiredContext { .. }
+                | CertificateError::NotValidYet
+                | CertificateError::NotValidYetContext { .. }
+        )
+    )
+}
+
+impl ClientCertVerifier for PeriodChecked {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        match self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)
+        {
+            Err(e) if is_period_error(&e) => {
+                let (_, leaf) = X509Certificate::from_der(end_entity.as_ref()).map_err(|_| {
+                    rustls::Error::InvalidCertificate(CertificateError::BadEncoding)
+                })?;
+                let from = leaf.validity().not_before.timestamp().max(0) as u64;
+                self.inner.verify_client_cert(
+                    end_entity,
+                    intermediates,
+                    UnixTime::since_unix_epoch(Duration::from_secs(from + 1)),
+                )
+            }
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}

@@ -1,0 +1,157 @@
+//! Local callers on the unix socket are checked by SO_PEERCRED: the CLI run as another uid
+//! (`setpriv`, needs root) may read when in the read group but may not attach or release; root's
+//! attach is served and leaves one audit line naming `unix uid=0`.
+
+mod common;
+
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+const NOBODY: &str = "65534";
+
+fn as_nobody(d: &Daemon, args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            BIN,
+            "--socket",
+        ])
+        .arg(&d.socket)
+        .args(args)
+        .output()
+        .expect("run setpriv")
+}
+
+const ATTACH: &[&str] = &[
+    "attach",
+    "--instance",
+    "vm-1",
+    "--partition",
+    "ibpart_a1",
+    "--name",
+    "a1",
+    "--workspace",
+    "ws",
+    "--account",
+    "acct",
+    "--pkey",
+    "0x0a12",
+];
+
+fn audit_lines(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains("fabric_agent::audit"))
+        .collect()
+}
+
+#[test]
+fn a_non_root_unlisted_user_may_read_but_not_change() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: running the CLI as another uid needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // nobody must be able to reach the socket at all, so that the refusal is the agent's.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let extra = format!(
+        "[listen]\nunix_socket = \"{}\"\nunix_socket_mode = \"0666\"\nread_group = \"{NOBODY}\"\n",
+        tmp.path().join("agent.sock").display()
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[("FABRIC_AGENT_LOG", "fabric_agent=debug")]);
+
+    let read = as_nobody(&d, &["node"]);
+    assert!(
+        read.status.success(),
+        "nobody is in the read group: {}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+
+    let refused = as_nobody(&d, ATTACH);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("uid=65534"), "{err}");
+    assert!(
+        err.to_lowercase().contains("permission") || err.contains("PermissionDenied"),
+        "{err}"
+    );
+    let released = as_nobody(&d, &["release", "--instance", "vm-1"]);
+    assert!(!released.status.success());
+    assert!(String::from_utf8_lossy(&released.stderr).contains("uid=65534"));
+
+    // Nothing was attached.
+    let list = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["attachments", "--json"])
+        .output()
+        .unwrap();
+    assert!(list.status.success());
+    assert!(
+        !String::from_utf8_lossy(&list.stdout).contains("vm-1"),
+        "{}",
+        String::from_utf8_lossy(&list.stdout)
+    );
+
+    // Root attaches; the audit trail has root's call and nobody's refusals.
+    let ok = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(ATTACH)
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    d.stop();
+    let log = d.log();
+    let audit = audit_lines(&log);
+    let root: Vec<_> = audit
+        .iter()
+        .filter(|l| l.contains("caller=unix uid=0") && l.contains("AttachPartition"))
+        .collect();
+    assert_eq!(root.len(), 1, "{audit:#?}");
+    for field in [
+        "instance=\"vm-1\"",
+        "partition=\"ibpart_a1\"",
+        "pkey=0x0a12",
+        "membership=\"FULL\"",
+        "result=Ok",
+    ] {
+        assert!(root[0].contains(field), "{field} in {}", root[0]);
+    }
+    let refusals: Vec<_> = audit
+        .iter()
+        .filter(|l| l.contains("caller=\"unix uid=65534\"") || l.contains("caller=unix uid=65534"))
+        .collect();
+    assert_eq!(refusals.len(), 2, "{audit:#?}");
+    assert!(refusals
+        .iter()
+        .all(|l| l.contains("result=PermissionDenied")));
+}
+
+#[test]
+fn a_user_outside_the_read_group_may_not_read() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: running the CLI as another uid needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // read_group defaults to the agent's own group (root here).
+    let extra = format!(
+        "[listen]\nunix_socket = \"{}\"\nunix_socket_mode = \"0666\"\n",
+        tmp.path().join("agent.sock").display()
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[]);
+    let read = as_nobody(&d, &["node"]);
+    assert!(!read.status.success());
+    assert!(String::from_utf8_lossy(&read.stderr).contains("uid=65534"));
+    d.stop();
+}
