@@ -28,7 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+step() { if [ -t 1 ]; then printf '\n\033[1m== %s\033[0m\n' "$*"; else printf '\n== %s\n' "$*"; fi; }
 cli_at() { local sock="$1"; shift; echo "\$ fabric-agent $*"; "$bin" --socket "$sock" "$@"; }
 
 if [ "$mode" = ibsim ]; then

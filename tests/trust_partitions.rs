@@ -12,7 +12,7 @@ use fabric_agent::config::TlsConfig;
 use fabric_agent::proto::sm as pb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
-use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig};
+use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, OwnershipConfig};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -123,6 +123,9 @@ impl SmHost {
             OpenSmConfig {
                 partitions_file: partitions.clone(),
                 pid: Some(12345),
+                // Made-up GUIDs: who may claim which port is the ownership tests' subject
+                // (tests/opensm_ownership*.rs); here it is which node a certificate speaks for.
+                ownership: OwnershipConfig::disabled(),
                 ..OpenSmConfig::default()
             },
             "smhost".into(),
