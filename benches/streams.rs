@@ -4,7 +4,9 @@
 //! - the daemon's RSS (VmRSS, VmHWM from /proc/<pid>/status) before, with the streams open, at
 //!   peak and after they closed,
 //! - attach -> ACTIVE and release -> RELEASED latency (p50/p99) without streams and with the
-//!   streams open, and whether every open stream received every event of those cycles.
+//!   streams open, and whether every open stream received every event of those cycles,
+//! - stalled consumers: `--stalled N` (default 1,000) streams on a connection of their own
+//!   that replay the whole log from seq 0 and never read: the daemon's RSS with them open.
 //!
 //! Run: `cargo bench --bench streams` (options: `-- --streams N --limit N --cycles N
 //! --connections N`). All streams share one HTTP/2 connection unless `--connections` says
@@ -40,18 +42,22 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-/// (VmRSS, VmHWM) of a process in kB.
-fn memory(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+/// (VmRSS, VmHWM) of a process in kB; None once it has gone.
+fn try_memory(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |name: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
-            .expect("a kB figure")
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// (VmRSS, VmHWM) of the running daemon in kB.
+fn memory(pid: u32) -> (u64, u64) {
+    try_memory(pid).expect("the daemon's /proc status")
 }
 
 fn mb(kb: u64) -> String {
@@ -131,6 +137,7 @@ fn main() {
     let limit = arg("--limit", 8192);
     let n_cycles = arg("--cycles", 100).max(1);
     let connections = arg("--connections", 1).max(1);
+    let stalled = arg("--stalled", 1000);
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path();
     let socket = dir.join("agent.sock");
@@ -159,13 +166,11 @@ fn main() {
     let sampled_peak = Arc::new(AtomicU64::new(0));
     {
         let peak = sampled_peak.clone();
-        std::thread::spawn(move || loop {
-            if std::fs::metadata(format!("/proc/{pid}")).is_err() {
-                return;
+        std::thread::spawn(move || {
+            while let Some((rss, _)) = try_memory(pid) {
+                peak.fetch_max(rss, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
             }
-            let (rss, _) = memory(pid);
-            peak.fetch_max(rss, Ordering::Relaxed);
-            std::thread::sleep(Duration::from_millis(20));
         });
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -292,6 +297,49 @@ fn main() {
             })
             .await
             .is_ok();
+
+        // Stalled consumers: replay everything, read nothing, on their own connection (one
+        // HTTP/2 connection's flow-control window is shared by its streams).
+        let stalled_channel = fabric_agent::api::client::unix(&socket)
+            .await
+            .expect("connect");
+        let mut held = Vec::new();
+        for _ in 0..stalled {
+            let mut c = FabricAgentClient::new(stalled_channel.clone());
+            match c
+                .watch_events(pb::WatchEventsRequest {
+                    after_seq: 0,
+                    no_follow: false,
+                    log_epoch: None,
+                })
+                .await
+            {
+                Ok(s) => held.push(s.into_inner()),
+                Err(e) => println!("  stalled stream refused: {e:?}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (rss_stalled, _) = memory(pid);
+        let mut c2 = FabricAgentClient::new(channels[0].clone());
+        let t = Instant::now();
+        c2.get_node(pb::GetNodeRequest {}).await.expect("node");
+        let answered = t.elapsed();
+        println!(
+            "stalled: {} streams replaying a {last}-event log from seq 0, none read: daemon RSS {} \
+             after 5 s ({} above the idle figure); GetNode answered meanwhile in {}",
+            held.len(),
+            mb(rss_stalled),
+            mb(rss_stalled.saturating_sub(rss_after)),
+            ms(answered)
+        );
+        drop(held);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (rss_end, _) = memory(pid);
+        println!(
+            "after closing the stalled streams: daemon RSS {}",
+            mb(rss_end)
+        );
+
         println!(
             "daemon RSS: before {}, streams open {}, after the loaded cycles {} (VmHWM then {}), \
              peak {} (max of 20 ms VmRSS samples and VmHWM), 5 s after closing them {}; \
