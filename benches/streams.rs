@@ -55,6 +55,33 @@ fn try_memory(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// CPU seconds (user + system) a process has used; "self" for this one.
+fn cpu_secs(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after_comm.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 overall, 11 and 12 after the comm.
+    let ticks = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    ticks as f64 / hz
+}
+
+/// Runs `cycles` and reports their latencies with the CPU the daemon and this client used.
+async fn measured(what: &str, pid: u32, c: &mut FabricAgentClient<Channel>, first: u64, n: u64) {
+    let (d0, s0, t0) = (cpu_secs(&pid.to_string()), cpu_secs("self"), Instant::now());
+    let (attach, release) = cycles(c, first, n).await;
+    let wall = t0.elapsed().as_secs_f64();
+    report(what, &attach, &release);
+    println!(
+        "  over {wall:.1} s: daemon CPU {:.1} s, benchmark client CPU {:.1} s",
+        cpu_secs(&pid.to_string()) - d0,
+        cpu_secs("self") - s0
+    );
+}
+
 /// (VmRSS, VmHWM) of the running daemon in kB.
 fn memory(pid: u32) -> (u64, u64) {
     try_memory(pid).expect("the daemon's /proc status")
@@ -192,12 +219,14 @@ fn main() {
         cycles(&mut c, 0, 10).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (rss_before, _) = memory(pid);
-        let (attach0, release0) = cycles(&mut c, 1_000, n_cycles).await;
-        report(
+        measured(
             &format!("without streams ({n_cycles} cycles)"),
-            &attach0,
-            &release0,
-        );
+            pid,
+            &mut c,
+            1_000,
+            n_cycles,
+        )
+        .await;
 
         // Open the streams, each from the newest event, each drained by its own task.
         let node = c
@@ -257,12 +286,14 @@ fn main() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let (rss_open, _) = memory(pid);
 
-        let (attach1, release1) = cycles(&mut c, 2_000, n_cycles).await;
-        report(
+        measured(
             &format!("with {} streams open ({n_cycles} cycles)", readers.len()),
-            &attach1,
-            &release1,
-        );
+            pid,
+            &mut c,
+            2_000,
+            n_cycles,
+        )
+        .await;
         let last = c
             .get_node(pb::GetNodeRequest {})
             .await
