@@ -4,7 +4,9 @@
 //! - the daemon's RSS (VmRSS, VmHWM from /proc/<pid>/status) before, with the streams open, at
 //!   peak and after they closed,
 //! - attach -> ACTIVE and release -> RELEASED latency (p50/p99) without streams and with the
-//!   streams open, and whether every open stream received every event of those cycles.
+//!   streams open, and whether every open stream received every event of those cycles,
+//! - stalled consumers: `--stalled N` (default 1,000) streams on a connection of their own
+//!   that replay the whole log from seq 0 and never read: the daemon's RSS with them open.
 //!
 //! Run: `cargo bench --bench streams` (options: `-- --streams N --limit N --cycles N
 //! --connections N`). All streams share one HTTP/2 connection unless `--connections` says
@@ -40,18 +42,49 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-/// (VmRSS, VmHWM) of a process in kB.
-fn memory(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+/// (VmRSS, VmHWM) of a process in kB; None once it has gone.
+fn try_memory(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |name: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
-            .expect("a kB figure")
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// CPU seconds (user + system) a process has used; "self" for this one.
+fn cpu_secs(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after_comm.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 overall, 11 and 12 after the comm.
+    let ticks = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    ticks as f64 / hz
+}
+
+/// Runs `cycles` and reports their latencies with the CPU the daemon and this client used.
+async fn measured(what: &str, pid: u32, c: &mut FabricAgentClient<Channel>, first: u64, n: u64) {
+    let (d0, s0, t0) = (cpu_secs(&pid.to_string()), cpu_secs("self"), Instant::now());
+    let (attach, release) = cycles(c, first, n).await;
+    let wall = t0.elapsed().as_secs_f64();
+    report(what, &attach, &release);
+    println!(
+        "  over {wall:.1} s: daemon CPU {:.1} s, benchmark client CPU {:.1} s",
+        cpu_secs(&pid.to_string()) - d0,
+        cpu_secs("self") - s0
+    );
+}
+
+/// (VmRSS, VmHWM) of the running daemon in kB.
+fn memory(pid: u32) -> (u64, u64) {
+    try_memory(pid).expect("the daemon's /proc status")
 }
 
 fn mb(kb: u64) -> String {
@@ -131,6 +164,7 @@ fn main() {
     let limit = arg("--limit", 8192);
     let n_cycles = arg("--cycles", 100).max(1);
     let connections = arg("--connections", 1).max(1);
+    let stalled = arg("--stalled", 1000);
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path();
     let socket = dir.join("agent.sock");
@@ -159,13 +193,11 @@ fn main() {
     let sampled_peak = Arc::new(AtomicU64::new(0));
     {
         let peak = sampled_peak.clone();
-        std::thread::spawn(move || loop {
-            if std::fs::metadata(format!("/proc/{pid}")).is_err() {
-                return;
+        std::thread::spawn(move || {
+            while let Some((rss, _)) = try_memory(pid) {
+                peak.fetch_max(rss, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
             }
-            let (rss, _) = memory(pid);
-            peak.fetch_max(rss, Ordering::Relaxed);
-            std::thread::sleep(Duration::from_millis(20));
         });
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -187,12 +219,14 @@ fn main() {
         cycles(&mut c, 0, 10).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (rss_before, _) = memory(pid);
-        let (attach0, release0) = cycles(&mut c, 1_000, n_cycles).await;
-        report(
+        measured(
             &format!("without streams ({n_cycles} cycles)"),
-            &attach0,
-            &release0,
-        );
+            pid,
+            &mut c,
+            1_000,
+            n_cycles,
+        )
+        .await;
 
         // Open the streams, each from the newest event, each drained by its own task.
         let node = c
@@ -252,12 +286,14 @@ fn main() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let (rss_open, _) = memory(pid);
 
-        let (attach1, release1) = cycles(&mut c, 2_000, n_cycles).await;
-        report(
+        measured(
             &format!("with {} streams open ({n_cycles} cycles)", readers.len()),
-            &attach1,
-            &release1,
-        );
+            pid,
+            &mut c,
+            2_000,
+            n_cycles,
+        )
+        .await;
         let last = c
             .get_node(pb::GetNodeRequest {})
             .await
@@ -292,6 +328,49 @@ fn main() {
             })
             .await
             .is_ok();
+
+        // Stalled consumers: replay everything, read nothing, on their own connection (one
+        // HTTP/2 connection's flow-control window is shared by its streams).
+        let stalled_channel = fabric_agent::api::client::unix(&socket)
+            .await
+            .expect("connect");
+        let mut held = Vec::new();
+        for _ in 0..stalled {
+            let mut c = FabricAgentClient::new(stalled_channel.clone());
+            match c
+                .watch_events(pb::WatchEventsRequest {
+                    after_seq: 0,
+                    no_follow: false,
+                    log_epoch: None,
+                })
+                .await
+            {
+                Ok(s) => held.push(s.into_inner()),
+                Err(e) => println!("  stalled stream refused: {e:?}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (rss_stalled, _) = memory(pid);
+        let mut c2 = FabricAgentClient::new(channels[0].clone());
+        let t = Instant::now();
+        c2.get_node(pb::GetNodeRequest {}).await.expect("node");
+        let answered = t.elapsed();
+        println!(
+            "stalled: {} streams replaying a {last}-event log from seq 0, none read: daemon RSS {} \
+             after 5 s ({} above the idle figure); GetNode answered meanwhile in {}",
+            held.len(),
+            mb(rss_stalled),
+            mb(rss_stalled.saturating_sub(rss_after)),
+            ms(answered)
+        );
+        drop(held);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (rss_end, _) = memory(pid);
+        println!(
+            "after closing the stalled streams: daemon RSS {}",
+            mb(rss_end)
+        );
+
         println!(
             "daemon RSS: before {}, streams open {}, after the loaded cycles {} (VmHWM then {}), \
              peak {} (max of 20 ms VmRSS samples and VmHWM), 5 s after closing them {}; \

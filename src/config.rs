@@ -136,7 +136,7 @@ pub struct LimitsConfig {
     /// seconds; the client reconnects with its last seq. 0 (default) means no bound.
     #[serde(default)]
     pub watch_max_age_secs: u64,
-    /// Events read from the log per replay batch of one stream (default 256, at most 4096).
+    /// Events read from the log per replay batch of one stream (default 64, at most 4096).
     #[serde(default = "default_watch_batch")]
     pub watch_batch: usize,
     /// ListAttachments page size when the request gives none (default 500).
@@ -163,7 +163,7 @@ fn default_keepalive_timeout() -> u64 {
     20
 }
 fn default_watch_batch() -> usize {
-    256
+    64
 }
 fn default_list_page_size() -> u32 {
     500

@@ -355,3 +355,68 @@ async fn a_stream_past_its_maximum_age_ends_with_its_resume_cursor() {
         e.message()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attachments_created_between_pages_appear_exactly_when_they_sort_after_the_cursor() {
+    let d = Daemon::start("");
+    let mut c = d.client().await;
+    let p = partition("ibpart_shared", 0x21);
+    let before: BTreeSet<String> = (0..20).map(|i| format!("i-{i:03}")).collect();
+    for id in &before {
+        c.attach_partition(attach(id, p.clone(), None))
+            .await
+            .unwrap();
+    }
+    let first = c
+        .list_attachments(pb::ListAttachmentsRequest {
+            page_size: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cursor = first.attachments.last().unwrap().instance_id.clone();
+    assert_eq!(cursor, "i-004");
+    // Created after the first page: before the cursor, between listed ones, after everything.
+    let created: Vec<String> = (0..10)
+        .flat_map(|i| {
+            [
+                format!("a-{i:03}"),
+                format!("i-{i:03}x"),
+                format!("z-{i:03}"),
+            ]
+        })
+        .collect();
+    for id in &created {
+        c.attach_partition(attach(id, p.clone(), None))
+            .await
+            .unwrap();
+    }
+    let mut listed: Vec<String> = first
+        .attachments
+        .into_iter()
+        .map(|a| a.instance_id)
+        .collect();
+    let mut token = first.next_page_token;
+    while !token.is_empty() {
+        let r = c
+            .list_attachments(pb::ListAttachmentsRequest {
+                page_size: 5,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        listed.extend(r.attachments.into_iter().map(|a| a.instance_id));
+        token = r.next_page_token;
+    }
+    let expected: Vec<String> = before
+        .iter()
+        .cloned()
+        .chain(created.into_iter().filter(|id| *id > cursor))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(listed, expected);
+}

@@ -19,7 +19,7 @@ pub use admission::AttachRequest;
 pub use assemble::{assemble, read_ports_once, Assembled};
 pub use error::AgentError;
 pub use status::{NodeView, SmStatus};
-pub use watch::{WatchFrom, MAX_BATCH as MAX_WATCH_BATCH};
+pub use watch::{EventStream, WatchFrom, MAX_BATCH as MAX_WATCH_BATCH};
 
 use crate::domain::{
     ApplyLedger, Attachment, AttachmentState, Event, EventKind, FabricName, Inventory, PortSelector,
@@ -324,13 +324,10 @@ impl Agent {
         })
     }
 
-    /// Events after `from.after`, replayed from the log and then followed live, through a
-    /// bounded channel. OUT_OF_RANGE for a cursor of another log, beyond the newest event or
+    /// Events after `from.after`, replayed from the log and then followed live, as a stream
+    /// that reads ahead at most one replay batch. OUT_OF_RANGE for a cursor of another log, beyond the newest event or
     /// before the oldest retained one.
-    pub fn watch(
-        &self,
-        from: WatchFrom,
-    ) -> Result<tokio::sync::mpsc::Receiver<Result<Event, AgentError>>, AgentError> {
+    pub fn watch(&self, from: WatchFrom) -> Result<watch::EventStream, AgentError> {
         watch::start(self.clone(), from)
     }
 

@@ -6,16 +6,20 @@
 //! OUT_OF_RANGE, so a control plane whose cursor predates a wiped state directory resynchronises
 //! instead of waiting forever.
 //!
-//! Memory per stream is bounded whatever the consumer does: the replay reads at most `batch`
-//! events at a time and hands them over a channel of [`CHANNEL`] slots; a consumer that stops
-//! reading stops the producer at the channel (and HTTP/2 flow control stops the channel).
+//! Memory per stream is bounded whatever the consumer does: the stream is pulled by its gRPC
+//! response only when the client has flow-control room, and holds at most one replay batch
+//! (`batch` events) read from the log. No task or channel is kept per stream; a client that
+//! goes away drops its stream.
 
 use super::{Agent, AgentError};
 use crate::domain::Event;
-use tokio::sync::{broadcast::error::RecvError, mpsc};
+use futures::Stream;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use tokio::sync::broadcast::error::RecvError;
 
-/// Events queued between a stream's producer and its gRPC response.
-pub const CHANNEL: usize = 16;
+/// A stream of events as [`start`] returns it.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<Event, AgentError>> + Send>>;
 
 /// The largest replay batch accepted.
 pub const MAX_BATCH: usize = 4096;
@@ -35,10 +39,7 @@ pub struct WatchFrom {
     pub max_age: Option<std::time::Duration>,
 }
 
-pub(super) fn start(
-    agent: Agent,
-    from: WatchFrom,
-) -> Result<mpsc::Receiver<Result<Event, AgentError>>, AgentError> {
+pub(super) fn start(agent: Agent, from: WatchFrom) -> Result<EventStream, AgentError> {
     let WatchFrom {
         after,
         epoch: client_epoch,
@@ -73,81 +74,111 @@ pub(super) fn start(
             first - 1
         )));
     }
-    let mut live = agent.shared.events.subscribe();
-    let mut stopping = agent.shared.stopping.subscribe();
-    let (tx, rx) = mpsc::channel(CHANNEL);
-    let deadline = max_age.map(|d| tokio::time::Instant::now() + d);
-    tokio::spawn(async move {
-        let expired = async move {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
+    let cursor = Cursor {
+        live: agent.shared.events.subscribe(),
+        stopping: agent.shared.stopping.subscribe(),
+        agent,
+        epoch,
+        sent: after,
+        follow,
+        batch,
+        deadline: max_age.map(|d| tokio::time::Instant::now() + d),
+        page: VecDeque::new(),
+        replaying: true,
+        done: false,
+    };
+    Ok(Box::pin(futures::stream::unfold(cursor, next)))
+}
+
+/// One stream's position. The stream is polled only when its client has room for more (HTTP/2
+/// flow control), so a consumer that stops reading stops the stream where it is, holding at
+/// most one replay batch.
+struct Cursor {
+    agent: Agent,
+    live: tokio::sync::broadcast::Receiver<Event>,
+    stopping: tokio::sync::watch::Receiver<bool>,
+    epoch: crate::store::LogEpoch,
+    /// The last seq handed out.
+    sent: u64,
+    follow: bool,
+    batch: usize,
+    deadline: Option<tokio::time::Instant>,
+    /// Events read from the log, not yet handed out.
+    page: VecDeque<Event>,
+    /// Reading from the log (at the start, and after lagging or a gap).
+    replaying: bool,
+    /// An error was handed out: the stream ends.
+    done: bool,
+}
+
+enum Woken {
+    Live(Result<Event, RecvError>),
+    Stopping,
+    Expired,
+}
+
+async fn next(mut c: Cursor) -> Option<(Result<Event, AgentError>, Cursor)> {
+    loop {
+        if c.done {
+            return None;
+        }
+        if let Some(e) = c.page.pop_front() {
+            c.sent = e.seq;
+            return Some((Ok(e), c));
+        }
+        if c.replaying {
+            // Replay (or catch up after lagging) from the log.
+            match c.agent.store().events_after(c.sent, c.batch) {
+                Ok(page) => {
+                    c.replaying = page.len() == c.batch;
+                    c.page = page.into();
+                }
+                Err(e) => {
+                    c.done = true;
+                    return Some((Err(e.into()), c));
+                }
+            }
+            continue;
+        }
+        if !c.follow {
+            return None;
+        }
+        let woken = if *c.stopping.borrow() {
+            Woken::Stopping
+        } else {
+            let deadline = c.deadline;
+            let expired = async move {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = c.live.recv() => Woken::Live(r),
+                _ = c.stopping.changed() => continue,
+                _ = expired => Woken::Expired,
             }
         };
-        tokio::pin!(expired);
-        let mut sent = after;
-        loop {
-            // Replay (or catch up after lagging) from the log.
-            loop {
-                let page = match agent.store().events_after(sent, batch) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
-                    }
-                };
-                let n = page.len();
-                for e in page {
-                    sent = e.seq;
-                    if tx.send(Ok(e)).await.is_err() {
-                        return;
-                    }
-                }
-                if n < batch {
-                    break;
-                }
+        let why = match woken {
+            Woken::Live(Ok(e)) if e.seq <= c.sent => continue,
+            Woken::Live(Ok(e)) if Some(e.seq) == c.sent.checked_add(1) => {
+                c.sent = e.seq;
+                return Some((Ok(e), c));
             }
-            if !follow {
-                return;
+            // A gap (published out of order with a concurrent commit) or lag: re-read.
+            Woken::Live(Ok(_) | Err(RecvError::Lagged(_))) => {
+                c.replaying = true;
+                continue;
             }
-            loop {
-                let stop_now = *stopping.borrow();
-                let received = if stop_now {
-                    Err("agent is shutting down")
-                } else {
-                    tokio::select! {
-                        r = live.recv() => Ok(r),
-                        _ = stopping.changed() => continue,
-                        // The client went away: end now rather than at the next event.
-                        _ = tx.closed() => return,
-                        _ = &mut expired => Err("stream reached its maximum age ([limits] watch_max_age_secs)"),
-                    }
-                };
-                let received = match received {
-                    Ok(r) => r,
-                    Err(why) => {
-                        let _ = tx
-                            .send(Err(AgentError::Unavailable(format!(
-                                "{why}; resume with after_seq = {sent} and log_epoch = {epoch}"
-                            ))))
-                            .await;
-                        return;
-                    }
-                };
-                match received {
-                    Ok(e) if e.seq <= sent => continue,
-                    Ok(e) if Some(e.seq) == sent.checked_add(1) => {
-                        sent = e.seq;
-                        if tx.send(Ok(e)).await.is_err() {
-                            return;
-                        }
-                    }
-                    // A gap (published out of order with a concurrent commit) or lag: re-read.
-                    Ok(_) | Err(RecvError::Lagged(_)) => break,
-                    Err(RecvError::Closed) => return,
-                }
-            }
-        }
-    });
-    Ok(rx)
+            Woken::Live(Err(RecvError::Closed)) => return None,
+            Woken::Stopping => "agent is shutting down",
+            Woken::Expired => "stream reached its maximum age ([limits] watch_max_age_secs)",
+        };
+        c.done = true;
+        let resume = format!(
+            "{why}; resume with after_seq = {} and log_epoch = {}",
+            c.sent, c.epoch
+        );
+        return Some((Err(AgentError::Unavailable(resume)), c));
+    }
 }

@@ -203,7 +203,7 @@ impl FabricAgent for AgentService {
         let r = request.into_inner();
         // The slot is held by the stream and freed when the client goes away.
         let slot = self.streams.acquire()?;
-        let rx = self
+        let events = self
             .agent
             .watch(WatchFrom {
                 after: r.after_seq,
@@ -216,7 +216,7 @@ impl FabricAgent for AgentService {
             .map_err(convert::status)?;
         let node_id = self.node_id.clone();
         let epoch = self.agent.log_epoch();
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |item| {
+        let stream = events.map(move |item| {
             let _slot = &slot;
             item.map(|e| convert::event_to_pb(&e, &node_id, &epoch))
                 .map_err(convert::status)
