@@ -55,7 +55,7 @@ fn sm_config(fabric: &Fabric, port: u16) -> String {
     let d = fabric.dir().display();
     format!(
         "node_id = \"smhost\"\nfabric = \"fab1\"\nstate_dir = \"{d}/smstate\"\n\
-         [listen]\nunix_socket = \"{d}/smhost.sock\"\ntcp = \"127.0.0.1:{port}\"\nplaintext_loopback = true\n\
+         [listen]\nunix_socket = \"{d}/smhost.sock\"\ntcp = \"127.0.0.1:{port}\"\ninsecure_plaintext_for_tests = true\n\
          [subnet_manager]\nbackend = \"opensm\"\n\
          [subnet_manager.opensm]\npartitions_file = \"{}\"\nlog_file = \"{d}/opensm.log\"\npid_file = \"{}\"\n\
          [subnet_manager.opensm.ownership]\ndescription_patterns = [\"{{node}}\", \"{{node}} *\"]\n\
