@@ -16,6 +16,7 @@ use support::{cpu_seconds, memory, ms, percentile, BenchDaemon};
 
 /// The daemon's `fabric_agent_store_commits_total` from its metrics endpoint.
 async fn commits(metrics: &str) -> u64 {
+    fabric_agent::tls::install_crypto_provider();
     let text = reqwest::get(metrics)
         .await
         .expect("scrape")

@@ -28,6 +28,8 @@ use tokio::time::Instant;
 pub(super) const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The loop goes round at least this often even when nothing happens.
 const HEARTBEAT: Duration = Duration::from_secs(60);
+/// Released attachments are pruned at most this often.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
 /// Stale-generation answers retried at once before backing off.
 const STALE_RETRIES: u32 = 3;
 
@@ -64,6 +66,8 @@ struct Loop {
     prev_inventory: Option<Inventory>,
     foreign_reported: BTreeSet<(Guid, PKeyValue)>,
     conditions: BTreeMap<ConditionKind, String>,
+    /// No prune before this (one attempt a second at most, whether it succeeded or not).
+    prune_not_before: Instant,
 }
 
 pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
@@ -90,6 +94,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         prev_inventory,
         foreign_reported: BTreeSet::new(),
         conditions: BTreeMap::new(),
+        prune_not_before: Instant::now(),
     };
     loop {
         let again = match l.pass().await {
@@ -600,12 +605,14 @@ impl Loop {
         let retain =
             i64::try_from(self.agent.shared.parts.released_retain.as_nanos()).unwrap_or(i64::MAX);
         let due_in = oldest.saturating_add(retain).saturating_sub(now_unix_ns());
-        // Pruning is housekeeping: batch what falls due within a second.
-        let due_in = u64::try_from(due_in).unwrap_or(0);
-        Some(Instant::now() + Duration::from_nanos(due_in) + Duration::from_secs(1))
+        // An absolute time, so a busy loop that recomputes it still reaches it; pruning is
+        // housekeeping, so at most one attempt a second (what fell due meanwhile goes too).
+        let due = Instant::now() + Duration::from_nanos(u64::try_from(due_in).unwrap_or(0));
+        Some(due.max(self.prune_not_before))
     }
 
-    async fn prune_released(&self) {
+    async fn prune_released(&mut self) {
+        self.prune_not_before = Instant::now() + PRUNE_EVERY;
         let _guard = self.agent.shared.write.lock().await;
         let retain = self.agent.shared.parts.released_retain;
         let cutoff = now_unix_ns() - i64::try_from(retain.as_nanos()).unwrap_or(i64::MAX);
