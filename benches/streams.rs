@@ -13,78 +13,28 @@
 //! otherwise, so the daemon holds one socket per connection, not per stream; with many
 //! connections raise the fd limit first (`ulimit -n`).
 
+mod support;
+
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use futures::StreamExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::{arg, cpu_seconds, cpu_seconds_of, memory, ms, percentile, try_memory, BenchDaemon};
 use tonic::transport::Channel;
-
-const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
-
-fn arg(name: &str, default: u64) -> u64 {
-    std::env::args()
-        .skip_while(|a| a != name)
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
-
-/// (VmRSS, VmHWM) of a process in kB; None once it has gone.
-fn try_memory(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
-}
-
-/// CPU seconds (user + system) a process has used; "self" for this one.
-fn cpu_secs(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
-    let f: Vec<&str> = after_comm.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 overall, 11 and 12 after the comm.
-    let ticks = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    ticks as f64 / hz
-}
 
 /// Runs `cycles` and reports their latencies with the CPU the daemon and this client used.
 async fn measured(what: &str, pid: u32, c: &mut FabricAgentClient<Channel>, first: u64, n: u64) {
-    let (d0, s0, t0) = (cpu_secs(&pid.to_string()), cpu_secs("self"), Instant::now());
+    let (d0, s0, t0) = (cpu_seconds(pid), cpu_seconds_of("self"), Instant::now());
     let (attach, release) = cycles(c, first, n).await;
     let wall = t0.elapsed().as_secs_f64();
     report(what, &attach, &release);
     println!(
         "  over {wall:.1} s: daemon CPU {:.1} s, benchmark client CPU {:.1} s",
-        cpu_secs(&pid.to_string()) - d0,
-        cpu_secs("self") - s0
+        cpu_seconds(pid) - d0,
+        cpu_seconds_of("self") - s0
     );
-}
-
-/// (VmRSS, VmHWM) of the running daemon in kB.
-fn memory(pid: u32) -> (u64, u64) {
-    try_memory(pid).expect("the daemon's /proc status")
 }
 
 fn mb(kb: u64) -> String {
@@ -151,11 +101,11 @@ async fn cycles(
 fn report(what: &str, attach: &[Duration], release: &[Duration]) {
     println!(
         "{what}: attach -> ACTIVE p50 {} p99 {} max {}; release -> RELEASED p50 {} p99 {}",
-        ms(percentile(attach, 0.5)),
-        ms(percentile(attach, 0.99)),
+        percentile(attach, 0.5).map(ms).unwrap_or_default(),
+        percentile(attach, 0.99).map(ms).unwrap_or_default(),
         ms(*attach.last().expect("cycles")),
-        ms(percentile(release, 0.5)),
-        ms(percentile(release, 0.99)),
+        percentile(release, 0.5).map(ms).unwrap_or_default(),
+        percentile(release, 0.99).map(ms).unwrap_or_default(),
     );
 }
 
@@ -165,30 +115,9 @@ fn main() {
     let n_cycles = arg("--cycles", 100).max(1);
     let connections = arg("--connections", 1).max(1);
     let stalled = arg("--stalled", 1000);
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let dir = tmp.path();
-    let socket = dir.join("agent.sock");
-    std::fs::write(
-        dir.join("config.toml"),
-        format!(
-            "node_id = \"bench\"\nfabric = \"bench\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\n\
-             [limits]\nmax_watch_streams = {limit}\n",
-            dir.join("state").display(),
-            socket.display()
-        ),
-    )
-    .expect("config");
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(dir.join("config.toml"))
-        .arg("serve")
-        .env("FABRIC_AGENT_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start fabric-agent");
-    let pid = child.id();
-    wait_for_socket(&socket);
+    let daemon = BenchDaemon::start(&format!("[limits]\nmax_watch_streams = {limit}\n"));
+    let pid = daemon.pid();
+    let socket = daemon.socket.clone();
     // VmHWM is only updated lazily by the kernel: sample VmRSS every 20 ms for the peak too.
     let sampled_peak = Arc::new(AtomicU64::new(0));
     {
@@ -384,17 +313,5 @@ fn main() {
         );
     });
     drop(rt);
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = child.wait();
-}
-
-fn wait_for_socket(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::net::UnixStream::connect(path).is_err() {
-        assert!(Instant::now() < deadline, "daemon did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    drop(daemon);
 }

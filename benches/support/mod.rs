@@ -102,26 +102,36 @@ pub fn wait_for_socket(path: &Path) {
     }
 }
 
-/// (VmRSS, VmHWM) of a process in kB.
-pub fn memory(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+/// (VmRSS, VmHWM) of a process in kB; None once it has gone.
+pub fn try_memory(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |name: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// (VmRSS, VmHWM) of a running process in kB.
+pub fn memory(pid: u32) -> (u64, u64) {
+    try_memory(pid).expect("the process's /proc status")
 }
 
 /// CPU seconds (user + system) a process has used.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    cpu_seconds_of(&pid.to_string())
+}
+
+/// CPU seconds (user + system) of `/proc/<which>`: a pid, or "self" for this process.
+pub fn cpu_seconds_of(which: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{which}/stat")).unwrap_or_default();
     let Some(end) = stat.rfind(')') else {
         return 0.0;
     };
+    // utime and stime are fields 14 and 15 overall, 11 and 12 after the comm.
     let f: Vec<&str> = stat[end + 2..].split_whitespace().collect();
     let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
         + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
