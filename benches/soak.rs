@@ -16,7 +16,7 @@ use futures::StreamExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{arg, memory, ms, percentile, BenchDaemon};
+use support::{arg, cycle, memory, ms, percentile, BenchDaemon};
 
 fn partition(i: u64) -> pb::Partition {
     pb::Partition {
@@ -77,30 +77,14 @@ fn main() {
             let window = Instant::now();
             let mut lat = Vec::new();
             while window.elapsed() < interval && start.elapsed() < total {
-                let t = Instant::now();
-                let r = c
-                    .attach_partition(pb::AttachPartitionRequest {
-                        partition: Some(partition(i)),
-                        instance_id: format!("vm-{i}"),
-                        membership: pb::Membership::Full as i32,
-                        wait_ms: Some(10_000),
-                    })
-                    .await
-                    .expect("attach")
-                    .into_inner();
-                lat.push(t.elapsed());
-                let state = r.attachment.map(|a| a.state).unwrap_or_default();
-                assert_eq!(state, pb::AttachmentState::Active as i32, "cycle {i}: not ACTIVE within 10 s");
-                let r = c
-                    .release_instance(pb::ReleaseInstanceRequest {
-                        instance_id: format!("vm-{i}"),
-                        wait_ms: Some(10_000),
-                    })
-                    .await
-                    .expect("release")
-                    .into_inner();
-                let state = r.attachment.map(|a| a.state).unwrap_or_default();
-                assert_eq!(state, pb::AttachmentState::Released as i32, "cycle {i}: not RELEASED within 10 s");
+                let (attached, _) = cycle(
+                    &mut c,
+                    partition(i),
+                    &format!("vm-{i}"),
+                    Duration::from_secs(10),
+                )
+                .await;
+                lat.push(attached);
                 i += 1;
             }
             let secs = window.elapsed().as_secs_f64();

@@ -21,7 +21,9 @@ use futures::StreamExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{arg, cpu_seconds, cpu_seconds_of, memory, ms, percentile, try_memory, BenchDaemon};
+use support::{
+    arg, cpu_seconds, cpu_seconds_of, cycle, memory, ms, percentile, try_memory, BenchDaemon,
+};
 use tonic::transport::Channel;
 
 /// Runs `cycles` and reports their latencies with the CPU the daemon and this client used.
@@ -60,41 +62,10 @@ async fn cycles(
 ) -> (Vec<Duration>, Vec<Duration>) {
     let (mut attach, mut release) = (Vec::new(), Vec::new());
     for i in first..first + cycles {
-        let t = Instant::now();
-        let a = c
-            .attach_partition(pb::AttachPartitionRequest {
-                partition: Some(partition(i)),
-                instance_id: format!("vm-{i}"),
-                membership: pb::Membership::Full as i32,
-                wait_ms: Some(60_000),
-            })
-            .await
-            .expect("attach")
-            .into_inner();
-        attach.push(t.elapsed());
-        assert_eq!(
-            a.attachment.expect("attachment").state,
-            pb::AttachmentState::Active as i32,
-            "attach did not reach ACTIVE within its wait"
-        );
-        let t = Instant::now();
-        let r = c
-            .release_instance(pb::ReleaseInstanceRequest {
-                instance_id: format!("vm-{i}"),
-                wait_ms: Some(60_000),
-            })
-            .await
-            .expect("release")
-            .into_inner();
-        release.push(t.elapsed());
-        assert_eq!(
-            r.attachment.expect("attachment").state,
-            pb::AttachmentState::Released as i32,
-            "release did not reach RELEASED within its wait"
-        );
+        let (a, r) = cycle(c, partition(i), &format!("vm-{i}"), Duration::from_secs(60)).await;
+        attach.push(a);
+        release.push(r);
     }
-    attach.sort();
-    release.sort();
     (attach, release)
 }
 

@@ -3,9 +3,12 @@
 
 #![allow(dead_code)] // each bench uses a part
 
+use fabric_agent::proto::agent as pb;
+use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tonic::transport::Channel;
 
 /// The daemon binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
@@ -140,4 +143,48 @@ pub fn cpu_seconds_of(which: &str) -> f64 {
         .flatten()
         .unwrap_or(100) as f64;
     ticks as f64 / hz
+}
+
+/// One cycle: attach `instance` to `partition` waiting (up to `wait`) for ACTIVE, then release
+/// it waiting for RELEASED; panics when either is not reached. Returns both latencies.
+pub async fn cycle(
+    c: &mut FabricAgentClient<Channel>,
+    partition: pb::Partition,
+    instance: &str,
+    wait: Duration,
+) -> (Duration, Duration) {
+    let wait_ms = Some(u32::try_from(wait.as_millis()).unwrap_or(u32::MAX));
+    let t = Instant::now();
+    let a = c
+        .attach_partition(pb::AttachPartitionRequest {
+            partition: Some(partition),
+            instance_id: instance.to_owned(),
+            membership: pb::Membership::Full as i32,
+            wait_ms,
+        })
+        .await
+        .expect("attach")
+        .into_inner();
+    let attached = t.elapsed();
+    assert_eq!(
+        a.attachment.map(|a| a.state).unwrap_or_default(),
+        pb::AttachmentState::Active as i32,
+        "{instance}: not ACTIVE within {wait:?}"
+    );
+    let t = Instant::now();
+    let r = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: instance.to_owned(),
+            wait_ms,
+        })
+        .await
+        .expect("release")
+        .into_inner();
+    let released = t.elapsed();
+    assert_eq!(
+        r.attachment.map(|a| a.state).unwrap_or_default(),
+        pb::AttachmentState::Released as i32,
+        "{instance}: not RELEASED within {wait:?}"
+    );
+    (attached, released)
 }
