@@ -70,6 +70,8 @@ async fn guard(
             }
         };
         tokio::select! {
+            biased;
+            _ = stopped(&mut shutdown) => return,
             accepted = listener.accept() => {
                 if tx.send(accepted.map(|(s, _)| s)).await.is_err() {
                     return;
@@ -98,6 +100,8 @@ async fn guard(
                             warned_taken = true;
                         }
                     }
+                    // The daemon removes its own socket as it stops: never bring it back then.
+                    None if *shutdown.borrow() => return,
                     None => match rebind(&path, mode) {
                         Ok(l) => {
                             listener = l;
@@ -112,7 +116,6 @@ async fn guard(
                     dir_watch = watch_dir(&dir);
                 }
             }
-            _ = stopped(&mut shutdown) => return,
         }
     }
 }
