@@ -43,9 +43,18 @@ impl Preflight {
             }
         }
         if let Some(tls) = &config.listen.tls {
+            let before = p.checks.len();
             p.certificates("listen.tls.cert", &tls.cert);
             p.private_key("listen.tls.key", &tls.key);
             p.certificates("listen.tls.client_ca", &tls.client_ca);
+            // Each file parses: now build the TLS material exactly as the listener will (the
+            // key must belong to the certificate, the CA bundle must make a verifier).
+            if p.checks[before..].iter().all(|c| c.ok) {
+                match crate::api::TlsReloader::load(tls) {
+                    Ok((_, loaded)) => p.pass("listen.tls", loaded.to_string()),
+                    Err(e) => p.fail("listen.tls", e),
+                }
+            }
         }
         let sm = &config.subnet_manager;
         match sm.backend {
@@ -236,6 +245,47 @@ mod tests {
             "{p:?}"
         );
         assert!(p.checks[0].ok, "state_dir is creatable: {p:?}");
+    }
+
+    #[test]
+    fn a_key_that_does_not_belong_to_the_certificate_fails_as_serve_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = |name: &str, text: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca = rcgen::CertificateParams::new(vec!["ca.example".into()])
+            .unwrap()
+            .self_signed(&ca_key)
+            .unwrap();
+        let server_key = rcgen::KeyPair::generate().unwrap();
+        let server = rcgen::CertificateParams::new(vec!["node1.example".into()])
+            .unwrap()
+            .self_signed(&server_key)
+            .unwrap();
+        let text = |key: &rcgen::KeyPair| {
+            format!(
+                "fabric = \"f\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\ntcp = \"127.0.0.1:7443\"\n\
+                 [listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nallowed_clients = [\"dns:cp\"]\n",
+                dir.path().join("state").display(),
+                dir.path().join("agent.sock").display(),
+                pem("server.pem", server.pem()).display(),
+                pem("key.pem", key.serialize_pem()).display(),
+                pem("ca.pem", ca.pem()).display(),
+            )
+        };
+        let good = Preflight::run(&config(&text(&server_key)));
+        assert!(good.ok(), "{good:?}");
+        assert!(
+            good.checks.iter().any(|c| c.check == "listen.tls"),
+            "{good:?}"
+        );
+        // Every file parses, but the key is the CA's: the listener could not be built.
+        let bad = Preflight::run(&config(&text(&ca_key)));
+        let failed: Vec<&str> = bad.failures().map(|c| c.check.as_str()).collect();
+        assert_eq!(failed, ["listen.tls"], "{bad:?}");
     }
 
     #[test]
