@@ -124,7 +124,7 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         Ok(c) => c,
         Err(e) => {
             if json {
-                say_json(&serde_json::json!({
+                output::json(&serde_json::json!({
                     "config": path.display().to_string(), "ok": false, "error": e.to_string(), "checks": [],
                 }));
             } else {
@@ -139,7 +139,7 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         Preflight::run(&config)
     };
     if json {
-        say_json(&serde_json::json!({
+        output::json(&serde_json::json!({
             "config": path.display().to_string(),
             "ok": preflight.ok(),
             "node": config.node_id(),
@@ -172,10 +172,6 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
     } else {
         ExitCode::from(super::exit::CONFIG)
     }
-}
-
-fn say_json(v: &serde_json::Value) {
-    println!("{v}");
 }
 
 /// `ports`: reads the ports through the configured observer, without the daemon.

@@ -50,7 +50,7 @@ fn port_json(p: &pb::Port) -> Value {
         "device": p.device, "port": p.port_number, "port_guid": p.port_guid, "node_guid": p.node_guid,
         "lid": p.lid, "sm_lid": p.sm_lid, "state": port_state(p.state), "link_layer": link_layer(p.link_layer),
         "fabric_port": p.fabric_port, "pkey_table_size": p.pkey_table_size,
-        "pkeys": p.pkeys.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>(),
+        "pkeys": keys(&p.pkeys),
     })
 }
 
@@ -67,7 +67,7 @@ fn print_ports(ports: &[pb::Port]) {
         "FABRIC"
     );
     for p in ports {
-        let keys: Vec<String> = p.pkeys.iter().map(|k| format!("{k:#06x}")).collect();
+        let keys = keys(&p.pkeys);
         say!(
             "{:<10} {:>4} {:<18} {:>5} {:>6} {:<8} {:<10} {:<6} {} ({} of {} slots)",
             p.device,
@@ -94,7 +94,7 @@ pub fn node(n: &pb::GetNodeResponse, json: bool) {
             "observer": n.observer, "observer_reason": n.observer_reason, "pkey_capacity": n.pkey_capacity,
             "subnet_manager": {"backend": sm.backend, "reachable": sm.reachable, "last_error": sm.last_error, "applies": sm.applies,
                                "generation": sm.generation,
-                               "in_doubt_pkeys": sm.in_doubt_pkeys.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>()},
+                               "in_doubt_pkeys": keys(&sm.in_doubt_pkeys)},
             "conditions": n.conditions.iter().map(|c| json!({"kind": c.kind, "detail": c.detail})).collect::<Vec<_>>(),
             "attachment_counts": n.attachment_counts,
             "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq,
@@ -127,14 +127,9 @@ pub fn node(n: &pb::GetNodeResponse, json: bool) {
         sm.applies
     );
     if !sm.in_doubt_pkeys.is_empty() {
-        let keys: Vec<String> = sm
-            .in_doubt_pkeys
-            .iter()
-            .map(|k| format!("{k:#06x}"))
-            .collect();
         say!(
             "in doubt: {} (an apply carrying them got no answer; not RELEASED until a set without them is acknowledged)",
-            keys.join(", ")
+            keys(&sm.in_doubt_pkeys).join(", ")
         );
     }
     for c in &n.conditions {
@@ -172,6 +167,11 @@ pub fn ports(observer: &str, ports: &[pb::Port], json: bool) {
         say!("observer {observer}");
         print_ports(ports);
     }
+}
+
+/// Prints one JSON value on a line (a closed pipe ends the program quietly).
+pub fn json(v: &Value) {
+    say!("{v}");
 }
 
 /// Tables fit this many columns; the last column (a reason or an event's summary) is cut to fit.
@@ -267,6 +267,7 @@ fn attachment_table(list: &[pb::Attachment]) {
     }
 }
 
+/// P_Keys as InfiniBand tools print them (`0x8a12`).
 fn keys(list: &[u32]) -> Vec<String> {
     list.iter().map(|k| format!("{k:#06x}")).collect()
 }

@@ -12,7 +12,7 @@ type SetFilter = Box<dyn Fn(&str) -> Result<(), ReloadError> + Send + Sync>;
 
 /// The running log filter, as the binary installed it.
 pub struct LogControl {
-    set: Option<SetFilter>,
+    set: SetFilter,
     pinned: Option<String>,
 }
 
@@ -27,16 +27,8 @@ impl LogControl {
         pinned: Option<String>,
     ) -> LogControl {
         LogControl {
-            set: Some(Box::new(set)),
+            set: Box::new(set),
             pinned,
-        }
-    }
-
-    /// No reloadable filter (a process that did not install one).
-    pub fn fixed() -> LogControl {
-        LogControl {
-            set: None,
-            pinned: None,
         }
     }
 
@@ -47,9 +39,7 @@ impl LogControl {
             return Ok((pinned.clone(), true));
         }
         let filter = configured.unwrap_or(DEFAULT_FILTER);
-        if let Some(set) = &self.set {
-            set(filter)?;
-        }
+        (self.set)(filter)?;
         Ok((filter.to_owned(), false))
     }
 }
