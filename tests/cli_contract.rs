@@ -428,17 +428,27 @@ fn sighup_reloads_the_log_filter_and_never_ends_the_daemon() {
     };
     std::fs::write(&config, text("warn")).unwrap();
     let log = tmp.path().join("daemon.log");
-    let mut child = std::process::Command::new(BIN)
-        .arg("--config")
-        .arg(&config)
-        .arg("serve")
-        .env_remove("FABRIC_AGENT_LOG")
-        .env("FABRIC_AGENT_LOG_JSON", "0")
-        .env_remove("NOTIFY_SOCKET")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    // Started by hand (the harness pins FABRIC_AGENT_LOG); killed by pid if the test fails.
+    struct Stopped(std::process::Child);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Stopped(
+        std::process::Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .env_remove("FABRIC_AGENT_LOG")
+            .env("FABRIC_AGENT_LOG_JSON", "0")
+            .env_remove("NOTIFY_SOCKET")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     assert!(eventually(std::time::Duration::from_secs(20), || {
         cli(&socket, &["node"]).status.success()
@@ -470,7 +480,7 @@ fn sighup_reloads_the_log_filter_and_never_ends_the_daemon() {
     );
     assert!(!logged.trim_start().starts_with('{'), "not JSON: {logged}");
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    assert!(child.wait().unwrap().success());
+    assert!(child.0.wait().unwrap().success());
 }
 
 #[test]
