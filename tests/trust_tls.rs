@@ -294,3 +294,43 @@ async fn sighup_reloads_the_client_ca_and_keeps_it_on_a_bad_file() {
     t.get_node_trusting(&new_ca, &by_new).await.unwrap();
     t.get_node_trusting(&new_ca, &by_old).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_client_ca_file_is_reloaded_without_a_signal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let old = Pki::new("old client CA");
+    let new = Pki::new("new client CA");
+    let ca = dir.join("client-ca.pem");
+    std::fs::write(&ca, old.ca.pem()).unwrap();
+    let t = Tls::start(dir, &old, &ca, "[\"dns:control-plane.example\"]");
+    let by_old = old.issue(dir, "cp-old", &["control-plane.example"], "cp", |_| {});
+    let by_new = new.issue(dir, "cp-new", &["control-plane.example"], "cp", |_| {});
+    t.get_node(&by_old).await.unwrap();
+    assert!(t.get_node(&by_new).await.is_err(), "not trusted yet");
+
+    // Replaced the way rotation tools do it: written beside, then renamed over the old file.
+    let staged = dir.join(".client-ca.pem.new");
+    std::fs::write(&staged, format!("{}{}", old.ca.pem(), new.ca.pem())).unwrap();
+    std::fs::rename(&staged, &ca).unwrap();
+    t.wait_log("TLS files changed: material reloaded", 1);
+    assert!(t.d.log().contains("client CA bundle of 2"), "{}", t.d.log());
+    t.get_node(&by_new)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.d.log()));
+
+    // Rewritten in place with something that does not parse: reported, old material kept.
+    std::fs::write(&ca, "not a certificate\n").unwrap();
+    t.wait_log("TLS files changed but do not load", 1);
+    t.get_node(&by_new).await.unwrap();
+    // Rewritten in place with only the new CA: the old client is no longer trusted.
+    std::fs::write(&ca, new.ca.pem()).unwrap();
+    t.wait_log("TLS files changed: material reloaded", 2);
+    t.get_node(&by_new).await.unwrap();
+    assert!(t.get_node(&by_old).await.is_err(), "old CA dropped");
+    assert!(
+        !t.d.log().contains("SIGHUP"),
+        "no signal was involved: {}",
+        t.d.log()
+    );
+}

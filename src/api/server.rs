@@ -86,6 +86,9 @@ impl Listeners {
                 };
                 let (reloader, loaded) = TlsReloader::load(t).map_err(ServeError::Tls)?;
                 tracing::info!(%loaded, "TLS material loaded");
+                if let Err(e) = reloader.watch_files() {
+                    tracing::warn!(error = %e, "cannot watch the TLS files for changes; SIGHUP reloads them");
+                }
                 Some((reloader, lists))
             }
         };

@@ -1,6 +1,7 @@
 //! The TCP listener's TLS, reloadable: handshakes run on tokio-rustls with a rustls
 //! `ServerConfig` that a [`TlsReloader`] swaps when the certificate, key or client CA bundle is
-//! re-read (SIGHUP). Connections already open keep the material they started with; a bad new
+//! re-read: on SIGHUP, and when one of the files is rewritten or replaced in its directory
+//! ([`TlsReloader::watch_files`]). Connections already open keep the material they started with; a bad new
 //! file is reported and the old material stays in use.
 //!
 //! The client verifier checks the chain against the CA bundle. A chain that is only outside
@@ -8,6 +9,7 @@
 //! UNAUTHENTICATED and the reason (see [`super::caller::Policy`]) instead of a bare TLS alert.
 
 use crate::config::TlsConfig;
+use crate::sys::dirwatch::{Change, DirWatch};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
@@ -24,6 +26,20 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use x509_parser::prelude::{FromDer, X509Certificate};
+
+/// How long a burst of file changes (certificate, key and CA replaced one after another) may
+/// take before the material is reloaded once.
+pub const SETTLE: Duration = Duration::from_millis(300);
+
+/// Whether a change in a watched directory concerns one of the TLS files: the file itself, or a
+/// `..`-prefixed entry (the symlinked data directory of a Kubernetes secret volume).
+fn touches(change: &Change, names: &[std::ffi::OsString]) -> bool {
+    let name = match change {
+        Change::Removed(_) | Change::DirGone => return false,
+        Change::Created(n) | Change::Written(n) => n,
+    };
+    names.contains(name) || name.as_encoded_bytes().starts_with(b"..")
+}
 
 /// Handshakes running at once; more connections wait in the kernel's backlog.
 const MAX_HANDSHAKES: usize = 256;
@@ -90,6 +106,72 @@ impl TlsReloader {
         let (server, loaded) = build(cert, key, ca)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(server);
         Ok(loaded)
+    }
+
+    /// Reloads the material whenever one of its files is rewritten, replaced by a rename, or
+    /// swapped in with a `..data`-style symlink (a Kubernetes secret volume), without polling:
+    /// inotify watches each file's directory. Changes arriving together are reloaded once, after
+    /// [`SETTLE`]; a reload that fails (say the certificate was replaced before its key) keeps the
+    /// material in use and waits for the next change. SIGHUP still reloads at any time. The task
+    /// ends when a watched directory disappears (logged).
+    pub fn watch_files(&self) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        let (cert, key, ca) = &*self.files;
+        let mut watched: Vec<(PathBuf, Vec<std::ffi::OsString>)> = Vec::new();
+        for file in [cert, key, ca] {
+            let dir = match file.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let name = file
+                .file_name()
+                .map(|n| n.to_os_string())
+                .unwrap_or_default();
+            match watched.iter_mut().find(|(d, _)| *d == dir) {
+                Some((_, names)) => names.push(name),
+                None => watched.push((dir, vec![name])),
+            }
+        }
+        let watches = watched
+            .into_iter()
+            .map(|(dir, names)| Ok((DirWatch::new(&dir)?, dir, names)))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let me = self.clone();
+        Ok(tokio::spawn(async move {
+            let (tx, mut rx) = mpsc::channel::<()>(1);
+            for (watch, dir, names) in watches {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let changes = match watch.changes().await {
+                            Ok(c) => c,
+                            Err(e) => {
+                                tracing::warn!(dir = %dir.display(), error = %e, "watching TLS files failed; SIGHUP still reloads them");
+                                return;
+                            }
+                        };
+                        if changes.contains(&Change::DirGone) {
+                            tracing::warn!(dir = %dir.display(), "the TLS files' directory is gone; SIGHUP still reloads them");
+                            return;
+                        }
+                        if changes.iter().any(|c| touches(c, &names)) && tx.send(()).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            while rx.recv().await.is_some() {
+                tokio::time::sleep(SETTLE).await;
+                while rx.try_recv().is_ok() {}
+                match me.reload() {
+                    Ok(loaded) => tracing::info!(%loaded, "TLS files changed: material reloaded"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS files changed but do not load; the previous material stays in use")
+                    }
+                }
+            }
+        }))
     }
 
     fn current(&self) -> Arc<ServerConfig> {

@@ -1,5 +1,6 @@
-//! Watching one directory for entries that appear or disappear (inotify), without polling: the
-//! daemon uses it to notice its unix socket being deleted.
+//! Watching one directory for entries that appear, disappear or are rewritten (inotify), without
+//! polling: the daemon uses it to notice its unix socket being deleted and its TLS files being
+//! replaced.
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use std::ffi::OsString;
@@ -16,6 +17,8 @@ pub enum Change {
     Removed(OsString),
     /// An entry was created or moved in.
     Created(OsString),
+    /// A file opened for writing was closed (its new content is complete).
+    Written(OsString),
     /// The directory itself was deleted or moved: the watch has ended.
     DirGone,
 }
@@ -44,6 +47,7 @@ impl DirWatch {
                 | AddWatchFlags::IN_MOVED_FROM
                 | AddWatchFlags::IN_CREATE
                 | AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_CLOSE_WRITE
                 | AddWatchFlags::IN_DELETE_SELF
                 | AddWatchFlags::IN_MOVE_SELF,
         )?;
@@ -73,6 +77,8 @@ impl DirWatch {
                                 .intersects(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM)
                             {
                                 e.name.map(Change::Removed)
+                            } else if e.mask.contains(AddWatchFlags::IN_CLOSE_WRITE) {
+                                e.name.map(Change::Written)
                             } else {
                                 e.name.map(Change::Created)
                             }
@@ -99,6 +105,13 @@ mod tests {
         std::fs::remove_file(sub.join("agent.sock")).unwrap();
         let c = w.changes().await.unwrap();
         assert_eq!(c, [Change::Removed("agent.sock".into())]);
+        std::fs::write(sub.join("ca.pem"), b"x").unwrap();
+        let mut seen = Vec::new();
+        while !seen.contains(&Change::Written("ca.pem".into())) {
+            seen.extend(w.changes().await.unwrap());
+        }
+        assert!(seen.contains(&Change::Created("ca.pem".into())), "{seen:?}");
+        std::fs::remove_file(sub.join("ca.pem")).unwrap();
         std::fs::remove_dir(&sub).unwrap();
         let mut seen = Vec::new();
         while !seen.contains(&Change::DirGone) {
