@@ -110,8 +110,10 @@ pub struct LogConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// Concurrent WatchEvents streams, over all listeners (default 1024); more are refused
-    /// with RESOURCE_EXHAUSTED.
+    /// Concurrent WatchEvents streams, over all listeners (default 64); more are refused
+    /// with RESOURCE_EXHAUSTED. Every event is sent to every open stream, so each stream adds
+    /// to the cost of every state change (docs/PERFORMANCE.md, "WatchEvents stream flood"): a
+    /// control plane needs a few per node.
     #[serde(default = "default_max_watch_streams")]
     pub max_watch_streams: usize,
     /// Requests in progress per listener (the unix socket, TCP), not counting open
@@ -148,7 +150,7 @@ pub struct LimitsConfig {
 }
 
 fn default_max_watch_streams() -> usize {
-    1024
+    64
 }
 fn default_max_in_flight() -> usize {
     256

@@ -22,12 +22,13 @@ pub fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The `p` quantile (0..=1) of sorted durations; None when there are none.
-pub fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+/// The `p` quantile (0..=1) of `samples`, in any order (nearest rank on a sorted copy); None
+/// when there are none.
+pub fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let last = sorted.len().checked_sub(1)?;
+    let i = ((last as f64) * p.clamp(0.0, 1.0)).round() as usize;
     sorted.get(i).copied()
 }
 

@@ -95,7 +95,7 @@ struct Shared {
     parts: AgentParts,
     /// Serialises read-check-commit of attachments between commands and the reconciler.
     write: tokio::sync::Mutex<()>,
-    events: broadcast::Sender<Event>,
+    events: broadcast::Sender<Arc<Event>>,
     changed: tokio::sync::watch::Sender<u64>,
     wake: Notify,
     status: Mutex<status::Status>,
@@ -470,8 +470,9 @@ impl Agent {
             *self.shared.ledger.lock().expect("ledger lock") = ledger;
         }
         for e in &events {
-            // No receiver is fine: watchers replay from the log.
-            let _ = self.shared.events.send(e.clone());
+            // No receiver is fine: watchers replay from the log. Shared, not copied, by every
+            // open stream.
+            let _ = self.shared.events.send(Arc::new(e.clone()));
         }
         self.shared.changed.send_modify(|g| *g += 1);
         Ok(events)

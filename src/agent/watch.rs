@@ -16,10 +16,11 @@ use crate::domain::Event;
 use futures::Stream;
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 
-/// A stream of events as [`start`] returns it.
-pub type EventStream = Pin<Box<dyn Stream<Item = Result<Event, AgentError>> + Send>>;
+/// A stream of events as [`start`] returns it. Live events are shared by every open stream.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<Arc<Event>, AgentError>> + Send>>;
 
 /// The largest replay batch accepted.
 pub const MAX_BATCH: usize = 4096;
@@ -95,7 +96,7 @@ pub(super) fn start(agent: Agent, from: WatchFrom) -> Result<EventStream, AgentE
 /// most one replay batch.
 struct Cursor {
     agent: Agent,
-    live: tokio::sync::broadcast::Receiver<Event>,
+    live: tokio::sync::broadcast::Receiver<Arc<Event>>,
     stopping: tokio::sync::watch::Receiver<bool>,
     epoch: crate::store::LogEpoch,
     /// The last seq handed out.
@@ -112,19 +113,19 @@ struct Cursor {
 }
 
 enum Woken {
-    Live(Result<Event, RecvError>),
+    Live(Result<Arc<Event>, RecvError>),
     Stopping,
     Expired,
 }
 
-async fn next(mut c: Cursor) -> Option<(Result<Event, AgentError>, Cursor)> {
+async fn next(mut c: Cursor) -> Option<(Result<Arc<Event>, AgentError>, Cursor)> {
     loop {
         if c.done {
             return None;
         }
         if let Some(e) = c.page.pop_front() {
             c.sent = e.seq;
-            return Some((Ok(e), c));
+            return Some((Ok(Arc::new(e)), c));
         }
         if c.replaying {
             // Replay (or catch up after lagging) from the log.
