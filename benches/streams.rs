@@ -240,6 +240,7 @@ fn main() {
             .await
             .expect("connect");
         let mut held = Vec::new();
+        let (mut stalled_refused, mut stalled_other) = (0u64, None);
         for _ in 0..stalled {
             let mut c = FabricAgentClient::new(stalled_channel.clone());
             match c
@@ -251,7 +252,10 @@ fn main() {
                 .await
             {
                 Ok(s) => held.push(s.into_inner()),
-                Err(e) => println!("  stalled stream refused: {e:?}"),
+                Err(e) if e.code() == tonic::Code::ResourceExhausted => stalled_refused += 1,
+                Err(e) => {
+                    stalled_other.get_or_insert(e);
+                }
             }
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -261,13 +265,17 @@ fn main() {
         c2.get_node(pb::GetNodeRequest {}).await.expect("node");
         let answered = t.elapsed();
         println!(
-            "stalled: {} streams replaying a {last}-event log from seq 0, none read: daemon RSS {} \
+            "stalled: {stalled} requested, {stalled_refused} refused with RESOURCE_EXHAUSTED; {} \
+             streams replaying a {last}-event log from seq 0, none read: daemon RSS {} \
              after 5 s ({} above the idle figure); GetNode answered meanwhile in {}",
             held.len(),
             mb(rss_stalled),
             mb(rss_stalled.saturating_sub(rss_after)),
             ms(answered)
         );
+        if let Some(e) = stalled_other {
+            println!("  a stalled stream failed otherwise: {e:?}");
+        }
         drop(held);
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (rss_end, _) = memory(pid);
