@@ -7,25 +7,15 @@
 
 #[path = "../tests/rig/mod.rs"]
 mod rig;
+mod support;
 
 use fabric_agent::proto::agent as pb;
 use rig::agents::{node_config, sm_config, Agent};
-use std::time::{Duration, Instant};
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
+use std::time::Instant;
+use support::{ms, percentile};
 
 fn main() {
-    let cycles: usize = std::env::args()
-        .skip_while(|a| a != "--cycles")
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+    let cycles = usize::try_from(support::arg("--cycles", 100)).expect("--cycles");
     let Some(fabric) = rig::Fabric::start(&rig::FabricSpec::new(2, 4), rig::DEFAULT_PARTITIONS)
     else {
         eprintln!("ibsim/OpenSM not installed: nothing measured");
@@ -87,16 +77,15 @@ fn main() {
         }
         (attach, release)
     });
-    for (what, mut v) in [
+    for (what, v) in [
         ("attach -> ACTIVE", attach),
         ("release -> RELEASED", release),
     ] {
-        v.sort();
         println!(
             "{what} over {cycles} cycles (ibsim: 2 switches, 5 HCAs; OpenSM heavy sweep per change): p50 {}  p99 {}  max {}",
-            ms(percentile(&v, 0.5)),
-            ms(percentile(&v, 0.99)),
-            ms(*v.last().unwrap())
+            percentile(&v, 0.5).map(ms).unwrap_or_default(),
+            percentile(&v, 0.99).map(ms).unwrap_or_default(),
+            v.iter().max().copied().map(ms).unwrap_or_default()
         );
     }
     node.stop();

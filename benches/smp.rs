@@ -6,11 +6,13 @@
 
 #[path = "../tests/rig/mod.rs"]
 mod rig;
+mod support;
 
 use fabric_agent::config::ObserverConfig;
 use fabric_agent::observe::smp::SmpObserver;
 use fabric_agent::observe::PortObserver;
 use std::time::{Duration, Instant};
+use support::{ms, percentile};
 
 const CHILD_ENV: &str = "FABRIC_AGENT_SMP_BENCH_CHILD";
 const GETS: usize = 1000;
@@ -65,13 +67,11 @@ fn child() {
             observer.pkey_block(0).await.expect("P_KeyTable Get");
             samples.push(t.elapsed());
         }
-        samples.sort();
-        let pct = |p: f64| samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)];
         println!(
-            "P_KeyTable Get round trip over {GETS}: p50 {:?}  p99 {:?}  max {:?}",
-            pct(0.50),
-            pct(0.99),
-            samples[samples.len() - 1]
+            "P_KeyTable Get round trip over {GETS}: p50 {}  p99 {}  max {}",
+            percentile(&samples, 0.50).map(ms).unwrap_or_default(),
+            percentile(&samples, 0.99).map(ms).unwrap_or_default(),
+            samples.iter().max().copied().map(ms).unwrap_or_default()
         );
         let t = Instant::now();
         observer.inventory().await.expect("inventory");
