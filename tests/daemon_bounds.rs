@@ -10,17 +10,6 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
-async fn node(
-    c: &mut fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient<
-        tonic::transport::Channel,
-    >,
-) -> pb::GetNodeResponse {
-    c.get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 fn watch_from(after_seq: u64, log_epoch: Option<&str>) -> pb::WatchEventsRequest {
     pb::WatchEventsRequest {
         after_seq,

@@ -25,26 +25,14 @@ fn set_pkey(root: &Path, dev: &str, index: usize, value: u16) {
     .unwrap();
 }
 
+/// gpu-1 once it is in state `want`, or as it is after 5 s.
 async fn wait_state(
     c: &mut fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient<
         tonic::transport::Channel,
     >,
     want: pb::AttachmentState,
 ) -> pb::Attachment {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let a = c
-            .get_attachment(pb::GetAttachmentRequest {
-                instance_id: "gpu-1".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if state(&a) == want || tokio::time::Instant::now() > deadline {
-            return a;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_attachment(c, "gpu-1", Duration::from_secs(5), |a| state(a) == want).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,11 +54,7 @@ async fn port_tables_in_sysfs_drive_active_and_released() {
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
     let mut c = d.client().await;
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     assert_eq!(node.observer, "sysfs", "{}", node.observer_reason);
     let bond = node
         .ports
@@ -107,12 +91,7 @@ async fn port_tables_in_sysfs_drive_active_and_released() {
         pb::AttachmentState::Active
     );
 
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: "gpu-1".into(),
-        wait_ms: None,
-    })
-    .await
-    .unwrap();
+    release(&mut c, "gpu-1", None).await;
     // The key leaves every port but mlx5_3, which goes DOWN still listing it: that counts as
     // released (the SM reprograms a port before it can go ACTIVE again).
     for dev in IB.iter().filter(|d| **d != "mlx5_3") {
@@ -150,11 +129,7 @@ async fn rxe_rig_lists_roce_and_completes_against_the_embedded_tables() {
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
     let mut c = d.client().await;
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     let rxe = node
         .ports
         .iter()

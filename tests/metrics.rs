@@ -7,14 +7,6 @@ use common::*;
 use fabric_agent::proto::agent as pb;
 use std::io::{Read, Write};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One scrape over plain HTTP/1.0: (content type, body).
 fn scrape(port: u16) -> (String, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics listener");

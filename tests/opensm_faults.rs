@@ -10,7 +10,10 @@ mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
-use common::{attach, partition, state};
+use common::{
+    attach, attach_now, free_port, get, has_base, node, partition, release, state, wait_until,
+    CONVERGE,
+};
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use fabric_agent::proto::sm as smpb;
@@ -31,64 +34,6 @@ const OPERATOR: &str = "# operator's partitions\n\
 Default=0x7fff : ALL=limited, SELF=full ;\n\
 storage=0x0100, ipoib : ALL_SWITCHES=full, SELF=full ;\n";
 
-const CONVERGE: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-fn has_base(keys: &[u16], base: u16) -> bool {
-    keys.iter().any(|k| k & 0x7fff == base)
-}
-
-async fn attach_now(
-    c: &mut FabricAgentClient<Channel>,
-    req: pb::AttachPartitionRequest,
-) -> pb::Attachment {
-    c.attach_partition(req)
-        .await
-        .expect("attach")
-        .into_inner()
-        .attachment
-        .expect("attachment")
-}
-
-async fn release(
-    c: &mut FabricAgentClient<Channel>,
-    instance: &str,
-    wait_ms: Option<u32>,
-) -> pb::Attachment {
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: instance.into(),
-        wait_ms,
-    })
-    .await
-    .expect("release")
-    .into_inner()
-    .attachment
-    .expect("attachment")
-}
-
-async fn get(c: &mut FabricAgentClient<Channel>, instance: &str) -> pb::Attachment {
-    c.get_attachment(pb::GetAttachmentRequest {
-        instance_id: instance.into(),
-    })
-    .await
-    .expect("get attachment")
-    .into_inner()
-}
-
-async fn node(c: &mut FabricAgentClient<Channel>) -> pb::GetNodeResponse {
-    c.get_node(pb::GetNodeRequest {})
-        .await
-        .expect("get node")
-        .into_inner()
-}
-
 /// The kinds of the standing conditions an agent's GetNode shows.
 async fn condition_kinds(agent: &Agent) -> Vec<String> {
     let mut c = agent.client().await;
@@ -98,14 +43,6 @@ async fn condition_kinds(agent: &Agent) -> Vec<String> {
         .into_iter()
         .map(|c| c.kind)
         .collect()
-}
-
-async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let deadline = Instant::now() + CONVERGE;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Polls `instance` until RELEASED, checking on every poll that RELEASED is never reported while
@@ -201,7 +138,7 @@ async fn a_stale_generation_is_aborted_with_the_stored_one() {
         .set_node_memberships(set_request("node2", guid, &[0x0a31], 5))
         .await
         .expect("generation 5");
-    wait_until("0x8a31 on node2", || async {
+    wait_until("0x8a31 on node2", CONVERGE, || async {
         fabric.pkeys("node2").contains(&0x8a31)
     })
     .await;
@@ -243,7 +180,7 @@ async fn a_stale_generation_is_aborted_with_the_stored_one() {
         .set_node_memberships(set_request("node2", guid, &[], 6))
         .await
         .expect("generation 6");
-    wait_until("0x0a31 gone from node2", || async {
+    wait_until("0x0a31 gone from node2", CONVERGE, || async {
         !has_base(&fabric.pkeys("node2"), 0x0a31)
     })
     .await;
@@ -289,11 +226,15 @@ async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key
     assert!(!smst.reachable, "{smst:?}");
     assert!(smst.last_error.contains("OpenSM"), "{smst:?}");
     assert!(fabric.pkeys("node1").contains(&0x8a61));
-    wait_until("PARTITIONS_FILE_UNCONFIRMED on the SM host", || async {
-        condition_kinds(&sm)
-            .await
-            .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
-    })
+    wait_until(
+        "PARTITIONS_FILE_UNCONFIRMED on the SM host",
+        CONVERGE,
+        || async {
+            condition_kinds(&sm)
+                .await
+                .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
+        },
+    )
     .await;
 
     fabric.restart_opensm();
@@ -304,7 +245,7 @@ async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key
     assert!(!has_base(&fabric.pkeys("node1"), 0x0a61));
     let smst = node(&mut c1).await.subnet_manager.expect("sm status");
     assert!(smst.reachable && smst.last_error.is_empty(), "{smst:?}");
-    wait_until("the unconfirmed condition cleared", || async {
+    wait_until("the unconfirmed condition cleared", CONVERGE, || async {
         !condition_kinds(&sm)
             .await
             .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
@@ -333,7 +274,7 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
         .set_node_memberships(set_request("node1", guid, &[0x0a51], 1))
         .await
         .expect("generation 1");
-    wait_until("0x8a51 on node1", || async {
+    wait_until("0x8a51 on node1", CONVERGE, || async {
         fabric.pkeys("node1").contains(&0x8a51)
     })
     .await;
@@ -351,11 +292,11 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     std::fs::rename(&tmp, fabric.partitions_path()).unwrap();
     fabric.hup_opensm();
     let started = Instant::now();
-    wait_until("OpenSM's PARSE ERROR", || async {
+    wait_until("OpenSM's PARSE ERROR", CONVERGE, || async {
         fabric.opensm_log()[log_at..].contains("PARSE ERROR")
     })
     .await;
-    wait_until("the last accepted file restored", || async {
+    wait_until("the last accepted file restored", CONVERGE, || async {
         std::fs::read_to_string(fabric.partitions_path()).unwrap() == good
     })
     .await;
@@ -367,18 +308,22 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), broken);
     // OpenSM re-read the restored file: the default partition is limited again, the tenant key
     // is back on node1, node2 holds no full default key.
-    wait_until("ports restored", || async {
+    wait_until("ports restored", CONVERGE, || async {
         let k1 = fabric.pkeys("node1");
         let k2 = fabric.pkeys("node2");
         k1.contains(&0x8a51) && !k2.contains(&0xffff) && k2.contains(&0x7fff)
     })
     .await;
     // The SM host shows the standing condition (GetNode), with OpenSM's words.
-    wait_until("PARTITIONS_FILE_REJECTED on the SM host", || async {
-        condition_kinds(&sm)
-            .await
-            .contains(&"PARTITIONS_FILE_REJECTED".to_owned())
-    })
+    wait_until(
+        "PARTITIONS_FILE_REJECTED on the SM host",
+        CONVERGE,
+        || async {
+            condition_kinds(&sm)
+                .await
+                .contains(&"PARTITIONS_FILE_REJECTED".to_owned())
+        },
+    )
     .await;
     let mut smc = sm.client().await;
     let shown = node(&mut smc).await.conditions;
@@ -417,9 +362,11 @@ async fn a_tenant_named_like_an_operator_entry_changes_no_operator_membership() 
         .find(|e| e.name.as_deref() == Some("backup"))
         .expect("backup entry")
         .pkey;
-    wait_until("the operator's backup key on the SM port", || async {
-        fabric.pkeys(rig::SM_HOST).contains(&(0x8000 | backup))
-    })
+    wait_until(
+        "the operator's backup key on the SM port",
+        CONVERGE,
+        || async { fabric.pkeys(rig::SM_HOST).contains(&(0x8000 | backup)) },
+    )
     .await;
     let port = free_port();
     let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
@@ -435,7 +382,7 @@ async fn a_tenant_named_like_an_operator_entry_changes_no_operator_membership() 
         .set_node_memberships(request)
         .await
         .expect("a tenant named backup");
-    wait_until("0x8a41 on node1", || async {
+    wait_until("0x8a41 on node1", CONVERGE, || async {
         fabric.pkeys("node1").contains(&0x8a41)
     })
     .await;
@@ -500,6 +447,7 @@ async fn a_lost_reply_then_a_release_is_never_released_while_the_key_is_on_the_p
     .await;
     wait_until(
         "the SM host programmed 0x8a71 and its reply was lost",
+        CONVERGE,
         || async { proxy.dropped() >= 1 && fabric.pkeys("node1").contains(&0x8a71) },
     )
     .await;

@@ -11,9 +11,11 @@
 //! management class to one umad fd, so the ownership check's SA session cannot share the
 //! process with an SMP observer (see docs/OPENSM.md).
 
+mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
+use common::{free_port, has_base};
 use fabric_agent::proto::sm as smpb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use rig::agents::Agent;
@@ -26,14 +28,6 @@ const CONVERGE: Duration = Duration::from_secs(20);
 const UNKNOWN_GUID: u64 = 0x0002_c903_000e_0b72;
 /// Tenant ports are limited members of the default partition (else no tenant key is served).
 const PARTITIONS: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 fn spec() -> FabricSpec {
     let mut spec = FabricSpec::new(1, 5);
@@ -153,16 +147,9 @@ fn sa_ports(fabric: &Fabric) -> Vec<SaPort> {
         .collect()
 }
 
+/// Waits up to `CONVERGE` for `done`.
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + CONVERGE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn has_base(keys: &[u16], base: u16) -> bool {
-    keys.iter().any(|k| k & 0x7fff == base)
+    common::wait_until(what, CONVERGE, || std::future::ready(done())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,30 +3,19 @@
 //! refusal or an unreachable SA stores and writes nothing, and that the SM host's own apply is
 //! not a claim.
 
-use async_trait::async_trait;
+mod common;
+
+use common::sm_host::AcceptingReloader;
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::mad::node_info::node_type;
 use fabric_agent::mad::{NodeInfo, NodeInfoRepr, NodeRecordRepr};
 use fabric_agent::sm::opensm::ownership::{FabricFacts, PortDirectory};
-use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
 use fabric_agent::sm::opensm::{
     InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
 };
 use fabric_agent::sm::SubnetManager;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-
-struct AcceptingReloader;
-
-#[async_trait]
-impl Reloader for AcceptingReloader {
-    fn checkpoint(&self) -> u64 {
-        0
-    }
-    async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
-        Ok(ReloadReport { file_read: true })
-    }
-}
 
 /// A fabric whose ports and descriptions the test edits; records every question.
 #[derive(Default)]
@@ -36,7 +25,7 @@ struct FakeFabric {
     asked: Mutex<Vec<Vec<u64>>>,
 }
 
-#[async_trait]
+#[async_trait::async_trait]
 impl PortDirectory for FakeFabric {
     async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String> {
         self.asked
