@@ -293,11 +293,8 @@ fn a_bad_config_exits_64_with_a_clear_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_subnet_manager_never_yields_a_false_state() {
     let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
-        fault.display()
-    );
+    let (embedded, fault) = fault_config(tmp.path(), None, "");
+    let extra = format!("{embedded}[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n");
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
     let mut c = d.client().await;
@@ -375,11 +372,8 @@ fn cpu_seconds(pid: nix::unistd::Pid) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_withdrawn_change_leaves_the_reconciler_idle() {
     let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
-        fault.display()
-    );
+    let (embedded, fault) = fault_config(tmp.path(), None, "");
+    let extra = format!("{embedded}[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n");
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
     let mut c = d.client().await;

@@ -208,12 +208,7 @@ async fn list_pages_stay_consistent_while_attachments_are_created() {
     }
 
     // The CLI still lists everything (it pages through).
-    let out = std::process::Command::new(BIN)
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["attachments", "--json"])
-        .output()
-        .unwrap();
+    let out = cli(&d.socket, &["attachments", "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -269,12 +264,8 @@ async fn streams_beyond_the_limit_get_resource_exhausted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_in_flight_limit_get_resource_exhausted() {
     let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
-    std::fs::write(&fault, "unreachable").unwrap();
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[limits]\nmax_in_flight_requests = 1\n",
-        fault.display()
-    );
+    let (embedded, _) = fault_config(tmp.path(), Some("unreachable"), "");
+    let extra = format!("{embedded}[limits]\nmax_in_flight_requests = 1\n");
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
     let mut waiting = d.client().await;

@@ -10,6 +10,7 @@ mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
+use common::sm_requests::set_memberships;
 use common::{
     attach, attach_now, free_port, get, has_base, node, partition, release, state, wait_until,
     CONVERGE,
@@ -33,6 +34,16 @@ use tonic::Code;
 const OPERATOR: &str = "# operator's partitions\n\
 Default=0x7fff : ALL=limited, SELF=full ;\n\
 storage=0x0100, ipoib : ALL_SWITCHES=full, SELF=full ;\n";
+
+/// The SM-host agent on a free loopback port, and a Partitions client to it.
+async fn start_sm(fabric: &Fabric) -> (Agent, PartitionsClient<Channel>) {
+    let port = free_port();
+    let sm = Agent::start(fabric, rig::SM_HOST, &sm_config(fabric, port));
+    let client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("connect");
+    (sm, client)
+}
 
 /// The kinds of the standing conditions an agent's GetNode shows.
 async fn condition_kinds(agent: &Agent) -> Vec<String> {
@@ -75,29 +86,6 @@ async fn released_only_without_key(
     }
 }
 
-fn set_request(
-    node_id: &str,
-    guid: u64,
-    keys: &[u32],
-    generation: u64,
-) -> smpb::SetNodeMembershipsRequest {
-    smpb::SetNodeMembershipsRequest {
-        memberships: Some(smpb::NodeMemberships {
-            node_id: node_id.into(),
-            port_guids: vec![format!("0x{guid:016x}")],
-            keys: keys
-                .iter()
-                .map(|k| smpb::KeyMembership {
-                    pkey: *k,
-                    full: true,
-                    name: format!("t{k:x}"),
-                })
-                .collect(),
-            generation,
-        }),
-    }
-}
-
 /// The stored generation an ABORTED carries, read the way any client can: the status details
 /// (`google.rpc.Status`-shaped `ErrorStatus` with a `StaleGeneration`) and the trailer.
 fn stored_generation_of(status: &tonic::Status) -> (u64, u64, u64) {
@@ -128,14 +116,10 @@ async fn a_stale_generation_is_aborted_with_the_stored_one() {
     let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
         return;
     };
-    let port = free_port();
-    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let (mut sm, mut client) = start_sm(&fabric).await;
     let guid = fabric.node_info("node2").port_guid;
-    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
-        .await
-        .expect("connect");
     client
-        .set_node_memberships(set_request("node2", guid, &[0x0a31], 5))
+        .set_node_memberships(set_memberships("node2", &[guid], &[0x0a31], 5))
         .await
         .expect("generation 5");
     wait_until("0x8a31 on node2", CONVERGE, || async {
@@ -144,12 +128,12 @@ async fn a_stale_generation_is_aborted_with_the_stored_one() {
     .await;
 
     let err = client
-        .set_node_memberships(set_request("node2", guid, &[], 3))
+        .set_node_memberships(set_memberships("node2", &[guid], &[], 3))
         .await
         .expect_err("generation 3 is older");
     assert_eq!(stored_generation_of(&err), (5, 3, 5), "{err:?}");
     let err = client
-        .set_node_memberships(set_request("node2", guid, &[0x0a32], 5))
+        .set_node_memberships(set_memberships("node2", &[guid], &[0x0a32], 5))
         .await
         .expect_err("generation 5 with another set");
     assert_eq!(stored_generation_of(&err), (5, 5, 5), "{err:?}");
@@ -173,11 +157,11 @@ async fn a_stale_generation_is_aborted_with_the_stored_one() {
     );
     // A retry of generation 5 is served; generation 6 moves on.
     client
-        .set_node_memberships(set_request("node2", guid, &[0x0a31], 5))
+        .set_node_memberships(set_memberships("node2", &[guid], &[0x0a31], 5))
         .await
         .expect("retry of generation 5");
     client
-        .set_node_memberships(set_request("node2", guid, &[], 6))
+        .set_node_memberships(set_memberships("node2", &[guid], &[], 6))
         .await
         .expect("generation 6");
     wait_until("0x0a31 gone from node2", CONVERGE, || async {
@@ -264,14 +248,10 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
         return;
     };
-    let port = free_port();
-    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
-    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
-        .await
-        .expect("connect");
+    let (mut sm, mut client) = start_sm(&fabric).await;
     let guid = fabric.node_info("node1").port_guid;
     client
-        .set_node_memberships(set_request("node1", guid, &[0x0a51], 1))
+        .set_node_memberships(set_memberships("node1", &[guid], &[0x0a51], 1))
         .await
         .expect("generation 1");
     wait_until("0x8a51 on node1", CONVERGE, || async {
@@ -336,7 +316,7 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     );
     // Nothing new to write: the same set is served (the restored file is the accepted one).
     client
-        .set_node_memberships(set_request("node1", guid, &[0x0a51], 1))
+        .set_node_memberships(set_memberships("node1", &[guid], &[0x0a51], 1))
         .await
         .expect("retry of generation 1");
     assert_eq!(
@@ -368,13 +348,9 @@ async fn a_tenant_named_like_an_operator_entry_changes_no_operator_membership() 
         || async { fabric.pkeys(rig::SM_HOST).contains(&(0x8000 | backup)) },
     )
     .await;
-    let port = free_port();
-    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
-    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
-        .await
-        .expect("connect");
+    let (mut sm, mut client) = start_sm(&fabric).await;
     let guid = fabric.node_info("node1").port_guid;
-    let mut request = set_request("node1", guid, &[0x0a41], 1);
+    let mut request = set_memberships("node1", &[guid], &[0x0a41], 1);
     if let Some(m) = request.memberships.as_mut() {
         m.keys[0].name = "backup".into();
     }

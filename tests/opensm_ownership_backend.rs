@@ -69,6 +69,24 @@ struct Setup {
     backend: OpenSmBackend,
 }
 
+impl Setup {
+    /// Stores `node`'s set (ports `guids`, `key` full) at `generation`; panics if refused.
+    async fn set_ok(&self, node: &str, guids: &[u64], key: u32, generation: u64) {
+        self.backend
+            .set_node(set(node, guids, key), generation)
+            .await
+            .unwrap();
+    }
+
+    /// The refusal of that set; panics if it is stored.
+    async fn set_err(&self, node: &str, guids: &[u64], key: u32, generation: u64) -> OpenSmError {
+        self.backend
+            .set_node(set(node, guids, key), generation)
+            .await
+            .unwrap_err()
+    }
+}
+
 fn backend(
     path: &std::path::Path,
     store: &Arc<InMemoryNodeStore>,
@@ -130,17 +148,10 @@ fn set(node: &str, guids: &[u64], key: u32) -> NodeMemberships {
 #[tokio::test]
 async fn only_new_ports_are_asked_about_and_refusals_change_nothing() {
     let s = setup();
-    s.backend
-        .set_node(set("node1", &[0x11], 0x51), 1)
-        .await
-        .unwrap();
+    s.set_ok("node1", &[0x11], 0x51, 1).await;
     let file = std::fs::read(&s.path).unwrap();
     for (guid, forbidden) in [(0x30, true), (0x21, false), (0x99, false), (0x1, true)] {
-        let err = s
-            .backend
-            .set_node(set("node1", &[0x11, guid], 0x52), 2)
-            .await
-            .unwrap_err();
+        let err = s.set_err("node1", &[0x11, guid], 0x52, 2).await;
         match err {
             OpenSmError::PortForbidden(_) => assert!(forbidden, "{guid:#x}: {err}"),
             OpenSmError::PortNotShown(_) => assert!(!forbidden, "{guid:#x}: {err}"),
@@ -158,16 +169,9 @@ async fn only_new_ports_are_asked_about_and_refusals_change_nothing() {
     );
     // A retry of the stored set asks nothing, nor does a stale generation (answered ABORTED
     // even while the SA is down).
-    s.backend
-        .set_node(set("node1", &[0x11], 0x51), 1)
-        .await
-        .unwrap();
+    s.set_ok("node1", &[0x11], 0x51, 1).await;
     *s.fabric.down.lock().unwrap() = true;
-    let err = s
-        .backend
-        .set_node(set("node1", &[0x11, 0x21], 0x51), 0)
-        .await
-        .unwrap_err();
+    let err = s.set_err("node1", &[0x11, 0x21], 0x51, 0).await;
     assert!(
         matches!(err, OpenSmError::StaleGeneration { .. }),
         "{err:?}"
@@ -180,11 +184,7 @@ async fn an_unreachable_sa_refuses_and_stores_nothing() {
     let s = setup();
     *s.fabric.down.lock().unwrap() = true;
     let file = std::fs::read(&s.path).unwrap();
-    let err = s
-        .backend
-        .set_node(set("node1", &[0x11], 0x51), 1)
-        .await
-        .unwrap_err();
+    let err = s.set_err("node1", &[0x11], 0x51, 1).await;
     assert!(matches!(err, OpenSmError::FabricUnreachable(_)), "{err:?}");
     assert!(s.backend.node("node1").is_none());
     assert!(s.store.load_all().unwrap().is_empty());
@@ -194,19 +194,9 @@ async fn an_unreachable_sa_refuses_and_stores_nothing() {
 #[tokio::test]
 async fn a_port_moves_only_when_the_fabric_shows_it_in_the_new_node_and_durably() {
     let s = setup();
-    s.backend
-        .set_node(set("node2", &[0x21, 0x22], 0x52), 1)
-        .await
-        .unwrap();
-    s.backend
-        .set_node(set("node1", &[0x11], 0x51), 1)
-        .await
-        .unwrap();
-    let err = s
-        .backend
-        .set_node(set("node1", &[0x11, 0x22], 0x51), 2)
-        .await
-        .unwrap_err();
+    s.set_ok("node2", &[0x21, 0x22], 0x52, 1).await;
+    s.set_ok("node1", &[0x11], 0x51, 1).await;
+    let err = s.set_err("node1", &[0x11, 0x22], 0x51, 2).await;
     assert!(
         matches!(err, OpenSmError::PortForbidden(ref m) if m.contains("node2")),
         "{err:?}"
@@ -217,10 +207,7 @@ async fn a_port_moves_only_when_the_fabric_shows_it_in_the_new_node_and_durably(
         .lock()
         .unwrap()
         .insert(0x22, (node_type::CHANNEL_ADAPTER, "node1 mlx5_1"));
-    s.backend
-        .set_node(set("node1", &[0x11, 0x22], 0x51), 2)
-        .await
-        .unwrap();
+    s.set_ok("node1", &[0x11, 0x22], 0x51, 2).await;
     assert_eq!(
         s.backend.node("node2").unwrap().memberships.port_guids,
         vec![Guid(0x21)]

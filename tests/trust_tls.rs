@@ -81,6 +81,23 @@ impl Tls {
     }
 }
 
+/// A certificate and key file.
+type Identity = (PathBuf, PathBuf);
+
+/// A client CA rotation under way: the agent trusts the old CA only (its `client-ca.pem`), and
+/// the control plane has a certificate from each: (old CA, new CA, the agent's client CA file,
+/// the agent, the certificate by the old CA, the one by the new CA).
+fn rotation(dir: &Path) -> (Pki, Pki, PathBuf, Tls, Identity, Identity) {
+    let old = Pki::new("old client CA");
+    let new = Pki::new("new client CA");
+    let ca = dir.join("client-ca.pem");
+    std::fs::write(&ca, old.ca.pem()).unwrap();
+    let t = Tls::start(dir, &old, &ca, "[\"dns:control-plane.example\"]");
+    let by_old = old.issue(dir, "cp-old", &["control-plane.example"], "cp");
+    let by_new = new.issue(dir, "cp-new", &["control-plane.example"], "cp");
+    (old, new, ca, t, by_old, by_new)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_identities_validity_and_the_audit_line() {
     let tmp = tempfile::tempdir().unwrap();
@@ -204,13 +221,7 @@ async fn typed_identities_validity_and_the_audit_line() {
 async fn sighup_reloads_the_client_ca_and_keeps_it_on_a_bad_file() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let old = Pki::new("old client CA");
-    let new = Pki::new("new client CA");
-    let ca = dir.join("client-ca.pem");
-    std::fs::write(&ca, old.ca.pem()).unwrap();
-    let t = Tls::start(dir, &old, &ca, "[\"dns:control-plane.example\"]");
-    let by_old = old.issue(dir, "cp-old", &["control-plane.example"], "cp");
-    let by_new = new.issue(dir, "cp-new", &["control-plane.example"], "cp");
+    let (old, new, ca, t, by_old, by_new) = rotation(dir);
     t.get_node(&by_old).await.unwrap();
     assert!(
         t.get_node(&by_new).await.is_err(),
@@ -256,13 +267,7 @@ async fn sighup_reloads_the_client_ca_and_keeps_it_on_a_bad_file() {
 async fn a_replaced_client_ca_file_is_reloaded_without_a_signal() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let old = Pki::new("old client CA");
-    let new = Pki::new("new client CA");
-    let ca = dir.join("client-ca.pem");
-    std::fs::write(&ca, old.ca.pem()).unwrap();
-    let t = Tls::start(dir, &old, &ca, "[\"dns:control-plane.example\"]");
-    let by_old = old.issue(dir, "cp-old", &["control-plane.example"], "cp");
-    let by_new = new.issue(dir, "cp-new", &["control-plane.example"], "cp");
+    let (old, new, ca, t, by_old, by_new) = rotation(dir);
     t.get_node(&by_old).await.unwrap();
     assert!(t.get_node(&by_new).await.is_err(), "not trusted yet");
 

@@ -24,6 +24,21 @@ pub fn base_config(dir: &Path, extra: &str) -> String {
     )
 }
 
+/// The `[subnet_manager.embedded]` table of a daemon whose SM takes injected faults from
+/// `<dir>/fault` (written with `initial` first, when given), `embedded` added to the table:
+/// (the config text, the fault file).
+pub fn fault_config(dir: &Path, initial: Option<&str>, embedded: &str) -> (String, PathBuf) {
+    let fault = dir.join("fault");
+    if let Some(text) = initial {
+        std::fs::write(&fault, text).expect("write fault file");
+    }
+    let config = format!(
+        "[subnet_manager.embedded]\nfault_file = \"{}\"\n{embedded}",
+        fault.display()
+    );
+    (config, fault)
+}
+
 impl Daemon {
     /// Writes a config (`extra` is appended; a `[listen]` table is added unless `extra` has one)
     /// and starts the daemon, waiting until it answers.

@@ -1,12 +1,13 @@
 //! Test support shared by the integration tests, one purpose a file: the daemon harness
-//! ([`daemon`]), the one process guard ([`process`]), request builders ([`requests`]), one-line
+//! ([`daemon`]), the one process guard ([`process`]), request builders ([`requests`]), the CLI ([`cli`]), one-line
 //! API calls ([`calls`]), the event log ([`events`]), waits with deadlines ([`wait`]), loopback
-//! ports ([`net`]), a test CA ([`pki`]), an in-process SM host's parts ([`sm_host`]) and fixture
+//! ports ([`net`]), a test CA ([`pki`]), an in-process SM host's parts ([`sm_host`]), `fabric.sm.v1` requests ([`sm_requests`]) and fixture
 //! trees ([`fixtures`]).
 
 #![allow(dead_code, unused_imports)]
 
 pub mod calls;
+pub mod cli;
 pub mod daemon;
 pub mod events;
 pub mod fixtures;
@@ -15,9 +16,11 @@ pub mod pki;
 pub mod process;
 pub mod requests;
 pub mod sm_host;
+pub mod sm_requests;
 pub mod wait;
 
 pub use calls::*;
+pub use cli::*;
 pub use daemon::*;
 pub use events::*;
 pub use fixtures::*;

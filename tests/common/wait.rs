@@ -30,8 +30,8 @@ pub async fn poll_attachment(
     }
 }
 
-/// Polls `instance` every 100 ms until `done` holds, panicking with its last state after
-/// `limit`.
+/// Polls `instance` (as [`poll_attachment`]) until `done` holds, panicking with its last state
+/// after `limit`.
 pub async fn wait_attachment(
     c: &mut FabricAgentClient<Channel>,
     instance: &str,
@@ -39,18 +39,9 @@ pub async fn wait_attachment(
     limit: Duration,
     done: impl Fn(&pb::Attachment) -> bool,
 ) -> pb::Attachment {
-    let deadline = Instant::now() + limit;
-    loop {
-        let a = get(c, instance).await;
-        if done(&a) {
-            return a;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{instance}: timed out waiting for {what}: {a:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let a = poll_attachment(c, instance, limit, &done).await;
+    assert!(done(&a), "{instance}: timed out waiting for {what}: {a:?}");
+    a
 }
 
 /// Waits up to `limit` for `instance` to be in state `s`.
