@@ -116,6 +116,21 @@ async fn a_cursor_from_a_wiped_state_directory_gets_out_of_range() {
     );
 }
 
+/// Attaches instances `i-000`.. (`count` of them) to `p` without waiting; returns their ids.
+async fn attach_numbered(
+    c: &mut fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient<
+        tonic::transport::Channel,
+    >,
+    count: usize,
+    p: &pb::Partition,
+) -> BTreeSet<String> {
+    let ids: BTreeSet<String> = (0..count).map(|i| format!("i-{i:03}")).collect();
+    for id in &ids {
+        attach_now(c, attach(id, p.clone(), None)).await;
+    }
+    ids
+}
+
 /// Every page of ListAttachments with `page_size` (0: the daemon's default, 4 here), following
 /// tokens.
 async fn all_pages(
@@ -155,12 +170,7 @@ async fn list_pages_stay_consistent_while_attachments_are_created() {
     let d = Daemon::start("[limits]\nlist_default_page_size = 4\nlist_max_page_size = 50\n");
     let mut c = d.client().await;
     let p = partition("ibpart_shared", 0x21);
-    let before: BTreeSet<String> = (0..40).map(|i| format!("i-{i:03}")).collect();
-    for id in &before {
-        c.attach_partition(attach(id, p.clone(), None))
-            .await
-            .unwrap();
-    }
+    let before = attach_numbered(&mut c, 40, &p).await;
     // A writer creates attachments sorting before, between and after the existing ones while
     // a reader pages through.
     let mut w = d.client().await;
@@ -341,12 +351,7 @@ async fn attachments_created_between_pages_appear_exactly_when_they_sort_after_t
     let d = Daemon::start("");
     let mut c = d.client().await;
     let p = partition("ibpart_shared", 0x21);
-    let before: BTreeSet<String> = (0..20).map(|i| format!("i-{i:03}")).collect();
-    for id in &before {
-        c.attach_partition(attach(id, p.clone(), None))
-            .await
-            .unwrap();
-    }
+    let before = attach_numbered(&mut c, 20, &p).await;
     let first = c
         .list_attachments(pb::ListAttachmentsRequest {
             page_size: 5,

@@ -4,26 +4,10 @@
 
 mod common;
 
+use common::fixtures::MLX5_8X_IB as IB;
 use common::*;
 use fabric_agent::proto::agent as pb;
-use std::path::Path;
 use std::time::Duration;
-
-const IB: [&str; 8] = [
-    "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7",
-];
-
-fn port_file(root: &Path, dev: &str, file: &str) -> std::path::PathBuf {
-    root.join(dev).join("ports/1").join(file)
-}
-
-fn set_pkey(root: &Path, dev: &str, index: usize, value: u16) {
-    std::fs::write(
-        port_file(root, dev, &format!("pkeys/{index}")),
-        format!("{value:#06x}\n"),
-    )
-    .unwrap();
-}
 
 /// gpu-1 once it is in state `want`, or as it is after 5 s.
 async fn wait_state(
@@ -39,17 +23,14 @@ async fn wait_state(
 async fn port_tables_in_sysfs_drive_active_and_released() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("sys");
-    copy_tree(Path::new("tests/fixtures/sysfs/mlx5-8x"), &root);
     // Bring the DOWN port up for the attach half (its stale key goes away with the reset).
-    std::fs::write(port_file(&root, "mlx5_3", "state"), "4: ACTIVE\n").unwrap();
+    mlx5_8x_active(&root);
     set_pkey(&root, "mlx5_3", 1, 0);
-    let devices: Vec<String> = IB.iter().map(|d| format!("\"{d}\"")).collect();
     // The fixture's ports are full members of the default partition (0xffff), as with OpenSM's
     // stock Default; the operator accepts that posture here.
     let extra = format!(
-        "allow_full_default = true\n[observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\nfast_poll_ms = 20\n[ports]\ndevices = [{}]\n",
-        root.display(),
-        devices.join(", ")
+        "allow_full_default = true\n{}",
+        mlx5_8x_config(&root, "fast_poll_ms = 20\n")
     );
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
