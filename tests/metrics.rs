@@ -54,9 +54,11 @@ async fn metrics_move_with_an_attach_and_a_release() {
         .map_or(0.0, |v| v.trim().parse().unwrap());
 
     let mut c = d.client().await;
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
-        .await
-        .unwrap();
+    attach_now(
+        &mut c,
+        attach("i-1", partition("ibpart_a", 0x12), Some(5000)),
+    )
+    .await;
     let (_, mid) = scrape(port);
     assert_eq!(
         value(&mid, "fabric_agent_attachments{state=\"ACTIVE\"}"),
@@ -82,12 +84,7 @@ async fn metrics_move_with_an_attach_and_a_release() {
         "the default partition and the key"
     );
 
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: "i-1".into(),
-        wait_ms: Some(5000),
-    })
-    .await
-    .unwrap();
+    release(&mut c, "i-1", Some(5000)).await;
     let (_, after) = scrape(port);
     assert_eq!(
         value(&after, "fabric_agent_attachments{state=\"RELEASED\"}"),

@@ -31,6 +31,17 @@ impl Drop for SmHost {
     }
 }
 
+impl SmHost {
+    /// A remote backend reaching this SM host in plaintext.
+    fn plaintext_client(&self) -> RemoteSm {
+        RemoteSm::new(&RemoteConfig {
+            endpoint: format!("http://{}", self.addr),
+            ..RemoteConfig::default()
+        })
+        .unwrap()
+    }
+}
+
 /// The SM host's Partitions service behind the call gate: plaintext loopback runs under the
 /// test-rig policy (what `insecure_plaintext_for_tests = true` selects); TLS under an allowlist
 /// whose node certificates map to their node ids.
@@ -98,11 +109,7 @@ fn desired(keys: &[u32]) -> NodeMemberships {
 #[tokio::test]
 async fn plaintext_loopback_apply_reaches_the_file() {
     let host = sm_host("", None).await;
-    let sm = RemoteSm::new(&RemoteConfig {
-        endpoint: format!("http://{}", host.addr),
-        ..RemoteConfig::default()
-    })
-    .unwrap();
+    let sm = host.plaintext_client();
     sm.apply(&desired(&[0x0a12]), 1).await.unwrap();
     let text = std::fs::read_to_string(&host.partitions).unwrap();
     assert!(
@@ -140,11 +147,7 @@ async fn plaintext_loopback_apply_reaches_the_file() {
 #[tokio::test]
 async fn refusals_and_unreachable_hosts() {
     let host = sm_host("storage=0x0100 : ALL=full;\n", None).await;
-    let sm = RemoteSm::new(&RemoteConfig {
-        endpoint: format!("http://{}", host.addr),
-        ..RemoteConfig::default()
-    })
-    .unwrap();
+    let sm = host.plaintext_client();
     let err = sm.apply(&desired(&[0x0100]), 3).await.unwrap_err();
     assert!(
         matches!(&err, SmError::Refused(m) if m.contains("0x0100")),
