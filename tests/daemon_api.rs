@@ -102,21 +102,9 @@ async fn rejections_have_clear_codes_and_persist_nothing() {
     // Three slots per port: the default partition plus two tenant keys.
     let d = Daemon::start("[subnet_manager.embedded]\npkey_table_size = 3\n");
     let mut c = d.client().await;
-    attach_now(
-        &mut c,
-        attach("i-1", partition("ibpart_a", 0x12), Some(5000)),
-    )
-    .await;
-    attach_now(
-        &mut c,
-        attach("i-9", partition("ibpart_b", 0x13), Some(5000)),
-    )
-    .await;
-    attach_now(
-        &mut c,
-        attach("i-gone", partition("ibpart_b", 0x13), Some(5000)),
-    )
-    .await;
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
+    attach_waiting(&mut c, "i-9", "ibpart_b", 0x13).await;
+    attach_waiting(&mut c, "i-gone", "ibpart_b", 0x13).await;
     release(&mut c, "i-gone", None).await;
     let node = common::node(&mut c).await;
     let count = |c: &pb::GetNodeResponse| c.attachment_counts.values().sum::<u64>();
@@ -298,11 +286,7 @@ async fn an_unreachable_subnet_manager_never_yields_a_false_state() {
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
     let mut c = d.client().await;
-    attach_now(
-        &mut c,
-        attach("i-1", partition("ibpart_a", 0x12), Some(5000)),
-    )
-    .await;
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
 
     std::fs::write(&fault, "unreachable").unwrap();
     let r = c
@@ -400,16 +384,8 @@ async fn a_withdrawn_change_leaves_the_reconciler_idle() {
 async fn a_shared_key_is_released_only_when_its_last_instance_leaves() {
     let d = Daemon::start("");
     let mut c = d.client().await;
-    attach_now(
-        &mut c,
-        attach("i-1", partition("ibpart_a", 0x12), Some(5000)),
-    )
-    .await;
-    attach_now(
-        &mut c,
-        attach("i-2", partition("ibpart_a", 0x12), Some(5000)),
-    )
-    .await;
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
+    attach_waiting(&mut c, "i-2", "ibpart_a", 0x12).await;
     // i-1 is terminated, but i-2 on this node still needs the key: the ports keep it, so
     // reporting i-1 RELEASED would be false.
     let r = c
@@ -436,11 +412,7 @@ async fn released_attachments_are_pruned_on_time_not_only_at_resync() {
     // attachments come and go all the while.
     let d = Daemon::start("[events]\nreleased_retain_secs = 1\n[reconciler]\nresync_secs = 300\n");
     let mut c = d.client().await;
-    attach_now(
-        &mut c,
-        attach("i-1", partition("ibpart_a", 0x12), Some(5000)),
-    )
-    .await;
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
     let r = c
         .release_instance(release_request("i-1", Some(5000)))
         .await

@@ -133,11 +133,7 @@ async fn a_full_default_membership_blocks_active_until_accepted() {
     std::fs::write(&d.config, format!("allow_full_default = true\n{config}")).unwrap();
     d.spawn(&[]);
     let mut c = d.client().await;
-    let r = attach_now(
-        &mut c,
-        attach("i-1", partition("ibpart_a", 0x12), Some(5000)),
-    )
-    .await;
+    let r = attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
     assert_eq!(state(&r), pb::AttachmentState::Active);
     let n = node(&mut c).await;
     assert_eq!(n.conditions.len(), 1);

@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use fabric_agent::proto::agent as pb;
 use std::io::{Read, Write};
 
 /// One scrape over plain HTTP/1.0: (content type, body).
@@ -54,11 +53,7 @@ async fn metrics_move_with_an_attach_and_a_release() {
         .map_or(0.0, |v| v.trim().parse().unwrap());
 
     let mut c = d.client().await;
-    attach_now(
-        &mut c,
-        attach("i-1", partition("ibpart_a", 0x12), Some(5000)),
-    )
-    .await;
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
     let (_, mid) = scrape(port);
     assert_eq!(
         value(&mid, "fabric_agent_attachments{state=\"ACTIVE\"}"),

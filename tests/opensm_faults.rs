@@ -56,6 +56,19 @@ async fn condition_kinds(agent: &Agent) -> Vec<String> {
         .collect()
 }
 
+/// Waits until the agent's GetNode shows condition `kind` (`shown`), or no longer shows it.
+async fn wait_condition(agent: &Agent, kind: &str, shown: bool) {
+    let what = format!(
+        "{kind} {} on {}",
+        if shown { "shown" } else { "cleared" },
+        agent.node
+    );
+    wait_until(&what, CONVERGE, || async {
+        condition_kinds(agent).await.iter().any(|k| k == kind) == shown
+    })
+    .await;
+}
+
 /// Polls `instance` until RELEASED, checking on every poll that RELEASED is never reported while
 /// `smpquery` (read after the state) shows `base` on `node`'s port. Returns the polls made.
 async fn released_only_without_key(
@@ -210,16 +223,7 @@ async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key
     assert!(!smst.reachable, "{smst:?}");
     assert!(smst.last_error.contains("OpenSM"), "{smst:?}");
     assert!(fabric.pkeys("node1").contains(&0x8a61));
-    wait_until(
-        "PARTITIONS_FILE_UNCONFIRMED on the SM host",
-        CONVERGE,
-        || async {
-            condition_kinds(&sm)
-                .await
-                .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
-        },
-    )
-    .await;
+    wait_condition(&sm, "PARTITIONS_FILE_UNCONFIRMED", true).await;
 
     fabric.restart_opensm();
     let polls = released_only_without_key(&fabric, &mut c1, "node1", "i-1", 0x0a61, CONVERGE)
@@ -229,12 +233,7 @@ async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key
     assert!(!has_base(&fabric.pkeys("node1"), 0x0a61));
     let smst = node(&mut c1).await.subnet_manager.expect("sm status");
     assert!(smst.reachable && smst.last_error.is_empty(), "{smst:?}");
-    wait_until("the unconfirmed condition cleared", CONVERGE, || async {
-        !condition_kinds(&sm)
-            .await
-            .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
-    })
-    .await;
+    wait_condition(&sm, "PARTITIONS_FILE_UNCONFIRMED", false).await;
     assert!(n1.stop().success());
     assert!(sm.stop().success());
 }
@@ -295,16 +294,7 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     })
     .await;
     // The SM host shows the standing condition (GetNode), with OpenSM's words.
-    wait_until(
-        "PARTITIONS_FILE_REJECTED on the SM host",
-        CONVERGE,
-        || async {
-            condition_kinds(&sm)
-                .await
-                .contains(&"PARTITIONS_FILE_REJECTED".to_owned())
-        },
-    )
-    .await;
+    wait_condition(&sm, "PARTITIONS_FILE_REJECTED", true).await;
     let mut smc = sm.client().await;
     let shown = node(&mut smc).await.conditions;
     eprintln!("SM host conditions: {shown:?}");

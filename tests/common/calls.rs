@@ -1,7 +1,7 @@
 //! One-line calls of the agent's API for set-up and polling: each panics on an error, so use
 //! them only where the call is expected to succeed.
 
-use super::requests::release_request;
+use super::requests::{attach, partition, release_request};
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use tonic::transport::Channel;
@@ -49,4 +49,15 @@ pub async fn node(c: &mut FabricAgentClient<Channel>) -> pb::GetNodeResponse {
         .await
         .expect("get node")
         .into_inner()
+}
+
+/// Attaches `instance` to partition `id` (P_Key `pkey`) as a full member, waiting up to 5 s for
+/// the outcome; the attachment.
+pub async fn attach_waiting(
+    c: &mut FabricAgentClient<Channel>,
+    instance: &str,
+    id: &str,
+    pkey: u32,
+) -> pb::Attachment {
+    attach_now(c, attach(instance, partition(id, pkey), Some(5000))).await
 }
