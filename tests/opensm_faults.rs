@@ -45,6 +45,27 @@ async fn start_sm(fabric: &Fabric) -> (Agent, PartitionsClient<Channel>) {
     (sm, client)
 }
 
+/// Sets `node`'s port `guid` to hold `key` (a full member) at `generation` through the SM
+/// host, and waits until smpquery shows the key on the port.
+async fn set_and_wait(
+    fabric: &Fabric,
+    client: &mut PartitionsClient<Channel>,
+    node: &str,
+    guid: u64,
+    key: u32,
+    generation: u64,
+) {
+    client
+        .set_node_memberships(set_memberships(node, &[guid], &[key], generation))
+        .await
+        .unwrap_or_else(|e| panic!("generation {generation}: {e:?}"));
+    let full = u16::try_from(0x8000 | key).expect("a P_Key");
+    wait_until(&format!("{full:#06x} on {node}"), CONVERGE, || async {
+        fabric.pkeys(node).contains(&full)
+    })
+    .await;
+}
+
 /// The kinds of the standing conditions an agent's GetNode shows.
 async fn condition_kinds(agent: &Agent) -> Vec<String> {
     let mut c = agent.client().await;
@@ -131,14 +152,7 @@ async fn a_stale_generation_is_aborted_with_the_stored_one() {
     };
     let (mut sm, mut client) = start_sm(&fabric).await;
     let guid = fabric.node_info("node2").port_guid;
-    client
-        .set_node_memberships(set_memberships("node2", &[guid], &[0x0a31], 5))
-        .await
-        .expect("generation 5");
-    wait_until("0x8a31 on node2", CONVERGE, || async {
-        fabric.pkeys("node2").contains(&0x8a31)
-    })
-    .await;
+    set_and_wait(&fabric, &mut client, "node2", guid, 0x0a31, 5).await;
 
     let err = client
         .set_node_memberships(set_memberships("node2", &[guid], &[], 3))
@@ -249,14 +263,7 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     };
     let (mut sm, mut client) = start_sm(&fabric).await;
     let guid = fabric.node_info("node1").port_guid;
-    client
-        .set_node_memberships(set_memberships("node1", &[guid], &[0x0a51], 1))
-        .await
-        .expect("generation 1");
-    wait_until("0x8a51 on node1", CONVERGE, || async {
-        fabric.pkeys("node1").contains(&0x8a51)
-    })
-    .await;
+    set_and_wait(&fabric, &mut client, "node1", guid, 0x0a51, 1).await;
     let good = std::fs::read_to_string(fabric.partitions_path()).unwrap();
 
     let broken = good.replacen(
