@@ -68,6 +68,16 @@ impl Tls {
             .map(|_| ())
     }
 
+    /// A channel to the agent with this identity, trusting the agent's CA.
+    async fn channel(&self, identity: &(PathBuf, PathBuf)) -> tonic::transport::Channel {
+        let tls = ClientTls {
+            ca: Some(self.ca.clone()),
+            identity: Some(identity.clone()),
+            domain: Some("localhost".into()),
+        };
+        tcp(&self.url, &tls).await.unwrap()
+    }
+
     fn wait_log(&self, text: &str, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.d.log().matches(text).count() < count {
@@ -156,30 +166,12 @@ async fn typed_identities_validity_and_the_audit_line() {
 
     // An attach over mTLS leaves one audit line naming the certificate identity; an attach
     // with an expired certificate is refused and audited too.
-    let ch = tcp(
-        &t.url,
-        &ClientTls {
-            ca: Some(t.ca.clone()),
-            identity: Some(cp.clone()),
-            domain: Some("localhost".into()),
-        },
-    )
-    .await
-    .unwrap();
+    let ch = t.channel(&cp).await;
     let mut c = FabricAgentClient::new(ch);
     c.attach_partition(attach("vm-7", partition("ibpart_b7", 0x0b07), None))
         .await
         .unwrap();
-    let ch = tcp(
-        &t.url,
-        &ClientTls {
-            ca: Some(t.ca.clone()),
-            identity: Some(expired.clone()),
-            domain: Some("localhost".into()),
-        },
-    )
-    .await
-    .unwrap();
+    let ch = t.channel(&expired).await;
     let e = FabricAgentClient::new(ch)
         .attach_partition(attach("vm-8", partition("ibpart_b8", 0x0b08), None))
         .await
