@@ -29,10 +29,8 @@ fn attach_args<'a>(instance: &'a str, pkey: &'a str, extra: &[&'a str]) -> Vec<&
 
 #[test]
 fn exit_codes_and_pkey_syntax() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (extra, fault) = fault_config(tmp.path(), None, "");
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let mut d = Daemon::start_with_fault(None, "", "");
+    let fault = d.fault_file();
     let sock = d.socket.clone();
 
     // P_Keys: hex with or without 0x, never decimal; a bad one is a usage error (2) that says
@@ -250,10 +248,7 @@ fn the_socket_is_recreated_output_fits_and_json_has_one_shape_per_command() {
 
 #[test]
 fn a_stopping_agent_answers_waiting_calls_at_once() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (extra, _) = fault_config(tmp.path(), Some("unreachable"), "");
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let mut d = Daemon::start_with_fault(Some("unreachable"), "", "");
     let waiting = std::process::Command::new(BIN)
         .arg("--socket")
         .arg(&d.socket)

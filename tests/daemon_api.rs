@@ -280,11 +280,12 @@ fn a_bad_config_exits_64_with_a_clear_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_subnet_manager_never_yields_a_false_state() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (embedded, fault) = fault_config(tmp.path(), None, "");
-    let extra = format!("{embedded}[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n");
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let d = Daemon::start_with_fault(
+        None,
+        "",
+        "[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
+    );
+    let fault = d.fault_file();
     let mut c = d.client().await;
     attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
 
@@ -355,11 +356,12 @@ fn cpu_seconds(pid: nix::unistd::Pid) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_withdrawn_change_leaves_the_reconciler_idle() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (embedded, fault) = fault_config(tmp.path(), None, "");
-    let extra = format!("{embedded}[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n");
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let d = Daemon::start_with_fault(
+        None,
+        "",
+        "[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
+    );
+    let fault = d.fault_file();
     let mut c = d.client().await;
     // The SM fails the attach's apply, then the release withdraws the change before any retry
     // succeeds: nothing is left to apply, so nothing may keep the loop spinning.

@@ -273,11 +273,11 @@ async fn streams_beyond_the_limit_get_resource_exhausted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_in_flight_limit_get_resource_exhausted() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (embedded, _) = fault_config(tmp.path(), Some("unreachable"), "");
-    let extra = format!("{embedded}[limits]\nmax_in_flight_requests = 1\n");
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let d = Daemon::start_with_fault(
+        Some("unreachable"),
+        "",
+        "[limits]\nmax_in_flight_requests = 1\n",
+    );
     let mut waiting = d.client().await;
     // The subnet manager is unreachable: this attach waits its full 3 s in the handler.
     let started = Instant::now();

@@ -20,12 +20,13 @@ fn holds(n: &pb::GetNodeResponse, value: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_keeps_the_key_in_doubt_until_a_set_without_it_is_acknowledged() {
-    let tmp = tempfile::tempdir().unwrap();
     // The SM takes every set but its replies are lost, and it programs the ports 1.5 s later.
-    let (embedded, fault) = fault_config(tmp.path(), Some("lose-reply"), "apply_delay_ms = 1500\n");
-    let extra = format!("{embedded}[reconciler]\nbackoff_initial_ms = 100\nbackoff_max_ms = 300\n");
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let mut d = Daemon::start_with_fault(
+        Some("lose-reply"),
+        "apply_delay_ms = 1500\n",
+        "[reconciler]\nbackoff_initial_ms = 100\nbackoff_max_ms = 300\n",
+    );
+    let fault = d.fault_file();
     let mut c = d.client().await;
     c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), None))
         .await

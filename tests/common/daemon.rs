@@ -50,6 +50,23 @@ impl Daemon {
         d
     }
 
+    /// Starts a daemon as [`Daemon::start`] does, its embedded SM taking injected faults from
+    /// [`Daemon::fault_file`] (written with `initial` first, when given); `embedded` is added to
+    /// the `[subnet_manager.embedded]` table and `extra` after it.
+    pub fn start_with_fault(initial: Option<&str>, embedded: &str, extra: &str) -> Daemon {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let (faults, _) = fault_config(tmp.path(), initial, embedded);
+        let mut d = Daemon::prepare(tmp.path(), &format!("{faults}{extra}"));
+        d._tmp = Some(tmp);
+        d.spawn(&[]);
+        d
+    }
+
+    /// The fault file of a daemon started by [`Daemon::start_with_fault`].
+    pub fn fault_file(&self) -> PathBuf {
+        self.dir.join("fault")
+    }
+
     /// Writes the config into `dir` without starting.
     pub fn prepare(dir: &Path, extra: &str) -> Daemon {
         let socket = dir.join("agent.sock");
