@@ -4,19 +4,8 @@
 
 mod common;
 
+use common::process::ChildGuard;
 use common::*;
-use std::path::Path;
-use std::process::Output;
-
-/// Runs the CLI against a socket.
-fn cli(socket: &Path, args: &[&str]) -> Output {
-    std::process::Command::new(BIN)
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("run the CLI")
-}
 
 fn attach_args<'a>(instance: &'a str, pkey: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
@@ -38,20 +27,10 @@ fn attach_args<'a>(instance: &'a str, pkey: &'a str, extra: &[&'a str]) -> Vec<&
     v
 }
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 #[test]
 fn exit_codes_and_pkey_syntax() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n",
-        fault.display()
-    );
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let mut d = Daemon::start_with_fault(None, "", "");
+    let fault = d.fault_file();
     let sock = d.socket.clone();
 
     // P_Keys: hex with or without 0x, never decimal; a bad one is a usage error (2) that says
@@ -159,22 +138,6 @@ fn exit_codes_and_pkey_syntax() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(64));
-}
-
-/// Waits up to `limit` for `cond`.
-fn eventually(limit: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + limit;
-    while std::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    cond()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 #[test]
@@ -285,15 +248,7 @@ fn the_socket_is_recreated_output_fits_and_json_has_one_shape_per_command() {
 
 #[test]
 fn a_stopping_agent_answers_waiting_calls_at_once() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
-    std::fs::write(&fault, "unreachable").unwrap();
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n",
-        fault.display()
-    );
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let mut d = Daemon::start_with_fault(Some("unreachable"), "", "");
     let waiting = std::process::Command::new(BIN)
         .arg("--socket")
         .arg(&d.socket)
@@ -429,14 +384,8 @@ fn sighup_reloads_the_log_filter_and_never_ends_the_daemon() {
     std::fs::write(&config, text("warn")).unwrap();
     let log = tmp.path().join("daemon.log");
     // Started by hand (the harness pins FABRIC_AGENT_LOG); killed by pid if the test fails.
-    struct Stopped(std::process::Child);
-    impl Drop for Stopped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Stopped(
+    let mut child = ChildGuard::new(
+        "daemon",
         std::process::Command::new(BIN)
             .arg("--config")
             .arg(&config)
@@ -448,7 +397,7 @@ fn sighup_reloads_the_log_filter_and_never_ends_the_daemon() {
             .spawn()
             .unwrap(),
     );
-    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     assert!(eventually(std::time::Duration::from_secs(20), || {
         cli(&socket, &["node"]).status.success()
@@ -480,7 +429,7 @@ fn sighup_reloads_the_log_filter_and_never_ends_the_daemon() {
     );
     assert!(!logged.trim_start().starts_with('{'), "not JSON: {logged}");
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    assert!(child.0.wait().unwrap().success());
+    assert!(child.wait().success());
 }
 
 #[test]

@@ -19,11 +19,7 @@ async fn attach_goes_active_and_release_goes_released_idempotently() {
     let a = r.attachment.unwrap();
     assert_eq!(state(&a), pb::AttachmentState::Active);
     assert_eq!(a.pkey_value, 0x8012);
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     assert!(
         node.ports.iter().all(|p| p.pkeys.contains(&0x8012)),
         "{:?}",
@@ -43,10 +39,7 @@ async fn attach_goes_active_and_release_goes_released_idempotently() {
     );
 
     let rel = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: "i-1".into(),
-            wait_ms: Some(5000),
-        })
+        .release_instance(release_request("i-1", Some(5000)))
         .await
         .unwrap()
         .into_inner();
@@ -54,21 +47,14 @@ async fn attach_goes_active_and_release_goes_released_idempotently() {
         state(&rel.attachment.unwrap()),
         pb::AttachmentState::Released
     );
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     assert!(node
         .ports
         .iter()
         .all(|p| !p.pkeys.iter().any(|k| k & 0x7fff == 0x12)));
     let before = node.last_event_seq;
     let rel2 = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: "i-1".into(),
-            wait_ms: None,
-        })
+        .release_instance(release_request("i-1", None))
         .await
         .unwrap()
         .into_inner();
@@ -116,26 +102,11 @@ async fn rejections_have_clear_codes_and_persist_nothing() {
     // Three slots per port: the default partition plus two tenant keys.
     let d = Daemon::start("[subnet_manager.embedded]\npkey_table_size = 3\n");
     let mut c = d.client().await;
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
-        .await
-        .unwrap();
-    c.attach_partition(attach("i-9", partition("ibpart_b", 0x13), Some(5000)))
-        .await
-        .unwrap();
-    c.attach_partition(attach("i-gone", partition("ibpart_b", 0x13), Some(5000)))
-        .await
-        .unwrap();
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: "i-gone".into(),
-        wait_ms: None,
-    })
-    .await
-    .unwrap();
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
+    attach_waiting(&mut c, "i-9", "ibpart_b", 0x13).await;
+    attach_waiting(&mut c, "i-gone", "ibpart_b", 0x13).await;
+    release(&mut c, "i-gone", None).await;
+    let node = common::node(&mut c).await;
     let count = |c: &pb::GetNodeResponse| c.attachment_counts.values().sum::<u64>();
     let (seq, n) = (node.last_event_seq, count(&node));
 
@@ -271,11 +242,7 @@ async fn rejections_have_clear_codes_and_persist_nothing() {
         Code::NotFound
     );
 
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     assert_eq!(node.last_event_seq, seq, "a rejection must record no event");
     assert_eq!(count(&node), n, "a rejection must persist no attachment");
 }
@@ -313,25 +280,18 @@ fn a_bad_config_exits_64_with_a_clear_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_subnet_manager_never_yields_a_false_state() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
-        fault.display()
+    let d = Daemon::start_with_fault(
+        None,
+        "",
+        "[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
     );
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let fault = d.fault_file();
     let mut c = d.client().await;
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
-        .await
-        .unwrap();
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
 
     std::fs::write(&fault, "unreachable").unwrap();
     let r = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: "i-1".into(),
-            wait_ms: Some(1500),
-        })
+        .release_instance(release_request("i-1", Some(1500)))
         .await
         .unwrap()
         .into_inner();
@@ -352,25 +312,12 @@ async fn an_unreachable_subnet_manager_never_yields_a_false_state() {
         .unwrap()
         .into_inner();
     assert_eq!(state(&r.attachment.unwrap()), pb::AttachmentState::Pending);
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     let sm = node.subnet_manager.unwrap();
     assert!(!sm.reachable && sm.last_error.contains("outage"), "{sm:?}");
 
     std::fs::write(&fault, "").unwrap();
-    let a = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: "i-1".into(),
-            wait_ms: Some(5000),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .attachment
-        .unwrap();
+    let a = release(&mut c, "i-1", Some(5000)).await;
     assert_eq!(state(&a), pb::AttachmentState::Released);
     assert!(a.reason.is_empty());
     let b = c
@@ -409,27 +356,22 @@ fn cpu_seconds(pid: nix::unistd::Pid) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_withdrawn_change_leaves_the_reconciler_idle() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
-        fault.display()
+    let d = Daemon::start_with_fault(
+        None,
+        "",
+        "[reconciler]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
     );
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let fault = d.fault_file();
     let mut c = d.client().await;
     // The SM fails the attach's apply, then the release withdraws the change before any retry
     // succeeds: nothing is left to apply, so nothing may keep the loop spinning.
     std::fs::write(&fault, "unreachable").unwrap();
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(300)))
-        .await
-        .unwrap();
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: "i-1".into(),
-        wait_ms: Some(2000),
-    })
-    .await
-    .unwrap();
+    attach_now(
+        &mut c,
+        attach("i-1", partition("ibpart_a", 0x12), Some(300)),
+    )
+    .await;
+    release(&mut c, "i-1", Some(2000)).await;
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let before = cpu_seconds(d.pid());
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
@@ -444,19 +386,12 @@ async fn a_withdrawn_change_leaves_the_reconciler_idle() {
 async fn a_shared_key_is_released_only_when_its_last_instance_leaves() {
     let d = Daemon::start("");
     let mut c = d.client().await;
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
-        .await
-        .unwrap();
-    c.attach_partition(attach("i-2", partition("ibpart_a", 0x12), Some(5000)))
-        .await
-        .unwrap();
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
+    attach_waiting(&mut c, "i-2", "ibpart_a", 0x12).await;
     // i-1 is terminated, but i-2 on this node still needs the key: the ports keep it, so
     // reporting i-1 RELEASED would be false.
     let r = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: "i-1".into(),
-            wait_ms: Some(1000),
-        })
+        .release_instance(release_request("i-1", Some(1000)))
         .await
         .unwrap()
         .into_inner();
@@ -464,26 +399,11 @@ async fn a_shared_key_is_released_only_when_its_last_instance_leaves() {
         state(&r.attachment.unwrap()),
         pb::AttachmentState::Releasing
     );
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     assert!(node.ports.iter().all(|p| p.pkeys.contains(&0x8012)));
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: "i-2".into(),
-        wait_ms: Some(5000),
-    })
-    .await
-    .unwrap();
+    release(&mut c, "i-2", Some(5000)).await;
     for id in ["i-1", "i-2"] {
-        let a = c
-            .get_attachment(pb::GetAttachmentRequest {
-                instance_id: id.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let a = get(&mut c, id).await;
         assert_eq!(state(&a), pb::AttachmentState::Released, "{id}");
     }
 }
@@ -494,14 +414,9 @@ async fn released_attachments_are_pruned_on_time_not_only_at_resync() {
     // attachments come and go all the while.
     let d = Daemon::start("[events]\nreleased_retain_secs = 1\n[reconciler]\nresync_secs = 300\n");
     let mut c = d.client().await;
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
-        .await
-        .unwrap();
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
     let r = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: "i-1".into(),
-            wait_ms: Some(5000),
-        })
+        .release_instance(release_request("i-1", Some(5000)))
         .await
         .unwrap()
         .into_inner();

@@ -10,17 +10,6 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
-async fn node(
-    c: &mut fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient<
-        tonic::transport::Channel,
-    >,
-) -> pb::GetNodeResponse {
-    c.get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 fn watch_from(after_seq: u64, log_epoch: Option<&str>) -> pb::WatchEventsRequest {
     pb::WatchEventsRequest {
         after_seq,
@@ -127,6 +116,21 @@ async fn a_cursor_from_a_wiped_state_directory_gets_out_of_range() {
     );
 }
 
+/// Attaches instances `i-000`.. (`count` of them) to `p` without waiting; returns their ids.
+async fn attach_numbered(
+    c: &mut fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient<
+        tonic::transport::Channel,
+    >,
+    count: usize,
+    p: &pb::Partition,
+) -> BTreeSet<String> {
+    let ids: BTreeSet<String> = (0..count).map(|i| format!("i-{i:03}")).collect();
+    for id in &ids {
+        attach_now(c, attach(id, p.clone(), None)).await;
+    }
+    ids
+}
+
 /// Every page of ListAttachments with `page_size` (0: the daemon's default, 4 here), following
 /// tokens.
 async fn all_pages(
@@ -166,12 +170,7 @@ async fn list_pages_stay_consistent_while_attachments_are_created() {
     let d = Daemon::start("[limits]\nlist_default_page_size = 4\nlist_max_page_size = 50\n");
     let mut c = d.client().await;
     let p = partition("ibpart_shared", 0x21);
-    let before: BTreeSet<String> = (0..40).map(|i| format!("i-{i:03}")).collect();
-    for id in &before {
-        c.attach_partition(attach(id, p.clone(), None))
-            .await
-            .unwrap();
-    }
+    let before = attach_numbered(&mut c, 40, &p).await;
     // A writer creates attachments sorting before, between and after the existing ones while
     // a reader pages through.
     let mut w = d.client().await;
@@ -219,12 +218,7 @@ async fn list_pages_stay_consistent_while_attachments_are_created() {
     }
 
     // The CLI still lists everything (it pages through).
-    let out = std::process::Command::new(BIN)
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["attachments", "--json"])
-        .output()
-        .unwrap();
+    let out = cli(&d.socket, &["attachments", "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -279,15 +273,11 @@ async fn streams_beyond_the_limit_get_resource_exhausted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_in_flight_limit_get_resource_exhausted() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
-    std::fs::write(&fault, "unreachable").unwrap();
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n[limits]\nmax_in_flight_requests = 1\n",
-        fault.display()
+    let d = Daemon::start_with_fault(
+        Some("unreachable"),
+        "",
+        "[limits]\nmax_in_flight_requests = 1\n",
     );
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
     let mut waiting = d.client().await;
     // The subnet manager is unreachable: this attach waits its full 3 s in the handler.
     let started = Instant::now();
@@ -361,12 +351,7 @@ async fn attachments_created_between_pages_appear_exactly_when_they_sort_after_t
     let d = Daemon::start("");
     let mut c = d.client().await;
     let p = partition("ibpart_shared", 0x21);
-    let before: BTreeSet<String> = (0..20).map(|i| format!("i-{i:03}")).collect();
-    for id in &before {
-        c.attach_partition(attach(id, p.clone(), None))
-            .await
-            .unwrap();
-    }
+    let before = attach_numbered(&mut c, 20, &p).await;
     let first = c
         .list_attachments(pb::ListAttachmentsRequest {
             page_size: 5,

@@ -40,15 +40,7 @@ async fn watch_replays_after_restart_then_follows_live() {
 
     // Follow from the newest seq: the next attach's events arrive live, numbered on.
     let last = replayed.last().unwrap().seq;
-    let mut stream = c
-        .watch_events(pb::WatchEventsRequest {
-            after_seq: last,
-            no_follow: false,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = watch(&mut c, last, true).await;
     let mut c2 = d.client().await;
     c2.attach_partition(attach("i-2", partition("ibpart_b", 0x13), None))
         .await

@@ -8,25 +8,7 @@ mod common;
 
 use common::*;
 use fabric_agent::proto::agent as pb;
-use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
-use std::time::{Duration, Instant};
-use tonic::transport::Channel;
-
-async fn node(c: &mut FabricAgentClient<Channel>) -> pb::GetNodeResponse {
-    c.get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn get(c: &mut FabricAgentClient<Channel>, id: &str) -> pb::Attachment {
-    c.get_attachment(pb::GetAttachmentRequest {
-        instance_id: id.into(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-}
+use std::time::Duration;
 
 fn in_doubt(n: &pb::GetNodeResponse) -> Vec<u32> {
     n.subnet_manager.clone().unwrap_or_default().in_doubt_pkeys
@@ -36,36 +18,15 @@ fn holds(n: &pb::GetNodeResponse, value: u32) -> bool {
     n.ports.iter().any(|p| p.pkeys.contains(&value))
 }
 
-/// Polls until `done` holds for the node view, or fails after `limit`.
-async fn until_node(
-    c: &mut FabricAgentClient<Channel>,
-    limit: Duration,
-    what: &str,
-    done: impl Fn(&pb::GetNodeResponse) -> bool,
-) -> pb::GetNodeResponse {
-    let end = Instant::now() + limit;
-    loop {
-        let n = node(c).await;
-        if done(&n) {
-            return n;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}: {n:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_keeps_the_key_in_doubt_until_a_set_without_it_is_acknowledged() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fault = tmp.path().join("fault");
     // The SM takes every set but its replies are lost, and it programs the ports 1.5 s later.
-    std::fs::write(&fault, "lose-reply").unwrap();
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\napply_delay_ms = 1500\n[reconciler]\nbackoff_initial_ms = 100\nbackoff_max_ms = 300\n",
-        fault.display()
+    let mut d = Daemon::start_with_fault(
+        Some("lose-reply"),
+        "apply_delay_ms = 1500\n",
+        "[reconciler]\nbackoff_initial_ms = 100\nbackoff_max_ms = 300\n",
     );
-    let mut d = Daemon::prepare(tmp.path(), &extra);
-    d.spawn(&[]);
+    let fault = d.fault_file();
     let mut c = d.client().await;
     c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), None))
         .await
@@ -79,16 +40,7 @@ async fn a_lost_reply_keeps_the_key_in_doubt_until_a_set_without_it_is_acknowled
     // The instance is terminated before any apply was acknowledged. The desired set is now
     // empty, as it was at start; RELEASED must still wait: the set with the key may be (and
     // here is) on its way to the ports.
-    let r = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: "i-1".into(),
-            wait_ms: Some(1000),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .attachment
-        .unwrap();
+    let r = release(&mut c, "i-1", Some(1000)).await;
     assert_eq!(state(&r), pb::AttachmentState::Releasing);
     let n = until_node(
         &mut c,
@@ -120,16 +72,7 @@ async fn a_lost_reply_keeps_the_key_in_doubt_until_a_set_without_it_is_acknowled
 
     // The SM answers again: the set without the key is acknowledged, the ports drop it.
     std::fs::write(&fault, "").unwrap();
-    let a = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: "i-1".into(),
-            wait_ms: Some(10_000),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .attachment
-        .unwrap();
+    let a = release(&mut c, "i-1", Some(10_000)).await;
     assert_eq!(state(&a), pb::AttachmentState::Released, "{a:?}");
     let n = node(&mut c).await;
     assert!(!holds(&n, 0x8012) && !holds(&n, 0x0012), "{:?}", n.ports);
@@ -167,13 +110,11 @@ async fn a_full_default_membership_blocks_active_until_accepted() {
     let mut d = Daemon::prepare(tmp.path(), embedded);
     d.spawn(&[]);
     let mut c = d.client().await;
-    let r = c
-        .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(1500)))
-        .await
-        .unwrap()
-        .into_inner()
-        .attachment
-        .unwrap();
+    let r = attach_now(
+        &mut c,
+        attach("i-1", partition("ibpart_a", 0x12), Some(1500)),
+    )
+    .await;
     assert_eq!(state(&r), pb::AttachmentState::Programming);
     let a = get(&mut c, "i-1").await;
     assert!(a.reason.contains("allow_full_default"), "{:?}", a.reason);
@@ -193,13 +134,7 @@ async fn a_full_default_membership_blocks_active_until_accepted() {
     std::fs::write(&d.config, format!("allow_full_default = true\n{config}")).unwrap();
     d.spawn(&[]);
     let mut c = d.client().await;
-    let r = c
-        .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
-        .await
-        .unwrap()
-        .into_inner()
-        .attachment
-        .unwrap();
+    let r = attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
     assert_eq!(state(&r), pb::AttachmentState::Active);
     let n = node(&mut c).await;
     assert_eq!(n.conditions.len(), 1);

@@ -4,73 +4,38 @@
 
 mod common;
 
+use common::fixtures::MLX5_8X_IB as IB;
 use common::*;
 use fabric_agent::proto::agent as pb;
-use std::path::Path;
 use std::time::Duration;
 
-const IB: [&str; 8] = [
-    "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7",
-];
-
-fn port_file(root: &Path, dev: &str, file: &str) -> std::path::PathBuf {
-    root.join(dev).join("ports/1").join(file)
-}
-
-fn set_pkey(root: &Path, dev: &str, index: usize, value: u16) {
-    std::fs::write(
-        port_file(root, dev, &format!("pkeys/{index}")),
-        format!("{value:#06x}\n"),
-    )
-    .unwrap();
-}
-
+/// gpu-1 once it is in state `want`, or as it is after 5 s.
 async fn wait_state(
     c: &mut fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient<
         tonic::transport::Channel,
     >,
     want: pb::AttachmentState,
 ) -> pb::Attachment {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let a = c
-            .get_attachment(pb::GetAttachmentRequest {
-                instance_id: "gpu-1".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if state(&a) == want || tokio::time::Instant::now() > deadline {
-            return a;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_attachment(c, "gpu-1", Duration::from_secs(5), |a| state(a) == want).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn port_tables_in_sysfs_drive_active_and_released() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("sys");
-    copy_tree(Path::new("tests/fixtures/sysfs/mlx5-8x"), &root);
     // Bring the DOWN port up for the attach half (its stale key goes away with the reset).
-    std::fs::write(port_file(&root, "mlx5_3", "state"), "4: ACTIVE\n").unwrap();
+    mlx5_8x_active(&root);
     set_pkey(&root, "mlx5_3", 1, 0);
-    let devices: Vec<String> = IB.iter().map(|d| format!("\"{d}\"")).collect();
     // The fixture's ports are full members of the default partition (0xffff), as with OpenSM's
     // stock Default; the operator accepts that posture here.
     let extra = format!(
-        "allow_full_default = true\n[observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\nfast_poll_ms = 20\n[ports]\ndevices = [{}]\n",
-        root.display(),
-        devices.join(", ")
+        "allow_full_default = true\n{}",
+        mlx5_8x_config(&root, "fast_poll_ms = 20\n")
     );
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
     let mut c = d.client().await;
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     assert_eq!(node.observer, "sysfs", "{}", node.observer_reason);
     let bond = node
         .ports
@@ -107,12 +72,7 @@ async fn port_tables_in_sysfs_drive_active_and_released() {
         pb::AttachmentState::Active
     );
 
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: "gpu-1".into(),
-        wait_ms: None,
-    })
-    .await
-    .unwrap();
+    release(&mut c, "gpu-1", None).await;
     // The key leaves every port but mlx5_3, which goes DOWN still listing it: that counts as
     // released (the SM reprograms a port before it can go ACTIVE again).
     for dev in IB.iter().filter(|d| **d != "mlx5_3") {
@@ -150,11 +110,7 @@ async fn rxe_rig_lists_roce_and_completes_against_the_embedded_tables() {
     let mut d = Daemon::prepare(tmp.path(), &extra);
     d.spawn(&[]);
     let mut c = d.client().await;
-    let node = c
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let node = common::node(&mut c).await;
     let rxe = node
         .ports
         .iter()

@@ -4,56 +4,13 @@
 
 mod common;
 
+use common::pki::Pki;
 use common::*;
 use fabric_agent::api::client::{tcp, ClientTls};
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tonic::Code;
-
-struct Pki {
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new(name: &str) -> Pki {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        Pki {
-            ca: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
-        }
-    }
-
-    /// Issues a certificate with these SANs and CN; writes cert + key into `dir`.
-    fn issue(&self, dir: &Path, file: &str, sans: &[&str], cn: &str) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        let (c, k) = (
-            dir.join(format!("{file}.crt")),
-            dir.join(format!("{file}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-
-    fn write_ca(&self, path: &Path) {
-        std::fs::write(path, self.ca.pem()).unwrap();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_accepts_listed_clients_and_refuses_the_rest() {

@@ -9,20 +9,11 @@ use common::*;
 use std::path::Path;
 use std::process::Output;
 
-const IB: [&str; 8] = [
-    "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7",
-];
-
 /// A copy of the 8x ConnectX fixture with every port ACTIVE and slot 0 set to `default`.
 fn host(root: &Path, default: u16) {
-    copy_tree(Path::new("tests/fixtures/sysfs/mlx5-8x"), root);
-    std::fs::write(root.join("mlx5_3/ports/1/state"), "4: ACTIVE\n").unwrap();
-    for dev in IB {
-        std::fs::write(
-            root.join(format!("{dev}/ports/1/pkeys/0")),
-            format!("{default:#06x}\n"),
-        )
-        .unwrap();
+    mlx5_8x_active(root);
+    for dev in MLX5_8X_IB {
+        set_pkey(root, dev, 0, default);
     }
 }
 
@@ -54,13 +45,7 @@ fn verdicts(o: &Output) -> Vec<(String, String, String)> {
 fn daemon_on(tmp: &Path, default: u16) -> Daemon {
     let root = tmp.join("sys");
     host(&root, default);
-    let devices: Vec<String> = IB.iter().map(|d| format!("\"{d}\"")).collect();
-    let extra = format!(
-        "[observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\n[ports]\ndevices = [{}]\n",
-        root.display(),
-        devices.join(", ")
-    );
-    let mut d = Daemon::prepare(tmp, &extra);
+    let mut d = Daemon::prepare(tmp, &mlx5_8x_config(&root, ""));
     d.spawn(&[]);
     d
 }

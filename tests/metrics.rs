@@ -4,16 +4,7 @@
 mod common;
 
 use common::*;
-use fabric_agent::proto::agent as pb;
 use std::io::{Read, Write};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// One scrape over plain HTTP/1.0: (content type, body).
 fn scrape(port: u16) -> (String, String) {
@@ -62,9 +53,7 @@ async fn metrics_move_with_an_attach_and_a_release() {
         .map_or(0.0, |v| v.trim().parse().unwrap());
 
     let mut c = d.client().await;
-    c.attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(5000)))
-        .await
-        .unwrap();
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
     let (_, mid) = scrape(port);
     assert_eq!(
         value(&mid, "fabric_agent_attachments{state=\"ACTIVE\"}"),
@@ -90,12 +79,7 @@ async fn metrics_move_with_an_attach_and_a_release() {
         "the default partition and the key"
     );
 
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: "i-1".into(),
-        wait_ms: Some(5000),
-    })
-    .await
-    .unwrap();
+    release(&mut c, "i-1", Some(5000)).await;
     let (_, after) = scrape(port);
     assert_eq!(
         value(&after, "fabric_agent_attachments{state=\"RELEASED\"}"),

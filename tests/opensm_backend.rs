@@ -103,6 +103,13 @@ struct Setup {
     backend: OpenSmBackend,
 }
 
+impl Setup {
+    /// Stores `desired` at `generation`; panics if refused.
+    async fn set_ok(&self, desired: NodeMemberships, generation: u64) {
+        self.backend.set_node(desired, generation).await.unwrap();
+    }
+}
+
 fn setup(initial: &[u8], delay: Duration, tweak: impl FnOnce(&mut OpenSmConfig)) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("partitions.conf");
@@ -182,10 +189,8 @@ async fn operator_bytes_survive_hundreds_of_edits_and_file_never_empties() {
                 (1 + (next() % 40) as u32, m)
             })
             .collect();
-        s.backend
-            .set_node(node(&format!("n{n}"), &[0x1000 + n], &keys), round)
-            .await
-            .unwrap();
+        s.set_ok(node(&format!("n{n}"), &[0x1000 + n], &keys), round)
+            .await;
         let bytes = std::fs::read(&s.path).unwrap();
         let parts = split_region(&bytes).unwrap();
         assert_eq!(parts.before, BEFORE.as_bytes(), "round {round}");
@@ -195,10 +200,8 @@ async fn operator_bytes_survive_hundreds_of_edits_and_file_never_empties() {
     }
     // Release everything: the file still loads and still has an explicit Default entry.
     for n in 0..20u64 {
-        s.backend
-            .set_node(node(&format!("n{n}"), &[0x1000 + n], &[]), 1000)
-            .await
-            .unwrap();
+        s.set_ok(node(&format!("n{n}"), &[0x1000 + n], &[]), 1000)
+            .await;
     }
     let bytes = std::fs::read(&s.path).unwrap();
     let conf = parse(&bytes).unwrap();
@@ -219,14 +222,10 @@ async fn region_lists_every_node_with_membership_and_keeps_operator_default() {
     let s = setup(operator.as_bytes(), Duration::ZERO, |c| {
         c.allow_full_default = true
     });
-    s.backend
-        .set_node(node("a", &[0x10, 0x11], &[(0x0a12, Membership::Full)]), 1)
-        .await
-        .unwrap();
-    s.backend
-        .set_node(node("b", &[0x20], &[(0x0a12, Membership::Limited)]), 1)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10, 0x11], &[(0x0a12, Membership::Full)]), 1)
+        .await;
+    s.set_ok(node("b", &[0x20], &[(0x0a12, Membership::Limited)]), 1)
+        .await;
     let text = std::fs::read_to_string(&s.path).unwrap();
     assert!(text.starts_with(operator), "{text}");
     assert!(text.contains("0x0000000000000010=full"), "{text}");
@@ -261,10 +260,8 @@ async fn broken_operator_file_is_left_alone_and_refused() {
     }
     // A comment-only operator part is fine: the region completes it.
     let s = setup(b"# all commented out\n", Duration::ZERO, |_| {});
-    s.backend
-        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+        .await;
 }
 
 #[tokio::test]
@@ -301,10 +298,8 @@ async fn requests_are_validated() {
         s.backend.set_node(full, 1).await,
         Err(OpenSmError::TableFull(_))
     ));
-    s.backend
-        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+        .await;
     let thief = node("b", &[0x10], &[]);
     assert!(matches!(
         s.backend.set_node(thief, 1).await,
@@ -326,10 +321,8 @@ async fn requests_are_validated() {
 #[tokio::test]
 async fn older_generations_are_refused_with_the_stored_one() {
     let s = setup(b"", Duration::ZERO, |_| {});
-    s.backend
-        .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 5)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(7, Membership::Full)]), 5)
+        .await;
     let file = std::fs::read(&s.path).unwrap();
     let calls = s.reloader.calls();
     // Older: refused, never OK, carrying the stored generation; nothing changes.
@@ -363,10 +356,7 @@ async fn older_generations_are_refused_with_the_stored_one() {
         .unwrap();
     assert!(out.detail.contains("up to date"), "{}", out.detail);
     // A newer one replaces it.
-    s.backend
-        .set_node(node("a", &[0x10], &[]), 6)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[]), 6).await;
     assert!(!std::fs::read_to_string(&s.path)
         .unwrap()
         .contains("=0x0007"));
@@ -453,10 +443,8 @@ async fn an_unseen_reread_is_not_ok_and_is_rechecked_even_with_identical_bytes()
 #[tokio::test]
 async fn a_rejected_file_is_replaced_by_the_last_accepted_one() {
     let s = setup(with_region("").as_bytes(), Duration::ZERO, |_| {});
-    s.backend
-        .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 1)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(7, Membership::Full)]), 1)
+        .await;
     let good = std::fs::read(&s.path).unwrap();
     assert_eq!(std::fs::read(accepted_copy_path(&s.path)).unwrap(), good);
     s.reloader.reject_next.store(1, Ordering::SeqCst);
@@ -485,10 +473,8 @@ async fn a_rejected_file_is_replaced_by_the_last_accepted_one() {
     assert_eq!(s.reloader.calls(), 3);
     assert_eq!(std::fs::read(&s.path).unwrap(), good);
     // A later write OpenSM accepts clears the condition.
-    s.backend
-        .set_node(node("a", &[0x10], &[(9, Membership::Full)]), 3)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(9, Membership::Full)]), 3)
+        .await;
     assert!(kinds(&s.backend).is_empty());
 }
 
@@ -497,10 +483,8 @@ async fn an_operator_edit_opensm_rejected_is_undone_by_the_log_watch() {
     let s = setup(with_region("").as_bytes(), Duration::ZERO, |c| {
         c.watch_ms = 20
     });
-    s.backend
-        .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 1)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(7, Membership::Full)]), 1)
+        .await;
     let good = std::fs::read(&s.path).unwrap();
     // The operator breaks their part outside the region and OpenSM re-reads it on its own.
     let broken = String::from_utf8(good.clone()).unwrap().replacen(
@@ -570,10 +554,7 @@ async fn an_all_full_default_is_a_condition_and_keys_need_the_acknowledgement() 
             assert!(err.to_string().contains("allow_full_default"), "{err}");
             assert!(!SmError::from(err).is_transient());
             // A release is always served.
-            s.backend
-                .set_node(node("a", &[0x10], &[]), 1)
-                .await
-                .unwrap();
+            s.set_ok(node("a", &[0x10], &[]), 1).await;
         } else {
             keys.unwrap();
         }
@@ -582,10 +563,8 @@ async fn an_all_full_default_is_a_condition_and_keys_need_the_acknowledgement() 
             c.allow_full_default = true
         });
         acked
-            .backend
-            .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 1)
-            .await
-            .unwrap();
+            .set_ok(node("a", &[0x10], &[(7, Membership::Full)]), 1)
+            .await;
         assert_eq!(
             kinds(&acked.backend).contains(&ConditionKind::OperatorDefaultAllFull),
             all_full,
@@ -635,10 +614,8 @@ async fn tenant_entries_never_resolve_operator_entries_by_name() {
 #[tokio::test]
 async fn state_persists_across_restarts() {
     let s = setup(b"", Duration::ZERO, |_| {});
-    s.backend
-        .set_node(node("a", &[0x10], &[(7, Membership::Full)]), 1)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(7, Membership::Full)]), 1)
+        .await;
     let written = std::fs::read(&s.path).unwrap();
     std::fs::write(&s.path, b"").unwrap();
     let config = OpenSmConfig {
@@ -701,10 +678,7 @@ async fn concurrent_readers_never_see_a_partial_file() {
         let keys: Vec<_> = (1..=(i % 30) as u32 + 1)
             .map(|k| (k, Membership::Full))
             .collect();
-        s.backend
-            .set_node(node("a", &[0x10], &keys), i)
-            .await
-            .unwrap();
+        s.set_ok(node("a", &[0x10], &keys), i).await;
     }
     stop.store(true, Ordering::SeqCst);
     assert!(reader.join().unwrap() > 0);
@@ -766,10 +740,8 @@ async fn group_commit_merges_a_burst_into_few_sweeps() {
 async fn a_single_change_goes_out_at_once() {
     let s = setup(b"", Duration::from_millis(20), |_| {});
     let start = Instant::now();
-    s.backend
-        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 1)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(1, Membership::Full)]), 1)
+        .await;
     assert_eq!(s.reloader.calls(), 1);
     assert!(
         start.elapsed() < Duration::from_millis(500),
@@ -777,9 +749,7 @@ async fn a_single_change_goes_out_at_once() {
         start.elapsed()
     );
     // An unchanged set writes nothing and needs no sweep.
-    s.backend
-        .set_node(node("a", &[0x10], &[(1, Membership::Full)]), 2)
-        .await
-        .unwrap();
+    s.set_ok(node("a", &[0x10], &[(1, Membership::Full)]), 2)
+        .await;
     assert_eq!(s.reloader.calls(), 1);
 }

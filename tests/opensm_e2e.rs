@@ -13,10 +13,12 @@ mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
-use common::{assert_gap_free, attach, events, partition, state};
+use common::{
+    assert_gap_free, attach, attach_now, events, free_port, get, has_base, node, partition,
+    release, state, wait_attachment, wait_state, CONVERGE,
+};
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::event::Kind;
-use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use fabric_agent::proto::sm as smpb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use fabric_agent::sm::opensm::parse::parse;
@@ -27,24 +29,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tonic::transport::Channel;
 use tonic::Code;
 
 /// The operator's file: tenant ports are limited members of the default partition.
 const OPERATOR: &str = "# operator's partitions: kept byte for byte\n\
 Default=0x7fff : ALL=limited, SELF=full ;\n\
 storage=0x0100, ipoib : ALL_SWITCHES=full, SELF=full ;\n";
-
-const CONVERGE: Duration = Duration::from_secs(30);
-
-/// A loopback TCP port nobody listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 /// The SM-host agent plus agents on `nodes`, all started.
 fn start_agents(fabric: &Fabric, nodes: &[&str]) -> (u16, Agent, Vec<Agent>) {
@@ -62,75 +52,6 @@ fn limited(instance: &str, p: pb::Partition, wait_ms: Option<u32>) -> pb::Attach
         membership: pb::Membership::Limited as i32,
         ..attach(instance, p, wait_ms)
     }
-}
-
-async fn attach_now(
-    c: &mut FabricAgentClient<Channel>,
-    req: pb::AttachPartitionRequest,
-) -> pb::Attachment {
-    c.attach_partition(req)
-        .await
-        .expect("attach")
-        .into_inner()
-        .attachment
-        .expect("attachment")
-}
-
-async fn release(
-    c: &mut FabricAgentClient<Channel>,
-    instance: &str,
-    wait_ms: Option<u32>,
-) -> pb::Attachment {
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: instance.into(),
-        wait_ms,
-    })
-    .await
-    .expect("release")
-    .into_inner()
-    .attachment
-    .expect("attachment")
-}
-
-async fn get(c: &mut FabricAgentClient<Channel>, instance: &str) -> pb::Attachment {
-    c.get_attachment(pb::GetAttachmentRequest {
-        instance_id: instance.into(),
-    })
-    .await
-    .expect("get attachment")
-    .into_inner()
-}
-
-async fn node(c: &mut FabricAgentClient<Channel>) -> pb::GetNodeResponse {
-    c.get_node(pb::GetNodeRequest {})
-        .await
-        .expect("get node")
-        .into_inner()
-}
-
-/// Polls the attachment until `done` holds, panicking with its last state after `CONVERGE`.
-async fn wait_attachment(
-    c: &mut FabricAgentClient<Channel>,
-    instance: &str,
-    what: &str,
-    done: impl Fn(&pb::Attachment) -> bool,
-) -> pb::Attachment {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let a = get(c, instance).await;
-        if done(&a) {
-            return a;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{instance}: timed out waiting for {what}: {a:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn wait_state(c: &mut FabricAgentClient<Channel>, instance: &str, s: pb::AttachmentState) {
-    wait_attachment(c, instance, &format!("{s:?}"), |a| state(a) == s).await;
 }
 
 /// Checks one agent's whole event log: seq gap-free from 1, every attachment's
@@ -227,14 +148,6 @@ fn assert_opensm_never_rejected(fabric: &Fabric) {
     }
 }
 
-fn has_base(keys: &[u16], base: u16) -> bool {
-    keys.iter().any(|k| k & 0x7fff == base)
-}
-
-/// Two nodes in one partition reach each other (SA PathRecord with its key), a third in
-/// another partition reaches neither; another fabric's partition is refused; a limited member
-/// holds the limited key; a release is RELEASED only once the port dropped the key, and the
-/// other node keeps it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_partition_connects_two_nodes_isolates_the_third_and_release_drops_the_key() {
     let Some(fabric) = Fabric::start(&FabricSpec::new(2, 4), OPERATOR) else {
@@ -380,7 +293,10 @@ async fn agents_and_opensm_killed_mid_flow_converge_without_losing_events() {
     let a = attach_now(&mut c3, attach("i-4", pb_(), Some(1500))).await;
     assert_ne!(state(&a), pb::AttachmentState::Active, "no SM host: {a:?}");
     // The node reports why it is stuck.
-    wait_attachment(&mut c3, "i-4", "a reason", |a| !a.reason.is_empty()).await;
+    wait_attachment(&mut c3, "i-4", "a reason", CONVERGE, |a| {
+        !a.reason.is_empty()
+    })
+    .await;
 
     // OpenSM crashes too (SIGKILL); the SM-host agent comes back first (it cannot signal
     // OpenSM yet).
@@ -405,12 +321,12 @@ async fn agents_and_opensm_killed_mid_flow_converge_without_losing_events() {
 
     // OpenSM restarts: everything converges.
     fabric.restart_opensm();
-    wait_state(&mut c1, "i-1", pb::AttachmentState::Released).await;
-    wait_state(&mut c1, "i-5", pb::AttachmentState::Active).await;
+    wait_state(&mut c1, "i-1", pb::AttachmentState::Released, CONVERGE).await;
+    wait_state(&mut c1, "i-5", pb::AttachmentState::Active, CONVERGE).await;
     assert!(fabric.pkeys("node1").contains(&0x8d44));
     assert!(!has_base(&fabric.pkeys("node1"), 0x0a12));
-    wait_state(&mut c2, "i-3", pb::AttachmentState::Active).await;
-    wait_state(&mut c3, "i-4", pb::AttachmentState::Active).await;
+    wait_state(&mut c2, "i-3", pb::AttachmentState::Active, CONVERGE).await;
+    wait_state(&mut c3, "i-4", pb::AttachmentState::Active, CONVERGE).await;
     assert_eq!(
         state(&get(&mut c2, "i-2").await),
         pb::AttachmentState::Active
@@ -667,7 +583,10 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
     )
     .await;
     assert_ne!(state(&a), pb::AttachmentState::Active, "{a:?}");
-    let a = wait_attachment(&mut c1, "i-b", "a reason", |a| !a.reason.is_empty()).await;
+    let a = wait_attachment(&mut c1, "i-b", "a reason", CONVERGE, |a| {
+        !a.reason.is_empty()
+    })
+    .await;
     eprintln!("reason while the file is broken: {}", a.reason);
     assert!(
         a.reason.contains("0xzz") || a.reason.to_lowercase().contains("guid"),
@@ -695,7 +614,7 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
     // The operator fixes it: the agent converges.
     std::fs::write(&tmp, &good).unwrap();
     std::fs::rename(&tmp, fabric.partitions_path()).unwrap();
-    wait_state(&mut c1, "i-b", pb::AttachmentState::Active).await;
+    wait_state(&mut c1, "i-b", pb::AttachmentState::Active, CONVERGE).await;
     assert!(fabric.pkeys("node1").contains(&0x8b33));
     let smst = node(&mut c1).await.subnet_manager.expect("sm status");
     assert!(smst.reachable && smst.last_error.is_empty(), "{smst:?}");

@@ -10,7 +10,11 @@ mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
-use common::{attach, partition, state};
+use common::sm_requests::set_memberships;
+use common::{
+    attach, attach_now, free_port, get, has_base, node, partition, release, state, wait_until,
+    CONVERGE,
+};
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use fabric_agent::proto::sm as smpb;
@@ -31,62 +35,35 @@ const OPERATOR: &str = "# operator's partitions\n\
 Default=0x7fff : ALL=limited, SELF=full ;\n\
 storage=0x0100, ipoib : ALL_SWITCHES=full, SELF=full ;\n";
 
-const CONVERGE: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-fn has_base(keys: &[u16], base: u16) -> bool {
-    keys.iter().any(|k| k & 0x7fff == base)
-}
-
-async fn attach_now(
-    c: &mut FabricAgentClient<Channel>,
-    req: pb::AttachPartitionRequest,
-) -> pb::Attachment {
-    c.attach_partition(req)
+/// The SM-host agent on a free loopback port, and a Partitions client to it.
+async fn start_sm(fabric: &Fabric) -> (Agent, PartitionsClient<Channel>) {
+    let port = free_port();
+    let sm = Agent::start(fabric, rig::SM_HOST, &sm_config(fabric, port));
+    let client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
         .await
-        .expect("attach")
-        .into_inner()
-        .attachment
-        .expect("attachment")
+        .expect("connect");
+    (sm, client)
 }
 
-async fn release(
-    c: &mut FabricAgentClient<Channel>,
-    instance: &str,
-    wait_ms: Option<u32>,
-) -> pb::Attachment {
-    c.release_instance(pb::ReleaseInstanceRequest {
-        instance_id: instance.into(),
-        wait_ms,
-    })
-    .await
-    .expect("release")
-    .into_inner()
-    .attachment
-    .expect("attachment")
-}
-
-async fn get(c: &mut FabricAgentClient<Channel>, instance: &str) -> pb::Attachment {
-    c.get_attachment(pb::GetAttachmentRequest {
-        instance_id: instance.into(),
-    })
-    .await
-    .expect("get attachment")
-    .into_inner()
-}
-
-async fn node(c: &mut FabricAgentClient<Channel>) -> pb::GetNodeResponse {
-    c.get_node(pb::GetNodeRequest {})
+/// Sets `node`'s port `guid` to hold `key` (a full member) at `generation` through the SM
+/// host, and waits until smpquery shows the key on the port.
+async fn set_and_wait(
+    fabric: &Fabric,
+    client: &mut PartitionsClient<Channel>,
+    node: &str,
+    guid: u64,
+    key: u32,
+    generation: u64,
+) {
+    client
+        .set_node_memberships(set_memberships(node, &[guid], &[key], generation))
         .await
-        .expect("get node")
-        .into_inner()
+        .unwrap_or_else(|e| panic!("generation {generation}: {e:?}"));
+    let full = u16::try_from(0x8000 | key).expect("a P_Key");
+    wait_until(&format!("{full:#06x} on {node}"), CONVERGE, || async {
+        fabric.pkeys(node).contains(&full)
+    })
+    .await;
 }
 
 /// The kinds of the standing conditions an agent's GetNode shows.
@@ -100,12 +77,17 @@ async fn condition_kinds(agent: &Agent) -> Vec<String> {
         .collect()
 }
 
-async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let deadline = Instant::now() + CONVERGE;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// Waits until the agent's GetNode shows condition `kind` (`shown`), or no longer shows it.
+async fn wait_condition(agent: &Agent, kind: &str, shown: bool) {
+    let what = format!(
+        "{kind} {} on {}",
+        if shown { "shown" } else { "cleared" },
+        agent.node
+    );
+    wait_until(&what, CONVERGE, || async {
+        condition_kinds(agent).await.iter().any(|k| k == kind) == shown
+    })
+    .await;
 }
 
 /// Polls `instance` until RELEASED, checking on every poll that RELEASED is never reported while
@@ -135,29 +117,6 @@ async fn released_only_without_key(
             return Err(a);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn set_request(
-    node_id: &str,
-    guid: u64,
-    keys: &[u32],
-    generation: u64,
-) -> smpb::SetNodeMembershipsRequest {
-    smpb::SetNodeMembershipsRequest {
-        memberships: Some(smpb::NodeMemberships {
-            node_id: node_id.into(),
-            port_guids: vec![format!("0x{guid:016x}")],
-            keys: keys
-                .iter()
-                .map(|k| smpb::KeyMembership {
-                    pkey: *k,
-                    full: true,
-                    name: format!("t{k:x}"),
-                })
-                .collect(),
-            generation,
-        }),
     }
 }
 
@@ -191,28 +150,17 @@ async fn a_stale_generation_is_aborted_with_the_stored_one() {
     let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
         return;
     };
-    let port = free_port();
-    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let (mut sm, mut client) = start_sm(&fabric).await;
     let guid = fabric.node_info("node2").port_guid;
-    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
-        .await
-        .expect("connect");
-    client
-        .set_node_memberships(set_request("node2", guid, &[0x0a31], 5))
-        .await
-        .expect("generation 5");
-    wait_until("0x8a31 on node2", || async {
-        fabric.pkeys("node2").contains(&0x8a31)
-    })
-    .await;
+    set_and_wait(&fabric, &mut client, "node2", guid, 0x0a31, 5).await;
 
     let err = client
-        .set_node_memberships(set_request("node2", guid, &[], 3))
+        .set_node_memberships(set_memberships("node2", &[guid], &[], 3))
         .await
         .expect_err("generation 3 is older");
     assert_eq!(stored_generation_of(&err), (5, 3, 5), "{err:?}");
     let err = client
-        .set_node_memberships(set_request("node2", guid, &[0x0a32], 5))
+        .set_node_memberships(set_memberships("node2", &[guid], &[0x0a32], 5))
         .await
         .expect_err("generation 5 with another set");
     assert_eq!(stored_generation_of(&err), (5, 5, 5), "{err:?}");
@@ -236,14 +184,14 @@ async fn a_stale_generation_is_aborted_with_the_stored_one() {
     );
     // A retry of generation 5 is served; generation 6 moves on.
     client
-        .set_node_memberships(set_request("node2", guid, &[0x0a31], 5))
+        .set_node_memberships(set_memberships("node2", &[guid], &[0x0a31], 5))
         .await
         .expect("retry of generation 5");
     client
-        .set_node_memberships(set_request("node2", guid, &[], 6))
+        .set_node_memberships(set_memberships("node2", &[guid], &[], 6))
         .await
         .expect("generation 6");
-    wait_until("0x0a31 gone from node2", || async {
+    wait_until("0x0a31 gone from node2", CONVERGE, || async {
         !has_base(&fabric.pkeys("node2"), 0x0a31)
     })
     .await;
@@ -289,12 +237,7 @@ async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key
     assert!(!smst.reachable, "{smst:?}");
     assert!(smst.last_error.contains("OpenSM"), "{smst:?}");
     assert!(fabric.pkeys("node1").contains(&0x8a61));
-    wait_until("PARTITIONS_FILE_UNCONFIRMED on the SM host", || async {
-        condition_kinds(&sm)
-            .await
-            .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
-    })
-    .await;
+    wait_condition(&sm, "PARTITIONS_FILE_UNCONFIRMED", true).await;
 
     fabric.restart_opensm();
     let polls = released_only_without_key(&fabric, &mut c1, "node1", "i-1", 0x0a61, CONVERGE)
@@ -304,12 +247,7 @@ async fn opensm_killed_mid_release_gives_a_reason_and_releases_only_once_the_key
     assert!(!has_base(&fabric.pkeys("node1"), 0x0a61));
     let smst = node(&mut c1).await.subnet_manager.expect("sm status");
     assert!(smst.reachable && smst.last_error.is_empty(), "{smst:?}");
-    wait_until("the unconfirmed condition cleared", || async {
-        !condition_kinds(&sm)
-            .await
-            .contains(&"PARTITIONS_FILE_UNCONFIRMED".to_owned())
-    })
-    .await;
+    wait_condition(&sm, "PARTITIONS_FILE_UNCONFIRMED", false).await;
     assert!(n1.stop().success());
     assert!(sm.stop().success());
 }
@@ -323,20 +261,9 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
         return;
     };
-    let port = free_port();
-    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
-    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
-        .await
-        .expect("connect");
+    let (mut sm, mut client) = start_sm(&fabric).await;
     let guid = fabric.node_info("node1").port_guid;
-    client
-        .set_node_memberships(set_request("node1", guid, &[0x0a51], 1))
-        .await
-        .expect("generation 1");
-    wait_until("0x8a51 on node1", || async {
-        fabric.pkeys("node1").contains(&0x8a51)
-    })
-    .await;
+    set_and_wait(&fabric, &mut client, "node1", guid, 0x0a51, 1).await;
     let good = std::fs::read_to_string(fabric.partitions_path()).unwrap();
 
     let broken = good.replacen(
@@ -351,11 +278,11 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     std::fs::rename(&tmp, fabric.partitions_path()).unwrap();
     fabric.hup_opensm();
     let started = Instant::now();
-    wait_until("OpenSM's PARSE ERROR", || async {
+    wait_until("OpenSM's PARSE ERROR", CONVERGE, || async {
         fabric.opensm_log()[log_at..].contains("PARSE ERROR")
     })
     .await;
-    wait_until("the last accepted file restored", || async {
+    wait_until("the last accepted file restored", CONVERGE, || async {
         std::fs::read_to_string(fabric.partitions_path()).unwrap() == good
     })
     .await;
@@ -367,19 +294,14 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), broken);
     // OpenSM re-read the restored file: the default partition is limited again, the tenant key
     // is back on node1, node2 holds no full default key.
-    wait_until("ports restored", || async {
+    wait_until("ports restored", CONVERGE, || async {
         let k1 = fabric.pkeys("node1");
         let k2 = fabric.pkeys("node2");
         k1.contains(&0x8a51) && !k2.contains(&0xffff) && k2.contains(&0x7fff)
     })
     .await;
     // The SM host shows the standing condition (GetNode), with OpenSM's words.
-    wait_until("PARTITIONS_FILE_REJECTED on the SM host", || async {
-        condition_kinds(&sm)
-            .await
-            .contains(&"PARTITIONS_FILE_REJECTED".to_owned())
-    })
-    .await;
+    wait_condition(&sm, "PARTITIONS_FILE_REJECTED", true).await;
     let mut smc = sm.client().await;
     let shown = node(&mut smc).await.conditions;
     eprintln!("SM host conditions: {shown:?}");
@@ -391,7 +313,7 @@ async fn an_operator_edit_opensm_rejects_is_replaced_by_the_last_accepted_file()
     );
     // Nothing new to write: the same set is served (the restored file is the accepted one).
     client
-        .set_node_memberships(set_request("node1", guid, &[0x0a51], 1))
+        .set_node_memberships(set_memberships("node1", &[guid], &[0x0a51], 1))
         .await
         .expect("retry of generation 1");
     assert_eq!(
@@ -417,17 +339,15 @@ async fn a_tenant_named_like_an_operator_entry_changes_no_operator_membership() 
         .find(|e| e.name.as_deref() == Some("backup"))
         .expect("backup entry")
         .pkey;
-    wait_until("the operator's backup key on the SM port", || async {
-        fabric.pkeys(rig::SM_HOST).contains(&(0x8000 | backup))
-    })
+    wait_until(
+        "the operator's backup key on the SM port",
+        CONVERGE,
+        || async { fabric.pkeys(rig::SM_HOST).contains(&(0x8000 | backup)) },
+    )
     .await;
-    let port = free_port();
-    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
-    let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
-        .await
-        .expect("connect");
+    let (mut sm, mut client) = start_sm(&fabric).await;
     let guid = fabric.node_info("node1").port_guid;
-    let mut request = set_request("node1", guid, &[0x0a41], 1);
+    let mut request = set_memberships("node1", &[guid], &[0x0a41], 1);
     if let Some(m) = request.memberships.as_mut() {
         m.keys[0].name = "backup".into();
     }
@@ -435,7 +355,7 @@ async fn a_tenant_named_like_an_operator_entry_changes_no_operator_membership() 
         .set_node_memberships(request)
         .await
         .expect("a tenant named backup");
-    wait_until("0x8a41 on node1", || async {
+    wait_until("0x8a41 on node1", CONVERGE, || async {
         fabric.pkeys("node1").contains(&0x8a41)
     })
     .await;
@@ -500,6 +420,7 @@ async fn a_lost_reply_then_a_release_is_never_released_while_the_key_is_on_the_p
     .await;
     wait_until(
         "the SM host programmed 0x8a71 and its reply was lost",
+        CONVERGE,
         || async { proxy.dropped() >= 1 && fabric.pkeys("node1").contains(&0x8a71) },
     )
     .await;

@@ -11,9 +11,12 @@
 //! management class to one umad fd, so the ownership check's SA session cannot share the
 //! process with an SMP observer (see docs/OPENSM.md).
 
+mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
+use common::sm_requests::set_memberships;
+use common::{free_port, has_base};
 use fabric_agent::proto::sm as smpb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use rig::agents::Agent;
@@ -26,14 +29,6 @@ const CONVERGE: Duration = Duration::from_secs(20);
 const UNKNOWN_GUID: u64 = 0x0002_c903_000e_0b72;
 /// Tenant ports are limited members of the default partition (else no tenant key is served).
 const PARTITIONS: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 fn spec() -> FabricSpec {
     let mut spec = FabricSpec::new(1, 5);
@@ -77,29 +72,6 @@ async fn start(fabric: &Fabric) -> (Agent, PartitionsClient<Channel>) {
         .await
         .expect("connect to the SM host");
     (sm, client)
-}
-
-fn request(
-    node: &str,
-    guids: &[u64],
-    keys: &[u32],
-    generation: u64,
-) -> smpb::SetNodeMembershipsRequest {
-    smpb::SetNodeMembershipsRequest {
-        memberships: Some(smpb::NodeMemberships {
-            node_id: node.into(),
-            port_guids: guids.iter().map(|g| format!("0x{g:016x}")).collect(),
-            keys: keys
-                .iter()
-                .map(|k| smpb::KeyMembership {
-                    pkey: *k,
-                    full: true,
-                    name: format!("t{k:x}"),
-                })
-                .collect(),
-            generation,
-        }),
-    }
 }
 
 async fn held(client: &mut PartitionsClient<Channel>, node: &str) -> smpb::NodeMemberships {
@@ -153,16 +125,9 @@ fn sa_ports(fabric: &Fabric) -> Vec<SaPort> {
         .collect()
 }
 
+/// Waits up to `CONVERGE` for `done`.
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + CONVERGE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn has_base(keys: &[u16], base: u16) -> bool {
-    keys.iter().any(|k| k & 0x7fff == base)
+    common::wait_until(what, CONVERGE, || std::future::ready(done())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,11 +162,11 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
 
     // Each node claims its own port: proven by the fabric (NodeDescription = node id).
     client
-        .set_node_memberships(request("node1", &[g1], &[0x0a51], 1))
+        .set_node_memberships(set_memberships("node1", &[g1], &[0x0a51], 1))
         .await
         .expect("node1's own port");
     client
-        .set_node_memberships(request("node2", &[g2], &[0x0a52], 1))
+        .set_node_memberships(set_memberships("node2", &[g2], &[0x0a52], 1))
         .await
         .expect("node2's own port");
     wait_until("both keys on their nodes", || {
@@ -221,7 +186,12 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
     ] {
         let asked = Instant::now();
         let status = client
-            .set_node_memberships(request("node1", &[g1, claimed], &[0x0a51, 0x0a53], 2))
+            .set_node_memberships(set_memberships(
+                "node1",
+                &[g1, claimed],
+                &[0x0a51, 0x0a53],
+                2,
+            ))
             .await
             .expect_err("refused");
         // One SA session: open umad0, NodeInfo + PortInfo SMPs, one NodeRecord GetTable.
@@ -263,7 +233,7 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
     )
     .unwrap();
     client
-        .set_node_memberships(request("node1", &[g1, g5], &[0x0a51, 0x0a53], 2))
+        .set_node_memberships(set_memberships("node1", &[g1, g5], &[0x0a51, 0x0a53], 2))
         .await
         .expect("listed in the inventory");
     wait_until("0x8a53 on the spare HCA", || {
@@ -273,7 +243,7 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
     // A broken inventory refuses every new claim.
     std::fs::write(fabric.dir().join("inventory.toml"), "node1 = [\"0x5\"]\n").unwrap();
     let status = client
-        .set_node_memberships(request("node1", &[g1, g5, g4], &[0x0a51], 3))
+        .set_node_memberships(set_memberships("node1", &[g1, g5, g4], &[0x0a51], 3))
         .await
         .expect_err("broken inventory");
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
@@ -285,7 +255,7 @@ async fn node1_may_claim_only_ports_the_fabric_or_the_inventory_shows_in_node1()
     fabric.stop_opensm(false);
     let started = Instant::now();
     let status = client
-        .set_node_memberships(request("node1", &[g1, g5, g4], &[0x0a51], 3))
+        .set_node_memberships(set_memberships("node1", &[g1, g5, g4], &[0x0a51], 3))
         .await
         .expect_err("SA unreachable");
     eprintln!("SA unreachable after {:?}: {status:?}", started.elapsed());
@@ -310,15 +280,15 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
     let g3 = fabric.node_info("node3").port_guid; // "node2 mlx5_1": node2's second HCA
 
     client
-        .set_node_memberships(request("node2", &[g2, g3], &[0x0a52], 1))
+        .set_node_memberships(set_memberships("node2", &[g2, g3], &[0x0a52], 1))
         .await
         .expect("node2's two HCAs");
     client
-        .set_node_memberships(request("node1", &[g1], &[0x0a51], 1))
+        .set_node_memberships(set_memberships("node1", &[g1], &[0x0a51], 1))
         .await
         .expect("node1's own port");
     let status = client
-        .set_node_memberships(request("node1", &[g1, g3], &[0x0a51], 2))
+        .set_node_memberships(set_memberships("node1", &[g1, g3], &[0x0a51], 2))
         .await
         .expect_err("node2's port");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
@@ -342,7 +312,7 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
     })
     .await;
     let status = client
-        .set_node_memberships(request("node1", &[g1, g3], &[0x0a51], 2))
+        .set_node_memberships(set_memberships("node1", &[g1, g3], &[0x0a51], 2))
         .await
         .expect_err("the fabric does not show it in node1");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
@@ -367,7 +337,7 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
     })
     .await;
     client
-        .set_node_memberships(request("node1", &[g1, g3], &[0x0a51], 2))
+        .set_node_memberships(set_memberships("node1", &[g1, g3], &[0x0a51], 2))
         .await
         .expect("the fabric shows it in node1");
     let node2 = held(&mut client, "node2").await;
@@ -384,7 +354,7 @@ async fn a_moved_port_changes_owner_only_once_the_fabric_shows_it_in_the_new_nod
     .await;
     // node2 claiming it back (a newer set) is refused: the fabric shows it in node1.
     let status = client
-        .set_node_memberships(request("node2", &[g2, g3], &[0x0a52], 2))
+        .set_node_memberships(set_memberships("node2", &[g2, g3], &[0x0a52], 2))
         .await
         .expect_err("no longer node2's");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
@@ -406,7 +376,7 @@ async fn concurrent_claims_of_several_nodes_are_each_checked_and_accepted() {
         for generation in 1..=3 {
             let mut c = client.clone();
             tasks.push(tokio::spawn(async move {
-                c.set_node_memberships(request(node, &guids, &[key], generation))
+                c.set_node_memberships(set_memberships(node, &guids, &[key], generation))
                     .await
                     .map(|_| ())
             }));

@@ -3,30 +3,19 @@
 //! refusal or an unreachable SA stores and writes nothing, and that the SM host's own apply is
 //! not a claim.
 
-use async_trait::async_trait;
+mod common;
+
+use common::sm_host::AcceptingReloader;
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::mad::node_info::node_type;
 use fabric_agent::mad::{NodeInfo, NodeInfoRepr, NodeRecordRepr};
 use fabric_agent::sm::opensm::ownership::{FabricFacts, PortDirectory};
-use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
 use fabric_agent::sm::opensm::{
     InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
 };
 use fabric_agent::sm::SubnetManager;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-
-struct AcceptingReloader;
-
-#[async_trait]
-impl Reloader for AcceptingReloader {
-    fn checkpoint(&self) -> u64 {
-        0
-    }
-    async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
-        Ok(ReloadReport { file_read: true })
-    }
-}
 
 /// A fabric whose ports and descriptions the test edits; records every question.
 #[derive(Default)]
@@ -36,7 +25,7 @@ struct FakeFabric {
     asked: Mutex<Vec<Vec<u64>>>,
 }
 
-#[async_trait]
+#[async_trait::async_trait]
 impl PortDirectory for FakeFabric {
     async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String> {
         self.asked
@@ -78,6 +67,24 @@ struct Setup {
     store: Arc<InMemoryNodeStore>,
     fabric: Arc<FakeFabric>,
     backend: OpenSmBackend,
+}
+
+impl Setup {
+    /// Stores `node`'s set (ports `guids`, `key` full) at `generation`; panics if refused.
+    async fn set_ok(&self, node: &str, guids: &[u64], key: u32, generation: u64) {
+        self.backend
+            .set_node(set(node, guids, key), generation)
+            .await
+            .unwrap();
+    }
+
+    /// The refusal of that set; panics if it is stored.
+    async fn set_err(&self, node: &str, guids: &[u64], key: u32, generation: u64) -> OpenSmError {
+        self.backend
+            .set_node(set(node, guids, key), generation)
+            .await
+            .unwrap_err()
+    }
 }
 
 fn backend(
@@ -141,17 +148,10 @@ fn set(node: &str, guids: &[u64], key: u32) -> NodeMemberships {
 #[tokio::test]
 async fn only_new_ports_are_asked_about_and_refusals_change_nothing() {
     let s = setup();
-    s.backend
-        .set_node(set("node1", &[0x11], 0x51), 1)
-        .await
-        .unwrap();
+    s.set_ok("node1", &[0x11], 0x51, 1).await;
     let file = std::fs::read(&s.path).unwrap();
     for (guid, forbidden) in [(0x30, true), (0x21, false), (0x99, false), (0x1, true)] {
-        let err = s
-            .backend
-            .set_node(set("node1", &[0x11, guid], 0x52), 2)
-            .await
-            .unwrap_err();
+        let err = s.set_err("node1", &[0x11, guid], 0x52, 2).await;
         match err {
             OpenSmError::PortForbidden(_) => assert!(forbidden, "{guid:#x}: {err}"),
             OpenSmError::PortNotShown(_) => assert!(!forbidden, "{guid:#x}: {err}"),
@@ -169,16 +169,9 @@ async fn only_new_ports_are_asked_about_and_refusals_change_nothing() {
     );
     // A retry of the stored set asks nothing, nor does a stale generation (answered ABORTED
     // even while the SA is down).
-    s.backend
-        .set_node(set("node1", &[0x11], 0x51), 1)
-        .await
-        .unwrap();
+    s.set_ok("node1", &[0x11], 0x51, 1).await;
     *s.fabric.down.lock().unwrap() = true;
-    let err = s
-        .backend
-        .set_node(set("node1", &[0x11, 0x21], 0x51), 0)
-        .await
-        .unwrap_err();
+    let err = s.set_err("node1", &[0x11, 0x21], 0x51, 0).await;
     assert!(
         matches!(err, OpenSmError::StaleGeneration { .. }),
         "{err:?}"
@@ -191,11 +184,7 @@ async fn an_unreachable_sa_refuses_and_stores_nothing() {
     let s = setup();
     *s.fabric.down.lock().unwrap() = true;
     let file = std::fs::read(&s.path).unwrap();
-    let err = s
-        .backend
-        .set_node(set("node1", &[0x11], 0x51), 1)
-        .await
-        .unwrap_err();
+    let err = s.set_err("node1", &[0x11], 0x51, 1).await;
     assert!(matches!(err, OpenSmError::FabricUnreachable(_)), "{err:?}");
     assert!(s.backend.node("node1").is_none());
     assert!(s.store.load_all().unwrap().is_empty());
@@ -205,19 +194,9 @@ async fn an_unreachable_sa_refuses_and_stores_nothing() {
 #[tokio::test]
 async fn a_port_moves_only_when_the_fabric_shows_it_in_the_new_node_and_durably() {
     let s = setup();
-    s.backend
-        .set_node(set("node2", &[0x21, 0x22], 0x52), 1)
-        .await
-        .unwrap();
-    s.backend
-        .set_node(set("node1", &[0x11], 0x51), 1)
-        .await
-        .unwrap();
-    let err = s
-        .backend
-        .set_node(set("node1", &[0x11, 0x22], 0x51), 2)
-        .await
-        .unwrap_err();
+    s.set_ok("node2", &[0x21, 0x22], 0x52, 1).await;
+    s.set_ok("node1", &[0x11], 0x51, 1).await;
+    let err = s.set_err("node1", &[0x11, 0x22], 0x51, 2).await;
     assert!(
         matches!(err, OpenSmError::PortForbidden(ref m) if m.contains("node2")),
         "{err:?}"
@@ -228,10 +207,7 @@ async fn a_port_moves_only_when_the_fabric_shows_it_in_the_new_node_and_durably(
         .lock()
         .unwrap()
         .insert(0x22, (node_type::CHANNEL_ADAPTER, "node1 mlx5_1"));
-    s.backend
-        .set_node(set("node1", &[0x11, 0x22], 0x51), 2)
-        .await
-        .unwrap();
+    s.set_ok("node1", &[0x11, 0x22], 0x51, 2).await;
     assert_eq!(
         s.backend.node("node2").unwrap().memberships.port_guids,
         vec![Guid(0x21)]

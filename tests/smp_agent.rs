@@ -2,9 +2,11 @@
 //! and OpenSM re-sweeps, the agent on an affected node records a P_Key table change event within
 //! 500 ms of the change being visible to `smpquery`; an unaffected node records none.
 
+mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
+use common::{node, watch};
 use fabric_agent::proto::agent as pb;
 use std::time::{Duration, Instant};
 use tokio_stream::StreamExt;
@@ -35,27 +37,9 @@ async fn an_operator_change_is_reported_within_500ms_of_smpquery_seeing_it() {
 
     let mut c1 = agent1.client().await;
     let mut c2 = agent2.client().await;
-    let after1 = c1
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .last_event_seq;
-    let after2 = c2
-        .get_node(pb::GetNodeRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .last_event_seq;
-    let mut stream = c1
-        .watch_events(pb::WatchEventsRequest {
-            after_seq: after1,
-            no_follow: false,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let after1 = node(&mut c1).await.last_event_seq;
+    let after2 = node(&mut c2).await.last_event_seq;
+    let mut stream = watch(&mut c1, after1, true).await;
 
     // The operator gives node1 (only) a key and OpenSM re-sweeps.
     fabric.set_partitions(&format!(
@@ -89,15 +73,7 @@ async fn an_operator_change_is_reported_within_500ms_of_smpquery_seeing_it() {
 
     // node2 was not affected: after a few of its polls, still no table change.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut s2 = c2
-        .watch_events(pb::WatchEventsRequest {
-            after_seq: after2,
-            no_follow: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s2 = watch(&mut c2, after2, false).await;
     while let Some(e) = s2.next().await {
         let e = e.unwrap();
         assert!(

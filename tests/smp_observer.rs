@@ -6,8 +6,11 @@
 //! this test binary re-executed with `FABRIC_AGENT_SMP_CHILD` set, running only
 //! `observer_child_process`, under the shim as a given node.
 
+mod common;
 #[path = "rig/mod.rs"]
 mod rig;
+
+use common::wait_for;
 
 use fabric_agent::config::ObserverConfig;
 use fabric_agent::observe::smp::SmpObserver;
@@ -15,7 +18,7 @@ use fabric_agent::observe::PortObserver;
 use std::io::{BufRead, BufReader};
 use std::process::{ChildStdout, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const CHILD_ENV: &str = "FABRIC_AGENT_SMP_CHILD";
 const LINE_PREFIX: &str = "SMP-OBSERVER ";
@@ -174,14 +177,6 @@ fn child_output(
     serde_json::from_str(json).unwrap()
 }
 
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn guid(fabric: &rig::Fabric, node: &str) -> String {
     format!("{:#018x}", fabric.node_info(node).port_guid)
 }
@@ -205,7 +200,7 @@ fn observer_inventory_matches_smpquery() {
         partitions.push_str(&format!("m{i}=0x{:04x} : {g3}=full ;\n", 0x0100 + i));
     }
     fabric.set_partitions(&partitions);
-    wait_until("node3's 41 keys", Duration::from_secs(10), || {
+    wait_for("node3's 41 keys", Duration::from_secs(10), || {
         fabric.pkeys("node3").iter().filter(|k| **k != 0).count() == 41
     });
 
@@ -335,7 +330,7 @@ fn path_records_show_which_ports_share_a_partition() {
     fabric.set_partitions(&format!(
         "Default=0x7fff : ALL=limited, SELF=full ;\nt1=0x8001 : {g1}=full, {g2}=full ;\n"
     ));
-    wait_until("node2 gets 0x8001", Duration::from_secs(10), || {
+    wait_for("node2 gets 0x8001", Duration::from_secs(10), || {
         fabric.pkeys("node2").contains(&0x8001)
     });
     let lid = |node: &str| fabric.port_info(node).lid;
@@ -361,14 +356,14 @@ fn observer_reports_a_port_unlinked_in_ibsim_as_down() {
         return;
     };
     fabric.ibsim_console("Unlink \"node3\"").unwrap();
-    wait_until("node3 down", Duration::from_secs(10), || {
+    wait_for("node3 down", Duration::from_secs(10), || {
         fabric.port_info("node3").state == "Down"
     });
     let inventory = inventory_of(&fabric, "node3");
     assert_eq!(inventory["ports"][0]["state"], "DOWN");
     fabric.ibsim_console("ReLink \"node3\"").unwrap();
     fabric.hup_opensm();
-    wait_until("node3 active again", Duration::from_secs(10), || {
+    wait_for("node3 active again", Duration::from_secs(10), || {
         fabric.port_info("node3").state == "Active"
     });
     assert_eq!(

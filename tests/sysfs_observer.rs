@@ -2,6 +2,9 @@
 //! inventories, a DOWN port, the default port selection, key changes in a copied tree, and
 //! clear errors for garbled files.
 
+mod common;
+
+use common::copy_tree;
 use fabric_agent::config::ObserverConfig;
 use fabric_agent::domain::{
     Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortSelector, PortState,
@@ -28,21 +31,9 @@ fn config(fast_ms: u64, slow_ms: u64) -> ObserverConfig {
 /// Copies a fixture tree into a fresh temp dir (tests that change files never touch the
 /// checked-in tree).
 fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
-    fn copy(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy(&entry.path(), &target);
-            } else {
-                std::fs::copy(entry.path(), &target).unwrap();
-            }
-        }
-    }
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join(name);
-    copy(&fixture(name), &root);
+    copy_tree(&fixture(name), &root);
     (dir, root)
 }
 

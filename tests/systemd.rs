@@ -105,14 +105,9 @@ fn a_slow_apply_longer_than_the_watchdog_keeps_the_pets_coming() {
     let tmp = tempfile::tempdir().unwrap();
     let notify_path = tmp.path().join("notify.sock");
     let sock = UnixDatagram::bind(&notify_path).unwrap();
-    let fault = tmp.path().join("fault");
     // Every apply takes 4 s: four times the 1 s WatchdogSec. A slow SM is not a wedged agent,
     // and systemd must not kill it mid-apply.
-    std::fs::write(&fault, "slow 4000").unwrap();
-    let extra = format!(
-        "[subnet_manager.embedded]\nfault_file = \"{}\"\n",
-        fault.display()
-    );
+    let (extra, _) = fault_config(tmp.path(), Some("slow 4000"), "");
     let mut d = Daemon::prepare(tmp.path(), &extra);
     let notify = notify_path.to_str().unwrap().to_owned();
     d.spawn(&[("NOTIFY_SOCKET", &notify), ("WATCHDOG_USEC", "1000000")]);

@@ -9,49 +9,16 @@ mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
-use common::{attach, partition, state};
+use common::pki::Pki;
+use common::{attach, attach_now, free_port, get, has_base, partition, state};
 use fabric_agent::proto::agent as pb;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rig::agents::{node_config, sm_config, Agent};
 use rig::{Fabric, FabricSpec};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Tenant ports are limited members of the default partition (the SM host refuses tenant keys
 /// while the default partition makes everyone a full member).
 const OPERATOR: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-fn issue(
-    ca: &CertifiedIssuer<'static, KeyPair>,
-    dir: &Path,
-    file: &str,
-    san: &str,
-) -> (PathBuf, PathBuf) {
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec![san.to_owned()])
-        .unwrap()
-        .signed_by(&key, ca)
-        .unwrap();
-    let (c, k) = (
-        dir.join(format!("{file}.crt")),
-        dir.join(format!("{file}.key")),
-    );
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k)
-}
-
-fn has_base(keys: &[u16], base: u16) -> bool {
-    keys.iter().any(|k| k & 0x7fff == base)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_certificate_cannot_program_another_node() {
@@ -59,16 +26,12 @@ async fn a_node_certificate_cannot_program_another_node() {
         return;
     };
     let dir = fabric.dir().to_owned();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "fab1 CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let pki = Pki::new("fab1 CA");
     let ca_pem = dir.join("fab1-ca.pem");
-    std::fs::write(&ca_pem, ca.pem()).unwrap();
-    let (sm_crt, sm_key) = issue(&ca, &dir, "smhost", "localhost");
-    let (n1_crt, n1_key) = issue(&ca, &dir, "node1", "node1.nodes.fab1.example");
+    pki.write_ca(&ca_pem);
+    let (sm_crt, sm_key) = pki.issue_with(&dir, "smhost", &["localhost"], None, |_| {});
+    let (n1_crt, n1_key) =
+        pki.issue_with(&dir, "node1", &["node1.nodes.fab1.example"], None, |_| {});
 
     let port = free_port();
     let sm_conf = sm_config(&fabric, port).replace(
@@ -102,13 +65,11 @@ async fn a_node_certificate_cannot_program_another_node() {
     let node2_guid = format!("{:#018x}", fabric.node_info("node2").port_guid);
     let node2_before = fabric.pkeys("node2");
 
-    let a = c1
-        .attach_partition(attach("i-1", partition("ibpart_a", 0x0a12), Some(20_000)))
-        .await
-        .unwrap()
-        .into_inner()
-        .attachment
-        .unwrap();
+    let a = attach_now(
+        &mut c1,
+        attach("i-1", partition("ibpart_a", 0x0a12), Some(20_000)),
+    )
+    .await;
     assert_eq!(
         state(&a),
         pb::AttachmentState::Active,
@@ -123,23 +84,11 @@ async fn a_node_certificate_cannot_program_another_node() {
     // Give node2's reconciler time for several refused applies.
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        let a = c2
-            .get_attachment(pb::GetAttachmentRequest {
-                instance_id: "i-2".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let a = get(&mut c2, "i-2").await;
         assert_ne!(state(&a), pb::AttachmentState::Active, "{a:?}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let a = c2
-        .get_attachment(pb::GetAttachmentRequest {
-            instance_id: "i-2".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let a = get(&mut c2, "i-2").await;
     assert!(
         a.reason.contains("node2") || a.reason.to_lowercase().contains("permission"),
         "the refusal is visible on node2: {a:?}\n{}",

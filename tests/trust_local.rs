@@ -41,6 +41,27 @@ const ATTACH: &[&str] = &[
     "0x0a12",
 ];
 
+/// Whether the CLI can run as another uid (root only); says so when not.
+fn can_switch_uid() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipped: running the CLI as another uid needs root");
+    }
+    root
+}
+
+/// A daemon (not started) in `dir`, whose socket anyone may open (mode 0666), with `listen`
+/// added to its `[listen]` table. `dir` is opened to everyone too: nobody must be able to reach
+/// the socket at all, so that a refusal is the agent's.
+fn open_to_all(dir: &std::path::Path, listen: &str) -> Daemon {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let extra = format!(
+        "[listen]\nunix_socket = \"{}\"\nunix_socket_mode = \"0666\"\n{listen}",
+        dir.join("agent.sock").display()
+    );
+    Daemon::prepare(dir, &extra)
+}
+
 fn audit_lines(log: &str) -> Vec<&str> {
     log.lines()
         .filter(|l| l.contains("fabric_agent::audit"))
@@ -49,18 +70,11 @@ fn audit_lines(log: &str) -> Vec<&str> {
 
 #[test]
 fn a_non_root_unlisted_user_may_read_but_not_change() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: running the CLI as another uid needs root");
+    if !can_switch_uid() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    // nobody must be able to reach the socket at all, so that the refusal is the agent's.
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let extra = format!(
-        "[listen]\nunix_socket = \"{}\"\nunix_socket_mode = \"0666\"\nread_group = \"{NOBODY}\"\n",
-        tmp.path().join("agent.sock").display()
-    );
-    let mut d = Daemon::prepare(tmp.path(), &extra);
+    let mut d = open_to_all(tmp.path(), &format!("read_group = \"{NOBODY}\"\n"));
     d.spawn(&[("FABRIC_AGENT_LOG", "fabric_agent=debug")]);
 
     let read = as_nobody(&d, &["node"]);
@@ -137,18 +151,12 @@ fn a_non_root_unlisted_user_may_read_but_not_change() {
 
 #[test]
 fn a_user_outside_the_read_group_may_not_read() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: running the CLI as another uid needs root");
+    if !can_switch_uid() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // read_group defaults to the agent's own group (root here).
-    let extra = format!(
-        "[listen]\nunix_socket = \"{}\"\nunix_socket_mode = \"0666\"\n",
-        tmp.path().join("agent.sock").display()
-    );
-    let mut d = Daemon::prepare(tmp.path(), &extra);
+    let mut d = open_to_all(tmp.path(), "");
     d.spawn(&[]);
     let read = as_nobody(&d, &["node"]);
     assert!(!read.status.success());

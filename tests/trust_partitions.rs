@@ -4,17 +4,17 @@
 //! reads every node but writes none; every SetNodeMemberships leaves one audit line.
 //! Certificates are generated here.
 
-use async_trait::async_trait;
+mod common;
+
+use common::pki::Pki;
+use common::sm_host::opensm_backend;
 use fabric_agent::api::client::{tcp, ClientTls};
 use fabric_agent::api::partitions::PartitionsService;
 use fabric_agent::api::{ClientAllowlist, Guarded, NodeMapping, Policy, TlsReloader};
 use fabric_agent::config::TlsConfig;
 use fabric_agent::proto::sm as pb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
-use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
-use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, OwnershipConfig};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use tonic::transport::{Channel, Server};
 use tonic::Code;
@@ -54,42 +54,9 @@ impl Captured {
     }
 }
 
-struct AcceptingReloader;
-
-#[async_trait]
-impl Reloader for AcceptingReloader {
-    fn checkpoint(&self) -> u64 {
-        0
-    }
-    async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
-        Ok(ReloadReport { file_read: true })
-    }
-}
-
-fn issue(
-    ca: &CertifiedIssuer<'static, KeyPair>,
-    dir: &Path,
-    file: &str,
-    sans: &[&str],
-    cn: &str,
-) -> (PathBuf, PathBuf) {
-    let mut p =
-        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    p.distinguished_name.push(DnType::CommonName, cn);
-    let key = KeyPair::generate().unwrap();
-    let cert = p.signed_by(&key, ca).unwrap();
-    let (c, k) = (
-        dir.join(format!("{file}.crt")),
-        dir.join(format!("{file}.key")),
-    );
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k)
-}
-
 struct SmHost {
     dir: tempfile::TempDir,
-    ca: CertifiedIssuer<'static, KeyPair>,
+    pki: Pki,
     partitions: PathBuf,
     url: String,
     _stop: tokio::sync::oneshot::Sender<()>,
@@ -99,14 +66,9 @@ impl SmHost {
     async fn start() -> SmHost {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "fab2 CA");
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-        std::fs::write(d.join("ca.pem"), ca.pem()).unwrap();
-        let (cert, key) = issue(&ca, d, "server", &["localhost"], "smhost");
+        let pki = Pki::new("fab2 CA");
+        pki.write_ca(&d.join("ca.pem"));
+        let (cert, key) = pki.issue(d, "server", &["localhost"], "smhost");
         let tls = TlsConfig {
             cert,
             key,
@@ -119,20 +81,7 @@ impl SmHost {
         };
         let partitions = d.join("partitions.conf");
         std::fs::write(&partitions, "").unwrap();
-        let backend = OpenSmBackend::with_reloader(
-            OpenSmConfig {
-                partitions_file: partitions.clone(),
-                pid: Some(12345),
-                // Made-up GUIDs: who may claim which port is the ownership tests' subject
-                // (tests/opensm_ownership*.rs); here it is which node a certificate speaks for.
-                ownership: OwnershipConfig::disabled(),
-                ..OpenSmConfig::default()
-            },
-            "smhost".into(),
-            Arc::new(InMemoryNodeStore::default()),
-            Arc::new(AcceptingReloader),
-        )
-        .unwrap();
+        let backend = opensm_backend(&partitions);
         let (reloader, _) = TlsReloader::load(&tls).unwrap();
         let nodes =
             NodeMapping::from_config(tls.node_name_template.as_deref(), &tls.node_identities)
@@ -161,7 +110,7 @@ impl SmHost {
         });
         SmHost {
             dir,
-            ca,
+            pki,
             partitions,
             url: format!("https://127.0.0.1:{port}"),
             _stop: stop,
@@ -170,7 +119,7 @@ impl SmHost {
 
     async fn client(&self, sans: &[&str], cn: &str) -> PartitionsClient<Channel> {
         let file = format!("client-{}", sans.first().copied().unwrap_or(cn));
-        let identity = issue(&self.ca, self.dir.path(), &file, sans, cn);
+        let identity = self.pki.issue(self.dir.path(), &file, sans, cn);
         let tls = ClientTls {
             ca: Some(self.dir.path().join("ca.pem")),
             identity: Some(identity),

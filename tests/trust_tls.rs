@@ -5,64 +5,15 @@
 
 mod common;
 
+use common::pki::Pki;
 use common::*;
 use fabric_agent::api::client::{tcp, ClientTls};
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tonic::Code;
-
-struct Pki {
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new(name: &str) -> Pki {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        Pki {
-            ca: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
-        }
-    }
-
-    /// Issues a certificate (SANs, CN, then `edit`); writes cert + key into `dir`.
-    fn issue(
-        &self,
-        dir: &Path,
-        file: &str,
-        sans: &[&str],
-        cn: &str,
-        edit: impl FnOnce(&mut CertificateParams),
-    ) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        edit(&mut params);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        let (c, k) = (
-            dir.join(format!("{file}.crt")),
-            dir.join(format!("{file}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Tls {
     d: Daemon,
@@ -72,7 +23,7 @@ struct Tls {
 
 impl Tls {
     fn start(dir: &Path, pki: &Pki, client_ca: &Path, allowed: &str) -> Tls {
-        let (crt, key) = pki.issue(dir, "server", &["localhost"], "node1", |_| {});
+        let (crt, key) = pki.issue(dir, "server", &["localhost"], "node1");
         let port = free_port();
         let extra = format!(
             "[listen]\nunix_socket = \"{}\"\ntcp = \"127.0.0.1:{port}\"\n[listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nallowed_clients = {allowed}\n",
@@ -117,6 +68,16 @@ impl Tls {
             .map(|_| ())
     }
 
+    /// A channel to the agent with this identity, trusting the agent's CA.
+    async fn channel(&self, identity: &(PathBuf, PathBuf)) -> tonic::transport::Channel {
+        let tls = ClientTls {
+            ca: Some(self.ca.clone()),
+            identity: Some(identity.clone()),
+            domain: Some("localhost".into()),
+        };
+        tcp(&self.url, &tls).await.unwrap()
+    }
+
     fn wait_log(&self, text: &str, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.d.log().matches(text).count() < count {
@@ -128,6 +89,23 @@ impl Tls {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// A certificate and key file.
+type Identity = (PathBuf, PathBuf);
+
+/// A client CA rotation under way: the agent trusts the old CA only (its `client-ca.pem`), and
+/// the control plane has a certificate from each: (old CA, new CA, the agent's client CA file,
+/// the agent, the certificate by the old CA, the one by the new CA).
+fn rotation(dir: &Path) -> (Pki, Pki, PathBuf, Tls, Identity, Identity) {
+    let old = Pki::new("old client CA");
+    let new = Pki::new("new client CA");
+    let ca = dir.join("client-ca.pem");
+    std::fs::write(&ca, old.ca.pem()).unwrap();
+    let t = Tls::start(dir, &old, &ca, "[\"dns:control-plane.example\"]");
+    let by_old = old.issue(dir, "cp-old", &["control-plane.example"], "cp");
+    let by_new = new.issue(dir, "cp-new", &["control-plane.example"], "cp");
+    (old, new, ca, t, by_old, by_new)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,30 +121,36 @@ async fn typed_identities_validity_and_the_audit_line() {
         &ca,
         "[\"dns:control-plane.example\", \"cn:legacy-cp\"]",
     );
-    let cp = pki.issue(dir, "cp", &["control-plane.example"], "cp", |_| {});
+    let cp = pki.issue(dir, "cp", &["control-plane.example"], "cp");
     t.get_node(&cp)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", t.d.log()));
 
     // A CN on the list does not count when the certificate carries SANs.
-    let cn_with_san = pki.issue(dir, "cn-san", &["other.example"], "legacy-cp", |_| {});
+    let cn_with_san = pki.issue(dir, "cn-san", &["other.example"], "legacy-cp");
     let e = t.get_node(&cn_with_san).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("dns:other.example"), "{}", e.message());
-    let cn_only = pki.issue(dir, "cn-only", &[], "legacy-cp", |_| {});
+    let cn_only = pki.issue(dir, "cn-only", &[], "legacy-cp");
     t.get_node(&cn_only)
         .await
         .expect("a SAN-less certificate is named by its CN");
 
     // Expired and not-yet-valid certificates from the trusted CA: UNAUTHENTICATED with a reason.
-    let expired = pki.issue(dir, "expired", &["control-plane.example"], "cp", |p| {
-        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        p.not_after = rcgen::date_time_ymd(2021, 1, 1);
-    });
+    let expired = pki.issue_with(
+        dir,
+        "expired",
+        &["control-plane.example"],
+        Some("cp"),
+        |p| {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        },
+    );
     let e = t.get_node(&expired).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert!(e.message().contains("expired"), "{}", e.message());
-    let early = pki.issue(dir, "early", &["control-plane.example"], "cp", |p| {
+    let early = pki.issue_with(dir, "early", &["control-plane.example"], Some("cp"), |p| {
         p.not_before = rcgen::date_time_ymd(2990, 1, 1);
         p.not_after = rcgen::date_time_ymd(2991, 1, 1);
     });
@@ -175,37 +159,19 @@ async fn typed_identities_validity_and_the_audit_line() {
     assert!(e.message().contains("not valid yet"), "{}", e.message());
 
     // A certificate for servers only never gets an answer.
-    let server_only = pki.issue(dir, "srv", &["control-plane.example"], "cp", |p| {
+    let server_only = pki.issue_with(dir, "srv", &["control-plane.example"], Some("cp"), |p| {
         p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     });
     assert!(t.get_node(&server_only).await.is_err());
 
     // An attach over mTLS leaves one audit line naming the certificate identity; an attach
     // with an expired certificate is refused and audited too.
-    let ch = tcp(
-        &t.url,
-        &ClientTls {
-            ca: Some(t.ca.clone()),
-            identity: Some(cp.clone()),
-            domain: Some("localhost".into()),
-        },
-    )
-    .await
-    .unwrap();
+    let ch = t.channel(&cp).await;
     let mut c = FabricAgentClient::new(ch);
     c.attach_partition(attach("vm-7", partition("ibpart_b7", 0x0b07), None))
         .await
         .unwrap();
-    let ch = tcp(
-        &t.url,
-        &ClientTls {
-            ca: Some(t.ca.clone()),
-            identity: Some(expired.clone()),
-            domain: Some("localhost".into()),
-        },
-    )
-    .await
-    .unwrap();
+    let ch = t.channel(&expired).await;
     let e = FabricAgentClient::new(ch)
         .attach_partition(attach("vm-8", partition("ibpart_b8", 0x0b08), None))
         .await
@@ -247,13 +213,7 @@ async fn typed_identities_validity_and_the_audit_line() {
 async fn sighup_reloads_the_client_ca_and_keeps_it_on_a_bad_file() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let old = Pki::new("old client CA");
-    let new = Pki::new("new client CA");
-    let ca = dir.join("client-ca.pem");
-    std::fs::write(&ca, old.ca.pem()).unwrap();
-    let t = Tls::start(dir, &old, &ca, "[\"dns:control-plane.example\"]");
-    let by_old = old.issue(dir, "cp-old", &["control-plane.example"], "cp", |_| {});
-    let by_new = new.issue(dir, "cp-new", &["control-plane.example"], "cp", |_| {});
+    let (old, new, ca, t, by_old, by_new) = rotation(dir);
     t.get_node(&by_old).await.unwrap();
     assert!(
         t.get_node(&by_new).await.is_err(),
@@ -275,7 +235,7 @@ async fn sighup_reloads_the_client_ca_and_keeps_it_on_a_bad_file() {
     let new_ca = dir.join("new-server-ca.pem");
     std::fs::write(&new_ca, new.ca.pem()).unwrap();
     assert!(t.get_node_trusting(&new_ca, &by_new).await.is_err());
-    new.issue(dir, "server", &["localhost"], "node1", |_| {});
+    new.issue(dir, "server", &["localhost"], "node1");
     nix::sys::signal::kill(t.d.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
     t.wait_log("TLS material reloaded", 2);
     t.get_node_trusting(&new_ca, &by_new)
@@ -299,13 +259,7 @@ async fn sighup_reloads_the_client_ca_and_keeps_it_on_a_bad_file() {
 async fn a_replaced_client_ca_file_is_reloaded_without_a_signal() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let old = Pki::new("old client CA");
-    let new = Pki::new("new client CA");
-    let ca = dir.join("client-ca.pem");
-    std::fs::write(&ca, old.ca.pem()).unwrap();
-    let t = Tls::start(dir, &old, &ca, "[\"dns:control-plane.example\"]");
-    let by_old = old.issue(dir, "cp-old", &["control-plane.example"], "cp", |_| {});
-    let by_new = new.issue(dir, "cp-new", &["control-plane.example"], "cp", |_| {});
+    let (old, new, ca, t, by_old, by_new) = rotation(dir);
     t.get_node(&by_old).await.unwrap();
     assert!(t.get_node(&by_new).await.is_err(), "not trusted yet");
 

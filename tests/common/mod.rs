@@ -1,186 +1,30 @@
-//! Test support: runs the real `fabric-agent` binary as a child process in a temp dir and talks
-//! to it over its unix socket. Every daemon is stopped by pid when its handle drops.
+//! Test support shared by the integration tests, one purpose a file: the daemon harness
+//! ([`daemon`]), the one process guard ([`process`]), request builders ([`requests`]), the CLI ([`cli`]), one-line
+//! API calls ([`calls`]), the event log ([`events`]), waits with deadlines ([`wait`]), loopback
+//! ports ([`net`]), a test CA ([`pki`]), an in-process SM host's parts ([`sm_host`]), `fabric.sm.v1` requests ([`sm_requests`]) and fixture
+//! trees ([`fixtures`]).
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
+pub mod calls;
+pub mod cli;
+pub mod daemon;
+pub mod events;
+pub mod fixtures;
+pub mod net;
+pub mod pki;
 pub mod process;
+pub mod requests;
+pub mod sm_host;
+pub mod sm_requests;
+pub mod wait;
 
-use fabric_agent::proto::agent as pb;
-use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
-use process::DaemonProcess;
+pub use calls::*;
+pub use cli::*;
+pub use daemon::*;
+pub use events::*;
+pub use fixtures::*;
+pub use net::*;
 pub use process::BIN;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
-use tonic::transport::Channel;
-
-/// A daemon's files and, while running, its process.
-pub struct Daemon {
-    pub dir: PathBuf,
-    pub config: PathBuf,
-    pub socket: PathBuf,
-    process: Option<DaemonProcess>,
-    _tmp: Option<tempfile::TempDir>,
-}
-
-/// The config every test starts from: embedded fabric, socket and state in the temp dir.
-pub fn base_config(dir: &Path, extra: &str) -> String {
-    format!(
-        "node_id = \"node1\"\nfabric = \"fab1\"\nstate_dir = \"{}\"\n{extra}\n",
-        dir.join("state").display()
-    )
-}
-
-impl Daemon {
-    /// Writes a config (`extra` is appended; a `[listen]` table is added unless `extra` has one)
-    /// and starts the daemon, waiting until it answers.
-    pub fn start(extra: &str) -> Daemon {
-        let tmp = tempfile::tempdir().expect("temp dir");
-        let mut d = Daemon::prepare(tmp.path(), extra);
-        d._tmp = Some(tmp);
-        d.spawn(&[]);
-        d
-    }
-
-    /// Writes the config into `dir` without starting.
-    pub fn prepare(dir: &Path, extra: &str) -> Daemon {
-        let socket = dir.join("agent.sock");
-        let listen = if extra.contains("[listen]") {
-            String::new()
-        } else {
-            format!("[listen]\nunix_socket = \"{}\"\n", socket.display())
-        };
-        let config = dir.join("config.toml");
-        std::fs::write(&config, base_config(dir, &format!("{extra}\n{listen}")))
-            .expect("write config");
-        Daemon {
-            dir: dir.to_owned(),
-            config,
-            socket,
-            process: None,
-            _tmp: None,
-        }
-    }
-
-    /// Starts the daemon with extra environment and waits until its socket answers.
-    pub fn spawn(&mut self, env: &[(&str, &str)]) {
-        assert!(self.process.is_none(), "daemon already running");
-        let mut cmd = Command::new(BIN);
-        cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let log = self.dir.join("daemon.log");
-        self.process = Some(DaemonProcess::start(
-            cmd,
-            "daemon",
-            &self.config,
-            &self.socket,
-            &log,
-        ));
-    }
-
-    /// The child's pid.
-    pub fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.process.as_ref().expect("running").pid() as i32)
-    }
-
-    /// SIGTERM and wait; returns the exit status.
-    pub fn stop(&mut self) -> ExitStatus {
-        self.process.take().expect("running").stop()
-    }
-
-    /// Waits for an exit already requested by a signal.
-    pub fn stop_after_signal(&mut self) -> ExitStatus {
-        self.process.take().expect("running").wait_exit()
-    }
-
-    /// SIGKILL (a crash) and reap.
-    pub fn crash(&mut self) {
-        self.process.take().expect("running").crash();
-    }
-
-    /// The daemon's log so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
-    }
-
-    /// A gRPC client over the unix socket.
-    pub async fn client(&self) -> FabricAgentClient<Channel> {
-        process::client(&self.socket).await
-    }
-}
-
-/// A partition on fabric `fab1`.
-pub fn partition(id: &str, pkey: u32) -> pb::Partition {
-    pb::Partition {
-        id: id.into(),
-        name: id.trim_start_matches("ibpart_").into(),
-        workspace: "ws".into(),
-        account: "acct".into(),
-        fabric: "fab1".into(),
-        pkey,
-    }
-}
-
-/// An attach request.
-pub fn attach(
-    instance: &str,
-    p: pb::Partition,
-    wait_ms: Option<u32>,
-) -> pb::AttachPartitionRequest {
-    pb::AttachPartitionRequest {
-        partition: Some(p),
-        instance_id: instance.into(),
-        membership: pb::Membership::Full as i32,
-        wait_ms,
-    }
-}
-
-/// The state of an attachment as the enum.
-pub fn state(a: &pb::Attachment) -> pb::AttachmentState {
-    pb::AttachmentState::try_from(a.state).expect("known state")
-}
-
-/// Every event after `after`, without following.
-pub async fn events(c: &mut FabricAgentClient<Channel>, after: u64) -> Vec<pb::Event> {
-    use tokio_stream::StreamExt;
-    let mut s = c
-        .watch_events(pb::WatchEventsRequest {
-            after_seq: after,
-            no_follow: true,
-            ..Default::default()
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(e) = s.next().await {
-        out.push(e.expect("event"));
-    }
-    out
-}
-
-/// Asserts the sequence numbers are 1..=n without gaps or duplicates.
-pub fn assert_gap_free(events: &[pb::Event]) {
-    for (i, e) in events.iter().enumerate() {
-        assert_eq!(
-            e.seq,
-            i as u64 + 1,
-            "event sequence has a gap or duplicate at index {i}"
-        );
-    }
-}
-
-/// Copies a fixture tree (a sysfs snapshot) to `to`.
-pub fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let dest = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &dest);
-        } else {
-            std::fs::copy(entry.path(), dest).unwrap();
-        }
-    }
-}
+pub use requests::*;
+pub use wait::*;
