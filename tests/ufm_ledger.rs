@@ -48,6 +48,9 @@ impl Rig {
         c.retries = 1;
         c.backoff_initial_ms = 2;
         c.backoff_max_ms = 10;
+        // These tests pin each apply's exact reads: no `last_updated` stamp read first
+        // (tests/ufm_fleet.rs covers skipping).
+        c.max_skipped_rechecks = 0;
         c
     }
 
