@@ -50,16 +50,9 @@ impl Rig {
     }
 
     fn config(&self) -> UfmConfig {
-        let mut c = UfmConfig::with_credentials_file(self.fake.url(), self.cred.clone());
-        c.connect_timeout_ms = 300;
-        c.request_timeout_ms = 1_000;
-        c.retries = 3;
-        c.backoff_initial_ms = 2;
-        c.backoff_max_ms = 10;
-        // These tests pin each apply's exact reads: no `last_updated` stamp read first
+        // No stamp read: these tests pin each apply's exact partition reads
         // (tests/ufm_fleet.rs covers skipping).
-        c.max_skipped_rechecks = 0;
-        c
+        self.fake.test_config(self.cred.clone(), 3)
     }
 
     fn sm(&self) -> UfmSm {

@@ -37,11 +37,8 @@ impl Rig {
     }
 
     fn config(&self) -> UfmConfig {
-        let mut c = UfmConfig::with_credentials_file(self.fake.url(), self.cred.clone());
+        let mut c = self.fake.test_config(self.cred.clone(), 1);
         c.request_timeout_ms = 5_000;
-        c.retries = 1;
-        c.backoff_initial_ms = 2;
-        c.backoff_max_ms = 10;
         c.max_skipped_rechecks = 3;
         c.max_requests_per_sec = 10_000;
         c.request_burst = 10_000;

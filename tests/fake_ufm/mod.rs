@@ -25,6 +25,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use fabric_agent::domain::Membership;
+use fabric_agent::sm::ufm::UfmConfig;
 use model::{Model, Reply};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -202,6 +203,20 @@ impl FakeUfm {
     pub fn url(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         format!("{scheme}://{}", self.addr)
+    }
+
+    /// A backend configuration for tests against this fake: basic credentials from `cred`,
+    /// short timeouts and retry delays, `retries` extra attempts, and no `last_updated` stamp
+    /// read (so each apply's reads are exactly the partition reads).
+    pub fn test_config(&self, cred: std::path::PathBuf, retries: u32) -> UfmConfig {
+        let mut c = UfmConfig::with_credentials_file(self.url(), cred);
+        c.connect_timeout_ms = 300;
+        c.request_timeout_ms = 1_000;
+        c.retries = retries;
+        c.backoff_initial_ms = 2;
+        c.backoff_max_ms = 10;
+        c.max_skipped_rechecks = 0;
+        c
     }
 
     /// The listening address.
