@@ -197,6 +197,9 @@ impl ClientSettings {
             .connect_timeout(self.connect_timeout)
             .timeout(self.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
+            // At most 2 idle connections kept per agent: a fleet of agents must not hold
+            // READ_CONCURRENCY idle (TLS) connections each at UFM between re-checks.
+            .pool_max_idle_per_host(2)
             .user_agent(concat!("fabric-agent/", env!("CARGO_PKG_VERSION")));
         if !self.roots.is_empty() {
             builder = builder.tls_certs_only(self.roots.clone());
