@@ -614,6 +614,15 @@ pub struct ReconcilerConfig {
     /// Re-apply the desired set this often even when nothing changed (heals SM-side loss), seconds.
     #[serde(default = "default_resync")]
     pub resync_secs: u64,
+    /// Each resync comes after `resync_secs` plus or minus up to this percentage (uniform,
+    /// drawn per node and round), so a fleet restarted at once does not re-check at once.
+    /// 0-50.
+    #[serde(default = "default_resync_jitter_pct")]
+    pub resync_jitter_pct: u32,
+}
+
+fn default_resync_jitter_pct() -> u32 {
+    10
 }
 
 fn default_backoff_initial() -> u64 {
@@ -632,6 +641,7 @@ impl Default for ReconcilerConfig {
             backoff_initial_ms: default_backoff_initial(),
             backoff_max_ms: default_backoff_max(),
             resync_secs: default_resync(),
+            resync_jitter_pct: default_resync_jitter_pct(),
         }
     }
 }
@@ -695,6 +705,12 @@ impl Config {
             return Err(invalid(
                 "reconciler.backoff_max_ms",
                 "backoff must be > 0 and backoff_max_ms >= backoff_initial_ms",
+            ));
+        }
+        if self.reconciler.resync_jitter_pct > 50 {
+            return Err(invalid(
+                "reconciler.resync_jitter_pct",
+                "resync jitter must be 0-50 (percent of resync_secs)",
             ));
         }
         if self.events.retain < 1000 {

@@ -206,11 +206,13 @@ fn start_node(fake: &FakeUfm, credentials: &str) -> Node {
     let cred = tmp.path().join("ufm.cred");
     std::fs::write(&cred, format!("{credentials}\n")).unwrap();
     let devices: Vec<String> = IB.iter().map(|d| format!("\"{d}\"")).collect();
+    // max_skipped_rechecks = 0: these tests pin each apply's partition reads (no stamp read
+    // first); tests/ufm_fleet.rs covers the stamp.
     let extra = format!(
         "[subnet_manager]\nbackend = \"ufm\"\n\
          [subnet_manager.ufm]\nurl = \"{}\"\ncredentials_file = \"{}\"\n\
          connect_timeout_ms = 500\nrequest_timeout_ms = 2000\nretries = 1\n\
-         backoff_initial_ms = 50\nbackoff_max_ms = 100\n\
+         backoff_initial_ms = 50\nbackoff_max_ms = 100\nmax_skipped_rechecks = 0\n\
          [observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\nfast_poll_ms = 20\nslow_poll_ms = 200\n\
          [ports]\ndevices = [{}]\n\
          [reconciler]\nbackoff_initial_ms = 100\nbackoff_max_ms = 1000\n",

@@ -42,13 +42,9 @@ impl Rig {
     }
 
     fn config(&self) -> UfmConfig {
-        let mut c = UfmConfig::with_credentials_file(self.fake.url(), self.cred.clone());
-        c.connect_timeout_ms = 300;
-        c.request_timeout_ms = 1_000;
-        c.retries = 1;
-        c.backoff_initial_ms = 2;
-        c.backoff_max_ms = 10;
-        c
+        // No stamp read: these tests pin each apply's exact partition reads
+        // (tests/ufm_fleet.rs covers skipping).
+        self.fake.test_config(self.cred.clone(), 1)
     }
 
     /// A backend as a (re)started agent builds it: the node's store, nothing in memory.

@@ -110,7 +110,8 @@ async fn client_certificate_and_private_ca() {
     let sm = UfmSm::new(&config(&fake, dir.path(), &pki), fresh_ledger()).unwrap();
     sm.apply(&desired(), 1).await.unwrap();
     let log = fake.requests();
-    assert_eq!(log.len(), 3);
+    // Stamp, list (start-up scan), add, read back.
+    assert_eq!(log.len(), 4, "{log:?}");
     assert!(
         log.iter().all(|r| r.path.starts_with("/ufmRestV2/")),
         "{log:?}"

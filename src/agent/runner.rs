@@ -62,6 +62,8 @@ struct Loop {
     failures: u64,
     stale_retries: u32,
     resync_at: Instant,
+    /// Resyncs scheduled so far (draws each one's jitter).
+    resync_round: u64,
     sm_error: Option<String>,
     prev_inventory: Option<Inventory>,
     foreign_reported: BTreeSet<(Guid, PKeyValue)>,
@@ -77,6 +79,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     // Keys from before this start may have been sent with any generation up to the reserved
     // one; this process's generations all lie above it.
     let before = ledger.generation_reserved;
+    let agent_node_id = agent.shared.parts.node_id.clone();
     let mut l = Loop {
         agent,
         ack: None,
@@ -89,7 +92,8 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         backoff: Duration::from_millis(cfg.backoff_initial_ms),
         failures: 0,
         stale_retries: 0,
-        resync_at: Instant::now() + Duration::from_secs(cfg.resync_secs),
+        resync_at: Instant::now() + resync_delay(&agent_node_id, 0, &cfg),
+        resync_round: 0,
         sm_error: None,
         prev_inventory,
         foreign_reported: BTreeSet::new(),
@@ -139,7 +143,9 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             _ = tokio::time::sleep_until(deadline) => {}
         }
         if Instant::now() >= l.resync_at {
-            l.resync_at = Instant::now() + Duration::from_secs(cfg.resync_secs);
+            l.resync_round += 1;
+            l.resync_at =
+                Instant::now() + resync_delay(&l.agent.shared.parts.node_id, l.resync_round, &cfg);
             l.force_apply = true;
             l.prune_released().await;
         } else if prune_at.is_some_and(|t| Instant::now() >= t) {
@@ -156,6 +162,17 @@ fn jitter(node_id: &str, attempt: u64) -> f64 {
     (node_id, attempt).hash(&mut h);
     let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
     0.8 + 0.4 * unit
+}
+
+/// The wait before resync `round`: `resync_secs` times a factor uniform in
+/// [1 - pct/100, 1 + pct/100], drawn from the node id and the round (spread across a fleet,
+/// reproducible per node).
+fn resync_delay(node_id: &str, round: u64, cfg: &crate::config::ReconcilerConfig) -> Duration {
+    let mut h = std::hash::DefaultHasher::new();
+    (node_id, "resync", round).hash(&mut h);
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    let spread = f64::from(cfg.resync_jitter_pct.min(50)) / 100.0;
+    Duration::from_secs(cfg.resync_secs).mul_f64(1.0 + spread * (2.0 * unit - 1.0))
 }
 
 impl Loop {
@@ -654,7 +671,45 @@ fn is_waiting(s: AttachmentState) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::jitter;
+    use super::{jitter, resync_delay};
+    use crate::config::ReconcilerConfig;
+
+    #[test]
+    fn resync_jitter_spreads_a_fleet_restarted_at_once() {
+        let cfg = ReconcilerConfig {
+            resync_secs: 300,
+            resync_jitter_pct: 10,
+            ..ReconcilerConfig::default()
+        };
+        // 2,000 nodes started together: their first resyncs, by 6-second bucket.
+        let delays: Vec<f64> = (0..2000)
+            .map(|n| resync_delay(&format!("node-{n}"), 0, &cfg).as_secs_f64())
+            .collect();
+        assert!(delays.iter().all(|d| (270.0..=330.0).contains(d)));
+        let mut buckets = [0usize; 10];
+        for d in &delays {
+            buckets[(((d - 270.0) / 6.0) as usize).min(9)] += 1;
+        }
+        // Uniform: about 200 per bucket; none empty, none holding a crowd.
+        assert!(
+            buckets.iter().all(|b| (120..=280).contains(b)),
+            "{buckets:?}"
+        );
+        // Each round draws again; the same node and round give the same wait.
+        assert_ne!(
+            resync_delay("node-1", 1, &cfg),
+            resync_delay("node-1", 2, &cfg)
+        );
+        assert_eq!(
+            resync_delay("node-1", 1, &cfg),
+            resync_delay("node-1", 1, &cfg)
+        );
+        let none = ReconcilerConfig {
+            resync_jitter_pct: 0,
+            ..cfg
+        };
+        assert_eq!(resync_delay("node-1", 3, &none).as_secs(), 300);
+    }
 
     #[test]
     fn jitter_is_reproducible_and_bounded() {

@@ -1,7 +1,9 @@
 //! A fake NVIDIA UFM REST server on 127.0.0.1, inside the test process.
 //!
 //! It models the partition endpoints (`/ufmRest`, `/ufmRestV2` and `/ufmRestV3` prefixes):
-//! `GET resources/pkeys[/{pkey}]?guids_data=true`, `POST resources/pkeys`,
+//! `GET resources/pkeys[/{pkey}]?guids_data=true`, `GET resources/pkeys/last_updated` (one
+//! stamp moved by every accepted change, operator changes through this handle included),
+//! `POST resources/pkeys`,
 //! `POST actions/remove_guids_from_pkey`, `DELETE resources/pkeys/{pkey}/guids/{g1,g2}`,
 //! `DELETE resources/pkeys/{pkey}` and `GET app/ufm_version`; checks basic or token
 //! authentication; switches UFM's quirks ([`Quirks`]); injects slowness, 503 bursts,
@@ -23,6 +25,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use fabric_agent::domain::Membership;
+use fabric_agent::sm::ufm::UfmConfig;
 use model::{Model, Reply};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -42,6 +45,8 @@ pub struct LoggedRequest {
     pub body: Option<Value>,
     /// The status the fake answered.
     pub status: u16,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 /// A partition's membership after a change, and the full key list of every GUID it touched
@@ -200,6 +205,20 @@ impl FakeUfm {
         format!("{scheme}://{}", self.addr)
     }
 
+    /// A backend configuration for tests against this fake: basic credentials from `cred`,
+    /// short timeouts and retry delays, `retries` extra attempts, and no `last_updated` stamp
+    /// read (so each apply's reads are exactly the partition reads).
+    pub fn test_config(&self, cred: std::path::PathBuf, retries: u32) -> UfmConfig {
+        let mut c = UfmConfig::with_credentials_file(self.url(), cred);
+        c.connect_timeout_ms = 300;
+        c.request_timeout_ms = 1_000;
+        c.retries = retries;
+        c.backoff_initial_ms = 2;
+        c.backoff_max_ms = 10;
+        c.max_skipped_rechecks = 0;
+        c
+    }
+
     /// The listening address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -302,20 +321,33 @@ impl FakeUfm {
         self.with(|i| i.model.keys_of(guid))
     }
 
+    /// The current `last_updated` stamp (microseconds; 0 before any change).
+    pub fn last_updated_us(&self) -> u64 {
+        self.with(|i| i.model.last_updated_us)
+    }
+
     /// Every partition key.
     pub fn pkeys(&self) -> Vec<u16> {
         self.with(|i| i.model.partitions.keys().copied().collect())
     }
 
-    /// Seeds or replaces a partition (not reported as a change).
+    /// Seeds or replaces a partition, as an operator would (moves `last_updated`; not
+    /// reported as a change).
     pub fn insert_partition(&self, pkey: u16, partition: FakePartition) {
-        self.with(|i| i.model.partitions.insert(pkey, partition));
+        self.with(|i| {
+            i.model.partitions.insert(pkey, partition);
+            i.model.touch();
+        });
     }
 
-    /// Drops a partition as an operator (or UFM itself) would (reported as a change).
+    /// Drops a partition as an operator (or UFM itself) would (reported as a change; moves
+    /// `last_updated`).
     pub fn drop_partition(&self, pkey: u16) {
         let before = self.members(pkey);
-        self.with(|i| i.model.partitions.remove(&pkey));
+        self.with(|i| {
+            i.model.partitions.remove(&pkey);
+            i.model.touch();
+        });
         report(&self.shared, pkey, before.keys().copied().collect());
     }
 
@@ -455,6 +487,7 @@ async fn handle(
             path,
             body: json_body.clone(),
             status: result.0 .0,
+            at: Instant::now(),
         });
         let touched: Vec<u64> = match (&result.1, json_body.as_ref()) {
             (Some(_), _) => touched_guids(&uri, json_body.as_ref()),
@@ -558,6 +591,7 @@ fn route(
             ((200, json!({"ufm_release_version": "6.19.0-fake"})), None)
         }
         ("GET", ["resources", "pkeys"]) => (model.list(guids_data), None),
+        ("GET", ["resources", "pkeys", "last_updated"]) => (model.last_updated(), None),
         ("GET", ["resources", "pkeys", pkey]) => (model.get(pkey, guids_data), None),
         ("POST", ["resources", "pkeys"]) => model.add(body),
         ("POST", ["actions", "remove_guids_from_pkey"]) => model.remove_action(body),

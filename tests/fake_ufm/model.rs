@@ -36,6 +36,11 @@ pub struct Quirks {
     pub remove_action_gone: bool,
     /// Writes answer 200 but change nothing (a UFM that loses requests).
     pub ignore_writes: bool,
+    /// `GET …/resources/pkeys/last_updated` answers 404 (a UFM without the stamp).
+    pub no_last_updated: bool,
+    /// Changes leave `last_updated` as it was (a stamp whose tick is coarser than the
+    /// changes, or a UFM restored from an old state).
+    pub frozen_last_updated: bool,
 }
 
 /// An answer: status and JSON body.
@@ -48,6 +53,9 @@ pub struct Model {
     pub partitions: BTreeMap<u16, FakePartition>,
     /// Quirks in force.
     pub quirks: Quirks,
+    /// UFM's partition stamp, microseconds since the epoch, moved by every accepted change
+    /// (strictly increasing). 0: no change yet (the endpoint answers `null`).
+    pub last_updated_us: u64,
 }
 
 fn error(status: u16, message: impl Into<String>) -> Reply {
@@ -99,6 +107,29 @@ fn object(body: Option<&Value>) -> Result<&Map<String, Value>, String> {
 }
 
 impl Model {
+    /// Moves the partition stamp (every accepted change does).
+    pub fn touch(&mut self) {
+        if self.quirks.frozen_last_updated {
+            return;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        self.last_updated_us = now.max(self.last_updated_us + 1);
+    }
+
+    /// `GET …/resources/pkeys/last_updated`.
+    pub fn last_updated(&self) -> Reply {
+        if self.quirks.no_last_updated {
+            return error(404, "Not Found");
+        }
+        let stamp = match self.last_updated_us {
+            0 => Value::Null,
+            us => json!(format!("{}.{:06}", us / 1_000_000, us % 1_000_000)),
+        };
+        (200, json!({ "last_updated": stamp }))
+    }
+
     /// The JSON UFM returns for one partition.
     pub fn partition_json(p: &FakePartition, guids_data: bool) -> Value {
         let mut doc = json!({ "partition": p.name, "ip_over_ib": p.ip_over_ib });
@@ -189,6 +220,7 @@ impl Model {
                 .members
                 .insert(g, FakeMember { membership, index0 });
         }
+        self.touch();
         Ok(key)
     }
 
@@ -236,13 +268,17 @@ impl Model {
         if partition.members.is_empty() && self.quirks.delete_emptied_partitions {
             self.partitions.remove(&key);
         }
+        self.touch();
         ((200, json!({})), Some(key))
     }
 
     /// `DELETE …/resources/pkeys/{pkey}`.
     pub fn delete(&mut self, pkey: &str) -> (Reply, Option<u16>) {
         match parse_pkey(pkey) {
-            Ok(key) if self.partitions.remove(&key).is_some() => ((200, json!({})), Some(key)),
+            Ok(key) if self.partitions.remove(&key).is_some() => {
+                self.touch();
+                ((200, json!({})), Some(key))
+            }
             Ok(_) => (error(404, format!("pkey {pkey} not found")), None),
             Err(e) => (error(400, e), None),
         }

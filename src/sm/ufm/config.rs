@@ -62,6 +62,27 @@ pub struct UfmConfig {
     /// Sent as `ip_over_ib` with every added GUID: the partition carries IPoIB.
     #[serde(default = "default_true")]
     pub ip_over_ib: bool,
+    /// Read partitions through one `GET …/resources/pkeys?guids_data=true` (every partition
+    /// with its GUIDs) whenever two or more keys need reading, instead of one `GET` per key.
+    /// That answer grows with every membership in the fabric (about 70 bytes each); when it is
+    /// larger than the 8 MiB answer cap while the per-key reads work, the backend uses per-key
+    /// reads from then on. `false`: per-key reads only, and the
+    /// start-up scan of all partitions is skipped (see docs/UFM.md).
+    #[serde(default = "default_true")]
+    pub list_reads: bool,
+    /// How many re-checks in a row may be answered from UFM's `last_updated` stamp alone
+    /// (`GET …/resources/pkeys/last_updated`, one small request) when it has not moved since
+    /// the read that last confirmed this node's keys; the next re-check reads the partitions
+    /// anyway. 0: never skip.
+    #[serde(default = "default_max_skipped_rechecks")]
+    pub max_skipped_rechecks: u32,
+    /// Request budget: at most this many requests per second to UFM on average (retries
+    /// included). Beyond it requests wait; they never fail because of the budget.
+    #[serde(default = "default_max_requests_per_sec")]
+    pub max_requests_per_sec: u32,
+    /// Request budget: how many requests may go out at once after a quiet spell.
+    #[serde(default = "default_request_burst")]
+    pub request_burst: u32,
 }
 
 /// How an access token is put in the `Authorization` header.
@@ -92,6 +113,15 @@ fn default_backoff_max_ms() -> u64 {
 }
 fn default_true() -> bool {
     true
+}
+fn default_max_skipped_rechecks() -> u32 {
+    11
+}
+fn default_max_requests_per_sec() -> u32 {
+    20
+}
+fn default_request_burst() -> u32 {
+    64
 }
 
 /// Which authentication method a valid configuration selects.
@@ -129,6 +159,10 @@ impl UfmConfig {
             backoff_max_ms: default_backoff_max_ms(),
             index0: false,
             ip_over_ib: true,
+            list_reads: true,
+            max_skipped_rechecks: default_max_skipped_rechecks(),
+            max_requests_per_sec: default_max_requests_per_sec(),
+            request_burst: default_request_burst(),
         }
     }
 
@@ -151,6 +185,12 @@ impl UfmConfig {
         }
         if self.backoff_initial_ms == 0 || self.backoff_max_ms < self.backoff_initial_ms {
             return Err("backoff must be > 0 and backoff_max_ms >= backoff_initial_ms".into());
+        }
+        if self.max_requests_per_sec == 0 || self.request_burst == 0 {
+            return Err(
+                "max_requests_per_sec and request_burst must be > 0 (requests beyond them wait)"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -318,6 +358,23 @@ mod tests {
         assert!(c.validate().is_err());
         let mut c = basic("https://u.example");
         c.backoff_max_ms = 1;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn fleet_settings_have_sane_defaults_and_a_budget_is_never_zero() {
+        let c: UfmConfig = toml::from_str(
+            "url = \"https://u.example\"\ncredentials_file = \"/c\"\nmax_skipped_rechecks = 0\nlist_reads = false\n",
+        )
+        .unwrap();
+        assert_eq!(c.max_skipped_rechecks, 0);
+        assert!(!c.list_reads);
+        assert_eq!((c.max_requests_per_sec, c.request_burst), (20, 64));
+        let mut c = basic("https://u.example");
+        c.max_requests_per_sec = 0;
+        assert!(c.validate().unwrap_err().contains("max_requests_per_sec"));
+        let mut c = basic("https://u.example");
+        c.request_burst = 0;
         assert!(c.validate().is_err());
     }
 }

@@ -4,6 +4,7 @@
 //! error (not retried), never an unbounded allocation.
 
 use super::auth::{Credential, Loaded};
+use super::budget::Budget;
 use reqwest::header::{ACCEPT, AUTHORIZATION};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
@@ -48,9 +49,10 @@ pub(crate) struct Answer {
     pub body: Vec<u8>,
 }
 
-/// Why an exchange produced no answer below 500.
+/// Why an exchange produced no answer below 500; `.1`: because the answer exceeded
+/// [`MAX_BODY`] (asking again would fetch the same answer).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Unreachable(pub String);
+pub(crate) struct Unreachable(pub String, pub bool);
 
 /// The requests of one apply, sharing a client, credentials and counters.
 pub(crate) struct Exchange<'a> {
@@ -64,6 +66,8 @@ pub(crate) struct Exchange<'a> {
     pub policy: RetryPolicy,
     /// Requests sent, retries included.
     pub sent: AtomicUsize,
+    /// The backend's request budget: every attempt takes a token first.
+    pub budget: &'a Budget,
 }
 
 impl Exchange<'_> {
@@ -84,14 +88,14 @@ impl Exchange<'_> {
                 Err(Failure::Transient(why)) => format!("{method} {url}: {why}"),
                 // Asking again would fetch the same oversized answer.
                 Err(Failure::Permanent(why)) => {
-                    return Err(Unreachable(format!("{method} {url}: {why}")))
+                    return Err(Unreachable(format!("{method} {url}: {why}"), true))
                 }
             };
             if attempt >= self.policy.retries {
-                return Err(Unreachable(format!(
-                    "{failure} (gave up after {} attempts)",
-                    attempt + 1
-                )));
+                return Err(Unreachable(
+                    format!("{failure} (gave up after {} attempts)", attempt + 1),
+                    false,
+                ));
             }
             let delay = self.policy.delay(attempt);
             tracing::debug!(%failure, attempt, ?delay, "UFM request failed; retrying");
@@ -106,6 +110,7 @@ impl Exchange<'_> {
         url: &str,
         body: Option<&Value>,
     ) -> Result<Answer, Failure> {
+        self.budget.take().await;
         self.sent.fetch_add(1, Ordering::Relaxed);
         let mut request = self
             .client

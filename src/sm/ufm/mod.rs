@@ -4,23 +4,56 @@
 //! `apply` is declarative and serialised (one at a time per backend). The backend keeps a
 //! persisted ledger ([`UfmLedger`]): per key, every GUID this node put (or found) in it and has
 //! not yet seen removed, visible now or not. For every key that is desired or in the ledger, it
-//! 1. reads the partition first (`GET …/resources/pkeys/{pkey}?guids_data=true`; on the first
-//!    apply after start one `GET …/resources/pkeys?guids_data=true` instead, which also finds
-//!    every key this node's visible GUIDs are in and records them in the ledger);
+//! 0. reads UFM's partition stamp (`GET …/resources/pkeys/last_updated`) and may stop there
+//!    (see "Skipping unchanged state" below);
+//! 1. reads the partitions first: with `list_reads` (the default) and two or more keys to read,
+//!    one `GET …/resources/pkeys?guids_data=true` answers for all of them; otherwise one
+//!    `GET …/resources/pkeys/{pkey}?guids_data=true` per key. The first apply after start
+//!    always reads the whole list when `list_reads` is on, and records in the ledger every key
+//!    this node's visible GUIDs are in;
 //! 2. records every GUID it is about to add in the ledger, durably, before sending anything;
 //! 3. changes only what differs: removes every ledger GUID (and visible port) from keys no
 //!    longer desired, first (frees table slots); then adds missing visible GUIDs or fixes their
 //!    membership (`POST …/resources/pkeys`, which also re-creates a partition UFM dropped when
 //!    its last GUID left) and removes ledger GUIDs that are no longer among the node's ports;
-//! 4. reads back the keys it changed and checks them with the same comparison.
+//! 4. reads back the keys it changed (same read rule as step 1) and checks them with the same
+//!    comparison.
 //!
-//! Ok therefore means: a read of UFM made during this apply shows every desired key holding
-//! every visible port with the desired membership, no ledger GUID of a port the node no longer
-//! has in a desired key, and none of the ledger's GUIDs in any key no longer desired. A ledger
-//! entry is dropped only after such a read showed the GUID gone.
+//! Ok therefore means: a read of UFM made during this apply (or, for a skipped re-check, the
+//! stamp rule below) shows every desired key holding every visible port with the desired
+//! membership, no ledger GUID of a port the node no longer has in a desired key, and none of
+//! the ledger's GUIDs in any key no longer desired. A ledger entry is dropped only after such a
+//! read showed the GUID gone.
 //!
-//! A no-change re-apply therefore costs one `GET` per key and writes nothing. Removal uses
-//! `POST …/actions/remove_guids_from_pkey` and falls back, for good, to
+//! UFM's whole-list answer grows with every membership in the fabric. When it is larger than
+//! the answer cap while per-key reads of the same apply work, the backend reads per key from
+//! then on; the start-up scan then finds only the desired and ledger keys (logged). Any other
+//! failure of the list read fails the apply, as before.
+//!
+//! # Skipping unchanged state
+//! UFM keeps one stamp, `last_updated`, for its whole partition configuration (public UFM
+//! clients and NVIDIA's UFM simulator read it at `GET …/resources/pkeys/last_updated`; the
+//! project's reference lists only the partition reads, so the backend treats the endpoint as
+//! optional: a 4xx answer or a document without `last_updated` turns skipping off for this
+//! process). The backend remembers the stamp only from an apply that (a) read the stamp,
+//! (b) then read every key it looks at and found all of them right, and (c) sent no write.
+//! A later apply for the same desired keys, memberships and port GUIDs whose stamp read
+//! returns exactly the remembered string answers Ok without reading the partitions, at most
+//! `max_skipped_rechecks` times in a row; then it reads again.
+//!
+//! What is trusted: that UFM moves `last_updated` on every partition change, whoever makes it
+//! (REST, GUI, another agent), so an equal stamp means no partition changed since the
+//! confirming read. A change that leaves the stamp equal (a UFM whose stamp has a coarse tick
+//! and a change within the same tick after that read, or a UFM restart that restores an old
+//! stamp) stays unseen until the next full read, at most `max_skipped_rechecks` re-checks
+//! later. Changes made behind UFM's back (an SM configuration edited by hand) are invisible to
+//! every UFM read, skipped or not. Any change of the desired set or of the node's ports, any
+//! failed apply and any apply that wrote forgets the stamp.
+//!
+//! A no-change re-check therefore costs one small `GET` while the stamp holds, and otherwise
+//! one `GET` of the list (or one per key). Every request first takes a token from the
+//! backend's budget (`max_requests_per_sec`, `request_burst`): beyond it requests wait, never
+//! fail. Removal uses `POST …/actions/remove_guids_from_pkey` and falls back, for good, to
 //! `DELETE …/resources/pkeys/{pkey}/guids/{g1,g2}` when UFM answers 404/405 to the old form.
 //! `200 {}` and 404 on a read both mean "no such key"; 404 on a removal means already gone.
 //!
@@ -31,6 +64,7 @@
 //! (checked on every apply). Credentials are never logged nor put in any message.
 
 mod auth;
+mod budget;
 mod config;
 mod http;
 mod ledger;
@@ -44,6 +78,7 @@ use super::{ApplyOutcome, SmError, SubnetManager};
 use crate::domain::{Guid, Membership, NodeMemberships, PKey};
 use async_trait::async_trait;
 use auth::{Credential, Loaded, Secret};
+use budget::Budget;
 use config::AuthConfig;
 use futures::{StreamExt, TryStreamExt};
 use http::{Answer, Exchange, RetryPolicy, Unreachable};
@@ -68,6 +103,11 @@ pub struct UfmSm {
     ip_over_ib: bool,
     client_settings: ClientSettings,
     ledger_store: Arc<dyn UfmLedgerStore>,
+    /// `list_reads` as configured.
+    list_reads: bool,
+    /// `max_skipped_rechecks` as configured.
+    max_skipped: u32,
+    budget: Budget,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -112,6 +152,23 @@ struct State {
     /// The ledger as last saved: a save is due whenever `ledger` differs.
     saved: UfmLedger,
     removal: RemovalForm,
+    /// Whether the whole-list read is still used (off for good once it failed where per-key
+    /// reads worked, or when `list_reads` is off).
+    list_usable: bool,
+    /// Whether UFM answers `…/pkeys/last_updated` (off for good after a 4xx or a foreign
+    /// document).
+    stamp_supported: bool,
+    /// What the last confirming read showed, with the stamp read before it.
+    confirmed: Option<Confirmed>,
+}
+
+/// An apply that read the stamp, then read every key and found all right, and wrote nothing.
+struct Confirmed {
+    keys: BTreeMap<PKey, Membership>,
+    ports: BTreeSet<Guid>,
+    stamp: String,
+    /// Re-checks answered from the stamp alone since.
+    skipped: u32,
 }
 
 /// Why an apply stopped, before mapping to [`SmError`].
@@ -119,11 +176,16 @@ enum Failure {
     Rejected(StatusCode),
     Refused(String),
     Unavailable(String),
+    /// UFM's answer exceeded the body cap.
+    TooLarge(String),
 }
 
 impl From<Unreachable> for Failure {
     fn from(u: Unreachable) -> Self {
-        Failure::Unavailable(u.0)
+        match u {
+            Unreachable(why, true) => Failure::TooLarge(why),
+            Unreachable(why, false) => Failure::Unavailable(why),
+        }
     }
 }
 
@@ -135,6 +197,9 @@ impl ClientSettings {
             .connect_timeout(self.connect_timeout)
             .timeout(self.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
+            // At most 2 idle connections kept per agent: a fleet of agents must not hold
+            // READ_CONCURRENCY idle (TLS) connections each at UFM between re-checks.
+            .pool_max_idle_per_host(2)
             .user_agent(concat!("fabric-agent/", env!("CARGO_PKG_VERSION")));
         if !self.roots.is_empty() {
             builder = builder.tls_certs_only(self.roots.clone());
@@ -159,6 +224,8 @@ struct Summary {
     programmed: usize,
     released: usize,
     unchanged: usize,
+    /// Answered from the unchanged `last_updated` stamp, without reading partitions.
+    skipped: bool,
 }
 
 impl UfmSm {
@@ -222,6 +289,9 @@ impl UfmSm {
             ip_over_ib: config.ip_over_ib,
             client_settings,
             ledger_store,
+            list_reads: config.list_reads,
+            max_skipped: config.max_skipped_rechecks,
+            budget: Budget::new(config.max_requests_per_sec, config.request_burst),
             state: tokio::sync::Mutex::new(State {
                 client,
                 identity,
@@ -230,6 +300,9 @@ impl UfmSm {
                 ledger: None,
                 saved: UfmLedger::default(),
                 removal: RemovalForm::Action,
+                list_usable: config.list_reads,
+                stamp_supported: true,
+                confirmed: None,
             }),
         })
     }
@@ -264,31 +337,75 @@ impl UfmSm {
             ledger,
             saved,
             removal,
+            list_usable,
+            stamp_supported,
+            confirmed,
             ..
         } = state;
         let ledger = ledger
             .as_mut()
             .expect("the ledger is loaded before an apply");
+        let want: BTreeMap<PKey, Membership> = desired
+            .keys
+            .iter()
+            .map(|(k, s)| (*k, s.membership))
+            .collect();
+
+        // 0. Nothing changed at UFM since the last confirming read: trust it (module docs).
+        let stamp = if self.max_skipped > 0 && *stamp_supported {
+            self.read_stamp(ex, stamp_supported).await?
+        } else {
+            None
+        };
+        if let (Some(now), Some(c)) = (&stamp, confirmed.as_mut()) {
+            if c.stamp == *now
+                && c.keys == want
+                && c.ports == *ports
+                && c.skipped < self.max_skipped
+            {
+                c.skipped += 1;
+                return Ok(Summary {
+                    unchanged: want.len(),
+                    skipped: true,
+                    ..Summary::default()
+                });
+            }
+        }
+        *confirmed = None;
 
         // 1. Read first.
         let current: BTreeMap<PKey, Option<PartitionState>> = if !*discovered {
-            let all = self.read_all(ex).await?;
-            for (key, partition) in &all {
-                let ours = partition
-                    .members
-                    .keys()
-                    .filter(|g| ports.contains(g))
-                    .copied();
-                ledger.record(*key, ours);
-            }
+            let keys = keys_of(desired, ledger);
+            let (picked, all) = self.read_many(ex, list_usable, &keys, true).await?;
+            let current = match all {
+                Some(all) => {
+                    for (key, partition) in &all {
+                        let ours = partition
+                            .members
+                            .keys()
+                            .filter(|g| ports.contains(g))
+                            .copied();
+                        ledger.record(*key, ours);
+                    }
+                    keys_of(desired, ledger)
+                        .into_iter()
+                        .map(|key| (key, all.get(&key).cloned()))
+                        .collect()
+                }
+                None => {
+                    if self.list_reads {
+                        tracing::warn!("UFM's partition list is not readable here: the start-up scan covers only the desired and ledger keys");
+                    }
+                    picked
+                }
+            };
             self.save_ledger(ledger, saved).await?;
             *discovered = true;
-            keys_of(desired, ledger)
-                .into_iter()
-                .map(|key| (key, all.get(&key).cloned()))
-                .collect()
+            current
         } else {
-            self.read_keys(ex, &keys_of(desired, ledger)).await?
+            self.read_many(ex, list_usable, &keys_of(desired, ledger), false)
+                .await?
+                .0
         };
 
         // 2. Plan; keys already right are confirmed by this read.
@@ -330,7 +447,11 @@ impl UfmSm {
 
         // 5. Read back what changed. Entries leave the ledger only once a read showed them gone.
         let changed: BTreeSet<PKey> = plans.keys().copied().collect();
-        let after = self.read_keys(ex, &changed).await?;
+        let after = if changed.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.read_many(ex, list_usable, &changed, false).await?.0
+        };
         let mut wrong: Vec<(PKey, KeyPlan)> = Vec::new();
         for (key, partition) in &after {
             let want = desired.keys.get(key).map(|s| s.membership);
@@ -352,6 +473,15 @@ impl UfmSm {
                 left.add.len(),
                 left.remove.len()
             )));
+        }
+        // Only a write-free apply's stamp vouches for every key it read (module docs).
+        if plans.is_empty() {
+            *confirmed = stamp.map(|stamp| Confirmed {
+                keys: want,
+                ports: ports.clone(),
+                stamp,
+                skipped: 0,
+            });
         }
         Ok(summary)
     }
@@ -424,6 +554,60 @@ impl UfmSm {
             Failure::Refused(format!(
                 "UFM's answer to GET {path} is not understood: {why}"
             ))
+        })
+    }
+
+    /// Reads `keys`: through the whole list when it is in use and `whole` is set or two or more
+    /// keys are asked, else per key. Returns the keys' states and, when read, the whole list.
+    /// A list answer over the body cap falls back to per-key reads, and once those work the
+    /// list is not asked for again; any other failure of the list read is the apply's.
+    async fn read_many(
+        &self,
+        ex: &Exchange<'_>,
+        list_usable: &mut bool,
+        keys: &BTreeSet<PKey>,
+        whole: bool,
+    ) -> Result<PartitionReads, Failure> {
+        let mut list_failure = None;
+        if *list_usable && (whole || keys.len() >= 2) {
+            match self.read_all(ex).await {
+                Ok(all) => {
+                    let picked = keys.iter().map(|k| (*k, all.get(k).cloned())).collect();
+                    return Ok((picked, Some(all)));
+                }
+                Err(Failure::TooLarge(why)) => list_failure = Some(why),
+                Err(other) => return Err(other),
+            }
+        }
+        let picked = self.read_keys(ex, keys).await?;
+        if let Some(why) = list_failure.filter(|_| !keys.is_empty()) {
+            tracing::warn!(%why, "UFM's whole partition list cannot be read but single partitions can; reading per key from now on");
+            *list_usable = false;
+        }
+        Ok((picked, None))
+    }
+
+    /// UFM's `last_updated` stamp; `None` when it gives none. A 4xx other than 401/403, or an
+    /// answer that is not the stamp document, turns stamp reads off for this process.
+    async fn read_stamp(
+        &self,
+        ex: &Exchange<'_>,
+        supported: &mut bool,
+    ) -> Result<Option<String>, Failure> {
+        let answer = ex
+            .call(Method::GET, "/resources/pkeys/last_updated", None)
+            .await?;
+        let parsed = match answer.status {
+            s if s.is_success() => wire::parse_last_updated(&answer.body),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                return Err(self.refusal(ex, &answer, "reading the partition stamp"))
+            }
+            _ => Err(()),
+        };
+        parsed.or_else(|()| {
+            tracing::info!(status = %answer.status, "UFM gives no partition last_updated stamp; every re-check reads the partitions");
+            *supported = false;
+            Ok(None)
         })
     }
 
@@ -552,6 +736,12 @@ impl UfmSm {
     }
 }
 
+/// The states of the keys asked for, and the whole list when it was read.
+type PartitionReads = (
+    BTreeMap<PKey, Option<PartitionState>>,
+    Option<BTreeMap<PKey, PartitionState>>,
+);
+
 /// Every key to look at: the desired ones and every key the ledger holds GUIDs in.
 fn keys_of(desired: &NodeMemberships, ledger: &UfmLedger) -> BTreeSet<PKey> {
     desired.keys.keys().copied().chain(ledger.keys()).collect()
@@ -605,10 +795,20 @@ impl SubnetManager for UfmSm {
             credential: &loaded,
             policy: self.policy,
             sent: AtomicUsize::new(0),
+            budget: &self.budget,
         };
         let result = self.apply_locked(&mut state, desired, &ports, &ex).await;
         let sent = ex.sent.load(Ordering::Relaxed);
         match result {
+            Ok(s) if s.skipped => {
+                state.rejected = None;
+                Ok(ApplyOutcome {
+                    detail: format!(
+                        "UFM: partitions unchanged since the last confirming read (same last_updated stamp); {} key(s) right ({sent} requests)",
+                        s.unchanged
+                    ),
+                })
+            }
             Ok(s) => {
                 state.rejected = None;
                 Ok(ApplyOutcome {
@@ -625,7 +825,9 @@ impl SubnetManager for UfmSm {
                 Err(SmError::Refused(message))
             }
             Err(Failure::Refused(message)) => Err(SmError::Refused(message)),
-            Err(Failure::Unavailable(message)) => Err(SmError::Unavailable(message)),
+            Err(Failure::Unavailable(message) | Failure::TooLarge(message)) => {
+                Err(SmError::Unavailable(message))
+            }
         }
     }
 }

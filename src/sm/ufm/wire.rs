@@ -87,6 +87,19 @@ pub(crate) fn parse_all(body: &[u8]) -> Result<BTreeMap<PKey, PartitionState>, S
     Ok(out)
 }
 
+/// Parses `GET …/resources/pkeys/last_updated`: `{"last_updated": "<stamp>"}`, UFM's stamp of
+/// its last partition change. The stamp is opaque: it is only compared for equality. `Ok(None)`
+/// when it is null or empty (no stamp this time); `Err` when the answer is not such a document
+/// (a UFM without the endpoint).
+pub(crate) fn parse_last_updated(body: &[u8]) -> Result<Option<String>, ()> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| ())?;
+    match value.get("last_updated").ok_or(())? {
+        Value::String(s) if !s.trim().is_empty() => Ok(Some(s.clone())),
+        Value::String(_) | Value::Null => Ok(None),
+        _ => Err(()),
+    }
+}
+
 fn parse_pkey_value(text: &str) -> Option<u32> {
     let hex = text
         .strip_prefix("0x")
@@ -186,6 +199,19 @@ mod tests {
         assert!(parse_partition(b"nope").is_err());
         assert!(parse_partition(br#"{"guids":[{"guid":"zz","membership":"full"}]}"#).is_err());
         assert!(parse_partition(br#"{"guids":[{"guid":"01","membership":"both"}]}"#).is_err());
+    }
+
+    #[test]
+    fn reads_the_last_updated_stamp_only_when_it_is_a_string() {
+        assert_eq!(
+            parse_last_updated(br#"{"last_updated":"2026-12-03 10:15:00.123456"}"#),
+            Ok(Some("2026-12-03 10:15:00.123456".to_string()))
+        );
+        assert_eq!(parse_last_updated(br#"{"last_updated":null}"#), Ok(None));
+        assert_eq!(parse_last_updated(br#"{"last_updated":""}"#), Ok(None));
+        assert_eq!(parse_last_updated(br#"{"last_updated":17}"#), Err(()));
+        assert_eq!(parse_last_updated(b"{}"), Err(()));
+        assert_eq!(parse_last_updated(b"not json"), Err(()));
     }
 
     #[test]
