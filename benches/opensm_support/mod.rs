@@ -1,6 +1,6 @@
 //! What the OpenSM benches share: the SM-host backend on the rig's OpenSM, storms of
 //! `set_node` calls, deadline-bounded waits that report `TIMEOUT ...` instead of hanging,
-//! table checks (one SA query for the whole fabric, then parallel SMP readers), CPU and peak
+//! table checks by parallel SMP readers, CPU and peak
 //! RSS from /proc, and min/median/max of repeated runs.
 //!
 //! Included by each OpenSM bench next to the rig and the bench support:
@@ -138,40 +138,42 @@ pub fn storm(
     Ok((replied, failed, first))
 }
 
-/// Polls OpenSM's SA (`saquery PKTR` as `from`: one query for the whole fabric) until every
-/// want is met; returns when, counted from `since`, and how many queries it took.
-pub fn wait_tables_sa(
+/// Polls the ports' tables by SMP (`readers` parallel `smpquery` clients; each poll re-reads
+/// only the ports not yet right) until every want is met; returns when, counted from `since`,
+/// and how many polls it took. (A whole-fabric `saquery PKTR` returns only a couple of records
+/// on ibsim at 500 HCAs, so the SA is not used.)
+pub fn wait_tables(
     fabric: &Fabric,
-    from: &str,
+    readers: usize,
     wants: &[Want],
     since: Instant,
     deadline: Duration,
 ) -> Check<(Duration, usize)> {
     let start = Instant::now();
-    let mut queries = 0;
+    let mut polls = 0;
+    let mut unmet: Vec<&Want> = wants.iter().collect();
     loop {
-        queries += 1;
-        let unmet = match fabric.sa_pkey_tables(from) {
-            Ok(tables) => wants
-                .iter()
-                .filter(|w| !tables.get(&(w.lid, 1)).is_some_and(|t| w.met_by(t)))
-                .count(),
-            Err(e) => {
-                eprintln!("saquery failed ({}); retrying", e.trim_end());
-                wants.len()
-            }
-        };
-        if unmet == 0 {
-            return Ok((since.elapsed(), queries));
+        polls += 1;
+        let lids: Vec<u16> = unmet.iter().map(|w| w.lid).collect();
+        let tables = fabric.pkeys_parallel(&lids, readers);
+        unmet = unmet
+            .into_iter()
+            .zip(&tables)
+            .filter(|(w, t)| !t.as_ref().is_ok_and(|t| w.met_by(t)))
+            .map(|(w, _)| w)
+            .collect();
+        if unmet.is_empty() {
+            return Ok((since.elapsed(), polls));
         }
         if start.elapsed() > deadline {
             return Err(format!(
-                "TIMEOUT: {unmet} of {} ports' tables not right in the SA after {} ({queries} queries)",
+                "TIMEOUT: {} of {} ports' tables not right after {} ({polls} polls)",
+                unmet.len(),
                 wants.len(),
                 secs(deadline)
             ));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
