@@ -732,21 +732,6 @@ impl Fabric {
         })
     }
 
-    /// Every port's P_Key table as OpenSM's SA holds it (`saquery PKTR` from `from`: one
-    /// query for the whole fabric; the SA's copy is updated when a port answers OpenSM's Set):
-    /// (LID, port) -> non-empty entries, full-membership bit included. OpenSM answers a
-    /// table query only with the SM_Key (its default, 1).
-    pub fn sa_pkey_tables(
-        &self,
-        from: &str,
-    ) -> Result<std::collections::BTreeMap<(u16, u8), Vec<u16>>, String> {
-        Ok(parse_pktr(&self.run_tool(
-            from,
-            "saquery",
-            &["--smkey", "1", "PKTR"],
-        )?))
-    }
-
     /// `sys-<pid>` dirs the shim left in the rig's dir (should be only OpenSM's).
     pub fn shim_litter(&self) -> Vec<String> {
         fs::read_dir(self.dir.path())
@@ -848,33 +833,6 @@ pub fn parse_subnet_dump(text: &str) -> std::collections::BTreeMap<String, (u64,
             .and_then(|v| u16::from_str_radix(&v, 16).ok());
         if let (Some(guid), Some(lid)) = (guid, lid) {
             out.insert(name.to_owned(), (guid, lid));
-        }
-    }
-    out
-}
-
-/// `saquery PKTR` records (`LID....N`, `Port....N`, `Block....N`, `PKey Table:` rows):
-/// (LID, port) -> the non-empty entries of every block, in order.
-pub fn parse_pktr(text: &str) -> std::collections::BTreeMap<(u16, u8), Vec<u16>> {
-    let mut out: std::collections::BTreeMap<(u16, u8), Vec<u16>> = Default::default();
-    let value = |l: &str| {
-        l.rsplit('.')
-            .next()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-    };
-    let (mut lid, mut port) = (0u16, 0u8);
-    for line in text.lines().map(str::trim) {
-        if line.starts_with("LID.") {
-            lid = value(line).and_then(|v| u16::try_from(v).ok()).unwrap_or(0);
-        } else if line.starts_with("Port.") {
-            port = value(line).and_then(|v| u8::try_from(v).ok()).unwrap_or(0);
-        } else if line.starts_with("0x") {
-            let entries = out.entry((lid, port)).or_default();
-            entries.extend(
-                line.split_whitespace()
-                    .filter_map(|v| u16::from_str_radix(v.trim_start_matches("0x"), 16).ok())
-                    .filter(|v| v & 0x7fff != 0),
-            );
         }
     }
     out
