@@ -177,27 +177,6 @@ pub fn wait_tables(
     }
 }
 
-/// Reads every want's port by SMP (`readers` parallel smpquery clients) and checks it: the
-/// ground truth behind the SA's copy. Returns how long the reads took.
-pub fn verify_smp(fabric: &Fabric, wants: &[Want], readers: usize) -> Check<Duration> {
-    let start = Instant::now();
-    let lids: Vec<u16> = wants.iter().map(|w| w.lid).collect();
-    let tables = fabric.pkeys_parallel(&lids, readers);
-    let wrong: Vec<String> = wants
-        .iter()
-        .zip(&tables)
-        .filter(|(w, t)| !t.as_ref().is_ok_and(|t| w.met_by(t)))
-        .take(3)
-        .map(|(w, t)| format!("lid {}: {t:?} (want {w:?})", w.lid))
-        .collect();
-    if !wrong.is_empty() {
-        return Err(format!(
-            "FAILED: ports read by SMP do not match the SA's copy, e.g. {wrong:?}"
-        ));
-    }
-    Ok(start.elapsed())
-}
-
 /// One heavy sweep of the unchanged fabric: SIGHUP to OpenSM, until its log shows the next
 /// `SUBNET UP`.
 pub fn heavy_sweep(fabric: &Fabric, deadline: Duration) -> Check<Duration> {
