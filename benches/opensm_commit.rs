@@ -1,190 +1,191 @@
-//! Group commit against a real OpenSM: NODES (default 500) HCAs on an ibsim fabric, every node
-//! sending its desired set to the SM host's backend at once (in-process, one task per node).
-//! Prints sweeps triggered, time until every call returned, and time until every node's P_Key
-//! table holds its key (checked by one `smpquery pkeys <lid>` per node, sequentially, from one
-//! client), with group commit on and off, plus a single change for comparison.
+//! Group commit against a real OpenSM: NODES (default 500) HCAs on an ibsim leaf-spine fabric,
+//! every node sending its desired set to the SM host's backend at once (in-process, one task
+//! per node). Each of RUNS (default 3) runs prints: a single change (reply, key on the port),
+//! then the burst with group commit on (sweeps, all replies, every port's table right, read by
+//! 6 parallel SMP readers), then OFF_NODES (default 20) requests with group
+//! commit off (one write + sweep each). Ends with min/median/max over the runs. Every wait has
+//! a deadline: a missed one prints a `TIMEOUT ...` line and the bench exits 1.
 //!
-//! Run: `cargo bench --bench opensm_commit` (needs ibsim-utils, opensm, infiniband-diags).
+//! Run: `cargo bench --bench opensm_commit` (needs ibsim-utils, opensm, infiniband-diags);
+//! the largest fabric ibsim accepts: `NODES=2000 PER_LEAF=47 cargo bench --bench opensm_commit`.
 
-#[path = "../tests/opensm_rig.rs"]
-mod opensm_rig;
+mod opensm_support;
+#[path = "../tests/rig/mod.rs"]
+mod rig;
+mod support;
 
-use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
-use fabric_agent::sm::opensm::OwnershipConfig;
-use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, ReloadMethod};
-use opensm_rig::Fabric;
+use fabric_agent::domain::PKey;
+use fabric_agent::sm::opensm::InMemoryNodeStore;
+use opensm_support::{
+    backend, env_usize, finish, secs, set_of, storm, summary, wait_tables, Check, Want,
+};
+use rig::{Fabric, FabricSpec};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const OPERATOR: &str = "# operator's part\nDefault=0x7fff, ipoib : ALL=limited, SELF=full;\n";
 const NODES_PER_TENANT: usize = 8;
+const DEADLINE: Duration = Duration::from_secs(120);
 
-fn backend(fabric: &Fabric, group_commit: bool) -> OpenSmBackend {
-    let config = OpenSmConfig {
-        partitions_file: fabric.partitions.clone(),
-        log_file: fabric.log.clone(),
-        pid_file: Some(fabric.pid_file.clone()),
-        reload: ReloadMethod::Sighup,
-        reload_check_ms: 3000,
-        group_commit,
-        ownership: OwnershipConfig::disabled(),
-        ..OpenSmConfig::default()
-    };
-    OpenSmBackend::new(config, "h1".into(), Arc::new(InMemoryNodeStore::default())).unwrap()
+/// Figures of one run, seconds.
+#[derive(Default)]
+struct Run {
+    single_reply: f64,
+    single_visible: f64,
+    burst_reply: f64,
+    burst_right: f64,
+    burst_sweeps: f64,
+    off_per_request: f64,
 }
 
-fn desired(i: usize, guid: u64, key_base: u32) -> (NodeMemberships, PKey) {
-    let key = PKey::new(key_base + (i / NODES_PER_TENANT) as u32).unwrap();
-    let m = NodeMemberships {
-        node_id: format!("h{}", i + 1),
-        port_guids: vec![Guid(guid)],
-        keys: [(
-            key,
-            KeySetting {
-                membership: Membership::Full,
-                name: format!("tenant{}", i / NODES_PER_TENANT),
-            },
-        )]
-        .into_iter()
-        .collect(),
-    };
-    (m, key)
-}
-
-/// Polls each node in turn until its table holds `key` (full); returns when all do.
-fn wait_visible(
-    fabric: &Fabric,
-    ports: &[(u64, u16)],
-    keys: &[PKey],
-    deadline: Duration,
-) -> Option<Duration> {
-    let start = Instant::now();
-    for ((_, lid), key) in ports.iter().zip(keys) {
-        let want = key.value(Membership::Full).0;
-        while !fabric.pkeys("h1", *lid).contains(&want) {
-            if start.elapsed() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    Some(start.elapsed())
-}
-
-fn round(
+fn run(
     rt: &tokio::runtime::Runtime,
     fabric: &Fabric,
-    ports: &[(u64, u16)],
-    group_commit: bool,
-    key_base: u32,
-) {
-    let b = backend(fabric, group_commit);
-    let sets: Vec<(NodeMemberships, PKey)> = ports
+    ports: &[(String, u64, u16)],
+    r: usize,
+) -> Check<Run> {
+    let mut out = Run::default();
+    let key_base = 0x0100 + (r as u32) * 0x0100;
+    // One change alone: the cost of one write + heavy sweep.
+    let b = backend(fabric, true, Arc::new(InMemoryNodeStore::default()));
+    let (name, guid, lid) = &ports[0];
+    let key = PKey::new(0x7000 + r as u32).expect("key");
+    let t = Instant::now();
+    let (replied, failed, first) =
+        storm(rt, &b, vec![set_of(name, *guid, Some(key))], 1, DEADLINE)?;
+    if failed > 0 {
+        return Err(format!("FAILED: single change: {first:?}"));
+    }
+    let want = [Want {
+        lid: *lid,
+        has: Some(key),
+        lacks: None,
+    }];
+    let (visible, _) = wait_tables(fabric, 1, &want, t, DEADLINE)?;
+    println!(
+        "run {r}: single change: reply after {}, key on the port after {}",
+        secs(replied),
+        secs(visible)
+    );
+    out.single_reply = replied.as_secs_f64();
+    out.single_visible = visible.as_secs_f64();
+    drop(b);
+
+    // Every node at once, group commit on.
+    let b = backend(fabric, true, Arc::new(InMemoryNodeStore::default()));
+    let key_of = |i: usize| PKey::new(key_base + (i / NODES_PER_TENANT) as u32).expect("key");
+    let sets = ports
         .iter()
         .enumerate()
-        .map(|(i, (g, _))| desired(i, *g, key_base))
+        .map(|(i, (n, g, _))| set_of(n, *g, Some(key_of(i))))
         .collect();
-    let keys: Vec<PKey> = sets.iter().map(|(_, k)| *k).collect();
-    let start = Instant::now();
-    let results = rt.block_on(async {
-        let tasks: Vec<_> = sets
-            .into_iter()
-            .map(|(m, _)| {
-                let b = b.clone();
-                tokio::spawn(async move { b.set_node(m, 1).await })
-            })
-            .collect();
-        let mut out = Vec::new();
-        for t in tasks {
-            out.push(t.await.unwrap());
-        }
-        out
-    });
-    let replied = start.elapsed();
-    let failed = results.iter().filter(|r| r.is_err()).count();
-    if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
-        println!("  first error: {e}");
-    }
-    // A spread sample first (10 nodes, polled until each holds its key): bounds the time the
-    // keys landed to within a few SMP round trips. Then every node, sequentially.
-    let step = (ports.len() / 10).max(1);
-    let sample: Vec<usize> = (0..ports.len()).step_by(step).collect();
-    let sample_ports: Vec<(u64, u16)> = sample.iter().map(|i| ports[*i]).collect();
-    let sample_keys: Vec<PKey> = sample.iter().map(|i| keys[*i]).collect();
-    let sampled = wait_visible(
-        fabric,
-        &sample_ports,
-        &sample_keys,
-        Duration::from_secs(300),
-    )
-    .map(|_| start.elapsed());
+    let wants: Vec<Want> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, _, lid))| Want {
+            lid: *lid,
+            has: Some(key_of(i)),
+            lacks: None,
+        })
+        .collect();
+    let t = Instant::now();
+    let (replied, failed, first) = storm(rt, &b, sets, 1, DEADLINE)?;
+    let (right, polls) = wait_tables(fabric, 6, &wants, t, DEADLINE)?;
     println!(
-        "  sample of {} nodes (every {step}th) held their keys {} after the requests started",
-        sample.len(),
-        sampled.map_or("TIMEOUT".to_owned(), |d| format!(
-            "{:.2} s",
-            d.as_secs_f64()
-        ))
-    );
-    let check_start = Instant::now();
-    let visible = wait_visible(fabric, ports, &keys, Duration::from_secs(300));
-    println!(
-        "group commit {:>3}: {} nodes, {} failed, sweeps {}, file writes {}, all replies after {:.2} s, every table verified after {} (sequential SMP check of all nodes took {:.2} s)",
-        if group_commit { "on" } else { "off" },
+        "run {r}: group commit on: {} nodes, {failed} failed{}, sweeps {}, file writes {}, all replies after {}, every table right (read by 6 parallel SMP readers) after {} ({polls} polls)",
         ports.len(),
-        failed,
+        first.map(|e| format!(" (first: {e})")).unwrap_or_default(),
         b.sweeps(),
         b.writes(),
-        replied.as_secs_f64(),
-        visible.map_or("TIMEOUT".to_owned(), |_| format!("{:.2} s", start.elapsed().as_secs_f64())),
-        check_start.elapsed().as_secs_f64(),
+        secs(replied),
+        secs(right),
     );
+    if failed > 0 {
+        return Err(format!(
+            "FAILED: {failed} calls failed with group commit on"
+        ));
+    }
+    out.burst_reply = replied.as_secs_f64();
+    out.burst_right = right.as_secs_f64();
+    out.burst_sweeps = b.sweeps() as f64;
+    drop(b);
+
+    // Group commit off: one write + sweep per request, so only a prefix is sent.
+    let off = env_usize("OFF_NODES", 20).min(ports.len());
+    let b = backend(fabric, false, Arc::new(InMemoryNodeStore::default()));
+    let sets = ports[..off]
+        .iter()
+        .map(|(n, g, _)| set_of(n, *g, Some(PKey::new(0x0f00 + r as u32).expect("key"))))
+        .collect();
+    let (replied, failed, first) = storm(rt, &b, sets, 1, DEADLINE)?;
+    if failed > 0 {
+        return Err(format!("FAILED: group commit off: {first:?}"));
+    }
+    let per = replied.as_secs_f64() / off.max(1) as f64;
+    println!(
+        "run {r}: group commit off: {off} requests, sweeps {}, all replies after {} ({:.3} s per request; all {} nodes would take ~{:.0} s)",
+        b.sweeps(),
+        secs(replied),
+        per,
+        ports.len(),
+        per * ports.len() as f64
+    );
+    out.off_per_request = per;
+    Ok(out)
 }
 
 fn main() {
-    if !opensm_rig::available() {
-        println!("skipped: ibsim/opensm/smpquery or the umad2sim shim not installed");
-        return;
-    }
-    let nodes: usize = std::env::var("NODES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
+    let nodes = env_usize("NODES", 500);
+    let runs = env_usize("RUNS", 3);
+    // ibsim holds at most 2,048 nodes, switches included: 2,000 HCAs need PER_LEAF=47.
+    let per_leaf = env_usize("PER_LEAF", 24);
     let t = Instant::now();
-    let fabric = Fabric::start(nodes, OPERATOR);
+    let Some(fabric) = Fabric::start(&FabricSpec::leaf_spine(nodes, per_leaf), OPERATOR) else {
+        println!("skipped: ibsim/opensm or the umad2sim shim not installed");
+        return;
+    };
     println!(
-        "fabric: {nodes} HCAs, ibsim + OpenSM up in {:.2} s",
-        t.elapsed().as_secs_f64()
+        "fabric: {nodes} HCAs + SM host, {} switches; ibsim + OpenSM up (SUBNET UP) in {}",
+        fabric.spec().switches,
+        secs(t.elapsed())
     );
     let t = Instant::now();
-    let ports: Vec<(u64, u16)> = (1..=nodes)
-        .map(|i| fabric.port_of(&format!("h{i}")))
+    let all = fabric.ports();
+    let ports: Vec<(String, u64, u16)> = fabric
+        .hcas()
+        .into_iter()
+        .map(|n| {
+            let (g, l) = all[&n];
+            (n, g, l)
+        })
         .collect();
     println!(
-        "discovery: port GUID + LID of every HCA in {:.2} s ({:.1} ms per smpquery)",
-        t.elapsed().as_secs_f64(),
-        t.elapsed().as_secs_f64() * 1000.0 / (2 * nodes) as f64
+        "discovery: port GUID + LID of every HCA from OpenSM's subnet dump in {}",
+        secs(t.elapsed())
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
-
-    // One change alone: the cost of one write + heavy sweep.
-    let b = backend(&fabric, true);
-    let (m, key) = desired(0, ports[0].0, 0x0700);
-    let t = Instant::now();
-    let out = rt.block_on(b.set_node(m, 1)).unwrap();
-    let replied = t.elapsed();
-    let visible = wait_visible(&fabric, &ports[..1], &[key], Duration::from_secs(60));
-    println!(
-        "single change: reply after {:.3} s ({}), key visible on the port after {:.3} s",
-        replied.as_secs_f64(),
-        out.detail,
-        visible.map_or(f64::NAN, |_| t.elapsed().as_secs_f64())
+        .expect("runtime");
+    let mut done = Vec::new();
+    let result = (1..=runs).try_for_each(|r| {
+        done.push(run(&rt, &fabric, &ports, r)?);
+        Ok(())
+    });
+    let col = |f: fn(&Run) -> f64| done.iter().map(f).collect::<Vec<_>>();
+    summary("single change: reply", &col(|r| r.single_reply));
+    summary("single change: key on the port", &col(|r| r.single_visible));
+    summary(
+        "burst, group commit on: all replies",
+        &col(|r| r.burst_reply),
     );
-
-    round(&rt, &fabric, &ports, true, 0x0100);
-    round(&rt, &fabric, &ports, false, 0x0400);
+    summary(
+        "burst, group commit on: every table right",
+        &col(|r| r.burst_right),
+    );
+    let sweeps = col(|r| r.burst_sweeps);
+    println!("burst, group commit on: sweeps per run {sweeps:?}");
+    summary("group commit off: per request", &col(|r| r.off_per_request));
+    finish(fabric, result);
 }

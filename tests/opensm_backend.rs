@@ -753,3 +753,122 @@ async fn a_single_change_goes_out_at_once() {
         .await;
     assert_eq!(s.reloader.calls(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_group_stores_its_sets_in_one_transaction() {
+    const N: u64 = 40;
+    let s = setup(b"", Duration::from_millis(500), |_| {});
+    // A first request holds the commit loop in its sweep; the N that arrive meanwhile form
+    // one group.
+    let first = {
+        let b = s.backend.clone();
+        tokio::spawn(async move {
+            b.set_node(node("first", &[0x10], &[(1, Membership::Full)]), 1)
+                .await
+        })
+    };
+    while s.reloader.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (txns, node_txns) = (s.store.transactions(), s.store.node_transactions());
+    let tasks: Vec<_> = (0..N)
+        .map(|n| {
+            let b = s.backend.clone();
+            tokio::spawn(async move {
+                b.set_node(
+                    node(&format!("n{n}"), &[0x1000 + n], &[(2, Membership::Full)]),
+                    1,
+                )
+                .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    first.await.unwrap().unwrap();
+    assert_eq!(s.reloader.calls(), 2, "one sweep for the group");
+    assert_eq!(
+        s.store.node_transactions() - node_txns,
+        1,
+        "the group's {N} sets are stored in one transaction"
+    );
+    // That transaction also marks the group's write in progress; the others clear the marks
+    // of the first write and of the group's once OpenSM re-read them.
+    assert_eq!(s.store.transactions() - txns, 3);
+    assert_eq!(s.store.load_all().unwrap().len() as u64, N + 1);
+}
+
+/// An [`InMemoryNodeStore`] whose writes fail while `broken` is set.
+#[derive(Default)]
+struct FlakyStore {
+    inner: InMemoryNodeStore,
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl NodeMembershipStore for FlakyStore {
+    fn load_all(
+        &self,
+    ) -> Result<Vec<fabric_agent::sm::opensm::StoredNode>, fabric_agent::sm::opensm::NodeStoreError>
+    {
+        self.inner.load_all()
+    }
+    fn put_group(
+        &self,
+        nodes: &[fabric_agent::sm::opensm::StoredNode],
+        commit: Option<&fabric_agent::sm::opensm::CommitState>,
+    ) -> Result<(), fabric_agent::sm::opensm::NodeStoreError> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(fabric_agent::sm::opensm::NodeStoreError("disk full".into()));
+        }
+        self.inner.put_group(nodes, commit)
+    }
+    fn load_commit_state(
+        &self,
+    ) -> Result<fabric_agent::sm::opensm::CommitState, fabric_agent::sm::opensm::NodeStoreError>
+    {
+        self.inner.load_commit_state()
+    }
+}
+
+#[tokio::test]
+async fn a_set_that_cannot_be_stored_is_not_written_and_is_stored_on_the_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("partitions.conf");
+    std::fs::write(&path, b"").unwrap();
+    let config = OpenSmConfig {
+        partitions_file: path.clone(),
+        log_file: dir.path().join("opensm.log"),
+        pid: Some(12345),
+        watch_ms: 0,
+        ownership: OwnershipConfig::disabled(),
+        ..OpenSmConfig::default()
+    };
+    let reloader = FakeReloader::new(&path, Duration::from_millis(1));
+    let store = Arc::new(FlakyStore::default());
+    store.broken.store(true, Ordering::SeqCst);
+    let backend = OpenSmBackend::with_reloader(
+        config,
+        "smhost".into(),
+        Arc::clone(&store) as Arc<dyn NodeMembershipStore>,
+        Arc::clone(&reloader) as Arc<dyn Reloader>,
+    )
+    .unwrap();
+    let set = node("a", &[0x10], &[(0x0a12, Membership::Full)]);
+    let err = backend.set_node(set.clone(), 1).await.unwrap_err();
+    assert!(matches!(err, OpenSmError::Store(_)), "{err:?}");
+    assert_eq!(
+        reloader.calls(),
+        0,
+        "nothing is written before the set is durable"
+    );
+    assert!(std::fs::read(&path).unwrap().is_empty());
+    assert!(store.inner.load_all().unwrap().is_empty());
+
+    store.broken.store(false, Ordering::SeqCst);
+    backend.set_node(set.clone(), 1).await.unwrap();
+    assert_eq!(reloader.calls(), 1);
+    assert_eq!(store.inner.load_all().unwrap()[0].memberships, set);
+    let text = String::from_utf8(std::fs::read(&path).unwrap()).unwrap();
+    assert!(text.contains("0x0a12"), "{text}");
+}

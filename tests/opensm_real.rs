@@ -2,14 +2,15 @@
 //! is accepted and the keys reach the ports, and the parser's accept/reject verdict matches
 //! OpenSM's on tricky files. Skipped (with a message) when ibsim/OpenSM are not installed.
 
-mod opensm_rig;
+#[path = "rig/mod.rs"]
+mod rig;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::reload::verdict;
 use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, ReloadMethod};
-use opensm_rig::Fabric;
+use rig::{Fabric, FabricOptions, FabricSpec, SM_HOST};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,30 +47,39 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 const OPERATOR_PART: &str = "# operator's part: kept byte for byte\nstorage=0x0100, ipoib : ALL_SWITCHES=full, SELF=full;\n";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backend_file_is_accepted_and_keys_reach_the_ports() {
-    if !opensm_rig::available() {
-        eprintln!("skipped: ibsim/opensm/smpquery or the umad2sim shim not installed");
-        return;
-    }
-    let fabric = Fabric::start(3, OPERATOR_PART);
-    let (g2, lid2) = fabric.port_of("h2");
-    let (g3, lid3) = fabric.port_of("h3");
-    let config = OpenSmConfig {
-        partitions_file: fabric.partitions.clone(),
-        log_file: fabric.log.clone(),
-        pid_file: Some(fabric.pid_file.clone()),
-        reload: ReloadMethod::Sighup,
-        reload_check_ms: 2000,
+/// The backend's config for the rig's OpenSM.
+fn config_for(fabric: &Fabric) -> OpenSmConfig {
+    OpenSmConfig {
+        partitions_file: fabric.partitions_path(),
+        log_file: fabric.opensm_log_path(),
+        pid_file: Some(fabric.opensm_pid_path()),
         ownership: OwnershipConfig::disabled(),
         ..OpenSmConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_file_is_accepted_and_keys_reach_the_ports() {
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR_PART) else {
+        return;
     };
-    let backend =
-        OpenSmBackend::new(config, "h1".into(), Arc::new(InMemoryNodeStore::default())).unwrap();
+    let g2 = fabric.node_info("node1").port_guid;
+    let g3 = fabric.node_info("node2").port_guid;
+    let config = OpenSmConfig {
+        reload: ReloadMethod::Sighup,
+        reload_check_ms: 2000,
+        ..config_for(&fabric)
+    };
+    let backend = OpenSmBackend::new(
+        config,
+        SM_HOST.into(),
+        Arc::new(InMemoryNodeStore::default()),
+    )
+    .unwrap();
 
     let started = Instant::now();
     let out = backend
-        .set_node(node("h2", g2, &[(0x0a12, Membership::Full)]), 1)
+        .set_node(node("node1", g2, &[(0x0a12, Membership::Full)]), 1)
         .await
         .unwrap();
     // OpenSM's re-read is seen (file access time) well before the 2 s watch window ends.
@@ -86,7 +96,7 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
     backend
         .set_node(
             node(
-                "h3",
+                "node2",
                 g3,
                 &[(0x0a12, Membership::Limited), (0x0b00, Membership::Full)],
             ),
@@ -94,27 +104,27 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
         )
         .await
         .unwrap();
-    let text = std::fs::read_to_string(&fabric.partitions).unwrap();
+    let text = std::fs::read_to_string(fabric.partitions_path()).unwrap();
     assert!(text.starts_with(OPERATOR_PART), "{text}");
     let conf = parse(text.as_bytes()).unwrap();
     assert!(conf.has_explicit_default());
 
-    wait_until("h2 to hold 0x8a12", || {
-        fabric.pkeys("h1", lid2).contains(&0x8a12)
+    wait_until("node1 to hold 0x8a12", || {
+        fabric.pkeys("node1").contains(&0x8a12)
     });
-    wait_until("h3 to hold 0x0a12 and 0x8b00", || {
-        let t = fabric.pkeys("h1", lid3);
+    wait_until("node2 to hold 0x0a12 and 0x8b00", || {
+        let t = fabric.pkeys("node2");
         t.contains(&0x0a12) && t.contains(&0x8b00)
     });
     // The region's Default entry gives tenant ports limited default membership.
-    assert!(fabric.pkeys("h1", lid2).contains(&0x7fff));
+    assert!(fabric.pkeys("node1").contains(&0x7fff));
 
     // Releasing every key keeps a loadable file and removes the key from the port.
-    backend.set_node(node("h3", g3, &[]), 2).await.unwrap();
-    wait_until("h3 to drop 0x0a12", || {
-        !fabric.pkeys("h1", lid3).contains(&0x0a12)
+    backend.set_node(node("node2", g3, &[]), 2).await.unwrap();
+    wait_until("node2 to drop 0x0a12", || {
+        !fabric.pkeys("node2").contains(&0x0a12)
     });
-    let log = fabric.log_since(0);
+    let log = fabric.opensm_log();
     assert!(!log.contains("PARSE ERROR"), "{log}");
     assert!(!log.contains("in error"), "{log}");
     assert!(backend.sweeps() >= 3);
@@ -175,20 +185,20 @@ fn tricky_files() -> Vec<(&'static str, String)> {
 
 #[test]
 fn parser_agrees_with_opensm_on_tricky_files() {
-    if !opensm_rig::available() {
-        eprintln!("skipped: ibsim/opensm/smpquery or the umad2sim shim not installed");
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 1), "Default=0x7fff : ALL=full;\n") else {
         return;
-    }
-    let fabric = Fabric::start(2, "Default=0x7fff : ALL=full;\n");
+    };
     let mut disagreements = Vec::new();
     for (name, text) in tricky_files() {
-        let offset = std::fs::read_to_string(&fabric.log)
-            .unwrap_or_default()
-            .len();
-        std::fs::write(&fabric.partitions, &text).unwrap();
-        fabric.hup();
+        let offset = fabric.opensm_log().len();
+        std::fs::write(fabric.partitions_path(), &text).unwrap();
+        fabric.hup_opensm();
         std::thread::sleep(Duration::from_millis(400));
-        let log = fabric.log_since(offset);
+        let log = fabric
+            .opensm_log()
+            .get(offset..)
+            .unwrap_or_default()
+            .to_owned();
         let lines: Vec<String> = log.lines().map(str::to_owned).collect();
         let opensm_rejects = !verdict(&lines).0.is_empty();
         let parser = parse(text.as_bytes());
@@ -204,32 +214,36 @@ fn parser_agrees_with_opensm_on_tricky_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_reload_triggers_a_reread() {
-    if !opensm_rig::available() {
-        eprintln!("skipped: ibsim/opensm/smpquery or the umad2sim shim not installed");
-        return;
-    }
     let port = 20000 + (std::process::id() % 20000) as u16;
-    let fabric = Fabric::start_with(
-        2,
+    let options = FabricOptions {
+        opensm_conf: vec!["console loopback".into(), format!("console_port {port}")],
+        ..FabricOptions::default()
+    };
+    let Some(fabric) = Fabric::start_with(
+        &FabricSpec::new(1, 1),
         "Default=0x7fff : ALL=full;\n",
-        &format!("console loopback\nconsole_port {port}\n"),
-    );
-    let (g2, lid2) = fabric.port_of("h2");
+        &options,
+    ) else {
+        return;
+    };
+    let g2 = fabric.node_info("node1").port_guid;
     let config = OpenSmConfig {
-        partitions_file: fabric.partitions.clone(),
-        log_file: fabric.log.clone(),
+        pid_file: None,
         reload: ReloadMethod::Console,
         console_port: port,
         reload_check_ms: 3000,
         // The rig's Default grants ALL=full: acknowledged, or tenant keys are refused.
         allow_full_default: true,
-        ownership: OwnershipConfig::disabled(),
-        ..OpenSmConfig::default()
+        ..config_for(&fabric)
     };
-    let backend =
-        OpenSmBackend::new(config, "h1".into(), Arc::new(InMemoryNodeStore::default())).unwrap();
+    let backend = OpenSmBackend::new(
+        config,
+        SM_HOST.into(),
+        Arc::new(InMemoryNodeStore::default()),
+    )
+    .unwrap();
     let out = backend
-        .set_node(node("h2", g2, &[(0x0c01, Membership::Full)]), 1)
+        .set_node(node("node1", g2, &[(0x0c01, Membership::Full)]), 1)
         .await
         .unwrap();
     assert!(
@@ -237,7 +251,7 @@ async fn console_reload_triggers_a_reread() {
         "{}",
         out.detail
     );
-    wait_until("h2 to hold 0x8c01", || {
-        fabric.pkeys("h1", lid2).contains(&0x8c01)
+    wait_until("node1 to hold 0x8c01", || {
+        fabric.pkeys("node1").contains(&0x8c01)
     });
 }

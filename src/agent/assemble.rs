@@ -60,14 +60,28 @@ impl NodeMembershipStore for StoredSmNodes {
             .collect()
     }
 
-    fn put(&self, node: &StoredNode) -> Result<(), NodeStoreError> {
-        let bytes = serde_json::to_vec(&StoredSmNode {
-            memberships: node.memberships.clone(),
-            generation: node.generation,
-        })
-        .map_err(|e| NodeStoreError(e.to_string()))?;
+    fn put_group(
+        &self,
+        nodes: &[StoredNode],
+        commit: Option<&CommitState>,
+    ) -> Result<(), NodeStoreError> {
+        let rows = nodes
+            .iter()
+            .map(|n| {
+                let bytes = serde_json::to_vec(&StoredSmNode {
+                    memberships: n.memberships.clone(),
+                    generation: n.generation,
+                })?;
+                Ok((n.memberships.node_id.clone(), bytes))
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()
+            .map_err(|e| NodeStoreError(e.to_string()))?;
+        let state = commit
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|e| NodeStoreError(e.to_string()))?;
         self.0
-            .put_sm_node(&node.memberships.node_id, &bytes)
+            .put_sm_nodes(&rows, state.as_deref().map(|s| (OPENSM_COMMIT, s)))
             .map_err(|e| NodeStoreError(e.to_string()))
     }
 
@@ -81,13 +95,6 @@ impl NodeMembershipStore for StoredSmNodes {
                 .map_err(|e| NodeStoreError(format!("{OPENSM_COMMIT}: {e}"))),
             None => Ok(CommitState::default()),
         }
-    }
-
-    fn put_commit_state(&self, state: &CommitState) -> Result<(), NodeStoreError> {
-        let bytes = serde_json::to_vec(state).map_err(|e| NodeStoreError(e.to_string()))?;
-        self.0
-            .set_meta(OPENSM_COMMIT, &bytes)
-            .map_err(|e| NodeStoreError(e.to_string()))
     }
 }
 

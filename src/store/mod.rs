@@ -321,10 +321,23 @@ impl Store {
         Ok(out)
     }
 
-    /// Replaces one node's entry of the SM-host node-membership table durably.
-    pub fn put_sm_node(&self, node_id: &str, value: &[u8]) -> Result<(), StoreError> {
+    /// Replaces several entries of the SM-host node-membership table and, when given, one
+    /// opaque value, in one durable transaction.
+    pub fn put_sm_nodes(
+        &self,
+        nodes: &[(String, Vec<u8>)],
+        meta: Option<(&str, &[u8])>,
+    ) -> Result<(), StoreError> {
         let txn = self.db.begin_write()?;
-        txn.open_table(tables::SM_NODES)?.insert(node_id, value)?;
+        {
+            let mut table = txn.open_table(tables::SM_NODES)?;
+            for (id, value) in nodes {
+                table.insert(id.as_str(), value.as_slice())?;
+            }
+        }
+        if let Some((key, value)) = meta {
+            txn.open_table(META)?.insert(key, value)?;
+        }
         txn.commit()?;
         Ok(())
     }

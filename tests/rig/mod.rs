@@ -36,29 +36,61 @@ pub const SM_HOST: &str = "smhost";
 
 const IBSIM: &str = "ibsim";
 const OPENSM: &str = "opensm";
-const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The shape of a fabric: one SM host HCA, `switches` switches in a chain and `hcas` HCAs
-/// named `node1`..`nodeN`, spread round-robin over the switches.
+/// Most nodes (HCAs and switches together) one ibsim accepts (`MaxNetNodes`, printed at start).
+pub const IBSIM_MAX_NODES: usize = 2048;
+
+/// The shape of a fabric: one SM host HCA and `hcas` HCAs named `node1`..`nodeN`, either spread
+/// round-robin over `switches` switches in a chain ([`FabricSpec::new`]), or `per_leaf` to a
+/// leaf switch under one spine ([`FabricSpec::leaf_spine`], for fabrics of hundreds or
+/// thousands of HCAs: every HCA is three hops from every other).
 #[derive(Debug, Clone)]
 pub struct FabricSpec {
-    /// Number of switches (at least 1).
+    /// Number of switches (at least 1), spine included.
     pub switches: usize,
     /// Number of HCAs besides the SM host.
     pub hcas: usize,
+    /// Leaf-spine shape: end ports per leaf switch (the SM host counts as one).
+    pub per_leaf: Option<usize>,
     /// NodeDescriptions other than the node's name, by node name (ibsim takes a node's
     /// NodeDescription from a `# "..."` comment after its header line).
     pub descriptions: std::collections::BTreeMap<String, String>,
 }
 
+/// One cable end: (node, port, peer, peer port).
+type Link = (String, u32, String, u32);
+
+fn cable(links: &mut Vec<Link>, a: &str, a_port: u32, b: &str, b_port: u32) {
+    links.push((a.to_owned(), a_port, b.to_owned(), b_port));
+    links.push((b.to_owned(), b_port, a.to_owned(), a_port));
+}
+
 impl FabricSpec {
-    /// A spec.
+    /// A chain of `switches` switches with the HCAs spread round-robin.
     pub fn new(switches: usize, hcas: usize) -> FabricSpec {
         FabricSpec {
             switches: switches.max(1),
             hcas,
+            per_leaf: None,
             descriptions: Default::default(),
         }
+    }
+
+    /// One spine switch over leaf switches of `per_leaf` end ports each (SM host first).
+    pub fn leaf_spine(hcas: usize, per_leaf: usize) -> FabricSpec {
+        let per_leaf = per_leaf.max(1);
+        let leaves = (hcas + 1).div_ceil(per_leaf);
+        FabricSpec {
+            switches: leaves + 1,
+            hcas,
+            per_leaf: Some(per_leaf),
+            descriptions: Default::default(),
+        }
+    }
+
+    /// HCAs, switches and the SM host: what counts against [`IBSIM_MAX_NODES`].
+    pub fn node_count(&self) -> usize {
+        1 + self.hcas + self.switches
     }
 
     /// HCA names, SM host excluded.
@@ -66,32 +98,58 @@ impl FabricSpec {
         (1..=self.hcas).map(|i| format!("node{i}")).collect()
     }
 
+    /// Switch names and their cables: `sw1..swN` in a chain, or `spine` + `leaf1..leafN`.
+    fn switches_and_links(&self) -> (Vec<(String, u32)>, Vec<Link>) {
+        let mut ends = vec![SM_HOST.to_owned()];
+        ends.extend(self.hca_names());
+        let mut links = Vec::new();
+        match self.per_leaf {
+            Some(per_leaf) => {
+                let leaves = self.switches - 1;
+                let uplink = per_leaf as u32 + 1;
+                for (i, end) in ends.iter().enumerate() {
+                    let leaf = format!("leaf{}", i / per_leaf + 1);
+                    cable(&mut links, &leaf, (i % per_leaf) as u32 + 1, end, 1);
+                }
+                let mut switches = vec![("spine".to_owned(), leaves.max(2) as u32)];
+                for l in 1..=leaves {
+                    let leaf = format!("leaf{l}");
+                    cable(&mut links, &leaf, uplink, "spine", l as u32);
+                    switches.push((leaf, uplink));
+                }
+                (switches, links)
+            }
+            None => {
+                let switch = |i: usize| format!("sw{}", i + 1);
+                let mut next_port = vec![1u32; self.switches];
+                for (i, end) in ends.iter().enumerate() {
+                    // The SM host and node1 share sw1, then round-robin.
+                    let sw = i.saturating_sub(1) % self.switches;
+                    cable(&mut links, &switch(sw), next_port[sw], end, 1);
+                    next_port[sw] += 1;
+                }
+                let ports = next_port.iter().copied().max().unwrap_or(1) + 1;
+                for sw in 0..self.switches.saturating_sub(1) {
+                    // Inter-switch links use the two highest ports.
+                    cable(&mut links, &switch(sw), ports, &switch(sw + 1), ports - 1);
+                }
+                let switches = (0..self.switches).map(|i| (switch(i), ports)).collect();
+                (switches, links)
+            }
+        }
+    }
+
     /// The ibsim net file: `Switch N "name"` / `Hca 1 "name"` records of
     /// `[port] "peer"[peer port]` lines, separated by blank lines, SM host first.
     pub fn net_file(&self) -> String {
-        let switch = |i: usize| format!("sw{}", i + 1);
-        // (node, port, peer, peer port)
-        let mut links: Vec<(String, u32, String, u32)> = Vec::new();
-        let mut next_port = vec![1u32; self.switches];
-        let mut attach = |links: &mut Vec<_>, hca: String, sw: usize| {
-            let p = next_port[sw];
-            next_port[sw] += 1;
-            links.push((switch(sw), p, hca.clone(), 1));
-            links.push((hca, 1, switch(sw), p));
-        };
-        attach(&mut links, SM_HOST.to_owned(), 0);
-        for (i, name) in self.hca_names().into_iter().enumerate() {
-            attach(&mut links, name, i % self.switches);
-        }
-        let ports = next_port.iter().copied().max().unwrap_or(1) + 1;
-        for sw in 0..self.switches.saturating_sub(1) {
-            // Inter-switch links use the two highest ports.
-            links.push((switch(sw), ports, switch(sw + 1), ports - 1));
-            links.push((switch(sw + 1), ports - 1, switch(sw), ports));
+        let (switches, links) = self.switches_and_links();
+        let mut by_node: std::collections::HashMap<&str, Vec<&Link>> = Default::default();
+        for l in &links {
+            by_node.entry(l.0.as_str()).or_default().push(l);
         }
         let mut nodes: Vec<(String, String)> = vec![(SM_HOST.to_owned(), "Hca 1".to_owned())];
-        for sw in 0..self.switches {
-            nodes.push((switch(sw), format!("Switch {ports}")));
+        for (name, ports) in switches {
+            nodes.push((name, format!("Switch {ports}")));
         }
         for name in self.hca_names() {
             nodes.push((name, "Hca 1".to_owned()));
@@ -102,7 +160,7 @@ impl FabricSpec {
                 Some(d) => out.push_str(&format!("{header} \"{name}\" # \"{d}\"\n")),
                 None => out.push_str(&format!("{header} \"{name}\"\n")),
             }
-            let mut own: Vec<_> = links.iter().filter(|l| l.0 == name).collect();
+            let mut own = by_node.remove(name.as_str()).unwrap_or_default();
             own.sort_by_key(|l| l.1);
             for (_, port, peer, peer_port) in own {
                 out.push_str(&format!("[{port}] \"{peer}\"[{peer_port}]\n"));
@@ -214,6 +272,16 @@ fn program(name: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// How to start a fabric besides its shape.
+#[derive(Debug, Clone, Default)]
+pub struct FabricOptions {
+    /// Extra `opensm.conf` lines (`key value`); a key the rig also sets is replaced.
+    pub opensm_conf: Vec<String>,
+    /// Deadline for ibsim's start and each OpenSM start's `SUBNET UP`; default 20 s plus
+    /// 20 ms per node.
+    pub start_timeout: Option<Duration>,
+}
+
 /// A running fabric: ibsim + OpenSM in a temp dir of their own.
 pub struct Fabric {
     // Field order is drop order: OpenSM before ibsim, the temp dir last.
@@ -221,28 +289,95 @@ pub struct Fabric {
     ibsim: ChildGuard,
     console: File,
     spec: FabricSpec,
+    start_timeout: Duration,
     sock_name: String,
     dir: tempfile::TempDir,
 }
 
 static RIGS: AtomicUsize = AtomicUsize::new(0);
 
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "rig: timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+/// The last `lines` lines of a file (or why it cannot be read).
+fn tail(path: &Path, lines: usize) -> String {
+    match fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("({e})"),
     }
 }
 
-/// Starts OpenSM on the SM host with the rig's `opensm.conf`, waits until its log shows one more
-/// "SUBNET UP" after byte `log_offset` (the log may also have been truncated), and writes its
-/// pid to `opensm.pid`.
-fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize) -> ChildGuard {
+/// The tails of OpenSM's log and output and of ibsim's output in `dir`: what a failed start
+/// or wait prints.
+pub fn logs_of(dir: &Path) -> String {
+    let mut out = String::new();
+    for (name, lines) in [("opensm.log", 25), ("opensm.out", 10), ("ibsim.log", 10)] {
+        out.push_str(&format!(
+            "--- tail of {} ---\n{}\n",
+            dir.join(name).display(),
+            tail(&dir.join(name), lines)
+        ));
+    }
+    out
+}
+
+/// Polls `done` every 20 ms until it holds; past `timeout` (or when `done` returns an error)
+/// panics with `TIMEOUT`/the error and the tails of the fabric's logs in `dir`.
+fn wait_for(
+    dir: &Path,
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool, String>,
+) {
+    let start = Instant::now();
+    loop {
+        match done() {
+            Ok(true) => return,
+            Ok(false) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
+            Ok(false) => panic!(
+                "rig: TIMEOUT after {:.1} s waiting for {what}\n{}",
+                timeout.as_secs_f64(),
+                logs_of(dir)
+            ),
+            Err(e) => panic!("rig: {e} while waiting for {what}\n{}", logs_of(dir)),
+        }
+    }
+}
+
+/// `opensm.conf`: the rig's settings, each replaced by an `extra` line with the same key.
+fn opensm_conf(dir: &Path, extra: &[String]) -> String {
+    let base = [
+        format!(
+            "partition_config_file {}",
+            dir.join("partitions.conf").display()
+        ),
+        format!("log_file {}", dir.join("opensm.log").display()),
+        format!("dump_files_dir {}", dir.display()),
+        "force_log_flush TRUE".to_owned(),
+        "console off".to_owned(),
+    ];
+    let key = |l: &str| l.split_whitespace().next().unwrap_or_default().to_owned();
+    let mut out = String::new();
+    for line in &base {
+        if !extra.iter().any(|e| key(e) == key(line)) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    for line in extra {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Starts OpenSM on the SM host with the rig's `opensm.conf`, waits (up to `timeout`) until its
+/// log shows one more "SUBNET UP" after byte `log_offset` (the log may also have been
+/// truncated), and writes its pid to `opensm.pid`.
+fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize, timeout: Duration) -> ChildGuard {
     let conf = dir.join("opensm.conf");
+    let out = File::create(dir.join("opensm.out")).expect("opensm.out");
     let opensm = Command::new(program(OPENSM))
         .arg("-F")
         .arg(&conf)
@@ -253,19 +388,22 @@ fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize) -> ChildGuard {
         .env("OSM_TMP_DIR", dir)
         .current_dir(dir)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(out.try_clone().expect("opensm.out"))
+        .stderr(out)
         .process_group(0)
         .spawn()
         .expect("spawn opensm");
     let mut opensm = ChildGuard::new("opensm", opensm);
     let fabric_log = dir.join("opensm.log");
-    wait_for("SUBNET UP", START_TIMEOUT, || {
-        assert!(!opensm.exited(), "opensm exited; see its log");
+    wait_for(dir, "OpenSM's SUBNET UP", timeout, || {
+        if opensm.exited() {
+            return Err("opensm exited".into());
+        }
         let text = fs::read_to_string(&fabric_log).unwrap_or_default();
-        text.get(log_offset..)
+        Ok(text
+            .get(log_offset..)
             .unwrap_or(&text)
-            .contains("SUBNET UP")
+            .contains("SUBNET UP"))
     });
     fs::write(dir.join("opensm.pid"), format!("{}\n", opensm.id())).expect("write opensm.pid");
     opensm
@@ -276,9 +414,27 @@ impl Fabric {
     /// its partitions file, and waits for "SUBNET UP". `None` when the tools are missing
     /// (and CI is not set).
     pub fn start(spec: &FabricSpec, partitions: &str) -> Option<Fabric> {
+        Self::start_with(spec, partitions, &FabricOptions::default())
+    }
+
+    /// Like [`Fabric::start`], with extra OpenSM settings and deadlines. Panics, printing the
+    /// tails of OpenSM's and ibsim's logs, when a process exits or a deadline passes.
+    pub fn start_with(
+        spec: &FabricSpec,
+        partitions: &str,
+        options: &FabricOptions,
+    ) -> Option<Fabric> {
         if !available() {
             return None;
         }
+        assert!(
+            spec.node_count() <= IBSIM_MAX_NODES,
+            "rig: {} nodes (HCAs, switches, SM host) but ibsim accepts at most {IBSIM_MAX_NODES}",
+            spec.node_count()
+        );
+        let start_timeout = options.start_timeout.unwrap_or(
+            Duration::from_secs(20) + Duration::from_millis(20) * spec.node_count() as u32,
+        );
         let dir = tempfile::Builder::new()
             .prefix("fabric-rig-")
             .tempdir()
@@ -307,42 +463,39 @@ impl Fabric {
             .open(&fifo)
             .expect("open fifo writer");
         let ibsim_log = dir.path().join("ibsim.log");
+        let log = File::create(&ibsim_log).expect("ibsim log");
         let ibsim = Command::new(program(IBSIM))
             .arg("-s")
             .arg(&net)
             .env("IBSIM_SOCKNAME", &sock_name)
             .current_dir(dir.path())
             .stdin(stdin)
-            .stdout(File::create(&ibsim_log).expect("ibsim log"))
-            .stderr(Stdio::null())
+            .stdout(log.try_clone().expect("ibsim log"))
+            .stderr(log)
             .process_group(0)
             .spawn()
             .expect("spawn ibsim");
         let mut ibsim = ChildGuard::new("ibsim", ibsim);
-        wait_for("ibsim", START_TIMEOUT, || {
-            assert!(!ibsim.exited(), "ibsim exited; see its log");
-            fs::read_to_string(&ibsim_log)
+        wait_for(dir.path(), "ibsim's start", start_timeout, || {
+            if ibsim.exited() {
+                return Err("ibsim exited".into());
+            }
+            Ok(fs::read_to_string(&ibsim_log)
                 .map(|t| t.contains("Network simulator ready"))
-                .unwrap_or(false)
+                .unwrap_or(false))
         });
-
-        let conf = dir.path().join("opensm.conf");
         fs::write(
-            &conf,
-            format!(
-                "partition_config_file {}\nlog_file {}\ndump_files_dir {}\nforce_log_flush TRUE\nconsole off\n",
-                dir.path().join("partitions.conf").display(),
-                dir.path().join("opensm.log").display(),
-                dir.path().display(),
-            ),
+            dir.path().join("opensm.conf"),
+            opensm_conf(dir.path(), &options.opensm_conf),
         )
         .expect("write opensm.conf");
-        let opensm = spawn_opensm(dir.path(), &sock_name, 0);
+        let opensm = spawn_opensm(dir.path(), &sock_name, 0, start_timeout);
         Some(Fabric {
             opensm,
             ibsim,
             console,
             spec: spec.clone(),
+            start_timeout,
             sock_name,
             dir,
         })
@@ -399,7 +552,7 @@ impl Fabric {
     pub fn restart_opensm(&mut self) {
         self.opensm.stop(Duration::from_secs(5));
         let offset = self.opensm_log().len();
-        self.opensm = spawn_opensm(self.dir.path(), &self.sock_name, offset);
+        self.opensm = spawn_opensm(self.dir.path(), &self.sock_name, offset, self.start_timeout);
     }
 
     /// OpenSM's partitions file.
@@ -520,6 +673,65 @@ impl Fabric {
             .and_then(|v| u16::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok())
     }
 
+    /// OpenSM's log file.
+    pub fn opensm_log_path(&self) -> PathBuf {
+        self.dir.path().join("opensm.log")
+    }
+
+    /// Every HCA port OpenSM's subnet dump (`opensm-subnet.lst`, written at the end of each
+    /// sweep) lists: node name -> (port GUID, LID). Waits up to the start deadline for a dump
+    /// listing the SM host and every HCA of the spec: one file read instead of two SMPs per
+    /// node.
+    pub fn ports(&self) -> std::collections::BTreeMap<String, (u64, u16)> {
+        let path = self.dir.path().join("opensm-subnet.lst");
+        let want = self.spec.hcas + 1;
+        let mut ports = Default::default();
+        wait_for(
+            self.dir.path(),
+            "a subnet dump listing every HCA",
+            self.start_timeout,
+            || {
+                ports = parse_subnet_dump(&fs::read_to_string(&path).unwrap_or_default());
+                Ok(ports.len() >= want)
+            },
+        );
+        ports
+    }
+
+    /// The P_Key table of port 1 of the port at `lid`, read by a LID-routed SMP sent from
+    /// `from` (`smpquery pkeys <lid> 1`).
+    pub fn pkeys_at(&self, from: &str, lid: u16) -> Result<Vec<u16>, String> {
+        self.run_tool(from, "smpquery", &["pkeys", &lid.to_string(), "1"])
+            .map(|text| parse_pkeys(&text))
+    }
+
+    /// The P_Key tables of the ports at `lids`, read by `readers` concurrent `smpquery`
+    /// clients (each sent from a different HCA: ibsim serves at most 10 clients at once and
+    /// OpenSM holds one). One result per LID, in order.
+    pub fn pkeys_parallel(&self, lids: &[u16], readers: usize) -> Vec<Result<Vec<u16>, String>> {
+        let readers = readers.clamp(1, 6);
+        let chunk = lids.len().div_ceil(readers).max(1);
+        let hcas = self.hcas();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = lids
+                .chunks(chunk)
+                .enumerate()
+                .map(|(i, part)| {
+                    let from = hcas.get(i).map_or(SM_HOST, String::as_str);
+                    scope.spawn(move || {
+                        part.iter()
+                            .map(|lid| self.pkeys_at(from, *lid))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("reader thread"))
+                .collect()
+        })
+    }
+
     /// `sys-<pid>` dirs the shim left in the rig's dir (should be only OpenSM's).
     pub fn shim_litter(&self) -> Vec<String> {
         fs::read_dir(self.dir.path())
@@ -594,4 +806,34 @@ pub fn parse_pkeys(text: &str) -> Vec<u16> {
                 .unwrap_or_else(|_| panic!("bad pkey {v}"))
         })
         .collect()
+}
+
+/// `{ CA ... PortGUID:<hex> ... {name} LID:<hex> PN:<hex> }` groups of `opensm-subnet.lst`:
+/// name -> (port GUID, LID) of every CA port.
+pub fn parse_subnet_dump(text: &str) -> std::collections::BTreeMap<String, (u64, u16)> {
+    let mut out = std::collections::BTreeMap::new();
+    for (at, _) in text.match_indices("{ CA") {
+        let group = &text[at + 1..];
+        let Some((head, rest)) = group.split_once('{') else {
+            continue;
+        };
+        let Some((name, tail)) = rest.split_once('}') else {
+            continue;
+        };
+        let field = |part: &str, key: &str| {
+            part.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .map(str::to_owned)
+        };
+        let guid = field(head, "PortGUID:").and_then(|v| u64::from_str_radix(&v, 16).ok());
+        let lid = tail
+            .split('}')
+            .next()
+            .and_then(|t| field(t, "LID:"))
+            .and_then(|v| u16::from_str_radix(&v, 16).ok());
+        if let (Some(guid), Some(lid)) = (guid, lid) {
+            out.insert(name.to_owned(), (guid, lid));
+        }
+    }
+    out
 }

@@ -4,6 +4,10 @@
 //! Group commit: a request that arrives while a write + sweep is in flight joins the next one,
 //! so a burst from hundreds of nodes costs a handful of sweeps while a lone request goes out at
 //! once. Each caller's future resolves when the write + sweep containing its change completes.
+//! An admitted set is held in memory and marked unsaved; each commit first stores every unsaved
+//! set of its group, with the commit state marking the write in progress, in one store
+//! transaction, then writes the file. A set is answered OK only once it is durable and OpenSM
+//! was seen re-reading a file containing it; a file never holds a set that is not durable.
 //!
 //! Generations (fencing): each node orders its sets with a persisted counter. A set with a lower
 //! generation than the stored one, or the same generation and a different set, is refused with
@@ -174,8 +178,22 @@ struct State {
     guid_owner: BTreeMap<Guid, String>,
     operator: PartitionsConf,
     pending: Vec<oneshot::Sender<CommitResult>>,
+    /// Admitted node sets not yet stored: the next commit stores them before it writes.
+    unsaved: BTreeSet<String>,
     committing: bool,
     health: Health,
+}
+
+impl State {
+    /// Every node's set, and the unsaved ones (taken: the commit that writes this snapshot
+    /// stores them first).
+    fn snapshot(&mut self) -> (BTreeMap<String, StoredNode>, Vec<StoredNode>) {
+        let unsaved = std::mem::take(&mut self.unsaved)
+            .into_iter()
+            .filter_map(|id| self.nodes.get(&id).cloned())
+            .collect();
+        (self.nodes.clone(), unsaved)
+    }
 }
 
 /// What the backend knows about the file and OpenSM's verdicts.
@@ -331,6 +349,7 @@ impl OpenSmBackend {
                     guid_owner,
                     operator,
                     pending: Vec::new(),
+                    unsaved: BTreeSet::new(),
                     committing: false,
                     health,
                 }),
@@ -439,7 +458,7 @@ impl OpenSmBackend {
                 retry
             };
             if !retry {
-                self.admit(desired, generation, moves).await?;
+                self.admit(desired, generation, moves);
             }
         }
         let detail = self.commit().await?;
@@ -449,38 +468,27 @@ impl OpenSmBackend {
         })
     }
 
-    /// Stores an admitted set durably, then in memory. Ports that move (`moves`: GUID -> the
-    /// node that held it) leave their old node's stored set first (same generation), so a
-    /// crash in between leaves the port in neither set, never in two.
-    async fn admit(
-        &self,
-        desired: NodeMemberships,
-        generation: u64,
-        moves: BTreeMap<Guid, String>,
-    ) -> Result<(), OpenSmError> {
+    /// Takes an admitted set in memory, marked unsaved (the next commit stores it). Ports that
+    /// move (`moves`: GUID -> the node that held it) leave their old node's set (same
+    /// generation); both sets are stored in the same transaction, so the port is never stored
+    /// in two.
+    fn admit(&self, desired: NodeMemberships, generation: u64, moves: BTreeMap<Guid, String>) {
+        let mut st = self.inner.lock();
         let losers: BTreeSet<&String> = moves.values().collect();
         for from in losers {
-            let Some(mut old) = self.inner.lock().nodes.get(from).cloned() else {
+            let Some(old) = st.nodes.get_mut(from) else {
                 continue;
             };
             old.memberships
                 .port_guids
                 .retain(|g| moves.get(g).is_none_or(|f| f != from));
-            self.put_stored(old.clone()).await?;
-            let mut st = self.inner.lock();
-            for (g, f) in &moves {
-                if f == from {
-                    st.guid_owner.remove(g);
-                }
-            }
-            st.nodes.insert(from.clone(), old);
+            st.unsaved.insert(from.clone());
         }
-        let record = StoredNode {
-            memberships: desired.clone(),
-            generation,
-        };
-        self.put_stored(record.clone()).await?;
-        let mut st = self.inner.lock();
+        for (g, f) in &moves {
+            if st.guid_owner.get(g) == Some(f) {
+                st.guid_owner.remove(g);
+            }
+        }
         let old_guids = st
             .nodes
             .get(&desired.node_id)
@@ -492,16 +500,14 @@ impl OpenSmBackend {
         for g in &desired.port_guids {
             st.guid_owner.insert(*g, desired.node_id.clone());
         }
-        st.nodes.insert(desired.node_id.clone(), record);
-        Ok(())
-    }
-
-    async fn put_stored(&self, record: StoredNode) -> Result<(), OpenSmError> {
-        let store = Arc::clone(&self.inner.store);
-        tokio::task::spawn_blocking(move || store.put(&record))
-            .await
-            .map_err(|e| OpenSmError::Store(e.to_string()))?
-            .map_err(|e| OpenSmError::Store(e.to_string()))
+        st.unsaved.insert(desired.node_id.clone());
+        st.nodes.insert(
+            desired.node_id.clone(),
+            StoredNode {
+                memberships: desired,
+                generation,
+            },
+        );
     }
 
     /// Asks the fabric about every GUID of `desired` not already in the node's stored set
@@ -658,8 +664,8 @@ impl OpenSmBackend {
     /// holds the serial lock and commits itself).
     async fn commit(&self) -> CommitResult {
         if !self.inner.config.group_commit {
-            let snapshot = self.inner.lock().nodes.clone();
-            return self.inner.commit_once(&snapshot).await;
+            let (snapshot, unsaved) = self.inner.lock().snapshot();
+            return self.inner.commit_once(&snapshot, unsaved).await;
         }
         let (tx, rx) = oneshot::channel();
         let start = {
@@ -685,15 +691,15 @@ impl Inner {
 
     async fn commit_loop(self: Arc<Self>) {
         loop {
-            let (waiters, snapshot) = {
+            let (waiters, (snapshot, unsaved)) = {
                 let mut st = self.lock();
                 if st.pending.is_empty() {
                     st.committing = false;
                     return;
                 }
-                (std::mem::take(&mut st.pending), st.nodes.clone())
+                (std::mem::take(&mut st.pending), st.snapshot())
             };
-            let result = self.commit_once(&snapshot).await;
+            let result = self.commit_once(&snapshot, unsaved).await;
             for w in waiters {
                 let _ = w.send(result.clone());
             }
@@ -732,16 +738,37 @@ impl Inner {
 
     /// Saves the persisted part of the health after `change`.
     async fn save_commit(&self, change: impl FnOnce(&mut CommitState)) -> Result<(), OpenSmError> {
-        let state = {
+        self.save_group(&mut Vec::new(), Some(change)).await
+    }
+
+    /// Stores the `unsaved` node sets and, when `change` is given, the persisted part of the
+    /// health after it, in one transaction; `unsaved` is emptied once they are durable.
+    async fn save_group(
+        &self,
+        unsaved: &mut Vec<StoredNode>,
+        change: Option<impl FnOnce(&mut CommitState)>,
+    ) -> Result<(), OpenSmError> {
+        let state = change.map(|change| {
             let mut st = self.lock();
             change(&mut st.health.commit);
             st.health.commit.clone()
-        };
+        });
+        if unsaved.is_empty() && state.is_none() {
+            return Ok(());
+        }
         let store = Arc::clone(&self.store);
-        tokio::task::spawn_blocking(move || store.put_commit_state(&state))
-            .await
-            .map_err(|e| OpenSmError::Store(e.to_string()))?
-            .map_err(|e| OpenSmError::Store(e.to_string()))
+        let nodes = std::mem::take(unsaved);
+        let (nodes, result) = tokio::task::spawn_blocking(move || {
+            let result = store.put_group(&nodes, state.as_ref());
+            (nodes, result)
+        })
+        .await
+        .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        if let Err(e) = result {
+            *unsaved = nodes;
+            return Err(OpenSmError::Store(e.to_string()));
+        }
+        Ok(())
     }
 
     /// Writes `bytes` and makes OpenSM re-read them: the outer error when the file could not be
@@ -831,9 +858,28 @@ impl Inner {
         self.save_commit(|c| c.rejected = Some(detail)).await
     }
 
-    /// One write + sweep of the whole region, answered OK only once OpenSM was seen re-reading
-    /// the file without error.
-    async fn commit_once(&self, nodes: &BTreeMap<String, StoredNode>) -> CommitResult {
+    /// One write + sweep of the whole region, answered OK only once the `unsaved` sets are
+    /// durable and OpenSM was seen re-reading the file without error. Sets that could not be
+    /// stored stay marked unsaved for the next commit.
+    async fn commit_once(
+        &self,
+        nodes: &BTreeMap<String, StoredNode>,
+        mut unsaved: Vec<StoredNode>,
+    ) -> CommitResult {
+        let result = self.commit_steps(nodes, &mut unsaved).await;
+        if !unsaved.is_empty() {
+            let mut st = self.lock();
+            st.unsaved
+                .extend(unsaved.into_iter().map(|n| n.memberships.node_id));
+        }
+        result
+    }
+
+    async fn commit_steps(
+        &self,
+        nodes: &BTreeMap<String, StoredNode>,
+        unsaved: &mut Vec<StoredNode>,
+    ) -> CommitResult {
         self.repair_foreign_rejection().await?;
         let path = self.config.partitions_file.clone();
         let (current, accepted) = {
@@ -876,6 +922,8 @@ impl Inner {
             )
         };
         if bytes == current && confirmed && accepted.as_deref() == Some(&current[..]) {
+            self.save_group(unsaved, None::<fn(&mut CommitState)>)
+                .await?;
             return Ok("partitions file already up to date (OpenSM accepted it)".into());
         }
         if rejected_before {
@@ -890,9 +938,12 @@ impl Inner {
                 "OpenSM rejected this exact partitions file before; it is not written again ({why})"
             )));
         }
-        self.save_commit(|c| {
-            c.unconfirmed = Some("a write is in progress or was interrupted".into())
-        })
+        self.save_group(
+            unsaved,
+            Some(|c: &mut CommitState| {
+                c.unconfirmed = Some("a write is in progress or was interrupted".into())
+            }),
+        )
         .await?;
         match self.write_and_reload(bytes.clone()).await? {
             Ok(true) => {

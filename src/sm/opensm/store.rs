@@ -2,9 +2,14 @@
 //! the same region, and the state of the last write ([`CommitState`]: unconfirmed, rejected), so
 //! a restarted agent re-checks a write OpenSM was never seen accepting. The daemon implements
 //! [`NodeMembershipStore`] on its durable store; [`InMemoryNodeStore`] serves tests.
+//!
+//! The backend writes the node sets of a whole commit group, with the commit state that marks
+//! its write in progress, in one transaction ([`NodeMembershipStore::put_group`]): one fsync per
+//! group, not one per request.
 
 use crate::domain::NodeMemberships;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use thiserror::Error;
 
@@ -39,19 +44,40 @@ pub struct NodeStoreError(pub String);
 pub trait NodeMembershipStore: Send + Sync + 'static {
     /// Every stored node.
     fn load_all(&self) -> Result<Vec<StoredNode>, NodeStoreError>;
-    /// Replaces one node's record durably before returning.
-    fn put(&self, node: &StoredNode) -> Result<(), NodeStoreError>;
+    /// Replaces the records of `nodes` and, when given, the [`CommitState`], durably and
+    /// atomically (one transaction) before returning.
+    fn put_group(
+        &self,
+        nodes: &[StoredNode],
+        commit: Option<&CommitState>,
+    ) -> Result<(), NodeStoreError>;
     /// The last saved [`CommitState`] (default when none was saved).
     fn load_commit_state(&self) -> Result<CommitState, NodeStoreError>;
-    /// Saves the [`CommitState`] durably before returning.
-    fn put_commit_state(&self, state: &CommitState) -> Result<(), NodeStoreError>;
+    /// Saves the [`CommitState`] alone, durably before returning.
+    fn put_commit_state(&self, state: &CommitState) -> Result<(), NodeStoreError> {
+        self.put_group(&[], Some(state))
+    }
 }
 
-/// A [`NodeMembershipStore`] in memory.
+/// A [`NodeMembershipStore`] in memory that counts its transactions.
 #[derive(Debug, Default)]
 pub struct InMemoryNodeStore {
     nodes: Mutex<BTreeMap<String, StoredNode>>,
     commit: Mutex<CommitState>,
+    transactions: AtomicU64,
+    node_transactions: AtomicU64,
+}
+
+impl InMemoryNodeStore {
+    /// Write transactions so far (each would be one fsync in a durable store).
+    pub fn transactions(&self) -> u64 {
+        self.transactions.load(Ordering::SeqCst)
+    }
+
+    /// Write transactions so far that carried at least one node record.
+    pub fn node_transactions(&self) -> u64 {
+        self.node_transactions.load(Ordering::SeqCst)
+    }
 }
 
 impl NodeMembershipStore for InMemoryNodeStore {
@@ -63,11 +89,29 @@ impl NodeMembershipStore for InMemoryNodeStore {
         Ok(nodes.values().cloned().collect())
     }
 
-    fn put(&self, node: &StoredNode) -> Result<(), NodeStoreError> {
-        self.nodes
+    fn put_group(
+        &self,
+        nodes: &[StoredNode],
+        commit: Option<&CommitState>,
+    ) -> Result<(), NodeStoreError> {
+        let mut stored = self
+            .nodes
             .lock()
-            .map_err(|_| NodeStoreError("poisoned".into()))?
-            .insert(node.memberships.node_id.clone(), node.clone());
+            .map_err(|_| NodeStoreError("poisoned".into()))?;
+        let mut state = self
+            .commit
+            .lock()
+            .map_err(|_| NodeStoreError("poisoned".into()))?;
+        for node in nodes {
+            stored.insert(node.memberships.node_id.clone(), node.clone());
+        }
+        if let Some(c) = commit {
+            *state = c.clone();
+        }
+        self.transactions.fetch_add(1, Ordering::SeqCst);
+        if !nodes.is_empty() {
+            self.node_transactions.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(())
     }
 
@@ -77,13 +121,5 @@ impl NodeMembershipStore for InMemoryNodeStore {
             .lock()
             .map_err(|_| NodeStoreError("poisoned".into()))?
             .clone())
-    }
-
-    fn put_commit_state(&self, state: &CommitState) -> Result<(), NodeStoreError> {
-        *self
-            .commit
-            .lock()
-            .map_err(|_| NodeStoreError("poisoned".into()))? = state.clone();
-        Ok(())
     }
 }
