@@ -40,6 +40,24 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
+    /// A section its own rules refuse.
+    #[error("invalid {key}: {source}")]
+    Section {
+        /// The section's dotted key.
+        key: &'static str,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// A section whose own rules (its typed error) refused it.
+fn section<E: std::error::Error + Send + Sync + 'static>(
+    key: &'static str,
+) -> impl Fn(E) -> ConfigError {
+    move |e| ConfigError::Section {
+        key,
+        source: Box::new(e),
+    }
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -734,7 +752,7 @@ impl Config {
                     )
                 })?
                 .validate()
-                .map_err(|r| invalid("subnet_manager.remote", r))?,
+                .map_err(section("subnet_manager.remote"))?,
             Backend::Ufm => sm
                 .ufm
                 .as_ref()

@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use fabric_agent::api::partitions::PartitionsService;
+use fabric_agent::api::sm_client::RemoteSm;
 use fabric_agent::api::{ClientAllowlist, Guarded, Policy};
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
@@ -10,7 +11,7 @@ use fabric_agent::proto::sm::GetNodeMembershipsRequest;
 use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
 use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig};
-use fabric_agent::sm::remote::{RemoteConfig, RemoteSm};
+use fabric_agent::sm::remote::RemoteConfig;
 use fabric_agent::sm::{SmError, SubnetManager};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

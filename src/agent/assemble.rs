@@ -168,7 +168,7 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
                 .as_ref()
                 .expect("validated: [subnet_manager.remote] present");
             Arc::new(
-                crate::sm::remote::RemoteSm::new(cfg)
+                crate::api::sm_client::RemoteSm::new(cfg)
                     .map_err(|e| StartError::Remote(Box::new(e)))?,
             )
         }

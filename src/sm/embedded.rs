@@ -106,7 +106,7 @@ impl EmbeddedSm {
         let text = tokio::fs::read_to_string(path).await.unwrap_or_default();
         let line = text.trim();
         if line == "unreachable" {
-            return Err(SmError::Unavailable("embedded SM: injected outage".into()));
+            return Err(SmError::Unreachable("embedded SM: injected outage".into()));
         }
         if let Some(ms) = line.strip_prefix("slow ") {
             let ms = ms.trim().parse::<u64>().unwrap_or(0);
@@ -153,7 +153,7 @@ impl SubnetManager for EmbeddedSm {
             });
         }
         if lose_reply {
-            return Err(SmError::Unavailable(
+            return Err(SmError::Unreachable(
                 "embedded SM: injected lost reply (the set was applied)".into(),
             ));
         }

@@ -26,7 +26,7 @@
 //!
 //! # Failures
 //! Timeouts, connection errors and 5xx are retried per request with capped, jittered backoff,
-//! then reported as [`SmError::Unavailable`]. A 4xx is [`SmError::Refused`] at once. After
+//! then reported as [`SmError::Unreachable`]. A 4xx is [`SmError::Refused`] at once. After
 //! 401/403 the backend does not call UFM again until the credentials file's contents change
 //! (checked on every apply). Credentials are never logged nor put in any message.
 
@@ -118,12 +118,12 @@ struct State {
 enum Failure {
     Rejected(StatusCode),
     Refused(String),
-    Unavailable(String),
+    Unreachable(String),
 }
 
 impl From<Unreachable> for Failure {
     fn from(u: Unreachable) -> Self {
-        Failure::Unavailable(u.0)
+        Failure::Unreachable(u.0)
     }
 }
 
@@ -347,7 +347,7 @@ impl UfmSm {
                 1 => String::new(),
                 n => format!(" (and {} more key(s) not as asked)", n - 1),
             };
-            return Err(Failure::Unavailable(format!(
+            return Err(Failure::Unreachable(format!(
                 "UFM accepted the change to {key} but reading it back shows {} GUID(s) still to add and {} to remove{more}",
                 left.add.len(),
                 left.remove.len()
@@ -378,9 +378,9 @@ impl UfmSm {
         let store = self.ledger_store.clone();
         let bytes = tokio::task::spawn_blocking(move || store.load())
             .await
-            .map_err(|e| SmError::Unavailable(format!("reading the UFM ledger: {e}")))?
+            .map_err(|e| SmError::Unreachable(format!("reading the UFM ledger: {e}")))?
             .map_err(|e| {
-                SmError::Unavailable(format!("cannot read the UFM ledger from the store: {e}"))
+                SmError::Unreachable(format!("cannot read the UFM ledger from the store: {e}"))
             })?;
         let ledger = match bytes {
             None => UfmLedger::default(),
@@ -404,9 +404,9 @@ impl UfmSm {
         let store = self.ledger_store.clone();
         tokio::task::spawn_blocking(move || store.save(&bytes))
             .await
-            .map_err(|e| Failure::Unavailable(format!("recording the UFM ledger: {e}")))?
+            .map_err(|e| Failure::Unreachable(format!("recording the UFM ledger: {e}")))?
             .map_err(|e| {
-                Failure::Unavailable(format!(
+                Failure::Unreachable(format!(
                     "cannot record the UFM ledger in the store ({e}); nothing more is sent to UFM until it can"
                 ))
             })?;
@@ -625,7 +625,7 @@ impl SubnetManager for UfmSm {
                 Err(SmError::Refused(message))
             }
             Err(Failure::Refused(message)) => Err(SmError::Refused(message)),
-            Err(Failure::Unavailable(message)) => Err(SmError::Unavailable(message)),
+            Err(Failure::Unreachable(message)) => Err(SmError::Unreachable(message)),
         }
     }
 }
