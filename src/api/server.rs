@@ -38,8 +38,8 @@ pub enum ServeError {
     #[error("TLS: {0}")]
     Tls(String),
     /// The unix socket's caller policy could not be set up.
-    #[error("unix socket policy: {0}")]
-    Policy(String),
+    #[error("unix socket policy: listen.read_group: {0}")]
+    Policy(#[from] crate::sys::users::GroupError),
     /// The server failed while running.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -72,7 +72,7 @@ impl Listeners {
     /// Binds the unix socket (replacing a stale one, mode from config) and TCP if configured;
     /// loads the TLS material and the callers' policies.
     pub async fn bind(config: &ListenConfig) -> Result<Listeners, ServeError> {
-        let local = LocalPolicy::from_config(config).map_err(ServeError::Policy)?;
+        let local = LocalPolicy::from_config(config)?;
         let tls = match &config.tls {
             None => None,
             Some(t) => {

@@ -39,7 +39,7 @@ impl Preflight {
         if let Some(group) = &config.listen.read_group {
             match crate::sys::users::group_id(group) {
                 Ok(gid) => p.pass("listen.read_group", format!("{group} is gid {gid}")),
-                Err(e) => p.fail("listen.read_group", e),
+                Err(e) => p.fail("listen.read_group", e.to_string()),
             }
         }
         if let Some(tls) = &config.listen.tls {
