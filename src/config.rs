@@ -730,7 +730,7 @@ impl Config {
             Backend::Embedded => sm
                 .embedded
                 .validate()
-                .map_err(|r| invalid("subnet_manager.embedded", r))?,
+                .map_err(section("subnet_manager.embedded"))?,
             Backend::Opensm => sm
                 .opensm
                 .as_ref()

@@ -100,11 +100,9 @@ impl SimPersistence for StoredSimTables {
         serde_json::from_slice(&bytes).ok()
     }
 
-    fn save(&self, tables: &[Vec<u16>]) -> Result<(), String> {
-        let bytes = serde_json::to_vec(tables).map_err(|e| e.to_string())?;
-        self.0
-            .set_meta(SIM_TABLES, &bytes)
-            .map_err(|e| e.to_string())
+    fn save(&self, tables: &[Vec<u16>]) -> Result<(), crate::sim::PersistError> {
+        let bytes = serde_json::to_vec(tables)?;
+        Ok(self.0.set_meta(SIM_TABLES, &bytes)?)
     }
 }
 

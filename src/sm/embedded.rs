@@ -70,15 +70,26 @@ impl EmbeddedConfig {
     }
 
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), EmbeddedConfigError> {
         if !(1..=16).contains(&self.ports) {
-            return Err("ports must be 1-16".into());
+            return Err(EmbeddedConfigError::Ports);
         }
         if !(2..=512).contains(&self.pkey_table_size) {
-            return Err("pkey_table_size must be 2-512".into());
+            return Err(EmbeddedConfigError::TableSize);
         }
         Ok(())
     }
+}
+
+/// Why `[subnet_manager.embedded]` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EmbeddedConfigError {
+    /// `ports` out of range.
+    #[error("ports must be 1-16")]
+    Ports,
+    /// `pkey_table_size` out of range.
+    #[error("pkey_table_size must be 2-512")]
+    TableSize,
 }
 
 /// The embedded subnet manager.
