@@ -427,7 +427,7 @@ impl TlsConfig {
             ("listen.tls.partitions_clients", &self.partitions_clients),
             ("listen.tls.operator_clients", &self.operator_clients),
         ] {
-            crate::api::ClientAllowlist::parse(list).map_err(|r| invalid(key, r))?;
+            crate::api::ClientAllowlist::parse(list).map_err(section(key))?;
         }
         if self.allowed_clients.is_empty()
             && self.partitions_clients.is_empty()
@@ -442,13 +442,11 @@ impl TlsConfig {
             self.node_name_template.as_deref(),
             &self.node_identities,
         )
-        .map_err(|r| {
-            if self.node_identities.is_empty() {
-                invalid("listen.tls.node_name_template", r)
-            } else {
-                invalid("listen.tls.node_identities", r)
-            }
-        })?;
+        .map_err(section(if self.node_identities.is_empty() {
+            "listen.tls.node_name_template"
+        } else {
+            "listen.tls.node_identities"
+        }))?;
         Ok(())
     }
 }
@@ -694,7 +692,7 @@ impl Config {
             ));
         }
         if let Some(id) = &self.node_id {
-            crate::domain::InstanceId::parse(id).map_err(|e| invalid("node_id", e.to_string()))?;
+            crate::domain::NodeId::parse(id).map_err(|e| invalid("node_id", e.to_string()))?;
         }
         self.listen.validate()?;
         if self.observer.fast_poll_ms == 0
@@ -906,15 +904,18 @@ mod tests {
         ))
         .is_ok());
         match parse(&tls("allowed_clients = [\"cp.example\"]\n")) {
-            Err(ConfigError::Invalid { key, reason }) => {
+            Err(ConfigError::Section { key, source }) => {
                 assert_eq!(key, "listen.tls.allowed_clients");
-                assert!(reason.contains("\"dns:cp.example\""), "{reason}");
+                assert_eq!(
+                    source.downcast_ref::<crate::api::ClientIdError>(),
+                    Some(&crate::api::ClientIdError::Untyped("cp.example".into()))
+                );
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
             parse(&tls("partitions_clients = [\"node1\"]\n")),
-            Err(ConfigError::Invalid {
+            Err(ConfigError::Section {
                 key: "listen.tls.partitions_clients",
                 ..
             })
@@ -934,7 +935,7 @@ mod tests {
             parse(&tls(
                 "partitions_clients = [\"dns:a\"]\nnode_name_template = \"nodes.f.example\"\n"
             )),
-            Err(ConfigError::Invalid {
+            Err(ConfigError::Section {
                 key: "listen.tls.node_name_template",
                 ..
             })

@@ -20,9 +20,9 @@ pub mod sm_client;
 pub mod sm_v1;
 mod socket_guard;
 
-pub use auth::{CertIdentity, ClientAllowlist, ClientId};
+pub use auth::{CertIdentity, ClientAllowlist, ClientId, ClientIdError};
 pub use caller::{Caller, Guarded, LocalPolicy, Policy};
-pub use node_identity::NodeMapping;
+pub use node_identity::{NodeMapping, NodeMappingError};
 pub use server::{serve, Listeners, ServeError};
 pub use server_tls::{TlsLoaded, TlsReloader};
 pub use service::AgentService;

@@ -36,7 +36,21 @@ pub enum ServeError {
     SocketInUse(String),
     /// TLS material could not be loaded.
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(#[from] super::server_tls::TlsLoadError),
+    /// A client allowlist entry does not parse.
+    #[error("TLS: {key}: {source}")]
+    Allowlist {
+        /// The list's key.
+        key: &'static str,
+        /// Why.
+        source: super::ClientIdError,
+    },
+    /// The identity -> node mapping is refused.
+    #[error("TLS: {0}")]
+    NodeMapping(#[from] super::NodeMappingError),
+    /// A TCP listener without TLS (and without the test-only plaintext switch).
+    #[error("TLS: TCP needs [listen.tls] or insecure_plaintext_for_tests")]
+    TcpWithoutTls,
     /// The unix socket's caller policy could not be set up.
     #[error("unix socket policy: listen.read_group: {0}")]
     Policy(#[from] crate::sys::users::GroupError),
@@ -76,23 +90,23 @@ impl Listeners {
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let parse = |key: &str, l: &[String]| {
-                    ClientAllowlist::parse(l).map_err(|e| ServeError::Tls(format!("{key}: {e}")))
+                let parse = |key: &'static str, l: &[String]| {
+                    ClientAllowlist::parse(l)
+                        .map_err(|source| ServeError::Allowlist { key, source })
                 };
                 let lists = TcpLists {
                     agent: parse("allowed_clients", &t.allowed_clients)?,
                     partitions: parse("partitions_clients", &t.partitions_clients)?,
                     operators: parse("operator_clients", &t.operator_clients)?,
                 };
-                let (reloader, loaded) = TlsReloader::load(t).map_err(ServeError::Tls)?;
+                let (reloader, loaded) = TlsReloader::load(t)?;
                 tracing::info!(%loaded, "TLS material loaded");
                 Some((reloader, lists))
             }
         };
         let nodes = match &config.tls {
             Some(t) => {
-                NodeMapping::from_config(t.node_name_template.as_deref(), &t.node_identities)
-                    .map_err(ServeError::Tls)?
+                NodeMapping::from_config(t.node_name_template.as_deref(), &t.node_identities)?
             }
             None => NodeMapping::default(),
         };
@@ -131,11 +145,7 @@ impl Listeners {
                         tracing::warn!(%addr, "UNSAFE: plaintext gRPC without caller checks (insecure_plaintext_for_tests)");
                         TcpMode::InsecureTest
                     }
-                    None => {
-                        return Err(ServeError::Tls(
-                            "TCP needs [listen.tls] or insecure_plaintext_for_tests".into(),
-                        ))
-                    }
+                    None => return Err(ServeError::TcpWithoutTls),
                 };
                 Some((listener, mode))
             }

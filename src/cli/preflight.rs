@@ -52,7 +52,7 @@ impl Preflight {
             if p.checks[before..].iter().all(|c| c.ok) {
                 match crate::api::TlsReloader::load(tls) {
                     Ok((_, loaded)) => p.pass("listen.tls", loaded.to_string()),
-                    Err(e) => p.fail("listen.tls", e),
+                    Err(e) => p.fail("listen.tls", e.to_string()),
                 }
             }
         }
