@@ -739,7 +739,7 @@ impl Config {
                     )
                 })?
                 .validate()
-                .map_err(|r| invalid("subnet_manager.opensm", r))?,
+                .map_err(section("subnet_manager.opensm"))?,
             Backend::Remote => sm
                 .remote
                 .as_ref()
