@@ -13,6 +13,7 @@ pub mod limits;
 pub mod metrics;
 mod node_identity;
 pub mod partitions;
+pub mod proto;
 mod server;
 mod server_tls;
 mod service;
