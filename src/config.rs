@@ -40,6 +40,24 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
+    /// A section its own rules refuse.
+    #[error("invalid {key}: {source}")]
+    Section {
+        /// The section's dotted key.
+        key: &'static str,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// A section whose own rules (its typed error) refused it.
+fn section<E: std::error::Error + Send + Sync + 'static>(
+    key: &'static str,
+) -> impl Fn(E) -> ConfigError {
+    move |e| ConfigError::Section {
+        key,
+        source: Box::new(e),
+    }
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -411,7 +429,7 @@ impl TlsConfig {
             ("listen.tls.partitions_clients", &self.partitions_clients),
             ("listen.tls.operator_clients", &self.operator_clients),
         ] {
-            crate::api::ClientAllowlist::parse(list).map_err(|r| invalid(key, r))?;
+            crate::api::ClientAllowlist::parse(list).map_err(section(key))?;
         }
         if self.allowed_clients.is_empty()
             && self.partitions_clients.is_empty()
@@ -426,13 +444,11 @@ impl TlsConfig {
             self.node_name_template.as_deref(),
             &self.node_identities,
         )
-        .map_err(|r| {
-            if self.node_identities.is_empty() {
-                invalid("listen.tls.node_name_template", r)
-            } else {
-                invalid("listen.tls.node_identities", r)
-            }
-        })?;
+        .map_err(section(if self.node_identities.is_empty() {
+            "listen.tls.node_name_template"
+        } else {
+            "listen.tls.node_identities"
+        }))?;
         Ok(())
     }
 }
@@ -688,7 +704,7 @@ impl Config {
             ));
         }
         if let Some(id) = &self.node_id {
-            crate::domain::InstanceId::parse(id).map_err(|e| invalid("node_id", e.to_string()))?;
+            crate::domain::NodeId::parse(id).map_err(|e| invalid("node_id", e.to_string()))?;
         }
         self.listen.validate()?;
         if self.observer.fast_poll_ms == 0
@@ -730,7 +746,7 @@ impl Config {
             Backend::Embedded => sm
                 .embedded
                 .validate()
-                .map_err(|r| invalid("subnet_manager.embedded", r))?,
+                .map_err(section("subnet_manager.embedded"))?,
             Backend::Opensm => sm
                 .opensm
                 .as_ref()
@@ -741,7 +757,7 @@ impl Config {
                     )
                 })?
                 .validate()
-                .map_err(|r| invalid("subnet_manager.opensm", r))?,
+                .map_err(section("subnet_manager.opensm"))?,
             Backend::Remote => sm
                 .remote
                 .as_ref()
@@ -752,7 +768,7 @@ impl Config {
                     )
                 })?
                 .validate()
-                .map_err(|r| invalid("subnet_manager.remote", r))?,
+                .map_err(section("subnet_manager.remote"))?,
             Backend::Ufm => sm
                 .ufm
                 .as_ref()
@@ -906,15 +922,18 @@ mod tests {
         ))
         .is_ok());
         match parse(&tls("allowed_clients = [\"cp.example\"]\n")) {
-            Err(ConfigError::Invalid { key, reason }) => {
+            Err(ConfigError::Section { key, source }) => {
                 assert_eq!(key, "listen.tls.allowed_clients");
-                assert!(reason.contains("\"dns:cp.example\""), "{reason}");
+                assert_eq!(
+                    source.downcast_ref::<crate::api::ClientIdError>(),
+                    Some(&crate::api::ClientIdError::Untyped("cp.example".into()))
+                );
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
             parse(&tls("partitions_clients = [\"node1\"]\n")),
-            Err(ConfigError::Invalid {
+            Err(ConfigError::Section {
                 key: "listen.tls.partitions_clients",
                 ..
             })
@@ -934,7 +953,7 @@ mod tests {
             parse(&tls(
                 "partitions_clients = [\"dns:a\"]\nnode_name_template = \"nodes.f.example\"\n"
             )),
-            Err(ConfigError::Invalid {
+            Err(ConfigError::Section {
                 key: "listen.tls.node_name_template",
                 ..
             })

@@ -11,7 +11,7 @@
 //!
 //! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`
 //! - [`config`]   — the TOML configuration, parsed strictly and validated once at start
-//! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; `convert` holds every protobuf <-> domain mapping; `client` channels; the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the audit trail
+//! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; one boundary module per protocol (`convert` for fabric.agent.v1, `sm_v1` for fabric.sm.v1: conversion and the one error <-> status mapping each), `sm_client` the remote SM backend's gRPC client; `client` channels; the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the audit trail
 //! - [`agent`]    — command handling, the reconciler (pure `plan` + `runner`), event publishing
 //! - [`store`]    — durable desired state and the ordered event log (redb)
 //! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm
@@ -22,7 +22,7 @@
 //! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events: pure types
 //! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG, STOPPING
 //! - [`tls`]      — the process-wide rustls crypto provider
-//! - [`proto`]    — generated gRPC code
+//! - [`proto`]    — generated gRPC code (lives in `api/`, re-exported)
 
 pub mod agent;
 pub mod api;
@@ -31,7 +31,7 @@ pub mod config;
 pub mod domain;
 pub mod mad;
 pub mod observe;
-pub mod proto;
+pub use api::proto;
 pub mod sim;
 pub mod sm;
 pub mod store;

@@ -13,11 +13,14 @@ pub trait SimPersistence: Send + Sync {
     /// The saved tables (one `Vec` per port), if any.
     fn load(&self) -> Option<Vec<Vec<u16>>>;
     /// Saves the tables durably.
-    fn save(&self, tables: &[Vec<u16>]) -> Result<(), String>;
+    fn save(&self, tables: &[Vec<u16>]) -> Result<(), PersistError>;
 }
 
+/// Why a [`SimPersistence`] could not save, with its cause.
+pub type PersistError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why the simulated SM could not program the tables.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Error)]
 pub enum SimError {
     /// More keys than a port's table holds.
     #[error("P_Key table full: {wanted} entries wanted, {size} slots per port")]
@@ -29,7 +32,7 @@ pub enum SimError {
     },
     /// Persisting the tables failed.
     #[error("persisting simulated tables failed: {0}")]
-    Persist(String),
+    Persist(#[source] PersistError),
 }
 
 /// A simulated HCA with `ports` InfiniBand ports, all ACTIVE.
@@ -175,7 +178,7 @@ mod tests {
         fn load(&self) -> Option<Vec<Vec<u16>>> {
             self.0.lock().unwrap().clone()
         }
-        fn save(&self, t: &[Vec<u16>]) -> Result<(), String> {
+        fn save(&self, t: &[Vec<u16>]) -> Result<(), PersistError> {
             *self.0.lock().unwrap() = Some(t.to_vec());
             Ok(())
         }

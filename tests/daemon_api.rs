@@ -162,37 +162,37 @@ async fn rejections_have_clear_codes_and_persist_nothing() {
         (
             attach("i-2", other_fabric, None),
             Code::FailedPrecondition,
-            "fab2",
+            "WRONG_FABRIC",
         ),
         (
             attach("i-1", partition("ibpart_c", 0x20), None),
             Code::FailedPrecondition,
-            "whole life",
+            "INSTANCE_IN_OTHER_PARTITION",
         ),
         (
             attach("i-1", partition("ibpart_a", 0x21), None),
             Code::AlreadyExists,
-            "P_Key",
+            "INSTANCE_KEY_DIFFERS",
         ),
         (
             attach("i-3", partition("ibpart_a", 0x21), None),
             Code::AlreadyExists,
-            "P_Key",
+            "PARTITION_KEY_DIFFERS",
         ),
         (
             attach("i-3", partition("ibpart_z", 0x12), None),
             Code::FailedPrecondition,
-            "in use",
+            "KEY_HELD_BY_OTHER_PARTITION",
         ),
         (
             attach("i-gone", partition("ibpart_b", 0x13), None),
             Code::FailedPrecondition,
-            "released",
+            "INSTANCE_RELEASED",
         ),
         (
             attach("i-4", partition("ibpart_d", 0x30), None),
             Code::ResourceExhausted,
-            "hold 2",
+            "TABLE_FULL",
         ),
         (
             attach("i-2", partition("ibpart_c", 0x20), Some(600_001)),
@@ -204,11 +204,21 @@ async fn rejections_have_clear_codes_and_persist_nothing() {
         let what = format!("{req:?}");
         let err = c.attach_partition(req).await.expect_err(&what);
         assert_eq!(err.code(), code, "{what}: {}", err.message());
-        assert!(
-            err.message().contains(needle),
-            "{what}: message {:?} lacks {needle:?}",
-            err.message()
-        );
+        let reason = err
+            .metadata()
+            .get("fabric-error-reason")
+            .and_then(|v| v.to_str().ok());
+        if code == Code::InvalidArgument {
+            // The field and the rule it broke are only in the message.
+            assert_eq!(reason, Some("INVALID"), "{what}");
+            assert!(
+                err.message().contains(needle),
+                "{what}: message {:?} lacks {needle:?}",
+                err.message()
+            );
+        } else {
+            assert_eq!(reason, Some(needle), "{what}: {}", err.message());
+        }
     }
     let mut limited = attach("i-1", partition("ibpart_a", 0x12), None);
     limited.membership = pb::Membership::Limited as i32;

@@ -59,7 +59,8 @@ async fn a_cursor_from_a_wiped_state_directory_gets_out_of_range() {
         .await
         .expect_err("old epoch");
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
-    assert!(e.message().contains("resynchronise"), "{}", e.message());
+    assert_eq!(reason(&e), Some("LOG_OTHER_EPOCH"), "{e:?}");
+    // The message carries the epoch to watch from.
     assert!(e.message().contains(&new.log_epoch), "{}", e.message());
     // Even an old epoch with a seq the new log has is another log's seq.
     let e = c
@@ -75,6 +76,7 @@ async fn a_cursor_from_a_wiped_state_directory_gets_out_of_range() {
         .await
         .expect_err("beyond the newest");
     assert_eq!(e.code(), Code::OutOfRange);
+    assert_eq!(reason(&e), Some("LOG_BEYOND_NEWEST"), "{e:?}");
     assert!(
         e.message()
             .contains(&format!("after_seq = {}", new.last_event_seq)),
@@ -336,6 +338,7 @@ async fn a_stream_past_its_maximum_age_ends_with_its_resume_cursor() {
     .expect("an item");
     let e = end.expect_err("ends with a status");
     assert_eq!(e.code(), Code::Unavailable);
+    assert_eq!(reason(&e), Some("STREAM_ENDED"), "{e:?}");
     assert!(
         e.message().contains(&format!(
             "after_seq = {} and log_epoch = {}",
@@ -404,4 +407,11 @@ async fn attachments_created_between_pages_appear_exactly_when_they_sort_after_t
         .into_iter()
         .collect();
     assert_eq!(listed, expected);
+}
+
+/// The agent's stable name for the refusal a status carries.
+fn reason(e: &tonic::Status) -> Option<&str> {
+    e.metadata()
+        .get("fabric-error-reason")
+        .and_then(|v| v.to_str().ok())
 }

@@ -644,7 +644,7 @@ async fn reload_failures_map_to_sm_errors() {
         .backend
         .apply(&node("ignored", &[0x10], &[(1, Membership::Full)]), 1)
         .await;
-    assert!(matches!(r, Err(SmError::Unavailable(_))), "{r:?}");
+    assert!(matches!(r, Err(SmError::Unreachable(_))), "{r:?}");
     // The local node's set is stored under the SM host's own id.
     assert!(s.backend.node("smhost").is_some());
     *s.reloader.fail.lock().unwrap() = Some(ReloadError::Rejected("PARSE ERROR".into()));

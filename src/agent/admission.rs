@@ -1,7 +1,7 @@
 //! Pure admission rules for attach requests: what an attach may do given every attachment the
 //! node already has. Checked before anything is persisted, so a refusal changes nothing.
 
-use super::AgentError;
+use super::Refusal;
 use crate::domain::{Attachment, AttachmentState, FabricName, InstanceId, Membership, Partition};
 use std::collections::BTreeSet;
 
@@ -31,15 +31,14 @@ pub fn admit(
     node_fabric: &FabricName,
     attachments: &[Attachment],
     key_capacity: usize,
-) -> Result<Admission, AgentError> {
+) -> Result<Admission, Refusal> {
     let p = &request.partition;
     if p.fabric != *node_fabric {
-        return Err(AgentError::FailedPrecondition(format!(
-            "partition {} is on fabric {:?} but this node is on fabric {:?}",
-            p.id.as_str(),
-            p.fabric.as_str(),
-            node_fabric.as_str()
-        )));
+        return Err(Refusal::WrongFabric {
+            partition: p.id.clone(),
+            partition_fabric: p.fabric.clone(),
+            node: node_fabric.clone(),
+        });
     }
     if let Some(existing) = attachments
         .iter()
@@ -52,12 +51,11 @@ pub fn admit(
         .filter(|a| a.state != AttachmentState::Released)
     {
         if a.partition.id == p.id && a.partition.pkey != p.pkey {
-            return Err(AgentError::AlreadyExists(format!(
-                "partition {} is attached on this node with P_Key {}, not {}",
-                p.id.as_str(),
-                a.partition.pkey,
-                p.pkey
-            )));
+            return Err(Refusal::PartitionKeyDiffers {
+                partition: p.id.clone(),
+                attached: a.partition.pkey,
+                requested: p.pkey,
+            });
         }
         // A port holds one entry per key: two memberships of one key on one node cannot both
         // be true, and the second would wait forever.
@@ -65,23 +63,20 @@ pub fn admit(
             && a.state != AttachmentState::Failed
             && a.membership != request.membership
         {
-            return Err(AgentError::FailedPrecondition(format!(
-                "instance {} on this node is a {} member of partition {}: a port holds one \
-                 membership per P_Key, so {} cannot be attached as a {} member here",
-                a.instance_id,
-                a.membership,
-                p.id.as_str(),
-                request.instance_id,
-                request.membership
-            )));
+            return Err(Refusal::MembershipConflict {
+                holder: a.instance_id.clone(),
+                held: a.membership,
+                partition: p.id.clone(),
+                instance: request.instance_id.clone(),
+                requested: request.membership,
+            });
         }
         if a.partition.id != p.id && a.partition.pkey == p.pkey {
-            return Err(AgentError::FailedPrecondition(format!(
-                "P_Key {} is in use on this node by partition {} ({})",
-                p.pkey,
-                a.partition.id.as_str(),
-                a.state
-            )));
+            return Err(Refusal::KeyHeldByOtherPartition {
+                pkey: p.pkey,
+                partition: a.partition.id.clone(),
+                state: a.state,
+            });
         }
     }
     // Keys the ports must hold at once: those still wanted, those still being released (they
@@ -93,47 +88,43 @@ pub fn admit(
         .collect();
     keys.insert(p.pkey.base());
     if keys.len() > key_capacity {
-        return Err(AgentError::ResourceExhausted(format!(
-            "this node's fabric ports hold {key_capacity} partition keys besides the default partition, \
-             and {} would be needed",
-            keys.len()
-        )));
+        return Err(Refusal::TableFull {
+            capacity: key_capacity,
+            needed: keys.len(),
+        });
     }
     Ok(Admission::Create)
 }
 
-fn same_instance(request: &AttachRequest, existing: &Attachment) -> Result<Admission, AgentError> {
+fn same_instance(request: &AttachRequest, existing: &Attachment) -> Result<Admission, Refusal> {
     let p = &request.partition;
     if existing.state.is_released_or_releasing() {
-        return Err(AgentError::FailedPrecondition(format!(
-            "instance {} was released ({}); a terminated instance cannot be attached again",
-            existing.instance_id, existing.state
-        )));
+        return Err(Refusal::InstanceReleased {
+            instance: existing.instance_id.clone(),
+            state: existing.state,
+        });
     }
     if existing.partition.id != p.id {
-        return Err(AgentError::FailedPrecondition(format!(
-            "instance {} is attached to partition {}; an instance stays in its partition for its whole life",
-            existing.instance_id,
-            existing.partition.id.as_str()
-        )));
+        return Err(Refusal::InstanceInOtherPartition {
+            instance: existing.instance_id.clone(),
+            partition: existing.partition.id.clone(),
+        });
     }
     if existing.partition.pkey != p.pkey {
-        return Err(AgentError::AlreadyExists(format!(
-            "instance {} is attached to partition {} with P_Key {}, not {}",
-            existing.instance_id,
-            p.id.as_str(),
-            existing.partition.pkey,
-            p.pkey
-        )));
+        return Err(Refusal::InstanceKeyDiffers {
+            instance: existing.instance_id.clone(),
+            partition: p.id.clone(),
+            attached: existing.partition.pkey,
+            requested: p.pkey,
+        });
     }
     if existing.membership != request.membership {
-        return Err(AgentError::AlreadyExists(format!(
-            "instance {} is attached to partition {} as a {} member, not {}",
-            existing.instance_id,
-            p.id.as_str(),
-            existing.membership,
-            request.membership
-        )));
+        return Err(Refusal::InstanceMembershipDiffers {
+            instance: existing.instance_id.clone(),
+            partition: p.id.clone(),
+            attached: existing.membership,
+            requested: request.membership,
+        });
     }
     Ok(Admission::Existing(Box::new(existing.clone())))
 }
@@ -166,67 +157,109 @@ mod tests {
         FabricName::parse("fab1").unwrap()
     }
 
+    fn id(s: &str) -> crate::domain::PartitionId {
+        req("i0", s, 1).partition.id
+    }
+
     #[test]
     fn rules() {
         let r = req("i1", "ibpart_a", 0x10);
         assert_eq!(admit(&r, &fab(), &[], 4).unwrap(), Admission::Create);
         let other_fabric = FabricName::parse("fab2").unwrap();
-        assert!(matches!(
+        assert_eq!(
             admit(&r, &other_fabric, &[], 4),
-            Err(AgentError::FailedPrecondition(_))
-        ));
+            Err(Refusal::WrongFabric {
+                partition: id("ibpart_a"),
+                partition_fabric: fab(),
+                node: other_fabric,
+            })
+        );
         let same = existing(&r, AttachmentState::Active);
         assert!(matches!(
             admit(&r, &fab(), std::slice::from_ref(&same), 4),
             Ok(Admission::Existing(_))
         ));
+        let i1 = r.instance_id.clone();
         let moved = req("i1", "ibpart_b", 0x11);
-        assert!(matches!(
+        assert_eq!(
             admit(&moved, &fab(), std::slice::from_ref(&same), 4),
-            Err(AgentError::FailedPrecondition(_))
-        ));
+            Err(Refusal::InstanceInOtherPartition {
+                instance: i1.clone(),
+                partition: id("ibpart_a"),
+            })
+        );
         let rekeyed = req("i1", "ibpart_a", 0x11);
-        assert!(matches!(
+        assert_eq!(
             admit(&rekeyed, &fab(), std::slice::from_ref(&same), 4),
-            Err(AgentError::AlreadyExists(_))
-        ));
+            Err(Refusal::InstanceKeyDiffers {
+                instance: i1.clone(),
+                partition: id("ibpart_a"),
+                attached: r.partition.pkey,
+                requested: rekeyed.partition.pkey,
+            })
+        );
         let mut limited = r.clone();
         limited.membership = Membership::Limited;
-        assert!(matches!(
+        assert_eq!(
             admit(&limited, &fab(), std::slice::from_ref(&same), 4),
-            Err(AgentError::AlreadyExists(_))
-        ));
+            Err(Refusal::InstanceMembershipDiffers {
+                instance: i1.clone(),
+                partition: id("ibpart_a"),
+                attached: Membership::Full,
+                requested: Membership::Limited,
+            })
+        );
         let released = existing(&r, AttachmentState::Released);
-        assert!(matches!(
+        assert_eq!(
             admit(&r, &fab(), &[released], 4),
-            Err(AgentError::FailedPrecondition(_))
-        ));
+            Err(Refusal::InstanceReleased {
+                instance: i1.clone(),
+                state: AttachmentState::Released,
+            })
+        );
         let other_instance_rekeyed = req("i2", "ibpart_a", 0x11);
-        assert!(matches!(
+        assert_eq!(
             admit(
                 &other_instance_rekeyed,
                 &fab(),
                 std::slice::from_ref(&same),
                 4
             ),
-            Err(AgentError::AlreadyExists(_))
-        ));
+            Err(Refusal::PartitionKeyDiffers {
+                partition: id("ibpart_a"),
+                attached: r.partition.pkey,
+                requested: other_instance_rekeyed.partition.pkey,
+            })
+        );
         let key_clash = req("i2", "ibpart_z", 0x10);
-        assert!(matches!(
+        assert_eq!(
             admit(&key_clash, &fab(), std::slice::from_ref(&same), 4),
-            Err(AgentError::FailedPrecondition(_))
-        ));
+            Err(Refusal::KeyHeldByOtherPartition {
+                pkey: r.partition.pkey,
+                partition: id("ibpart_a"),
+                state: AttachmentState::Active,
+            })
+        );
         let second = req("i2", "ibpart_b", 0x11);
-        assert!(matches!(
+        assert_eq!(
             admit(&second, &fab(), std::slice::from_ref(&same), 1),
-            Err(AgentError::ResourceExhausted(_))
-        ));
+            Err(Refusal::TableFull {
+                capacity: 1,
+                needed: 2
+            })
+        );
         let mut other_membership = req("i2", "ibpart_a", 0x10);
         other_membership.membership = Membership::Limited;
-        match admit(&other_membership, &fab(), std::slice::from_ref(&same), 4) {
-            Err(AgentError::FailedPrecondition(m)) => assert!(m.contains("i1"), "{m}"),
-            other => panic!("a second membership of one key must be refused: {other:?}"),
-        }
+        assert_eq!(
+            admit(&other_membership, &fab(), std::slice::from_ref(&same), 4),
+            Err(Refusal::MembershipConflict {
+                holder: i1,
+                held: Membership::Full,
+                partition: id("ibpart_a"),
+                instance: other_membership.instance_id.clone(),
+                requested: Membership::Limited,
+            })
+        );
         let same_partition = req("i2", "ibpart_a", 0x10);
         assert_eq!(
             admit(&same_partition, &fab(), &[same], 1).unwrap(),

@@ -1,7 +1,7 @@
 //! Builds an agent from the configuration: the store, the subnet-manager backend and the port
 //! observer.
 
-use super::{Agent, AgentError, AgentParts};
+use super::{Agent, AgentError, AgentParts, StartError};
 use crate::config::{Backend, Config, ObserverKind};
 use crate::domain::FabricName;
 use crate::observe::combined::CombinedObserver;
@@ -107,11 +107,9 @@ impl SimPersistence for StoredSimTables {
         serde_json::from_slice(&bytes).ok()
     }
 
-    fn save(&self, tables: &[Vec<u16>]) -> Result<(), String> {
-        let bytes = serde_json::to_vec(tables).map_err(|e| e.to_string())?;
-        self.0
-            .set_meta(SIM_TABLES, &bytes)
-            .map_err(|e| e.to_string())
+    fn save(&self, tables: &[Vec<u16>]) -> Result<(), crate::sim::PersistError> {
+        let bytes = serde_json::to_vec(tables)?;
+        Ok(self.0.set_meta(SIM_TABLES, &bytes)?)
     }
 }
 
@@ -165,7 +163,7 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
             cfg.allow_full_default = config.allow_full_default;
             let backend =
                 OpenSmBackend::new(cfg, node_id.clone(), Arc::new(StoredSmNodes(store.clone())))
-                    .map_err(|e| AgentError::Unavailable(e.to_string()))?;
+                    .map_err(StartError::from)?;
             opensm = Some(backend.clone());
             Arc::new(backend)
         }
@@ -175,8 +173,8 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
                 .as_ref()
                 .expect("validated: [subnet_manager.remote] present");
             Arc::new(
-                crate::sm::remote::RemoteSm::new(cfg)
-                    .map_err(|e| AgentError::Unavailable(e.to_string()))?,
+                crate::api::sm_client::RemoteSm::new(cfg)
+                    .map_err(|e| StartError::Remote(Box::new(e)))?,
             )
         }
         Backend::Ufm => {
@@ -186,7 +184,7 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
                 .expect("validated: [subnet_manager.ufm] present");
             Arc::new(
                 crate::sm::ufm::UfmSm::new(ufm, Arc::new(StoredUfmLedger(store.clone())))
-                    .map_err(|e| AgentError::Unavailable(e.to_string()))?,
+                    .map_err(StartError::from)?,
             )
         }
     };
@@ -198,9 +196,7 @@ pub fn assemble(config: &Config) -> Result<Assembled, AgentError> {
         sm,
         observer,
         observer_reason,
-        selector: config
-            .port_selector()
-            .map_err(|e| AgentError::Unavailable(e.to_string()))?,
+        selector: config.port_selector().map_err(StartError::from)?,
         reconciler: config.reconciler.clone(),
         released_retain: Duration::from_secs(config.events.released_retain_secs),
         allow_full_default: config.allow_full_default,
@@ -220,7 +216,7 @@ fn observer(
     sim: Option<Arc<SimFabric>>,
 ) -> Result<(Arc<dyn PortObserver>, String), AgentError> {
     let embedded = |sim: Arc<SimFabric>| EmbeddedObserver::new(sim, config.observer.slow_poll());
-    let unavailable = |e: crate::observe::ObserveError| AgentError::Unavailable(e.to_string());
+    let unavailable = StartError::Observe;
     let (real, reason): (Box<dyn PortObserver>, String) = match kind {
         ObserverKind::Embedded => {
             let sim = sim.expect("sim built for the embedded observer");
@@ -258,18 +254,13 @@ pub async fn read_ports_once(
 ) -> Result<(&'static str, crate::domain::Inventory), AgentError> {
     let kind = config.observer_kind();
     if kind == ObserverKind::Embedded {
-        return Err(AgentError::FailedPrecondition(
-            "the embedded fabric's tables live in the daemon: use `fabric-agent node`".into(),
-        ));
+        return Err(StartError::EmbeddedPortsInDaemon.into());
     }
     let (observer, _) = observer(config, kind, None)?;
-    let mut inventory = observer
-        .inventory()
-        .await
-        .map_err(|e| AgentError::Unavailable(e.to_string()))?;
+    let mut inventory = observer.inventory().await?;
     config
         .port_selector()
-        .map_err(|e| AgentError::Unavailable(e.to_string()))?
+        .map_err(StartError::from)?
         .apply(&mut inventory);
     Ok((observer.kind(), inventory))
 }

@@ -17,7 +17,7 @@ mod watch;
 
 pub use admission::AttachRequest;
 pub use assemble::{assemble, read_ports_once, Assembled};
-pub use error::AgentError;
+pub use error::{AgentError, CursorError, Refusal, StartError, StreamEnd};
 pub use status::{NodeView, SmStatus};
 pub use watch::{EventStream, WatchFrom, MAX_BATCH as MAX_WATCH_BATCH};
 
@@ -145,13 +145,7 @@ impl Agent {
 
     /// Reads the ports once (the first inventory, before READY).
     pub async fn read_ports(&self) -> Result<Inventory, AgentError> {
-        let mut inv = self
-            .shared
-            .parts
-            .observer
-            .inventory()
-            .await
-            .map_err(|e| AgentError::Unavailable(e.to_string()))?;
+        let mut inv = self.shared.parts.observer.inventory().await?;
         self.shared.parts.selector.apply(&mut inv);
         self.status().inventory = Some(inv.clone());
         Ok(inv)
@@ -188,7 +182,7 @@ impl Agent {
                 .inventory
                 .as_ref()
                 .map(Inventory::tenant_key_capacity)
-                .ok_or_else(|| AgentError::Unavailable("ports not read yet".into()))?;
+                .ok_or(AgentError::PortsNotRead)?;
             match admission::admit(&request, &self.shared.parts.fabric, &attachments, capacity)? {
                 Admission::Existing(a) => (*a, false),
                 Admission::Create => {
@@ -266,9 +260,9 @@ impl Agent {
 
     /// One attachment by instance id.
     pub fn get(&self, instance_id: &str) -> Result<Attachment, AgentError> {
-        self.store().attachment(instance_id)?.ok_or_else(|| {
-            AgentError::NotFound(format!("no attachment for instance {instance_id:?}"))
-        })
+        self.store()
+            .attachment(instance_id)?
+            .ok_or_else(|| AgentError::AttachmentNotFound(instance_id.to_owned()))
     }
 
     /// Attachments matching a filter.
@@ -552,16 +546,11 @@ impl Agent {
 /// must not wait out `--wait`), with the attachment's current state; the request itself is
 /// stored and carries on when the agent is back.
 fn stopping_error(a: &Attachment) -> AgentError {
-    AgentError::Unavailable(format!(
-        "agent stopping: instance {} is {}{}; the request is stored and carries on when the agent is back",
-        a.instance_id.as_str(),
-        a.state,
-        if a.reason.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", a.reason)
-        }
-    ))
+    AgentError::Stopping {
+        instance: a.instance_id.clone(),
+        state: a.state,
+        reason: a.reason.clone(),
+    }
 }
 
 /// How many attachments are in each state, every state listed.

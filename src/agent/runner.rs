@@ -307,14 +307,14 @@ impl Loop {
         let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, generation)).await
         {
             Ok(r) => r,
-            Err(_) => Err(SmError::Unavailable(format!(
+            Err(_) => Err(SmError::Unreachable(format!(
                 "apply timed out after {APPLY_TIMEOUT:?}; its keys stay in doubt"
             ))),
         };
         self.agent.set_applying(false);
         let outcome = match &result {
             Ok(_) => "ok",
-            Err(SmError::Unavailable(_)) => "unavailable",
+            Err(SmError::Unreachable(_)) => "unavailable",
             Err(SmError::Refused(_)) => "refused",
             Err(SmError::StaleGeneration { .. }) => "stale_generation",
         };

@@ -11,7 +11,7 @@
 //! (`batch` events) read from the log. No task or channel is kept per stream; a client that
 //! goes away drops its stream.
 
-use super::{Agent, AgentError};
+use super::{Agent, AgentError, CursorError, StreamEnd};
 use crate::domain::Event;
 use futures::Stream;
 use std::collections::VecDeque;
@@ -51,29 +51,22 @@ pub(super) fn start(agent: Agent, from: WatchFrom) -> Result<EventStream, AgentE
     let batch = batch.clamp(1, MAX_BATCH);
     let epoch = agent.store().epoch();
     let last = agent.store().last_seq()?;
-    let resync = format!(
-        "resynchronise with ListAttachments, then watch with after_seq = {last} and log_epoch = {epoch}"
-    );
     if let Some(e) = &client_epoch {
         if !e.eq_ignore_ascii_case(&epoch.to_string()) {
-            return Err(AgentError::OutOfRange(format!(
-                "log_epoch {e:?} is not this agent's event log {epoch} (its state directory was \
-                 wiped or replaced, and sequence numbers restarted); {resync}"
-            )));
+            return Err(CursorError::OtherEpoch {
+                given: e.clone(),
+                epoch,
+                last,
+            }
+            .into());
         }
     }
     if after > last {
-        return Err(AgentError::OutOfRange(format!(
-            "after_seq {after} is beyond the newest event {last} of log {epoch} (the log restarted, \
-             e.g. a wiped state directory); {resync}"
-        )));
+        return Err(CursorError::BeyondNewest { after, last, epoch }.into());
     }
     let (first, _) = agent.store().event_bounds()?;
     if first > 0 && after.saturating_add(1) < first {
-        return Err(AgentError::OutOfRange(format!(
-            "events up to {} were pruned (oldest retained is {first}, newest {last}); {resync}",
-            first - 1
-        )));
+        return Err(CursorError::Pruned { first, last, epoch }.into());
     }
     let cursor = Cursor {
         live: agent.shared.events.subscribe(),
@@ -172,14 +165,15 @@ async fn next(mut c: Cursor) -> Option<(Result<Arc<Event>, AgentError>, Cursor)>
                 continue;
             }
             Woken::Live(Err(RecvError::Closed)) => return None,
-            Woken::Stopping => "agent is shutting down",
-            Woken::Expired => "stream reached its maximum age ([limits] watch_max_age_secs)",
+            Woken::Stopping => StreamEnd::Stopping,
+            Woken::Expired => StreamEnd::Expired,
         };
         c.done = true;
-        let resume = format!(
-            "{why}; resume with after_seq = {} and log_epoch = {}",
-            c.sent, c.epoch
-        );
-        return Some((Err(AgentError::Unavailable(resume)), c));
+        let ended = AgentError::StreamEnded {
+            why,
+            sent: c.sent,
+            epoch: c.epoch,
+        };
+        return Some((Err(ended), c));
     }
 }

@@ -23,41 +23,57 @@ pub enum ClientId {
     Cn(String),
 }
 
+/// An allowlist entry that does not parse; each says how to write it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientIdError {
+    /// No `dns:`, `uri:` or `cn:` prefix.
+    #[error(
+        "{0:?} does not say what it matches; write \"dns:{0}\" (a DNS SAN), \
+         \"uri:spiffe://...\" (a URI SAN) or \"cn:{0}\" (the subject CN of a \
+         certificate without DNS/URI SANs)"
+    )]
+    Untyped(String),
+    /// The name after the prefix is empty or has surrounding spaces.
+    #[error("{entry:?}: the name after \"{kind}:\" is empty or has surrounding spaces")]
+    EmptyName {
+        /// The entry.
+        entry: String,
+        /// Its prefix.
+        kind: String,
+    },
+    /// A `*` elsewhere than a leading `*.` label (or a `/`).
+    #[error("{0:?}: a DNS name may only use \"*.\" as its first label")]
+    DnsWildcard(String),
+    /// A URI without a scheme.
+    #[error("{0:?}: a URI entry needs a scheme, e.g. \"uri:spiffe://fab2.example/node/n1\"")]
+    UriWithoutScheme(String),
+}
+
 impl ClientId {
     /// Parses a typed allowlist entry: `dns:NAME`, `uri:URI` or `cn:NAME`. The error says how
     /// to write an untyped or empty entry.
-    pub fn parse(entry: &str) -> Result<ClientId, String> {
-        let how = |name: &str| {
-            format!(
-                "{entry:?} does not say what it matches; write \"dns:{name}\" (a DNS SAN), \
-                 \"uri:spiffe://...\" (a URI SAN) or \"cn:{name}\" (the subject CN of a \
-                 certificate without DNS/URI SANs)"
-            )
-        };
+    pub fn parse(entry: &str) -> Result<ClientId, ClientIdError> {
         let (kind, name) = match entry.split_once(':') {
             Some((k @ ("dns" | "uri" | "cn"), n)) => (k, n),
-            _ => return Err(how(entry)),
+            _ => return Err(ClientIdError::Untyped(entry.to_owned())),
         };
         if name.is_empty() || name.trim() != name {
-            return Err(format!(
-                "{entry:?}: the name after \"{kind}:\" is empty or has surrounding spaces"
-            ));
+            return Err(ClientIdError::EmptyName {
+                entry: entry.to_owned(),
+                kind: kind.to_owned(),
+            });
         }
         Ok(match kind {
             "dns" => {
                 let bare = name.strip_prefix("*.").unwrap_or(name);
                 if bare.is_empty() || bare.contains('*') || bare.contains('/') {
-                    return Err(format!(
-                        "{entry:?}: a DNS name may only use \"*.\" as its first label"
-                    ));
+                    return Err(ClientIdError::DnsWildcard(entry.to_owned()));
                 }
                 ClientId::Dns(name.to_ascii_lowercase())
             }
             "uri" => {
                 if !name.contains("://") {
-                    return Err(format!(
-                        "{entry:?}: a URI entry needs a scheme, e.g. \"uri:spiffe://fab2.example/node/n1\""
-                    ));
+                    return Err(ClientIdError::UriWithoutScheme(entry.to_owned()));
                 }
                 ClientId::Uri(name.to_owned())
             }
@@ -201,7 +217,7 @@ impl ClientAllowlist {
     }
 
     /// Parses typed entries (`dns:`, `uri:`, `cn:`).
-    pub fn parse(entries: &[String]) -> Result<ClientAllowlist, String> {
+    pub fn parse(entries: &[String]) -> Result<ClientAllowlist, ClientIdError> {
         entries
             .iter()
             .map(|e| ClientId::parse(e))
@@ -284,7 +300,11 @@ mod tests {
             ClientId::Cn("control-plane".into())
         );
         let e = ClientId::parse("control-plane.example").unwrap_err();
-        assert!(e.contains("\"dns:control-plane.example\""), "{e}");
+        assert_eq!(e, ClientIdError::Untyped("control-plane.example".into()));
+        assert!(
+            e.to_string().contains("\"dns:control-plane.example\""),
+            "{e}"
+        );
         for bad in [
             "spiffe://x/y",
             "dns:",

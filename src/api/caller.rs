@@ -5,6 +5,7 @@
 
 use super::auth::{CertIdentity, ClientAllowlist, ClientId};
 use crate::config::ListenConfig;
+use crate::sys::users::GroupError;
 use futures::future::BoxFuture;
 use std::collections::BTreeSet;
 use std::convert::Infallible;
@@ -89,16 +90,13 @@ pub struct LocalPolicy {
 
 impl LocalPolicy {
     /// From `[listen]`: resolves `read_group` (default: the agent's own group).
-    pub fn from_config(listen: &ListenConfig) -> Result<LocalPolicy, String> {
+    pub fn from_config(listen: &ListenConfig) -> Result<LocalPolicy, GroupError> {
         let (own_uid, own_gid) = crate::sys::users::own_ids();
         let read_gid = match &listen.read_group {
-            Some(g) => {
-                crate::sys::users::group_id(g).map_err(|e| format!("listen.read_group: {e}"))?
-            }
+            Some(g) => crate::sys::users::group_id(g)?,
             None => own_gid,
         };
-        let readers = crate::sys::users::group_member_uids(read_gid)
-            .map_err(|e| format!("listen.read_group: {e}"))?;
+        let readers = crate::sys::users::group_member_uids(read_gid)?;
         Ok(LocalPolicy {
             own_uid,
             read_gid,

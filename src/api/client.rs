@@ -16,13 +16,53 @@ pub struct ClientTls {
     pub domain: Option<String>,
 }
 
+/// Why a client channel could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The daemon's unix socket did not answer.
+    #[error("cannot reach the agent at {}: {}", .path.display(), chain(.source))]
+    Unix {
+        /// The socket.
+        path: PathBuf,
+        /// What the transport said.
+        source: tonic::transport::Error,
+    },
+    /// The URL is not an endpoint.
+    #[error("endpoint {url}: {source}")]
+    Endpoint {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: tonic::transport::Error,
+    },
+    /// A CA, certificate or key file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TLS settings were refused.
+    #[error("TLS: {0}")]
+    Tls(#[source] tonic::transport::Error),
+    /// The TCP endpoint did not answer.
+    #[error("cannot reach {url}: {}", chain(.source))]
+    Tcp {
+        /// The URL.
+        url: String,
+        /// What the transport said.
+        source: tonic::transport::Error,
+    },
+}
+
 /// Connects over a unix socket.
-pub async fn unix(path: &Path) -> Result<Channel, String> {
+pub async fn unix(path: &Path) -> Result<Channel, ClientError> {
     let path = path.to_owned();
-    let shown = path.display().to_string();
+    let socket = path.clone();
     Endpoint::from_static("http://localhost")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
+            let path = socket.clone();
             async move {
                 tokio::net::UnixStream::connect(path)
                     .await
@@ -30,16 +70,24 @@ pub async fn unix(path: &Path) -> Result<Channel, String> {
             }
         }))
         .await
-        .map_err(|e| format!("cannot reach the agent at {shown}: {}", chain(&e)))
+        .map_err(|source| ClientError::Unix { path, source })
 }
 
 /// Connects over TCP; `tls` applies to https URLs.
-pub async fn tcp(url: &str, tls: &ClientTls) -> Result<Channel, String> {
+pub async fn tcp(url: &str, tls: &ClientTls) -> Result<Channel, ClientError> {
     let mut endpoint =
-        Endpoint::from_shared(url.to_owned()).map_err(|e| format!("endpoint {url}: {e}"))?;
+        Endpoint::from_shared(url.to_owned()).map_err(|source| ClientError::Endpoint {
+            url: url.to_owned(),
+            source,
+        })?;
     if url.starts_with("https://") {
         crate::tls::install_crypto_provider();
-        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|source| ClientError::Read {
+                path: p.clone(),
+                source,
+            })
+        };
         let mut config = ClientTlsConfig::new();
         if let Some(ca) = &tls.ca {
             config = config.ca_certificate(Certificate::from_pem(read(ca)?));
@@ -50,14 +98,12 @@ pub async fn tcp(url: &str, tls: &ClientTls) -> Result<Channel, String> {
         if let Some(domain) = &tls.domain {
             config = config.domain_name(domain.clone());
         }
-        endpoint = endpoint
-            .tls_config(config)
-            .map_err(|e| format!("TLS: {e}"))?;
+        endpoint = endpoint.tls_config(config).map_err(ClientError::Tls)?;
     }
-    endpoint
-        .connect()
-        .await
-        .map_err(|e| format!("cannot reach {url}: {}", chain(&e)))
+    endpoint.connect().await.map_err(|source| ClientError::Tcp {
+        url: url.to_owned(),
+        source,
+    })
 }
 
 /// An error with its causes, `a: b: c`, each cause said once (tonic's transport error repeats
@@ -85,6 +131,8 @@ mod tests {
         let e = super::unix(&dir.path().join("absent.sock"))
             .await
             .unwrap_err();
+        assert!(matches!(e, super::ClientError::Unix { .. }), "{e:?}");
+        let e = e.to_string();
         assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
         assert!(!e.contains("transport error"), "{e}");
     }

@@ -1,6 +1,8 @@
 //! Protobuf <-> domain conversions and the single `AgentError` -> `tonic::Status` mapping.
 
-use crate::agent::{AgentError, AttachRequest, ListFilter, NodeView, SmStatus};
+use crate::agent::{
+    AgentError, AttachRequest, CursorError, ListFilter, NodeView, Refusal, SmStatus,
+};
 use crate::domain::{
     Attachment, AttachmentState, Condition, DomainError, Event, EventKind, Evidence, InstanceId,
     LinkLayer, Membership, Partition, PortInfo, PortState,
@@ -9,19 +11,79 @@ use crate::proto::agent as pb;
 use std::time::Duration;
 use tonic::{Code, Status};
 
-/// The one place errors become gRPC statuses.
+/// Trailer naming which refusal or failure a status carries, as a stable upper-case name
+/// (e.g. `TABLE_FULL`), so clients can act on it without reading the message.
+pub const ERROR_REASON_TRAILER: &str = "fabric-error-reason";
+
+/// The one place `fabric.agent.v1` errors become gRPC statuses: the code, the error's text as
+/// the message, and its [`reason`] in the [`ERROR_REASON_TRAILER`] trailer.
 pub fn status(e: AgentError) -> Status {
-    let code = match &e {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert(
+        ERROR_REASON_TRAILER,
+        tonic::metadata::MetadataValue::from_static(reason(&e)),
+    );
+    Status::with_metadata(code(&e), e.to_string(), metadata)
+}
+
+/// The stable name of an agent error, sent in the [`ERROR_REASON_TRAILER`] trailer.
+pub fn reason(e: &AgentError) -> &'static str {
+    match e {
+        AgentError::Invalid(_) => "INVALID",
+        AgentError::Refused(r) => match r {
+            Refusal::WrongFabric { .. } => "WRONG_FABRIC",
+            Refusal::InstanceReleased { .. } => "INSTANCE_RELEASED",
+            Refusal::InstanceInOtherPartition { .. } => "INSTANCE_IN_OTHER_PARTITION",
+            Refusal::InstanceKeyDiffers { .. } => "INSTANCE_KEY_DIFFERS",
+            Refusal::InstanceMembershipDiffers { .. } => "INSTANCE_MEMBERSHIP_DIFFERS",
+            Refusal::PartitionKeyDiffers { .. } => "PARTITION_KEY_DIFFERS",
+            Refusal::MembershipConflict { .. } => "MEMBERSHIP_CONFLICT",
+            Refusal::KeyHeldByOtherPartition { .. } => "KEY_HELD_BY_OTHER_PARTITION",
+            Refusal::TableFull { .. } => "TABLE_FULL",
+        },
+        AgentError::AttachmentNotFound(_) => "ATTACHMENT_NOT_FOUND",
+        AgentError::PortsNotRead => "PORTS_NOT_READ",
+        AgentError::Observe(_) => "PORTS_UNREADABLE",
+        AgentError::Stopping { .. } => "AGENT_STOPPING",
+        AgentError::Cursor(c) => match c {
+            CursorError::OtherEpoch { .. } => "LOG_OTHER_EPOCH",
+            CursorError::BeyondNewest { .. } => "LOG_BEYOND_NEWEST",
+            CursorError::Pruned { .. } => "LOG_PRUNED",
+        },
+        AgentError::StreamEnded { .. } => "STREAM_ENDED",
+        AgentError::Store(_) => "STORE_FAILED",
+        AgentError::Start(_) => "START_FAILED",
+    }
+}
+
+/// The gRPC code each agent error answers with.
+pub fn code(e: &AgentError) -> Code {
+    match e {
         AgentError::Invalid(_) => Code::InvalidArgument,
-        AgentError::FailedPrecondition(_) => Code::FailedPrecondition,
-        AgentError::AlreadyExists(_) => Code::AlreadyExists,
-        AgentError::ResourceExhausted(_) => Code::ResourceExhausted,
-        AgentError::NotFound(_) => Code::NotFound,
-        AgentError::Unavailable(_) => Code::Unavailable,
-        AgentError::OutOfRange(_) => Code::OutOfRange,
+        AgentError::Refused(r) => refusal_code(r),
+        AgentError::AttachmentNotFound(_) => Code::NotFound,
+        AgentError::PortsNotRead
+        | AgentError::Observe(_)
+        | AgentError::Stopping { .. }
+        | AgentError::StreamEnded { .. }
+        | AgentError::Start(_) => Code::Unavailable,
+        AgentError::Cursor(_) => Code::OutOfRange,
         AgentError::Store(_) => Code::Internal,
-    };
-    Status::new(code, e.to_string())
+    }
+}
+
+fn refusal_code(r: &Refusal) -> Code {
+    match r {
+        Refusal::WrongFabric { .. }
+        | Refusal::InstanceReleased { .. }
+        | Refusal::InstanceInOtherPartition { .. }
+        | Refusal::MembershipConflict { .. }
+        | Refusal::KeyHeldByOtherPartition { .. } => Code::FailedPrecondition,
+        Refusal::InstanceKeyDiffers { .. }
+        | Refusal::InstanceMembershipDiffers { .. }
+        | Refusal::PartitionKeyDiffers { .. } => Code::AlreadyExists,
+        Refusal::TableFull { .. } => Code::ResourceExhausted,
+    }
 }
 
 fn invalid(field: &'static str, reason: &str) -> AgentError {
@@ -432,6 +494,56 @@ pub fn event_to_pb(e: &Event, node_id: &str, log_epoch: &str) -> pb::Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_map_to_one_code_and_reason_each() {
+        let instance = InstanceId::parse("i1").unwrap();
+        let state = AttachmentState::Released;
+        for (e, code, reason) in [
+            (
+                AgentError::from(Refusal::TableFull {
+                    capacity: 2,
+                    needed: 3,
+                }),
+                Code::ResourceExhausted,
+                "TABLE_FULL",
+            ),
+            (
+                Refusal::InstanceReleased {
+                    instance: instance.clone(),
+                    state,
+                }
+                .into(),
+                Code::FailedPrecondition,
+                "INSTANCE_RELEASED",
+            ),
+            (
+                AgentError::AttachmentNotFound("i1".into()),
+                Code::NotFound,
+                "ATTACHMENT_NOT_FOUND",
+            ),
+            (
+                AgentError::Stopping {
+                    instance,
+                    state,
+                    reason: String::new(),
+                },
+                Code::Unavailable,
+                "AGENT_STOPPING",
+            ),
+            (
+                AgentError::PortsNotRead,
+                Code::Unavailable,
+                "PORTS_NOT_READ",
+            ),
+        ] {
+            let text = e.to_string();
+            let s = status(e);
+            assert_eq!(s.code(), code, "{text}");
+            assert_eq!(s.message(), text);
+            assert_eq!(s.metadata().get(ERROR_REASON_TRAILER).unwrap(), reason);
+        }
+    }
 
     fn request(pkey: u32) -> pb::AttachPartitionRequest {
         pb::AttachPartitionRequest {

@@ -1,7 +1,7 @@
 //! The Prometheus endpoint: `GET /metrics` (OpenMetrics text) on its own TCP listener.
 
 use crate::agent::Agent;
-use crate::sm::opensm::OpenSmBackend;
+use crate::sm::OpenSmBackend;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::get;

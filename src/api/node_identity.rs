@@ -2,7 +2,7 @@
 //! the node id or to a configured template (`{node}.nodes.fab2.example`); alternatively an
 //! explicit table from typed identities to node ids.
 
-use super::auth::{CertIdentity, ClientId};
+use super::auth::{CertIdentity, ClientId, ClientIdError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -28,25 +28,41 @@ impl Default for NodeMapping {
     }
 }
 
+/// Why the identity -> node mapping is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeMappingError {
+    /// Both a template and a table.
+    #[error("set either node_name_template or [listen.tls.node_identities], not both")]
+    Both,
+    /// A table entry's identity does not parse.
+    #[error(transparent)]
+    Identity(#[from] ClientIdError),
+    /// A table entry maps to an empty node id.
+    #[error("{0} maps to an empty node id")]
+    EmptyNode(ClientId),
+    /// The template is not a DNS name holding `{node}` once.
+    #[error(
+        "{0:?} must be a DNS name holding {NODE_PLACEHOLDER} exactly once, e.g. \"{{node}}.nodes.fab2.example\""
+    )]
+    Template(String),
+}
+
 impl NodeMapping {
     /// Builds the mapping from configuration: a non-empty table wins; else the template (checked
     /// to hold `{node}` once and to look like a DNS name around it).
     pub fn from_config(
         template: Option<&str>,
         table: &BTreeMap<String, String>,
-    ) -> Result<NodeMapping, String> {
+    ) -> Result<NodeMapping, NodeMappingError> {
         if !table.is_empty() {
             if template.is_some() {
-                return Err(
-                    "set either node_name_template or [listen.tls.node_identities], not both"
-                        .into(),
-                );
+                return Err(NodeMappingError::Both);
             }
             let mut map = BTreeMap::new();
             for (id, node) in table {
                 let id = ClientId::parse(id)?;
                 if node.is_empty() {
-                    return Err(format!("{id} maps to an empty node id"));
+                    return Err(NodeMappingError::EmptyNode(id));
                 }
                 map.insert(id, node.clone());
             }
@@ -59,9 +75,7 @@ impl NodeMapping {
                 if t.matches(NODE_PLACEHOLDER).count() != 1
                     || rest.contains(['{', '}', '*', '/', ':', ' '])
                 {
-                    return Err(format!(
-                        "{t:?} must be a DNS name holding {NODE_PLACEHOLDER} exactly once, e.g. \"{{node}}.nodes.fab2.example\""
-                    ));
+                    return Err(NodeMappingError::Template(t.to_owned()));
                 }
                 Ok(NodeMapping::Names {
                     template: Some(t.to_ascii_lowercase()),
@@ -118,8 +132,9 @@ mod tests {
         assert!(!t.maps(&identity(&["node1.nodes.fab2.example"]), "node2"));
         assert!(!t.maps(&identity(&["node1.nodes.fab2.example"]), "node1.nodes"));
         for bad in ["nodes.example", "{node}.{node}.x", "*.{node}.x", "{node} x"] {
-            assert!(
-                NodeMapping::from_config(Some(bad), &BTreeMap::new()).is_err(),
+            assert_eq!(
+                NodeMapping::from_config(Some(bad), &BTreeMap::new()).err(),
+                Some(NodeMappingError::Template(bad.into())),
                 "{bad}"
             );
         }
@@ -136,10 +151,16 @@ mod tests {
         assert!(m.maps(&identity(&["gpu-a.example"]), "node1"));
         assert!(!m.maps(&identity(&["node1"]), "node1"));
         assert!(!m.maps(&identity(&["gpu-a.example"]), "node2"));
-        assert!(NodeMapping::from_config(Some("{node}.x"), &table).is_err());
+        assert_eq!(
+            NodeMapping::from_config(Some("{node}.x"), &table).err(),
+            Some(NodeMappingError::Both)
+        );
         let untyped: BTreeMap<String, String> = [("gpu-a".to_owned(), "n".to_owned())].into();
-        assert!(NodeMapping::from_config(None, &untyped)
-            .unwrap_err()
-            .contains("dns:gpu-a"));
+        assert_eq!(
+            NodeMapping::from_config(None, &untyped).err(),
+            Some(NodeMappingError::Identity(ClientIdError::Untyped(
+                "gpu-a".into()
+            )))
+        );
     }
 }

@@ -36,10 +36,24 @@ pub enum ServeError {
     SocketInUse(String),
     /// TLS material could not be loaded.
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(#[from] super::server_tls::TlsLoadError),
+    /// A client allowlist entry does not parse.
+    #[error("TLS: {key}: {source}")]
+    Allowlist {
+        /// The list's key.
+        key: &'static str,
+        /// Why.
+        source: super::ClientIdError,
+    },
+    /// The identity -> node mapping is refused.
+    #[error("TLS: {0}")]
+    NodeMapping(#[from] super::NodeMappingError),
+    /// A TCP listener without TLS (and without the test-only plaintext switch).
+    #[error("TLS: TCP needs [listen.tls] or insecure_plaintext_for_tests")]
+    TcpWithoutTls,
     /// The unix socket's caller policy could not be set up.
-    #[error("unix socket policy: {0}")]
-    Policy(String),
+    #[error("unix socket policy: listen.read_group: {0}")]
+    Policy(#[from] crate::sys::users::GroupError),
     /// The server failed while running.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -72,19 +86,20 @@ impl Listeners {
     /// Binds the unix socket (replacing a stale one, mode from config) and TCP if configured;
     /// loads the TLS material and the callers' policies.
     pub async fn bind(config: &ListenConfig) -> Result<Listeners, ServeError> {
-        let local = LocalPolicy::from_config(config).map_err(ServeError::Policy)?;
+        let local = LocalPolicy::from_config(config)?;
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let parse = |key: &str, l: &[String]| {
-                    ClientAllowlist::parse(l).map_err(|e| ServeError::Tls(format!("{key}: {e}")))
+                let parse = |key: &'static str, l: &[String]| {
+                    ClientAllowlist::parse(l)
+                        .map_err(|source| ServeError::Allowlist { key, source })
                 };
                 let lists = TcpLists {
                     agent: parse("allowed_clients", &t.allowed_clients)?,
                     partitions: parse("partitions_clients", &t.partitions_clients)?,
                     operators: parse("operator_clients", &t.operator_clients)?,
                 };
-                let (reloader, loaded) = TlsReloader::load(t).map_err(ServeError::Tls)?;
+                let (reloader, loaded) = TlsReloader::load(t)?;
                 tracing::info!(%loaded, "TLS material loaded");
                 if let Err(e) = reloader.watch_files() {
                     tracing::warn!(error = %e, "cannot watch the TLS files for changes; SIGHUP reloads them");
@@ -94,8 +109,7 @@ impl Listeners {
         };
         let nodes = match &config.tls {
             Some(t) => {
-                NodeMapping::from_config(t.node_name_template.as_deref(), &t.node_identities)
-                    .map_err(ServeError::Tls)?
+                NodeMapping::from_config(t.node_name_template.as_deref(), &t.node_identities)?
             }
             None => NodeMapping::default(),
         };
@@ -134,11 +148,7 @@ impl Listeners {
                         tracing::warn!(%addr, "UNSAFE: plaintext gRPC without caller checks (insecure_plaintext_for_tests)");
                         TcpMode::InsecureTest
                     }
-                    None => {
-                        return Err(ServeError::Tls(
-                            "TCP needs [listen.tls] or insecure_plaintext_for_tests".into(),
-                        ))
-                    }
+                    None => return Err(ServeError::TcpWithoutTls),
                 };
                 Some((listener, mode))
             }

@@ -84,7 +84,7 @@ impl fmt::Debug for TlsReloader {
 
 impl TlsReloader {
     /// Loads the configured files.
-    pub fn load(config: &TlsConfig) -> Result<(TlsReloader, TlsLoaded), String> {
+    pub fn load(config: &TlsConfig) -> Result<(TlsReloader, TlsLoaded), TlsLoadError> {
         let files = (
             config.cert.clone(),
             config.key.clone(),
@@ -101,7 +101,7 @@ impl TlsReloader {
     }
 
     /// Re-reads the files; on any error the material in use is kept and the error returned.
-    pub fn reload(&self) -> Result<TlsLoaded, String> {
+    pub fn reload(&self) -> Result<TlsLoaded, TlsLoadError> {
         let (cert, key, ca) = &*self.files;
         let (server, loaded) = build(cert, key, ca)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(server);
@@ -227,28 +227,60 @@ impl TlsReloader {
     }
 }
 
-fn read_err(path: &Path, e: impl fmt::Display) -> String {
-    format!("{}: {e}", path.display())
+/// Why the TLS material could not be loaded; each names its file and keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsLoadError {
+    /// A file could not be read, or its contents were refused.
+    #[error("{}: {source}", .path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The certificate file holds no PEM certificate.
+    #[error("{}: no PEM certificate in the file", .0.display())]
+    NoCertificate(PathBuf),
+    /// The CA file holds no PEM certificate.
+    #[error("{}: no PEM CA certificate in the file", .0.display())]
+    NoCa(PathBuf),
+    /// The key does not belong to the certificate (or is unusable).
+    #[error("{} with {}: {source}", .cert.display(), .key.display())]
+    KeyPair {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// What rustls said.
+        source: rustls::Error,
+    },
 }
 
-fn build(cert: &Path, key: &Path, ca: &Path) -> Result<(ServerConfig, TlsLoaded), String> {
+fn read_err<E: std::error::Error + Send + Sync + 'static>(
+    path: &Path,
+) -> impl Fn(E) -> TlsLoadError + '_ {
+    move |e| TlsLoadError::File {
+        path: path.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+fn build(cert: &Path, key: &Path, ca: &Path) -> Result<(ServerConfig, TlsLoaded), TlsLoadError> {
     crate::tls::install_crypto_provider();
     let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| read_err(cert, e))?
+        .map_err(read_err(cert))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| read_err(cert, e))?;
+        .map_err(read_err(cert))?;
     if chain.is_empty() {
-        return Err(read_err(cert, "no PEM certificate in the file"));
+        return Err(TlsLoadError::NoCertificate(cert.to_owned()));
     }
-    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| read_err(key, e))?;
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(read_err(key))?;
     let mut roots = RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).map_err(|e| read_err(ca, e))? {
-        roots
-            .add(c.map_err(|e| read_err(ca, e))?)
-            .map_err(|e| read_err(ca, e))?;
+    for c in CertificateDer::pem_file_iter(ca).map_err(read_err(ca))? {
+        roots.add(c.map_err(read_err(ca))?).map_err(read_err(ca))?;
     }
     if roots.is_empty() {
-        return Err(read_err(ca, "no PEM CA certificate in the file"));
+        return Err(TlsLoadError::NoCa(ca.to_owned()));
     }
     let loaded = TlsLoaded {
         chain_certs: chain.len(),
@@ -258,11 +290,15 @@ fn build(cert: &Path, key: &Path, ca: &Path) -> Result<(ServerConfig, TlsLoaded)
         // A certificate-less handshake gets a clear UNAUTHENTICATED status, not a TLS alert.
         .allow_unauthenticated()
         .build()
-        .map_err(|e| read_err(ca, e))?;
+        .map_err(read_err(ca))?;
     let mut server = ServerConfig::builder()
         .with_client_cert_verifier(Arc::new(PeriodChecked { inner }))
         .with_single_cert(chain, key_der)
-        .map_err(|e| format!("{} with {}: {e}", cert.display(), key.display()))?;
+        .map_err(|source| TlsLoadError::KeyPair {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            source,
+        })?;
     server.alpn_protocols = vec![b"h2".to_vec()];
     Ok((server, loaded))
 }

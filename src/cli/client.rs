@@ -99,7 +99,7 @@ impl Client {
 }
 
 /// Opens a client to the daemon.
-pub async fn connect(target: &Target) -> Result<Client, String> {
+pub async fn connect(target: &Target) -> Result<Client, client::ClientError> {
     let channel = match target {
         Target::Tcp(url, tls) => client::tcp(url, tls).await?,
         Target::Unix(path) => client::unix(path).await?,

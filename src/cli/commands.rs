@@ -88,31 +88,57 @@ pub struct EventsArgs {
     pub follow: bool,
 }
 
+/// A `--pkey` argument that is not a tenant P_Key base; each says what was understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PKeyArgError {
+    /// Not 1-4 hex digits.
+    #[error(
+        "{0:?} is not a P_Key: give 1-4 hex digits, e.g. 0x0a12 or 0a12 (P_Keys are always hex)"
+    )]
+    NotHex(String),
+    /// Reads as 0.
+    #[error("{0:?} read as 0x0000, which is not a valid P_Key")]
+    Zero(String),
+    /// The default partition's key.
+    #[error("{text:?} read as {value:#06x}, the default partition, which no tenant may claim")]
+    Default {
+        /// The argument.
+        text: String,
+        /// What it read as.
+        value: u32,
+    },
+    /// The full-membership bit is set.
+    #[error(
+        "{text:?} read as {value:#06x}, which has the full-membership bit set: give the base {:#06x} \
+         (membership is --limited or full by default)",
+        .value & 0x7fff
+    )]
+    MembershipBit {
+        /// The argument.
+        text: String,
+        /// What it read as.
+        value: u32,
+    },
+}
+
 /// Parses a P_Key base the way InfiniBand tools write keys: hex, with or without `0x`, 1-4
 /// digits, never decimal. A value with the membership bit set or outside 0x0001..=0x7ffe is
 /// refused with what was understood.
-pub fn parse_pkey(s: &str) -> Result<u32, String> {
+pub fn parse_pkey(s: &str) -> Result<u32, PKeyArgError> {
     let digits = s
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
     if digits.is_empty() || digits.len() > 4 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(format!(
-            "{s:?} is not a P_Key: give 1-4 hex digits, e.g. 0x0a12 or 0a12 (P_Keys are always hex)"
-        ));
+        return Err(PKeyArgError::NotHex(s.to_owned()));
     }
-    let v = u32::from_str_radix(digits, 16).expect("checked hex digits");
-    match v {
-        0 => Err(format!("{s:?} read as 0x0000, which is not a valid P_Key")),
-        0x7fff | 0xffff => Err(format!(
-            "{s:?} read as {v:#06x}, the default partition, which no tenant may claim"
-        )),
-        0x8000.. => Err(format!(
-            "{s:?} read as {v:#06x}, which has the full-membership bit set: give the base {:#06x} \
-             (membership is --limited or full by default)",
-            v & 0x7fff
-        )),
-        _ => Ok(v),
+    let value = u32::from_str_radix(digits, 16).expect("checked hex digits");
+    let text = s.to_owned();
+    match value {
+        0 => Err(PKeyArgError::Zero(text)),
+        0x7fff | 0xffff => Err(PKeyArgError::Default { text, value }),
+        0x8000.. => Err(PKeyArgError::MembershipBit { text, value }),
+        _ => Ok(value),
     }
 }
 
@@ -448,7 +474,15 @@ mod tests {
             assert!(parse_pkey(bad).is_err(), "{bad:?}");
         }
         let e = parse_pkey("0x8a12").unwrap_err();
-        assert!(e.contains("0x0a12"), "{e}");
+        assert_eq!(
+            e,
+            PKeyArgError::MembershipBit {
+                text: "0x8a12".into(),
+                value: 0x8a12
+            }
+        );
+        // The message says which base was meant.
+        assert!(e.to_string().contains("0x0a12"), "{e}");
     }
 
     #[test]

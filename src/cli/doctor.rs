@@ -138,7 +138,7 @@ async fn daemon(checks: &mut Checks, config: &Config) -> Option<pb::GetNodeRespo
             .get_node(pb::GetNodeRequest {})
             .await
             .map_err(|s| s.message().to_owned()),
-        Err(e) => Err(e),
+        Err(e) => Err(e.to_string()),
     };
     match node {
         Ok(n) => {

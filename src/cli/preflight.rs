@@ -39,7 +39,7 @@ impl Preflight {
         if let Some(group) = &config.listen.read_group {
             match crate::sys::users::group_id(group) {
                 Ok(gid) => p.pass("listen.read_group", format!("{group} is gid {gid}")),
-                Err(e) => p.fail("listen.read_group", e),
+                Err(e) => p.fail("listen.read_group", e.to_string()),
             }
         }
         if let Some(tls) = &config.listen.tls {
@@ -52,7 +52,7 @@ impl Preflight {
             if p.checks[before..].iter().all(|c| c.ok) {
                 match crate::api::TlsReloader::load(tls) {
                     Ok((_, loaded)) => p.pass("listen.tls", loaded.to_string()),
-                    Err(e) => p.fail("listen.tls", e),
+                    Err(e) => p.fail("listen.tls", e.to_string()),
                 }
             }
         }

@@ -166,7 +166,7 @@ fn read_port(
 }
 
 /// Reads one attribute file and parses its first line; errors name the path.
-fn parse_file<T>(path: &Path, parse: fn(&str) -> Result<T, String>) -> Result<T, ObserveError> {
+fn parse_file<T>(path: &Path, parse: fn(&str) -> Result<T, AttrError>) -> Result<T, ObserveError> {
     let text = std::fs::read_to_string(path).map_err(|e| io_error(path, &e))?;
     let value = text.trim_end_matches('\n');
     parse(value).map_err(|why| ObserveError::Io(format!("{}: {why}", path.display())))
@@ -194,64 +194,72 @@ fn io_error(path: &Path, e: &std::io::Error) -> ObserveError {
     ObserveError::Io(format!("{}: {e}", path.display()))
 }
 
+/// An attribute file's text that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum AttrError {
+    #[error("{0:?} is not a port state like \"4: ACTIVE\"")]
+    NotAState(String),
+    #[error("{0:?}: unknown port state {1}")]
+    UnknownState(String, u8),
+    #[error("{0:?} is not a 16-bit hex value like \"0xffff\"")]
+    NotHex16(String),
+    #[error("{0:?} is not a link layer (InfiniBand, Ethernet or Unknown)")]
+    NotLinkLayer(String),
+    #[error("{0:?} is not a GUID like \"a088:c203:00f1:2e40\"")]
+    NotGuid(String),
+    #[error("{0:?} is not a GID like \"fe80:0000:0000:0000:a088:c203:00f1:2e40\"")]
+    NotGid(String),
+}
+
 /// `state`: "4: ACTIVE" (the IBA PortState number, then its name).
-fn parse_state(text: &str) -> Result<PortState, String> {
-    let (number, name) = text
-        .split_once(':')
-        .ok_or_else(|| format!("{text:?} is not a port state like \"4: ACTIVE\""))?;
-    let number: u8 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a port state like \"4: ACTIVE\""))?;
+fn parse_state(text: &str) -> Result<PortState, AttrError> {
+    let not_a_state = || AttrError::NotAState(text.to_owned());
+    let (number, name) = text.split_once(':').ok_or_else(not_a_state)?;
+    let number: u8 = number.trim().parse().map_err(|_| not_a_state())?;
     match (number, PortState::from_iba(number)) {
         (0, _) if name.trim() == "NOP" => Ok(PortState::Unknown),
-        (_, PortState::Unknown) => Err(format!("{text:?}: unknown port state {number}")),
+        (_, PortState::Unknown) => Err(AttrError::UnknownState(text.to_owned(), number)),
         (_, state) => Ok(state),
     }
 }
 
 /// `lid`, `sm_lid`, `pkeys/<i>`: "0x" + hex, 16 bits.
-fn parse_hex_u16(text: &str) -> Result<u16, String> {
+fn parse_hex_u16(text: &str) -> Result<u16, AttrError> {
     text.strip_prefix("0x")
         .filter(|h| !h.is_empty() && h.len() <= 4)
         .and_then(|h| u16::from_str_radix(h, 16).ok())
-        .ok_or_else(|| format!("{text:?} is not a 16-bit hex value like \"0xffff\""))
+        .ok_or_else(|| AttrError::NotHex16(text.to_owned()))
 }
 
 /// `link_layer`: "InfiniBand", "Ethernet" or "Unknown".
-fn parse_link_layer(text: &str) -> Result<LinkLayer, String> {
+fn parse_link_layer(text: &str) -> Result<LinkLayer, AttrError> {
     match text {
         "InfiniBand" => Ok(LinkLayer::Infiniband),
         "Ethernet" => Ok(LinkLayer::Ethernet),
         "Unknown" => Ok(LinkLayer::Unknown),
-        other => Err(format!(
-            "{other:?} is not a link layer (InfiniBand, Ethernet or Unknown)"
-        )),
+        other => Err(AttrError::NotLinkLayer(other.to_owned())),
     }
 }
 
 /// `node_guid`: four colon-separated groups of four hex digits.
-fn parse_guid(text: &str) -> Result<Guid, String> {
+fn parse_guid(text: &str) -> Result<Guid, AttrError> {
     let groups: Vec<&str> = text.split(':').collect();
     if groups.len() != 4 || !groups.iter().all(|g| is_hex_group(g)) {
-        return Err(format!(
-            "{text:?} is not a GUID like \"a088:c203:00f1:2e40\""
-        ));
+        return Err(AttrError::NotGuid(text.to_owned()));
     }
+    // Sixteen hex digits always fit.
     u64::from_str_radix(&groups.concat(), 16)
         .map(Guid)
-        .map_err(|e| e.to_string())
+        .map_err(|_| AttrError::NotGuid(text.to_owned()))
 }
 
 /// `gids/<i>`: eight colon-separated groups of four hex digits, as a 128-bit number.
-fn parse_gid(text: &str) -> Result<u128, String> {
+fn parse_gid(text: &str) -> Result<u128, AttrError> {
     let groups: Vec<&str> = text.split(':').collect();
     if groups.len() != 8 || !groups.iter().all(|g| is_hex_group(g)) {
-        return Err(format!(
-            "{text:?} is not a GID like \"fe80:0000:0000:0000:a088:c203:00f1:2e40\""
-        ));
+        return Err(AttrError::NotGid(text.to_owned()));
     }
-    u128::from_str_radix(&groups.concat(), 16).map_err(|e| e.to_string())
+    u128::from_str_radix(&groups.concat(), 16).map_err(|_| AttrError::NotGid(text.to_owned()))
 }
 
 fn is_hex_group(g: &str) -> bool {
@@ -304,7 +312,10 @@ mod tests {
         assert_eq!(parse_state("5: ACTIVE_DEFER"), Ok(PortState::ActiveDefer));
         assert_eq!(parse_state("0: NOP"), Ok(PortState::Unknown));
         assert!(parse_state("ACTIVE").is_err());
-        assert!(parse_state("9: BOGUS").is_err());
+        assert_eq!(
+            parse_state("9: BOGUS"),
+            Err(AttrError::UnknownState("9: BOGUS".into(), 9))
+        );
         assert!(parse_state("x: ACTIVE").is_err());
     }
 
@@ -324,7 +335,10 @@ mod tests {
         assert_eq!(parse_link_layer("InfiniBand"), Ok(LinkLayer::Infiniband));
         assert_eq!(parse_link_layer("Ethernet"), Ok(LinkLayer::Ethernet));
         assert_eq!(parse_link_layer("Unknown"), Ok(LinkLayer::Unknown));
-        assert!(parse_link_layer("infiniband").is_err());
+        assert_eq!(
+            parse_link_layer("infiniband"),
+            Err(AttrError::NotLinkLayer("infiniband".into()))
+        );
     }
 
     #[test]

@@ -70,15 +70,26 @@ impl EmbeddedConfig {
     }
 
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), EmbeddedConfigError> {
         if !(1..=16).contains(&self.ports) {
-            return Err("ports must be 1-16".into());
+            return Err(EmbeddedConfigError::Ports);
         }
         if !(2..=512).contains(&self.pkey_table_size) {
-            return Err("pkey_table_size must be 2-512".into());
+            return Err(EmbeddedConfigError::TableSize);
         }
         Ok(())
     }
+}
+
+/// Why `[subnet_manager.embedded]` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EmbeddedConfigError {
+    /// `ports` out of range.
+    #[error("ports must be 1-16")]
+    Ports,
+    /// `pkey_table_size` out of range.
+    #[error("pkey_table_size must be 2-512")]
+    TableSize,
 }
 
 /// The embedded subnet manager.
@@ -106,7 +117,7 @@ impl EmbeddedSm {
         let text = tokio::fs::read_to_string(path).await.unwrap_or_default();
         let line = text.trim();
         if line == "unreachable" {
-            return Err(SmError::Unavailable("embedded SM: injected outage".into()));
+            return Err(SmError::Unreachable("embedded SM: injected outage".into()));
         }
         if let Some(ms) = line.strip_prefix("slow ") {
             let ms = ms.trim().parse::<u64>().unwrap_or(0);
@@ -153,7 +164,7 @@ impl SubnetManager for EmbeddedSm {
             });
         }
         if lose_reply {
-            return Err(SmError::Unavailable(
+            return Err(SmError::Unreachable(
                 "embedded SM: injected lost reply (the set was applied)".into(),
             ));
         }

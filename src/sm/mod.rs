@@ -8,6 +8,8 @@ pub mod opensm;
 pub mod remote;
 pub mod ufm;
 
+pub use opensm::{OpenSmBackend, OpenSmError, StoredNode};
+
 use crate::domain::{Condition, NodeMemberships};
 use async_trait::async_trait;
 use thiserror::Error;
@@ -17,7 +19,7 @@ use thiserror::Error;
 pub enum SmError {
     /// The subnet manager could not be reached or did not answer in time: retry with backoff.
     #[error("subnet manager unavailable: {0}")]
-    Unavailable(String),
+    Unreachable(String),
     /// The subnet manager refused the request for a reason retrying will not fix (bad
     /// credentials, the operator's file does not parse, a table would overflow). The agent keeps
     /// retrying slowly, since an operator may fix it, and shows the reason.
@@ -40,7 +42,7 @@ impl SmError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            SmError::Unavailable(_) | SmError::StaleGeneration { .. }
+            SmError::Unreachable(_) | SmError::StaleGeneration { .. }
         )
     }
 }

@@ -15,7 +15,7 @@
 mod error;
 mod tables;
 
-pub use error::StoreError;
+pub use error::{Corruption, StoreError};
 
 use crate::domain::{ApplyLedger, Attachment, AttachmentState, Event, EventKind, InstanceId};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
@@ -88,12 +88,14 @@ impl Store {
     /// Opens (or creates) the database file; `retain` bounds the event log.
     pub fn open(path: &Path, retain: u64) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError::Io(format!("{}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+                path: dir.to_owned(),
+                source,
+            })?;
         }
         let db = Database::create(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => {
-                StoreError::Locked(path.parent().unwrap_or(path).display().to_string())
+                StoreError::Locked(path.parent().unwrap_or(path).to_owned())
             }
             other => StoreError::from(other),
         })?;
@@ -235,7 +237,7 @@ impl Store {
             for kind in batch.events {
                 seq = seq
                     .checked_add(1)
-                    .ok_or_else(|| StoreError::Corrupt("event sequence exhausted".into()))?;
+                    .ok_or(StoreError::Corrupt(Corruption::SequenceExhausted))?;
                 let event = Event {
                     seq,
                     time_unix_ns: now_unix_ns,
@@ -350,9 +352,12 @@ impl Store {
         for row in table.range(..(cutoff_unix_ns, ""))? {
             let (k, _) = row?;
             let (_, id) = k.value();
-            out.push(
-                InstanceId::parse(id).map_err(|e| StoreError::Corrupt(format!("{id:?}: {e}")))?,
-            );
+            out.push(InstanceId::parse(id).map_err(|source| {
+                StoreError::Corrupt(Corruption::InstanceId {
+                    id: id.to_owned(),
+                    source,
+                })
+            })?);
         }
         Ok(out)
     }
@@ -379,8 +384,8 @@ impl Store {
             match table.get(id)? {
                 Some(v) => out.push(decode(v.value())?),
                 None => {
-                    return Err(StoreError::Corrupt(format!(
-                        "live index names {id:?}, which is not stored"
+                    return Err(StoreError::Corrupt(Corruption::LiveIndexDangling(
+                        id.to_owned(),
                     )))
                 }
             }
@@ -437,23 +442,23 @@ fn build_index(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
 }
 
 fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(v).map_err(|e| StoreError::Corrupt(e.to_string()))
+    Ok(serde_json::to_vec(v)?)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(b).map_err(|e| StoreError::Corrupt(e.to_string()))
+    Ok(serde_json::from_slice(b)?)
 }
 
 fn u64_from(b: &[u8]) -> Result<u64, StoreError> {
     b.try_into()
         .map(u64::from_be_bytes)
-        .map_err(|_| StoreError::Corrupt("last_seq is not 8 bytes".into()))
+        .map_err(|_| StoreError::Corrupt(Corruption::Width("last_seq", 8)))
 }
 
 fn epoch_from(b: &[u8]) -> Result<LogEpoch, StoreError> {
     b.try_into()
         .map(|b| LogEpoch(u128::from_be_bytes(b)))
-        .map_err(|_| StoreError::Corrupt("log_epoch is not 16 bytes".into()))
+        .map_err(|_| StoreError::Corrupt(Corruption::Width("log_epoch", 16)))
 }
 
 #[cfg(test)]

@@ -120,13 +120,13 @@ impl SubnetManager for ModelSm {
                 });
                 let result = rx
                     .await
-                    .unwrap_or_else(|_| Err(SmError::Unavailable("connection lost".into())));
+                    .unwrap_or_else(|_| Err(SmError::Unreachable("connection lost".into())));
                 tokio::time::sleep(reply).await;
                 if reply_lost {
                     with(&self.world, |w| {
                         w.log(format!("sm: reply to apply #{id} lost ({result:?})"))
                     });
-                    return Err(SmError::Unavailable(
+                    return Err(SmError::Unreachable(
                         "model SM: no reply (connection reset)".into(),
                     ));
                 }
@@ -152,7 +152,7 @@ fn choose_fate(w: &mut World) -> Fate {
             reply_lost: false,
         },
         40..=51 => Fate::NoEffect(
-            SmError::Unavailable("model SM: connection refused".into()),
+            SmError::Unreachable("model SM: connection refused".into()),
             w.ms(1, 50),
         ),
         52..=57 => Fate::NoEffect(
@@ -183,14 +183,14 @@ fn take(w: &mut World, id: u64) -> (Result<ApplyOutcome, SmError>, Vec<(usize, D
     let Some(r) = w.fabric.in_flight.remove(&id) else {
         w.log(format!("sm: request #{id} was lost in an SM restart"));
         return (
-            Err(SmError::Unavailable("model SM restarted".into())),
+            Err(SmError::Unreachable("model SM restarted".into())),
             Vec::new(),
         );
     };
     if r.epoch != w.fabric.sm.epoch {
         w.log(format!("sm: request #{id} was lost in an SM restart"));
         return (
-            Err(SmError::Unavailable("model SM restarted".into())),
+            Err(SmError::Unreachable("model SM restarted".into())),
             Vec::new(),
         );
     }

@@ -37,9 +37,7 @@ use super::reload::{OpenSmReloader, ReloadError, Reloader};
 use super::render::is_safe_name;
 use super::store::{CommitState, NodeMembershipStore, StoredNode};
 use super::OpenSmConfig;
-use crate::domain::{
-    validate_label, Condition, ConditionKind, Guid, LabelRules, Membership, NodeMemberships, PKey,
-};
+use crate::domain::{Condition, ConditionKind, Guid, Membership, NodeMemberships, PKey};
 use crate::sm::{ApplyOutcome, SmError, SubnetManager};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,13 +48,8 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-/// Node ids: 1-128 characters `[A-Za-z0-9._:-]`.
-const NODE_ID_RULES: LabelRules = LabelRules {
-    max_len: 128,
-    punctuation: "._:-",
-};
 /// Most fabric ports one node may list.
-pub const MAX_PORTS_PER_NODE: usize = 64;
+pub const MAX_PORTS_PER_NODE: usize = NodeMemberships::MAX_PORTS;
 
 /// Why a request was not applied.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -148,7 +141,7 @@ impl From<OpenSmError> for SmError {
             | OpenSmError::Unconfirmed(_)
             | OpenSmError::Io(_)
             | OpenSmError::Store(_)
-            | OpenSmError::FabricUnreachable(_) => SmError::Unavailable(e.to_string()),
+            | OpenSmError::FabricUnreachable(_) => SmError::Unreachable(e.to_string()),
             _ => SmError::Refused(e.to_string()),
         }
     }
@@ -1038,33 +1031,11 @@ async fn watch_log(inner: Weak<Inner>, every: Duration) {
     }
 }
 
-/// Checks a desired set on its own: node id, GUIDs, names, key count.
+/// Checks a desired set on its own ([`NodeMemberships::validate`]) and its key count.
 pub fn validate(desired: &NodeMemberships, table_size: usize) -> Result<(), OpenSmError> {
-    validate_label("node_id", &desired.node_id, NODE_ID_RULES)
+    desired
+        .validate()
         .map_err(|e| OpenSmError::Invalid(e.to_string()))?;
-    if desired.port_guids.len() > MAX_PORTS_PER_NODE {
-        return Err(OpenSmError::Invalid(format!(
-            "{} port GUIDs, at most {MAX_PORTS_PER_NODE}",
-            desired.port_guids.len()
-        )));
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for g in &desired.port_guids {
-        if g.0 == 0 {
-            return Err(OpenSmError::Invalid("port GUID 0 is not a port".into()));
-        }
-        if !seen.insert(*g) {
-            return Err(OpenSmError::Invalid(format!("port GUID {g} listed twice")));
-        }
-    }
-    for (key, s) in &desired.keys {
-        if !s.name.is_empty() && !is_safe_name(&s.name) {
-            return Err(OpenSmError::Invalid(format!(
-                "key {key}: name {:?} must be 1-31 characters [A-Za-z0-9_.-]",
-                s.name
-            )));
-        }
-    }
     // The default partition takes one entry.
     if desired.keys.len() + 1 > table_size {
         return Err(OpenSmError::TableFull(format!(

@@ -146,21 +146,41 @@ impl Default for OpenSmConfig {
 
 impl OpenSmConfig {
     /// Checks ranges and that a SIGHUP reload knows where OpenSM's pid is.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), OpenSmConfigError> {
         if !(2..=512).contains(&self.pkey_table_size) {
-            return Err("pkey_table_size must be 2-512".into());
+            return Err(OpenSmConfigError::TableSize);
         }
         if self.reload == ReloadMethod::Sighup && self.pid_file.is_none() && self.pid.is_none() {
-            return Err("reload = \"sighup\" needs pid_file or pid".into());
+            return Err(OpenSmConfigError::SighupWithoutPid);
         }
         if matches!(self.pid, Some(p) if p <= 1) {
-            return Err("pid must be above 1".into());
+            return Err(OpenSmConfigError::Pid);
         }
         if self.reload_check_ms > 60_000 {
-            return Err("reload_check_ms must be at most 60000".into());
+            return Err(OpenSmConfigError::ReloadCheck);
         }
-        self.ownership.validate()
+        Ok(self.ownership.validate()?)
     }
+}
+
+/// Why `[subnet_manager.opensm]` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenSmConfigError {
+    /// `pkey_table_size` out of range.
+    #[error("pkey_table_size must be 2-512")]
+    TableSize,
+    /// SIGHUP reload without a way to find OpenSM's pid.
+    #[error("reload = \"sighup\" needs pid_file or pid")]
+    SighupWithoutPid,
+    /// `pid` 0 or 1.
+    #[error("pid must be above 1")]
+    Pid,
+    /// `reload_check_ms` too long.
+    #[error("reload_check_ms must be at most 60000")]
+    ReloadCheck,
+    /// The `ownership` table is refused.
+    #[error(transparent)]
+    Ownership(#[from] ownership::OwnershipConfigError),
 }
 
 #[cfg(test)]

@@ -99,27 +99,23 @@ impl OwnershipConfig {
     }
 
     /// Checks the patterns and the timing.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), OwnershipConfigError> {
         if self.description_patterns.is_empty() {
-            return Err("ownership.description_patterns must not be empty".into());
+            return Err(OwnershipConfigError::NoPatterns);
         }
         for p in &self.description_patterns {
             if p.matches("{node}").count() != 1 {
-                return Err(format!(
-                    "ownership.description_patterns: {p:?} must contain {{node}} exactly once"
-                ));
+                return Err(OwnershipConfigError::Pattern(p.clone()));
             }
         }
         if !(1..=60_000).contains(&self.sa_timeout_ms) {
-            return Err("ownership.sa_timeout_ms must be 1-60000".into());
+            return Err(OwnershipConfigError::SaTimeout);
         }
         if self.sa_retries > 10 {
-            return Err("ownership.sa_retries must be at most 10".into());
+            return Err(OwnershipConfigError::SaRetries);
         }
         if !(self.sa_timeout_ms..=120_000).contains(&self.sa_deadline_ms) {
-            return Err(
-                "ownership.sa_deadline_ms must be at least sa_timeout_ms and at most 120000".into(),
-            );
+            return Err(OwnershipConfigError::SaDeadline);
         }
         Ok(())
     }
@@ -411,6 +407,26 @@ pub fn judge(
             "port {guid}: the SA knows no such port and the inventory does not list it for node {node_id:?}"
         ),
     }))
+}
+
+/// Why `[subnet_manager.opensm.ownership]` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OwnershipConfigError {
+    /// No description pattern.
+    #[error("ownership.description_patterns must not be empty")]
+    NoPatterns,
+    /// A pattern without exactly one `{node}`.
+    #[error("ownership.description_patterns: {0:?} must contain {{node}} exactly once")]
+    Pattern(String),
+    /// `sa_timeout_ms` out of range.
+    #[error("ownership.sa_timeout_ms must be 1-60000")]
+    SaTimeout,
+    /// `sa_retries` out of range.
+    #[error("ownership.sa_retries must be at most 10")]
+    SaRetries,
+    /// `sa_deadline_ms` out of range.
+    #[error("ownership.sa_deadline_ms must be at least sa_timeout_ms and at most 120000")]
+    SaDeadline,
 }
 
 #[cfg(test)]

@@ -30,10 +30,7 @@ pub struct EntrySpec {
 
 /// Whether a name survives OpenSM unchanged and cannot be read as anything else.
 pub fn is_safe_name(name: &str) -> bool {
-    (1..=super::model::NAME_MAX).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    crate::domain::is_safe_key_name(name)
 }
 
 /// Appends one entry.

@@ -69,7 +69,7 @@ impl MemoryLedgerStore {
     }
 
     /// The ledger as last saved (empty when never saved).
-    pub fn ledger(&self) -> Result<UfmLedger, String> {
+    pub fn ledger(&self) -> Result<UfmLedger, LedgerDecodeError> {
         match self.with(|i| i.value.clone()) {
             Some(bytes) => UfmLedger::decode(&bytes),
             None => Ok(UfmLedger::default()),
@@ -170,30 +170,50 @@ impl UfmLedger {
     }
 
     /// Reads the saved form.
-    pub fn decode(bytes: &[u8]) -> Result<UfmLedger, String> {
-        let file: LedgerFile =
-            serde_json::from_slice(bytes).map_err(|e| format!("not a UFM ledger: {e}"))?;
+    pub fn decode(bytes: &[u8]) -> Result<UfmLedger, LedgerDecodeError> {
+        let file: LedgerFile = serde_json::from_slice(bytes)?;
         if file.version != VERSION {
-            return Err(format!(
-                "UFM ledger version {} is not understood (expected {VERSION})",
-                file.version
-            ));
+            return Err(LedgerDecodeError::Version(file.version));
         }
         let mut ledger = UfmLedger::default();
         for (key_text, guids) in &file.keys {
-            let key = parse_pkey(key_text)
-                .ok_or_else(|| format!("UFM ledger key {key_text:?} is not a tenant P_Key"))?;
+            let key =
+                parse_pkey(key_text).ok_or_else(|| LedgerDecodeError::Key(key_text.clone()))?;
             let guids: BTreeSet<Guid> = guids
                 .iter()
                 .map(|g| {
-                    g.parse::<Guid>()
-                        .map_err(|_| format!("UFM ledger GUID {g:?} under {key_text} is not hex"))
+                    g.parse::<Guid>().map_err(|_| LedgerDecodeError::Guid {
+                        guid: g.clone(),
+                        key: key_text.clone(),
+                    })
                 })
                 .collect::<Result<_, _>>()?;
             ledger.record(key, guids);
         }
         Ok(ledger)
     }
+}
+
+/// Why a saved UFM ledger does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerDecodeError {
+    /// Not the ledger's JSON form.
+    #[error("not a UFM ledger: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A version this build does not read.
+    #[error("UFM ledger version {0} is not understood (expected {VERSION})")]
+    Version(u32),
+    /// A key that is not a tenant P_Key.
+    #[error("UFM ledger key {0:?} is not a tenant P_Key")]
+    Key(String),
+    /// A GUID that is not hex.
+    #[error("UFM ledger GUID {guid:?} under {key} is not hex")]
+    Guid {
+        /// The GUID's text.
+        guid: String,
+        /// The key it is listed under.
+        key: String,
+    },
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@
 //!
 //! # Failures
 //! Timeouts, connection errors and 5xx are retried per request with capped, jittered backoff,
-//! then reported as [`SmError::Unavailable`]. A 4xx is [`SmError::Refused`] at once. After
+//! then reported as [`SmError::Unreachable`]. A 4xx is [`SmError::Refused`] at once. After
 //! 401/403 the backend does not call UFM again until the credentials file's contents change
 //! (checked on every apply). Credentials are never logged nor put in any message.
 
@@ -508,9 +508,9 @@ impl UfmSm {
         let store = self.ledger_store.clone();
         let bytes = tokio::task::spawn_blocking(move || store.load())
             .await
-            .map_err(|e| SmError::Unavailable(format!("reading the UFM ledger: {e}")))?
+            .map_err(|e| SmError::Unreachable(format!("reading the UFM ledger: {e}")))?
             .map_err(|e| {
-                SmError::Unavailable(format!("cannot read the UFM ledger from the store: {e}"))
+                SmError::Unreachable(format!("cannot read the UFM ledger from the store: {e}"))
             })?;
         let ledger = match bytes {
             None => UfmLedger::default(),
@@ -826,7 +826,7 @@ impl SubnetManager for UfmSm {
             }
             Err(Failure::Refused(message)) => Err(SmError::Refused(message)),
             Err(Failure::Unavailable(message) | Failure::TooLarge(message)) => {
-                Err(SmError::Unavailable(message))
+                Err(SmError::Unreachable(message))
             }
         }
     }

@@ -56,27 +56,51 @@ pub(crate) struct PartitionState {
     pub members: BTreeMap<Guid, Member>,
 }
 
+/// A UFM answer this backend does not understand.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WireError {
+    #[error("partition is not JSON: {0}")]
+    PartitionJson(#[source] serde_json::Error),
+    #[error("partition list is not JSON: {0}")]
+    ListJson(#[source] serde_json::Error),
+    #[error("partition list is not a JSON object")]
+    ListNotObject,
+    #[error("partition list has a non-P_Key entry {0:?}")]
+    ListEntry(String),
+    #[error("partition is not a JSON object")]
+    PartitionNotObject,
+    #[error("partition's \"guids\" is not a list")]
+    GuidsNotList,
+    #[error("partition member without a \"guid\" string")]
+    MemberWithoutGuid,
+    #[error("partition member GUID {0:?} is not hex")]
+    MemberGuid(String),
+    #[error("partition member {guid} has membership {membership:?}, expected full or limited")]
+    MemberMembership {
+        guid: Guid,
+        membership: Option<String>,
+    },
+}
+
 /// Parses `GET …/resources/pkeys/{pkey}?guids_data=true`. `{}` (UFM's answer for a missing key
 /// in some versions) is `None`.
-pub(crate) fn parse_partition(body: &[u8]) -> Result<Option<PartitionState>, String> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| format!("partition is not JSON: {e}"))?;
+pub(crate) fn parse_partition(body: &[u8]) -> Result<Option<PartitionState>, WireError> {
+    let value: Value = serde_json::from_slice(body).map_err(WireError::PartitionJson)?;
     partition_from_value(&value)
 }
 
 /// Parses `GET …/resources/pkeys?guids_data=true`: an object keyed by P_Key. Keys that are not
 /// tenant keys (the default partition 0x7fff) are skipped.
-pub(crate) fn parse_all(body: &[u8]) -> Result<BTreeMap<PKey, PartitionState>, String> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| format!("partition list is not JSON: {e}"))?;
+pub(crate) fn parse_all(body: &[u8]) -> Result<BTreeMap<PKey, PartitionState>, WireError> {
+    let value: Value = serde_json::from_slice(body).map_err(WireError::ListJson)?;
     let Value::Object(map) = value else {
-        return Err("partition list is not a JSON object".into());
+        return Err(WireError::ListNotObject);
     };
     let mut out = BTreeMap::new();
     for (name, doc) in &map {
         let Some(key) = parse_pkey(name) else {
             if parse_pkey_value(name).is_none() {
-                return Err(format!("partition list has a non-P_Key entry {name:?}"));
+                return Err(WireError::ListEntry(name.clone()));
             }
             continue;
         };
@@ -112,9 +136,9 @@ pub(crate) fn parse_pkey(text: &str) -> Option<PKey> {
     PKey::new(parse_pkey_value(text)?).ok()
 }
 
-fn partition_from_value(value: &Value) -> Result<Option<PartitionState>, String> {
+fn partition_from_value(value: &Value) -> Result<Option<PartitionState>, WireError> {
     let Value::Object(obj) = value else {
-        return Err("partition is not a JSON object".into());
+        return Err(WireError::PartitionNotObject);
     };
     if obj.is_empty() {
         return Ok(None);
@@ -123,23 +147,24 @@ fn partition_from_value(value: &Value) -> Result<Option<PartitionState>, String>
     let guids = match obj.get("guids") {
         None | Some(Value::Null) => return Ok(Some(state)),
         Some(Value::Array(a)) => a,
-        Some(_) => return Err("partition's \"guids\" is not a list".into()),
+        Some(_) => return Err(WireError::GuidsNotList),
     };
     for entry in guids {
         let guid = entry
             .get("guid")
             .and_then(Value::as_str)
-            .ok_or("partition member without a \"guid\" string")?;
+            .ok_or(WireError::MemberWithoutGuid)?;
         let guid: Guid = guid
             .parse()
-            .map_err(|_| format!("partition member GUID {guid:?} is not hex"))?;
+            .map_err(|_| WireError::MemberGuid(guid.to_owned()))?;
         let membership = match entry.get("membership").and_then(Value::as_str) {
             Some(m) if m.eq_ignore_ascii_case("full") => Membership::Full,
             Some(m) if m.eq_ignore_ascii_case("limited") => Membership::Limited,
             other => {
-                return Err(format!(
-                    "partition member {guid} has membership {other:?}, expected full or limited"
-                ))
+                return Err(WireError::MemberMembership {
+                    guid,
+                    membership: other.map(str::to_owned),
+                })
             }
         };
         let index0 = entry.get("index0").and_then(Value::as_bool);

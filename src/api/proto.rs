@@ -1,4 +1,4 @@
-//! Generated protobuf and gRPC code. Only `api`, `cli` and `sm::remote` use these types.
+//! Generated protobuf and gRPC code (re-exported as `crate::proto`). Used by `api` and `cli` only.
 
 #![allow(missing_docs, clippy::all)]
 

@@ -1,0 +1,324 @@
+//! The `fabric.sm.v1` boundary: protobuf <-> domain conversion both ways and the error mapping
+//! both ways, used by the SM host's service ([`super::partitions`]) and by the nodes' remote
+//! backend ([`super::sm_client`]). Validation is the domain's ([`NodeMemberships::validate`]).
+
+use crate::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
+use crate::proto::sm as pb;
+use crate::sm::{OpenSmError, SmError, StoredNode};
+use std::collections::BTreeMap;
+use tonic::{Code, Status};
+
+/// Type URL of the [`pb::StaleGeneration`] detail of an ABORTED status.
+pub const STALE_GENERATION_TYPE_URL: &str = "type.googleapis.com/fabric.sm.v1.StaleGeneration";
+/// Trailer carrying the stored generation (decimal) of an ABORTED status.
+pub const STORED_GENERATION_TRAILER: &str = "fabric-stored-generation";
+
+/// A node's desired set as `fabric.sm.v1` sends it.
+pub fn memberships_to_proto(desired: &NodeMemberships, generation: u64) -> pb::NodeMemberships {
+    pb::NodeMemberships {
+        node_id: desired.node_id.clone(),
+        port_guids: desired.port_guids.iter().map(ToString::to_string).collect(),
+        keys: desired
+            .keys
+            .iter()
+            .map(|(k, s)| pb::KeyMembership {
+                pkey: u32::from(k.base()),
+                full: s.membership == Membership::Full,
+                name: s.name.clone(),
+            })
+            .collect(),
+        generation,
+    }
+}
+
+/// A stored node as `fabric.sm.v1` returns it (the same encoding the remote backend sends).
+pub fn stored_to_proto(n: &StoredNode) -> pb::NodeMemberships {
+    memberships_to_proto(&n.memberships, n.generation)
+}
+
+/// Converts a request's memberships to the domain, with the node's generation; a set that
+/// fails [`NodeMemberships::validate`] is INVALID_ARGUMENT.
+pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships, u64), Status> {
+    node_id(&m.node_id)?;
+    let port_guids = m
+        .port_guids
+        .iter()
+        .map(|g| parse_guid(g))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut keys = BTreeMap::new();
+    for k in m.keys {
+        let key = PKey::new(k.pkey).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let setting = KeySetting {
+            membership: if k.full {
+                Membership::Full
+            } else {
+                Membership::Limited
+            },
+            name: k.name,
+        };
+        if keys.insert(key, setting).is_some() {
+            return Err(Status::invalid_argument(format!("key {key} listed twice")));
+        }
+    }
+    let desired = NodeMemberships {
+        node_id: m.node_id,
+        port_guids,
+        keys,
+    };
+    desired
+        .validate()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok((desired, m.generation))
+}
+
+/// A node id from a request: INVALID_ARGUMENT unless it follows [`NodeId`]'s rules.
+pub fn node_id(s: &str) -> Result<NodeId, Status> {
+    NodeId::parse(s).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn parse_guid(s: &str) -> Result<Guid, Status> {
+    let hex = s
+        .strip_prefix("0x")
+        .filter(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    match hex.map(|h| u64::from_str_radix(h, 16)) {
+        Some(Ok(0)) => Err(Status::invalid_argument(
+            "port GUID 0x0000000000000000 is not a port",
+        )),
+        Some(Ok(g)) => Ok(Guid(g)),
+        _ => Err(Status::invalid_argument(format!(
+            "port GUID {s:?} is not \"0x\" followed by 16 hex digits"
+        ))),
+    }
+}
+
+/// The status the SM host answers a backend error with (the one place for `fabric.sm.v1`).
+pub fn status_of(e: &OpenSmError) -> Status {
+    let msg = e.to_string();
+    match e {
+        OpenSmError::Invalid(_) | OpenSmError::OperatorKey(_) => Status::invalid_argument(msg),
+        OpenSmError::TableFull(_) => Status::resource_exhausted(msg),
+        OpenSmError::StaleGeneration { sent, stored } => {
+            stale_generation_status(*sent, *stored, msg)
+        }
+        OpenSmError::OperatorFile(_)
+        | OpenSmError::Rejected(_)
+        | OpenSmError::InsecureDefault(_)
+        | OpenSmError::PortNotShown(_) => Status::failed_precondition(msg),
+        OpenSmError::PortForbidden(_) => Status::permission_denied(msg),
+        OpenSmError::Unreachable(_)
+        | OpenSmError::Unconfirmed(_)
+        | OpenSmError::Io(_)
+        | OpenSmError::Store(_)
+        | OpenSmError::FabricUnreachable(_) => Status::unavailable(msg),
+        OpenSmError::Composed(_) => Status::internal(msg),
+    }
+}
+
+/// The ABORTED status refusing a generation: the stored generation as a status detail
+/// (`ErrorStatus` = `google.rpc.Status` with a `StaleGeneration` in `details`) and as the
+/// `fabric-stored-generation` trailer.
+pub fn stale_generation_status(sent: u64, stored: u64, message: String) -> Status {
+    use prost::Message;
+    let detail = pb::StaleGeneration { stored, sent };
+    let details = pb::ErrorStatus {
+        code: Code::Aborted as i32,
+        message: message.clone(),
+        details: vec![prost_types::Any {
+            type_url: STALE_GENERATION_TYPE_URL.into(),
+            value: detail.encode_to_vec(),
+        }],
+    };
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert(
+        STORED_GENERATION_TRAILER,
+        stored
+            .to_string()
+            .parse()
+            .expect("decimal digits are valid metadata"),
+    );
+    Status::with_details_and_metadata(
+        Code::Aborted,
+        message,
+        details.encode_to_vec().into(),
+        metadata,
+    )
+}
+
+/// The generation the SM host holds, when `status` is its ABORTED refusing a generation
+/// (`fabric.sm.v1.StaleGeneration` in the status details, else the `fabric-stored-generation`
+/// trailer); `None` for any other status.
+pub fn stored_generation(status: &Status) -> Option<u64> {
+    use prost::Message;
+    if status.code() != Code::Aborted {
+        return None;
+    }
+    let from_details = pb::ErrorStatus::decode(status.details())
+        .ok()
+        .and_then(|s| {
+            s.details
+                .into_iter()
+                .find(|a| a.type_url == STALE_GENERATION_TYPE_URL)
+        })
+        .and_then(|a| pb::StaleGeneration::decode(&a.value[..]).ok())
+        .map(|s| s.stored);
+    from_details.or_else(|| {
+        status
+            .metadata()
+            .get(STORED_GENERATION_TRAILER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// Maps the SM host's status to the backend error: ABORTED refusing a generation becomes
+/// [`SmError::StaleGeneration`] (`sent` is the generation the request carried), other transient
+/// codes are retried soon, the rest are refusals carrying the SM host's message.
+pub fn sm_error_of(status: &Status, sent: u64) -> SmError {
+    if let Some(stored) = stored_generation(status) {
+        return SmError::StaleGeneration { sent, stored };
+    }
+    let msg = format!("SM host: {}", status.message());
+    match status.code() {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+            SmError::Unreachable(msg)
+        }
+        // tonic reports transport failures (refused connection, reset) as Unknown with a
+        // transport source.
+        Code::Unknown if std::error::Error::source(status).is_some() => SmError::Unreachable(msg),
+        _ => SmError::Refused(msg),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(keys: Vec<pb::KeyMembership>, guids: Vec<&str>) -> pb::NodeMemberships {
+        pb::NodeMemberships {
+            node_id: "node-1".into(),
+            port_guids: guids.into_iter().map(str::to_owned).collect(),
+            keys,
+            generation: 3,
+        }
+    }
+
+    fn key(pkey: u32, full: bool, name: &str) -> pb::KeyMembership {
+        pb::KeyMembership {
+            pkey,
+            full,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn converts_and_validates() {
+        let (m, generation) = memberships_from_proto(request(
+            vec![key(0x0a12, true, "t1"), key(0x0b, false, "")],
+            vec!["0x0002c903000e0b72"],
+        ))
+        .unwrap();
+        assert_eq!(generation, 3);
+        assert_eq!(
+            m.keys[&PKey::new(0x0a12).unwrap()].membership,
+            Membership::Full
+        );
+        let back = stored_to_proto(&StoredNode {
+            memberships: m.clone(),
+            generation: 3,
+        });
+        assert_eq!(back.port_guids, vec!["0x0002c903000e0b72".to_owned()]);
+        assert_eq!(memberships_from_proto(back).unwrap(), (m, 3));
+        let one = "0x0000000000000001";
+        for (keys, guids) in [
+            (vec![key(0x7fff, true, "")], vec![one]),
+            (vec![key(0, true, "")], vec![one]),
+            (vec![key(1, true, ""), key(1, false, "")], vec![one]),
+            (vec![key(1, true, "bad name")], vec![one]),
+            (vec![], vec!["0002c903000e0b72"]),
+            (vec![], vec!["0x0000000000000000"]),
+            (vec![], vec![one, one]),
+        ] {
+            let err = memberships_from_proto(request(keys, guids)).unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument);
+        }
+        let mut bad_id = request(vec![], vec![one]);
+        bad_id.node_id = "node 1".into();
+        assert_eq!(
+            memberships_from_proto(bad_id).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn errors_map_to_codes() {
+        for (e, code) in [
+            (OpenSmError::TableFull("x".into()), Code::ResourceExhausted),
+            (
+                OpenSmError::OperatorFile("x".into()),
+                Code::FailedPrecondition,
+            ),
+            (OpenSmError::Unreachable("x".into()), Code::Unavailable),
+            (OpenSmError::Unconfirmed("x".into()), Code::Unavailable),
+            (
+                OpenSmError::InsecureDefault("x".into()),
+                Code::FailedPrecondition,
+            ),
+            (
+                OpenSmError::PortForbidden("x".into()),
+                Code::PermissionDenied,
+            ),
+            (
+                OpenSmError::PortNotShown("x".into()),
+                Code::FailedPrecondition,
+            ),
+            (
+                OpenSmError::FabricUnreachable("x".into()),
+                Code::Unavailable,
+            ),
+        ] {
+            assert_eq!(status_of(&e).code(), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn statuses_map_to_errors() {
+        assert!(sm_error_of(&Status::unavailable("x"), 1).is_transient());
+        assert!(sm_error_of(&Status::deadline_exceeded("x"), 1).is_transient());
+        let refused = sm_error_of(&Status::resource_exhausted("table full"), 1);
+        assert_eq!(refused, SmError::Refused("SM host: table full".into()));
+        // An ABORTED without the generation detail stays a transient Unreachable.
+        assert_eq!(
+            sm_error_of(&Status::aborted("conflict"), 3),
+            SmError::Unreachable("SM host: conflict".into())
+        );
+        // The trailer alone is enough.
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert(STORED_GENERATION_TRAILER, "12".parse().unwrap());
+        let s = Status::with_metadata(Code::Aborted, "stale", md);
+        assert_eq!(
+            sm_error_of(&s, 7),
+            SmError::StaleGeneration {
+                sent: 7,
+                stored: 12
+            }
+        );
+    }
+
+    #[test]
+    fn stale_generation_carries_the_stored_generation() {
+        use prost::Message;
+        let s = status_of(&OpenSmError::StaleGeneration { sent: 4, stored: 9 });
+        assert_eq!(s.code(), Code::Aborted);
+        let details = pb::ErrorStatus::decode(s.details()).unwrap();
+        assert_eq!(details.code, Code::Aborted as i32);
+        assert_eq!(details.details[0].type_url, STALE_GENERATION_TYPE_URL);
+        let stale = pb::StaleGeneration::decode(&details.details[0].value[..]).unwrap();
+        assert_eq!((stale.stored, stale.sent), (9, 4));
+        assert_eq!(s.metadata().get(STORED_GENERATION_TRAILER).unwrap(), "9");
+        // The node's side reads it back as the typed error.
+        assert_eq!(
+            sm_error_of(&s, 4),
+            SmError::StaleGeneration { sent: 4, stored: 9 }
+        );
+    }
+}

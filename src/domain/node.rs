@@ -1,0 +1,155 @@
+//! A node's identity and the rules a node's desired set must satisfy, in one place for every
+//! side that reads one: the agent's configuration, the SM host's `fabric.sm.v1` service and its
+//! OpenSM backend.
+
+use super::{validate_label, DomainError, LabelRules, NodeMemberships};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+const NODE_ID_RULES: LabelRules = LabelRules {
+    max_len: 128,
+    punctuation: "._:-",
+};
+
+/// A node's id: 1-128 characters `[A-Za-z0-9._:-]`, starting with a letter or digit.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeId(String);
+
+impl NodeId {
+    /// Validates a node id.
+    pub fn parse(s: &str) -> Result<Self, DomainError> {
+        validate_label("node_id", s, NODE_ID_RULES)?;
+        Ok(NodeId(s.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Longest key name (an OpenSM partition name, a UFM partition label).
+pub const KEY_NAME_MAX: usize = 31;
+
+/// Whether `name` may name a key: 1-31 characters `[A-Za-z0-9_.-]`.
+pub fn is_safe_key_name(name: &str) -> bool {
+    (1..=KEY_NAME_MAX).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+impl NodeMemberships {
+    /// Most port GUIDs one node may list.
+    pub const MAX_PORTS: usize = 64;
+
+    /// Checks the set on its own: the node id, at most [`NodeMemberships::MAX_PORTS`] distinct
+    /// non-zero port GUIDs, and key names (empty, or [`is_safe_key_name`]).
+    pub fn validate(&self) -> Result<(), DomainError> {
+        NodeId::parse(&self.node_id)?;
+        if self.port_guids.len() > Self::MAX_PORTS {
+            return Err(DomainError::invalid(
+                "port_guids",
+                format!(
+                    "{} port GUIDs, at most {}",
+                    self.port_guids.len(),
+                    Self::MAX_PORTS
+                ),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for g in &self.port_guids {
+            if g.0 == 0 {
+                return Err(DomainError::invalid(
+                    "port_guids",
+                    "port GUID 0 is not a port",
+                ));
+            }
+            if !seen.insert(*g) {
+                return Err(DomainError::invalid(
+                    "port_guids",
+                    format!("port GUID {g} listed twice"),
+                ));
+            }
+        }
+        for (key, s) in &self.keys {
+            if !s.name.is_empty() && !is_safe_key_name(&s.name) {
+                return Err(DomainError::invalid(
+                    "keys",
+                    format!(
+                        "key {key}: name {:?} must be 1-{KEY_NAME_MAX} characters [A-Za-z0-9_.-]",
+                        s.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Guid, KeySetting, Membership, PKey};
+
+    fn set(guids: &[u64], name: &str) -> NodeMemberships {
+        NodeMemberships {
+            node_id: "node-1".into(),
+            port_guids: guids.iter().map(|g| Guid(*g)).collect(),
+            keys: [(
+                PKey::new(0x10).unwrap(),
+                KeySetting {
+                    membership: Membership::Full,
+                    name: name.into(),
+                },
+            )]
+            .into(),
+        }
+    }
+
+    #[test]
+    fn node_ids_follow_one_rule() {
+        assert_eq!(
+            NodeId::parse("node-1.a:b_c").unwrap().as_str(),
+            "node-1.a:b_c"
+        );
+        for bad in ["", "-n", "n/1", "n 1", &"n".repeat(129)] {
+            let e = NodeId::parse(bad).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    DomainError::Invalid {
+                        field: "node_id",
+                        ..
+                    }
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn sets_validate_ids_guids_and_names() {
+        assert_eq!(set(&[1, 2], "t1").validate(), Ok(()));
+        assert_eq!(set(&[], "").validate(), Ok(()));
+        let field = |m: NodeMemberships| match m.validate() {
+            Err(DomainError::Invalid { field, .. }) => field,
+            Ok(()) => panic!("{m:?} must be refused"),
+        };
+        assert_eq!(field(set(&[0], "")), "port_guids");
+        assert_eq!(field(set(&[1, 1], "")), "port_guids");
+        let many: Vec<u64> = (1..=65).collect();
+        assert_eq!(field(set(&many, "")), "port_guids");
+        assert_eq!(field(set(&[1], "bad name")), "keys");
+        assert_eq!(field(set(&[1], &"n".repeat(32))), "keys");
+        let mut bad_id = set(&[1], "");
+        bad_id.node_id = "node 1".into();
+        assert_eq!(field(bad_id), "node_id");
+    }
+}
