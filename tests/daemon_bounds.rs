@@ -281,15 +281,16 @@ async fn requests_beyond_the_in_flight_limit_get_resource_exhausted() {
         "[limits]\nmax_in_flight_requests = 1\n",
     );
     let mut waiting = d.client().await;
-    // The subnet manager is unreachable: this attach waits its full 3 s in the handler.
+    // The subnet manager is unreachable: this attach waits its full 6 s in the handler (long
+    // enough that, on a loaded machine, it is surely in progress while GetNode is tried).
     let started = Instant::now();
     let held = tokio::spawn(async move {
         waiting
-            .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(3000)))
+            .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(6000)))
             .await
     });
     let mut c = d.client().await;
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(5);
     let refused = loop {
         match c.get_node(pb::GetNodeRequest {}).await {
             Err(e) => break e,
@@ -306,7 +307,7 @@ async fn requests_beyond_the_in_flight_limit_get_resource_exhausted() {
         refused.message()
     );
     let a = held.await.unwrap().expect("the waiting attach is answered");
-    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert!(started.elapsed() >= Duration::from_secs(6));
     assert_eq!(
         state(&a.into_inner().attachment.unwrap()),
         pb::AttachmentState::Pending
