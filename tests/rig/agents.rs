@@ -2,12 +2,7 @@
 //! shim), each stopped by pid when its handle drops: SIGTERM and a wait, SIGKILL only as a
 //! fallback. [`Agent::crash`] SIGKILLs on purpose (which leaks one of ibsim's client slots).
 
-// The same process handling as the embedded-fabric harness; a test crate that uses both
-// harnesses compiles the file twice, which is harmless (it holds no statics).
-#[allow(clippy::duplicate_mod)]
-#[path = "../common/process.rs"]
-mod process;
-
+use super::process;
 use super::Fabric;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use process::DaemonProcess;

@@ -17,13 +17,19 @@
 #![allow(dead_code)]
 
 pub mod agents;
+// The one process guard of the tests; a test crate that also uses tests/common compiles the
+// file twice, which is harmless (it holds no statics).
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/process.rs"]
+pub mod process;
+pub use process::ChildGuard;
 pub mod proxy;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -168,77 +174,6 @@ impl FabricSpec {
             out.push('\n');
         }
         out
-    }
-}
-
-/// A child process stopped by pid on drop: SIGTERM, a grace period, then SIGKILL.
-#[derive(Debug)]
-pub struct ChildGuard {
-    name: &'static str,
-    child: Option<Child>,
-}
-
-impl ChildGuard {
-    /// Guards a child.
-    pub fn new(name: &'static str, child: Child) -> ChildGuard {
-        ChildGuard {
-            name,
-            child: Some(child),
-        }
-    }
-
-    /// The pid.
-    pub fn id(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
-    }
-
-    /// Whether the process has exited.
-    pub fn exited(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(c) => !matches!(c.try_wait(), Ok(None)),
-            None => true,
-        }
-    }
-
-    /// Sends a signal to the process.
-    pub fn signal(&self, signal: nix::sys::signal::Signal) {
-        if let Some(c) = &self.child {
-            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
-            let _ = nix::sys::signal::kill(pid, signal);
-        }
-    }
-
-    /// Stops the process (SIGTERM, then SIGKILL after `grace`) and reaps it.
-    pub fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if matches!(child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        eprintln!("rig: {} (pid {}) ignored SIGTERM, killing", self.name, pid);
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-
-    /// Takes the child out of the guard.
-    pub fn into_inner(mut self) -> Child {
-        self.child.take().expect("child present")
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        self.stop(Duration::from_secs(3));
     }
 }
 
