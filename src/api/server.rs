@@ -113,7 +113,7 @@ impl Listeners {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(bind_err(e)),
         }
-        let mode = config.socket_mode().unwrap_or(0o660);
+        let mode = config.socket_mode();
         let unix = socket_guard::bind(&path, mode).map_err(bind_err)?;
         let tcp = match config.tcp {
             None => None,

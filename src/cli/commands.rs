@@ -142,8 +142,8 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         output::json(&serde_json::json!({
             "config": path.display().to_string(),
             "ok": preflight.ok(),
-            "node": config.node_id(),
-            "fabric": config.fabric,
+            "node": config.node_id.as_str(),
+            "fabric": config.fabric.as_str(),
             "backend": format!("{:?}", config.subnet_manager.backend).to_lowercase(),
             "observer": format!("{:?}", config.observer_kind()).to_lowercase(),
             "checks": preflight.checks,
@@ -152,8 +152,8 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         println!(
             "{}: ok (node {}, fabric {}, backend {:?}, observer {:?}; {})",
             path.display(),
-            config.node_id(),
-            config.fabric,
+            config.node_id.as_str(),
+            config.fabric.as_str(),
             config.subnet_manager.backend,
             config.observer_kind(),
             if args.syntax {
@@ -183,7 +183,7 @@ pub async fn ports(path: &Path, json: bool) -> ExitCode {
             return ExitCode::from(super::exit::CONFIG);
         }
     };
-    match crate::agent::read_ports_once(&config).await {
+    match crate::daemon::read_ports_once(&config).await {
         Ok((kind, inventory)) => {
             let ports: Vec<pb::Port> = inventory
                 .ports
