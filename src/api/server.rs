@@ -150,11 +150,6 @@ impl Listeners {
         })
     }
 
-    /// The TCP address actually bound (useful with port 0).
-    pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
-        self.tcp.as_ref().and_then(|(l, _)| l.local_addr().ok())
-    }
-
     /// The handle that re-reads the TCP listener's certificate, key and client CA bundle
     /// (SIGHUP); None without TLS.
     pub fn tls_reloader(&self) -> Option<TlsReloader> {
