@@ -824,6 +824,40 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn identifiers_are_typed_once() {
+        let c = parse(
+            "fabric = \"fab1\"\nnode_id = \"n1\"\n[ports]\nguids = [\"0002:c903:000e:0b72\"]\n[listen]\nunix_socket_mode = \"0o600\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.node_id.as_str(), "n1");
+        assert_eq!(c.fabric.as_str(), "fab1");
+        assert_eq!(c.ports.guids, vec![Guid(0x0002_c903_000e_0b72)]);
+        assert_eq!(c.listen.socket_mode(), 0o600);
+        let host = parse("fabric = \"f\"\n").unwrap();
+        let expected = crate::sys::host::hostname().unwrap_or_else(|| "localhost".to_owned());
+        assert_eq!(host.node_id.as_str(), expected);
+        for (text, key) in [
+            ("node_id = \"a b\"\n", "node_id"),
+            ("[ports]\nguids = [\"0xzz\"]\n", "ports.guids"),
+        ] {
+            match parse(&format!("fabric = \"f\"\n{text}")) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        for mode in ["0999", "1777", "rw"] {
+            match parse(&format!(
+                "fabric = \"f\"\n[listen]\nunix_socket_mode = \"{mode}\"\n"
+            )) {
+                Err(ConfigError::Parse { message, .. }) => {
+                    assert!(message.contains("expected octal"), "{message}")
+                }
+                other => panic!("{mode}: {other:?}"),
+            }
+        }
+    }
+
     fn tls(lists: &str) -> String {
         format!(
             "fabric = \"f\"\n[listen]\ntcp = \"0.0.0.0:7443\"\n[listen.tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n{lists}"
