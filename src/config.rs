@@ -1,7 +1,10 @@
 //! The agent's TOML configuration: parsed strictly (unknown keys are errors) and validated once
 //! at start. A bad file exits with code 64 (EX_USAGE).
 
-use crate::domain::{FabricName, Guid, PortSelector};
+pub use crate::agent::ReconcilerConfig;
+pub use crate::observe::{ObserverConfig, ObserverKind};
+
+use crate::domain::{FabricName, Guid, NodeId, PortSelector};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -51,7 +54,7 @@ pub enum ConfigError {
 }
 
 /// A section whose own rules (its typed error) refused it.
-fn section<E: std::error::Error + Send + Sync + 'static>(
+fn rejected_by<E: std::error::Error + Send + Sync + 'static>(
     key: &'static str,
 ) -> impl Fn(E) -> ConfigError {
     move |e| ConfigError::Section {
@@ -67,51 +70,83 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The whole configuration, validated once: identifiers and port GUIDs are domain values.
+#[derive(Debug, Clone)]
 pub struct Config {
-    /// This node's id; defaults to the host name.
-    #[serde(default)]
-    pub node_id: Option<String>,
+    /// This node's id: configured, or the host name (read once, at load).
+    pub node_id: NodeId,
     /// The fabric this node's InfiniBand ports are cabled to.
-    pub fabric: String,
+    pub fabric: FabricName,
     /// Where the durable store lives.
-    #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
     /// Listeners.
-    #[serde(default)]
     pub listen: ListenConfig,
     /// The subnet-manager backend.
-    #[serde(default)]
     pub subnet_manager: SubnetManagerConfig,
     /// The port observer.
-    #[serde(default)]
     pub observer: ObserverConfig,
     /// Which ports belong to the fabric.
-    #[serde(default)]
-    pub ports: PortsConfig,
+    pub ports: PortSelector,
     /// Event log retention.
-    #[serde(default)]
     pub events: EventsConfig,
     /// Reconciler timing.
-    #[serde(default)]
     pub reconciler: ReconcilerConfig,
+    /// The operator's acknowledgement of an insecure default partition (see the file's
+    /// `allow_full_default`).
+    pub allow_full_default: bool,
+    /// The Prometheus metrics listener.
+    pub metrics: MetricsConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// Resource bounds of the gRPC listeners.
+    pub limits: LimitsConfig,
+}
+
+/// The configuration file as written; [`ConfigFile::validate`] turns it into a [`Config`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    /// This node's id; defaults to the host name.
+    #[serde(default)]
+    node_id: Option<String>,
+    /// The fabric this node's InfiniBand ports are cabled to.
+    fabric: String,
+    /// Where the durable store lives.
+    #[serde(default = "default_state_dir")]
+    state_dir: PathBuf,
+    /// Listeners.
+    #[serde(default)]
+    listen: ListenConfig,
+    /// The subnet-manager backend.
+    #[serde(default)]
+    subnet_manager: SubnetManagerConfig,
+    /// The port observer.
+    #[serde(default)]
+    observer: ObserverConfig,
+    /// Which ports belong to the fabric.
+    #[serde(default)]
+    ports: PortsConfig,
+    /// Event log retention.
+    #[serde(default)]
+    events: EventsConfig,
+    /// Reconciler timing.
+    #[serde(default)]
+    reconciler: ReconcilerConfig,
     /// The operator's acknowledgement of an insecure default partition: fabric ports that are
     /// full members of it (0xFFFF), or an OpenSM Default entry granting `ALL=full`, let every
     /// tenant reach every other. Without it such a posture is a standing condition, tenant keys
     /// are not reported ACTIVE (node) and not served (SM host). Default false.
     #[serde(default)]
-    pub allow_full_default: bool,
+    allow_full_default: bool,
     /// The Prometheus metrics listener.
     #[serde(default)]
-    pub metrics: MetricsConfig,
+    metrics: MetricsConfig,
     /// Logging.
     #[serde(default)]
-    pub log: LogConfig,
+    log: LogConfig,
     /// Resource bounds of the gRPC listeners.
     #[serde(default)]
-    pub limits: LimitsConfig,
+    limits: LimitsConfig,
 }
 
 /// `[log]`: the daemon's log filter, re-read on SIGHUP.
@@ -295,7 +330,7 @@ pub struct ListenConfig {
     pub unix_socket: PathBuf,
     /// Its mode, octal text, default "0660".
     #[serde(default = "default_socket_mode")]
-    pub unix_socket_mode: String,
+    pub unix_socket_mode: SocketMode,
     /// The group (name or numeric gid) whose members may call read-only RPCs on the unix socket;
     /// default: the agent's own group. Root and `allowed_uids` may always read.
     #[serde(default)]
@@ -323,8 +358,38 @@ pub struct ListenConfig {
 fn default_socket() -> PathBuf {
     PathBuf::from(DEFAULT_SOCKET)
 }
-fn default_socket_mode() -> String {
-    "0660".to_owned()
+fn default_socket_mode() -> SocketMode {
+    SocketMode(0o660)
+}
+
+/// A unix socket's permission bits, written as octal text (`"0660"`, `"0o600"`); parsed when
+/// the file is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct SocketMode(u32);
+
+/// A socket mode that is not octal permission bits.
+#[derive(Debug, Error)]
+#[error("unix_socket_mode {0:?}: expected octal like \"0660\"")]
+pub struct BadSocketMode(String);
+
+impl SocketMode {
+    /// The permission bits (at most 0o777).
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<String> for SocketMode {
+    type Error = BadSocketMode;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        u32::from_str_radix(text.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .map(SocketMode)
+            .ok_or(BadSocketMode(text))
+    }
 }
 
 impl Default for ListenConfig {
@@ -344,15 +409,11 @@ impl Default for ListenConfig {
 
 impl ListenConfig {
     /// The unix socket mode as a number.
-    pub fn socket_mode(&self) -> Result<u32, ConfigError> {
-        u32::from_str_radix(self.unix_socket_mode.trim_start_matches("0o"), 8)
-            .ok()
-            .filter(|m| *m <= 0o777)
-            .ok_or_else(|| invalid("listen.unix_socket_mode", "expected octal like \"0660\""))
+    pub fn socket_mode(&self) -> u32 {
+        self.unix_socket_mode.bits()
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        self.socket_mode()?;
         if self.plaintext_loopback.is_some() {
             return Err(invalid(
                 "listen.plaintext_loopback",
@@ -429,7 +490,7 @@ impl TlsConfig {
             ("listen.tls.partitions_clients", &self.partitions_clients),
             ("listen.tls.operator_clients", &self.operator_clients),
         ] {
-            crate::api::ClientAllowlist::parse(list).map_err(section(key))?;
+            crate::api::ClientAllowlist::parse(list).map_err(rejected_by(key))?;
         }
         if self.allowed_clients.is_empty()
             && self.partitions_clients.is_empty()
@@ -444,7 +505,7 @@ impl TlsConfig {
             self.node_name_template.as_deref(),
             &self.node_identities,
         )
-        .map_err(section(if self.node_identities.is_empty() {
+        .map_err(rejected_by(if self.node_identities.is_empty() {
             "listen.tls.node_name_template"
         } else {
             "listen.tls.node_identities"
@@ -489,94 +550,6 @@ pub enum Backend {
     Ufm,
 }
 
-/// Port observer settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ObserverConfig {
-    /// "auto" (verbs, then sysfs), "embedded", "smp", "sysfs" or "verbs". Default: "embedded"
-    /// with the embedded backend, else "auto".
-    #[serde(default)]
-    pub kind: Option<ObserverKind>,
-    /// Poll interval while a transition is pending, milliseconds.
-    #[serde(default = "default_fast_poll")]
-    pub fast_poll_ms: u64,
-    /// Poll interval when idle (a safety net for event-driven observers), milliseconds.
-    #[serde(default = "default_slow_poll")]
-    pub slow_poll_ms: u64,
-    /// sysfs root (default `/sys/class/infiniband`).
-    #[serde(default = "default_sysfs_root")]
-    pub sysfs_root: PathBuf,
-    /// umad device for the smp observer.
-    #[serde(default = "default_umad")]
-    pub umad_device: PathBuf,
-    /// SMP reply timeout, milliseconds.
-    #[serde(default = "default_smp_timeout")]
-    pub smp_timeout_ms: u64,
-    /// SMP retries after a timeout.
-    #[serde(default = "default_smp_retries")]
-    pub smp_retries: u32,
-}
-
-fn default_fast_poll() -> u64 {
-    50
-}
-fn default_slow_poll() -> u64 {
-    5_000
-}
-fn default_sysfs_root() -> PathBuf {
-    PathBuf::from("/sys/class/infiniband")
-}
-fn default_umad() -> PathBuf {
-    PathBuf::from("/dev/infiniband/umad0")
-}
-fn default_smp_timeout() -> u64 {
-    200
-}
-fn default_smp_retries() -> u32 {
-    3
-}
-
-impl Default for ObserverConfig {
-    fn default() -> Self {
-        ObserverConfig {
-            kind: None,
-            fast_poll_ms: default_fast_poll(),
-            slow_poll_ms: default_slow_poll(),
-            sysfs_root: default_sysfs_root(),
-            umad_device: default_umad(),
-            smp_timeout_ms: default_smp_timeout(),
-            smp_retries: default_smp_retries(),
-        }
-    }
-}
-
-impl ObserverConfig {
-    /// Fast poll interval.
-    pub fn fast_poll(&self) -> Duration {
-        Duration::from_millis(self.fast_poll_ms)
-    }
-    /// Slow poll interval.
-    pub fn slow_poll(&self) -> Duration {
-        Duration::from_millis(self.slow_poll_ms)
-    }
-}
-
-/// Observer names.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum ObserverKind {
-    /// verbs when devices are found, else sysfs.
-    Auto,
-    /// The embedded fabric's tables.
-    Embedded,
-    /// SMPs over umad.
-    Smp,
-    /// sysfs polling.
-    Sysfs,
-    /// libibverbs queries and async events.
-    Verbs,
-}
-
 /// Port selection.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -617,51 +590,6 @@ impl Default for EventsConfig {
     }
 }
 
-/// Reconciler timing.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReconcilerConfig {
-    /// First retry delay after a failed apply, milliseconds.
-    #[serde(default = "default_backoff_initial")]
-    pub backoff_initial_ms: u64,
-    /// Retry delay cap, milliseconds.
-    #[serde(default = "default_backoff_max")]
-    pub backoff_max_ms: u64,
-    /// Re-apply the desired set this often even when nothing changed (heals SM-side loss), seconds.
-    #[serde(default = "default_resync")]
-    pub resync_secs: u64,
-    /// Each resync comes after `resync_secs` plus or minus up to this percentage (uniform,
-    /// drawn per node and round), so a fleet restarted at once does not re-check at once.
-    /// 0-50.
-    #[serde(default = "default_resync_jitter_pct")]
-    pub resync_jitter_pct: u32,
-}
-
-fn default_resync_jitter_pct() -> u32 {
-    10
-}
-
-fn default_backoff_initial() -> u64 {
-    200
-}
-fn default_backoff_max() -> u64 {
-    30_000
-}
-fn default_resync() -> u64 {
-    300
-}
-
-impl Default for ReconcilerConfig {
-    fn default() -> Self {
-        ReconcilerConfig {
-            backoff_initial_ms: default_backoff_initial(),
-            backoff_max_ms: default_backoff_max(),
-            resync_secs: default_resync(),
-            resync_jitter_pct: default_resync_jitter_pct(),
-        }
-    }
-}
-
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -672,18 +600,65 @@ impl Config {
         Config::parse(&text, path)
     }
 
-    /// Parses and validates config text (`path` is for messages).
+    /// Parses and validates config text (`path` is for messages). A configuration without
+    /// `node_id` takes the host name, read here once.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let file: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        config.validate()?;
-        Ok(config)
+        file.validate()
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
-        FabricName::parse(&self.fabric).map_err(|e| invalid("fabric", e.to_string()))?;
+    /// The observer to run, resolving the default.
+    pub fn observer_kind(&self) -> ObserverKind {
+        self.observer
+            .kind
+            .unwrap_or(match self.subnet_manager.backend {
+                Backend::Embedded => ObserverKind::Embedded,
+                _ => ObserverKind::Auto,
+            })
+    }
+}
+
+impl ConfigFile {
+    /// Checks every section and parses the identifiers into domain values.
+    fn validate(self) -> Result<Config, ConfigError> {
+        let fabric =
+            FabricName::parse(&self.fabric).map_err(|e| invalid("fabric", e.to_string()))?;
+        self.check_log_and_metrics()?;
+        let node_id = resolve_node_id(self.node_id.as_deref())?;
+        self.listen.validate()?;
+        self.observer
+            .validate()
+            .map_err(|r| invalid("observer.slow_poll_ms", r))?;
+        self.reconciler
+            .validate()
+            .map_err(|e| rejected_by(e.key())(e))?;
+        if self.events.retain < 1000 {
+            return Err(invalid("events.retain", "keep at least 1000 events"));
+        }
+        let ports = self.ports.selector()?;
+        self.limits.validate()?;
+        self.check_subnet_manager()?;
+        Ok(Config {
+            node_id,
+            fabric,
+            state_dir: self.state_dir,
+            listen: self.listen,
+            subnet_manager: self.subnet_manager,
+            observer: self.observer,
+            ports,
+            events: self.events,
+            reconciler: self.reconciler,
+            allow_full_default: self.allow_full_default,
+            metrics: self.metrics,
+            log: self.log,
+            limits: self.limits,
+        })
+    }
+
+    fn check_log_and_metrics(&self) -> Result<(), ConfigError> {
         if let Some(filter) = &self.log.filter {
             tracing_subscriber::EnvFilter::builder()
                 .parse(filter)
@@ -703,37 +678,11 @@ impl Config {
                 ),
             ));
         }
-        if let Some(id) = &self.node_id {
-            crate::domain::NodeId::parse(id).map_err(|e| invalid("node_id", e.to_string()))?;
-        }
-        self.listen.validate()?;
-        if self.observer.fast_poll_ms == 0
-            || self.observer.slow_poll_ms < self.observer.fast_poll_ms
-        {
-            return Err(invalid(
-                "observer.slow_poll_ms",
-                "poll intervals must be > 0 and slow_poll_ms >= fast_poll_ms",
-            ));
-        }
-        if self.reconciler.backoff_initial_ms == 0
-            || self.reconciler.backoff_max_ms < self.reconciler.backoff_initial_ms
-        {
-            return Err(invalid(
-                "reconciler.backoff_max_ms",
-                "backoff must be > 0 and backoff_max_ms >= backoff_initial_ms",
-            ));
-        }
-        if self.reconciler.resync_jitter_pct > 50 {
-            return Err(invalid(
-                "reconciler.resync_jitter_pct",
-                "resync jitter must be 0-50 (percent of resync_secs)",
-            ));
-        }
-        if self.events.retain < 1000 {
-            return Err(invalid("events.retain", "keep at least 1000 events"));
-        }
-        self.port_selector()?;
-        self.limits.validate()?;
+        Ok(())
+    }
+
+    /// The backend's own section is present and valid, and the observer fits the backend.
+    fn check_subnet_manager(&self) -> Result<(), ConfigError> {
         let sm = &self.subnet_manager;
         if self.observer.kind == Some(ObserverKind::Embedded) && sm.backend != Backend::Embedded {
             return Err(invalid(
@@ -742,79 +691,63 @@ impl Config {
                  backend programs; use auto, smp, sysfs or verbs with this backend",
             ));
         }
+        /// The backend's section, or an error naming it.
+        fn section<'a, T>(
+            section: &'a Option<T>,
+            key: &'static str,
+            backend: &str,
+        ) -> Result<&'a T, ConfigError> {
+            section
+                .as_ref()
+                .ok_or_else(|| invalid(key, format!("backend = \"{backend}\" needs [{key}]")))
+        }
         match sm.backend {
             Backend::Embedded => sm
                 .embedded
                 .validate()
-                .map_err(section("subnet_manager.embedded"))?,
-            Backend::Opensm => sm
-                .opensm
-                .as_ref()
-                .ok_or_else(|| {
-                    invalid(
-                        "subnet_manager.opensm",
-                        "backend = \"opensm\" needs [subnet_manager.opensm]",
-                    )
-                })?
+                .map_err(rejected_by("subnet_manager.embedded")),
+            Backend::Opensm => section(&sm.opensm, "subnet_manager.opensm", "opensm")?
                 .validate()
-                .map_err(section("subnet_manager.opensm"))?,
-            Backend::Remote => sm
-                .remote
-                .as_ref()
-                .ok_or_else(|| {
-                    invalid(
-                        "subnet_manager.remote",
-                        "backend = \"remote\" needs [subnet_manager.remote]",
-                    )
-                })?
+                .map_err(rejected_by("subnet_manager.opensm")),
+            Backend::Remote => section(&sm.remote, "subnet_manager.remote", "remote")?
                 .validate()
-                .map_err(section("subnet_manager.remote"))?,
-            Backend::Ufm => sm
-                .ufm
-                .as_ref()
-                .ok_or_else(|| {
-                    invalid(
-                        "subnet_manager.ufm",
-                        "backend = \"ufm\" needs [subnet_manager.ufm]",
-                    )
-                })?
+                .map_err(rejected_by("subnet_manager.remote")),
+            Backend::Ufm => section(&sm.ufm, "subnet_manager.ufm", "ufm")?
                 .validate()
-                .map_err(|r| invalid("subnet_manager.ufm", r))?,
+                .map_err(|r| invalid("subnet_manager.ufm", r.to_string())),
         }
-        Ok(())
     }
+}
 
-    /// The node id: configured, or the host name.
-    pub fn node_id(&self) -> String {
-        self.node_id.clone().unwrap_or_else(|| {
-            nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .unwrap_or_else(|| "localhost".to_owned())
-        })
-    }
-
-    /// The observer to run, resolving the default.
-    pub fn observer_kind(&self) -> ObserverKind {
-        self.observer
-            .kind
-            .unwrap_or(match self.subnet_manager.backend {
-                Backend::Embedded => ObserverKind::Embedded,
-                _ => ObserverKind::Auto,
+/// The node id: the configured one, or else the host name (`localhost` if it cannot be read).
+fn resolve_node_id(configured: Option<&str>) -> Result<NodeId, ConfigError> {
+    match configured {
+        Some(id) => NodeId::parse(id).map_err(|e| invalid("node_id", e.to_string())),
+        None => {
+            let host = crate::sys::host::hostname().unwrap_or_else(|| "localhost".to_owned());
+            NodeId::parse(&host).map_err(|e| {
+                invalid(
+                    "node_id",
+                    format!(
+                        "not set, and the host name {host:?} is not a node id ({e}); set node_id"
+                    ),
+                )
             })
+        }
     }
+}
 
+impl PortsConfig {
     /// The port selection as a domain value.
-    pub fn port_selector(&self) -> Result<PortSelector, ConfigError> {
+    fn selector(&self) -> Result<PortSelector, ConfigError> {
         let guids = self
-            .ports
             .guids
             .iter()
             .map(|g| g.parse::<Guid>())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| invalid("ports.guids", e.to_string()))?;
         Ok(PortSelector {
-            devices: self.ports.devices.clone(),
+            devices: self.devices.clone(),
             guids,
         })
     }
@@ -833,7 +766,7 @@ mod tests {
         let c = parse("fabric = \"fab1\"\nnode_id = \"n1\"\n").unwrap();
         assert_eq!(c.subnet_manager.backend, Backend::Embedded);
         assert_eq!(c.observer_kind(), ObserverKind::Embedded);
-        assert_eq!(c.listen.socket_mode().unwrap(), 0o660);
+        assert_eq!(c.listen.socket_mode(), 0o660);
     }
 
     #[test]
@@ -907,6 +840,40 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn identifiers_are_typed_once() {
+        let c = parse(
+            "fabric = \"fab1\"\nnode_id = \"n1\"\n[ports]\nguids = [\"0002:c903:000e:0b72\"]\n[listen]\nunix_socket_mode = \"0o600\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.node_id.as_str(), "n1");
+        assert_eq!(c.fabric.as_str(), "fab1");
+        assert_eq!(c.ports.guids, vec![Guid(0x0002_c903_000e_0b72)]);
+        assert_eq!(c.listen.socket_mode(), 0o600);
+        let host = parse("fabric = \"f\"\n").unwrap();
+        let expected = crate::sys::host::hostname().unwrap_or_else(|| "localhost".to_owned());
+        assert_eq!(host.node_id.as_str(), expected);
+        for (text, key) in [
+            ("node_id = \"a b\"\n", "node_id"),
+            ("[ports]\nguids = [\"0xzz\"]\n", "ports.guids"),
+        ] {
+            match parse(&format!("fabric = \"f\"\n{text}")) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        for mode in ["0999", "1777", "rw"] {
+            match parse(&format!(
+                "fabric = \"f\"\n[listen]\nunix_socket_mode = \"{mode}\"\n"
+            )) {
+                Err(ConfigError::Parse { message, .. }) => {
+                    assert!(message.contains("expected octal"), "{message}")
+                }
+                other => panic!("{mode}: {other:?}"),
+            }
+        }
     }
 
     fn tls(lists: &str) -> String {

@@ -7,10 +7,14 @@
 //!
 //! # Layout
 //! Dependencies point downward: `api` -> `agent` -> {`sm`, `observe`, `store`} -> {`mad`, `sys`,
-//! `sim`, `domain`}.
+//! `sim`, `domain`}. At the top, above `api`, sit `cli` (the commands) and `daemon` (the
+//! composition root `cli serve` calls): the only modules that name concrete backends and
+//! observers. `config` composes the settings structs that `agent`, `sm`, `observe` and `api`
+//! own; nothing below `daemon`/`cli` reads the whole [`config::Config`].
 //!
 //! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`
-//! - [`config`]   — the TOML configuration, parsed strictly and validated once at start
+//! - [`daemon`]   — the composition root: builds store, SM backend, observer, agent and listeners from a validated config; `StartError`
+//! - [`config`]   — the TOML configuration, parsed strictly and validated once into typed values (node id, fabric, port GUIDs, socket mode)
 //! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; one boundary module per protocol (`convert` for fabric.agent.v1, `sm_v1` for fabric.sm.v1: conversion and the one error <-> status mapping each), `sm_client` the remote SM backend's gRPC client; `client` channels; the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the audit trail
 //! - [`agent`]    — command handling, the reconciler (pure `plan` + `runner`), event publishing
 //! - [`store`]    — durable desired state and the ordered event log (redb)
@@ -18,7 +22,7 @@
 //! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined
 //! - [`sim`]      — the embedded simulated fabric's port tables
 //! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O
-//! - [`sys`]      — the only unsafe code: umad device I/O and libibverbs wrappers; user/group lookups
+//! - [`sys`]      — the only unsafe code and the only `nix`/`libc` use: umad device I/O, libibverbs wrappers, user/group lookups, host name, signals
 //! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events: pure types
 //! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG, STOPPING
 //! - [`tls`]      — the process-wide rustls crypto provider
@@ -28,6 +32,7 @@ pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod domain;
 pub mod mad;
 pub mod observe;

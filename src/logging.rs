@@ -25,13 +25,10 @@ fn stderr_is_journal() -> bool {
     let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
         return false;
     };
-    let Ok(stat) = nix::sys::stat::fstat(std::io::stderr()) else {
+    let Ok((dev, ino)) = fabric_agent::sys::process::device_and_inode(std::io::stderr()) else {
         return false;
     };
-    stream
-        .to_str()
-        .is_some_and(|s| names_stream(s, stat.st_dev, stat.st_ino))
-        && Path::new(JOURNAL_SOCKET).exists()
+    stream.to_str().is_some_and(|s| names_stream(s, dev, ino)) && Path::new(JOURNAL_SOCKET).exists()
 }
 
 /// Whether a `JOURNAL_STREAM` value (`<dev>:<inode>`, decimal) names this device and inode.

@@ -109,19 +109,6 @@ impl SimFabric {
         self.replace(|tables| tables.iter_mut().for_each(|t| *t = table.clone()))
     }
 
-    /// Overwrites one entry of one port's table (tests and demos: simulate drift or a foreign
-    /// key). `port` is 1-based.
-    pub fn set_entry(&self, port: u8, index: usize, value: u16) -> Result<(), SimError> {
-        self.replace(|tables| {
-            if let Some(slot) = tables
-                .get_mut(usize::from(port).wrapping_sub(1))
-                .and_then(|t| t.get_mut(index))
-            {
-                *slot = value;
-            }
-        })
-    }
-
     fn replace(&self, edit: impl FnOnce(&mut Vec<Vec<u16>>)) -> Result<(), SimError> {
         let mut tables = self.tables.lock().expect("sim lock");
         let mut next = tables.clone();

@@ -1,13 +1,10 @@
 //! Why the agent refused or could not carry out a command: typed values built from the domain.
 //! The wire codes are chosen in one place per service (`api::convert` for `fabric.agent.v1`).
 
-use crate::config::ConfigError;
 use crate::domain::{
     AttachmentState, DomainError, FabricName, InstanceId, Membership, PKey, PartitionId,
 };
 use crate::observe::ObserveError;
-use crate::sm::opensm::OpenSmError;
-use crate::sm::SmError;
 use crate::store::{LogEpoch, StoreError};
 use thiserror::Error;
 
@@ -59,9 +56,6 @@ pub enum AgentError {
     /// The store failed; nothing was acknowledged.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The agent's parts could not be built.
-    #[error(transparent)]
-    Start(#[from] StartError),
 }
 
 /// An attach the node's rules refuse. Checked before anything is persisted, so a refusal
@@ -229,27 +223,4 @@ pub enum StreamEnd {
     /// The stream reached its maximum age.
     #[error("stream reached its maximum age ([limits] watch_max_age_secs)")]
     Expired,
-}
-
-/// Why the agent's parts could not be built at start; each keeps its cause.
-#[derive(Debug, Error)]
-pub enum StartError {
-    /// The OpenSM backend could not be built.
-    #[error(transparent)]
-    OpenSm(#[from] OpenSmError),
-    /// A subnet-manager backend could not be built.
-    #[error(transparent)]
-    Sm(#[from] SmError),
-    /// The remote backend's client could not be built.
-    #[error(transparent)]
-    Remote(Box<dyn std::error::Error + Send + Sync>),
-    /// The observer could not be opened.
-    #[error(transparent)]
-    Observe(#[from] ObserveError),
-    /// The configuration does not give usable values.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// `fabric-agent ports` without a daemon has no ports to read on the embedded fabric.
-    #[error("the embedded fabric's tables live in the daemon: use `fabric-agent node`")]
-    EmbeddedPortsInDaemon,
 }

@@ -6,18 +6,18 @@
 //! event are committed together before the event is published.
 
 mod admission;
-mod assemble;
 mod error;
 pub mod metrics;
 mod plan;
 mod ports;
+mod reconciler_config;
 mod runner;
 mod status;
 mod watch;
 
 pub use admission::AttachRequest;
-pub use assemble::{assemble, read_ports_once, Assembled};
-pub use error::{AgentError, CursorError, Refusal, StartError, StreamEnd};
+pub use error::{AgentError, CursorError, Refusal, StreamEnd};
+pub use reconciler_config::ReconcilerConfig;
 pub use status::{NodeView, SmStatus};
 pub use watch::{EventStream, WatchFrom, MAX_BATCH as MAX_WATCH_BATCH};
 
@@ -61,7 +61,7 @@ impl ListFilter {
     }
 }
 
-/// The parts an agent is made of (see [`assemble`]).
+/// The parts an agent is made of (the daemon's composition root, `crate::daemon`, builds them).
 pub struct AgentParts {
     /// This node's id.
     pub node_id: String,
@@ -78,7 +78,7 @@ pub struct AgentParts {
     /// Which ports belong to the fabric.
     pub selector: PortSelector,
     /// Reconciler timing.
-    pub reconciler: crate::config::ReconcilerConfig,
+    pub reconciler: ReconcilerConfig,
     /// How long RELEASED attachments stay listed.
     pub released_retain: Duration,
     /// The operator accepted fabric ports that are full members of the default partition.

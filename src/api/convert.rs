@@ -52,7 +52,6 @@ pub fn reason(e: &AgentError) -> &'static str {
         },
         AgentError::StreamEnded { .. } => "STREAM_ENDED",
         AgentError::Store(_) => "STORE_FAILED",
-        AgentError::Start(_) => "START_FAILED",
     }
 }
 
@@ -65,8 +64,7 @@ pub fn code(e: &AgentError) -> Code {
         AgentError::PortsNotRead
         | AgentError::Observe(_)
         | AgentError::Stopping { .. }
-        | AgentError::StreamEnded { .. }
-        | AgentError::Start(_) => Code::Unavailable,
+        | AgentError::StreamEnded { .. } => Code::Unavailable,
         AgentError::Cursor(_) => Code::OutOfRange,
         AgentError::Store(_) => Code::Internal,
     }

@@ -130,7 +130,7 @@ impl Listeners {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(bind_err(e)),
         }
-        let mode = config.socket_mode().unwrap_or(0o660);
+        let mode = config.socket_mode();
         let unix = socket_guard::bind(&path, mode).map_err(bind_err)?;
         let tcp = match config.tcp {
             None => None,
@@ -161,11 +161,6 @@ impl Listeners {
             nodes,
             tcp,
         })
-    }
-
-    /// The TCP address actually bound (useful with port 0).
-    pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
-        self.tcp.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
     /// The handle that re-reads the TCP listener's certificate, key and client CA bundle

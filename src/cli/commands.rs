@@ -168,8 +168,8 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         output::json(&serde_json::json!({
             "config": path.display().to_string(),
             "ok": preflight.ok(),
-            "node": config.node_id(),
-            "fabric": config.fabric,
+            "node": config.node_id.as_str(),
+            "fabric": config.fabric.as_str(),
             "backend": format!("{:?}", config.subnet_manager.backend).to_lowercase(),
             "observer": format!("{:?}", config.observer_kind()).to_lowercase(),
             "checks": preflight.checks,
@@ -178,8 +178,8 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         println!(
             "{}: ok (node {}, fabric {}, backend {:?}, observer {:?}; {})",
             path.display(),
-            config.node_id(),
-            config.fabric,
+            config.node_id.as_str(),
+            config.fabric.as_str(),
             config.subnet_manager.backend,
             config.observer_kind(),
             if args.syntax {
@@ -209,7 +209,7 @@ pub async fn ports(path: &Path, json: bool) -> ExitCode {
             return ExitCode::from(super::exit::CONFIG);
         }
     };
-    match crate::agent::read_ports_once(&config).await {
+    match crate::daemon::read_ports_once(&config).await {
         Ok((kind, inventory)) => {
             let ports: Vec<pb::Port> = inventory
                 .ports
@@ -235,114 +235,150 @@ pub async fn client(command: Command, target: &Target, json: bool) -> ExitCode {
             return ExitCode::from(super::exit::UNREACHABLE);
         }
     };
-    let mut outcome = Outcome::Done;
-    let result: Result<(), tonic::Status> = async {
-        match command {
-            Command::Node => {
-                let n = c.get_node(pb::GetNodeRequest {}).await?.into_inner();
-                output::node(&n, json);
-            }
-            Command::Attach(a) => {
-                let wait = a.wait;
-                let fabric = match a.fabric {
-                    Some(f) => f,
-                    None => c.get_node(pb::GetNodeRequest {}).await?.into_inner().fabric,
-                };
-                let r = c
-                    .attach_partition(pb::AttachPartitionRequest {
-                        partition: Some(pb::Partition {
-                            id: a.partition,
-                            name: a.name,
-                            workspace: a.workspace,
-                            account: a.account,
-                            fabric,
-                            pkey: a.pkey,
-                        }),
-                        instance_id: a.instance,
-                        membership: if a.limited {
-                            pb::Membership::Limited
-                        } else {
-                            pb::Membership::Full
-                        } as i32,
-                        wait_ms: a.wait.map(|s| s.saturating_mul(1000)),
-                    })
-                    .await?
-                    .into_inner();
-                outcome = waited(r.attachment.as_ref(), wait, pb::AttachmentState::Active);
-                if let Some(a) = &r.attachment {
-                    output::attachment(a, json);
-                }
-            }
-            Command::Release(r) => {
-                let wait = r.wait;
-                let r = c
-                    .release_instance(pb::ReleaseInstanceRequest {
-                        instance_id: r.instance,
-                        wait_ms: r.wait.map(|s| s.saturating_mul(1000)),
-                    })
-                    .await?
-                    .into_inner();
-                outcome = waited(r.attachment.as_ref(), wait, pb::AttachmentState::Released);
-                if let Some(a) = &r.attachment {
-                    output::attachment(a, json);
-                }
-            }
-            Command::Attachments(l) => {
-                let state = match l.state {
-                    Some(s) => Some(
-                        pb::AttachmentState::from_str_name(&format!(
-                            "ATTACHMENT_STATE_{}",
-                            s.to_uppercase()
-                        ))
-                        .ok_or_else(|| {
-                            tonic::Status::invalid_argument(format!("unknown state {s:?}"))
-                        })? as i32,
-                    ),
-                    None => None,
-                };
-                let r = c
-                    .list_attachments(pb::ListAttachmentsRequest {
-                        state,
-                        partition_id: l.partition,
-                        instance_id: l.instance,
-                        ..Default::default()
-                    })
-                    .await?
-                    .into_inner();
-                output::attachments(&r.attachments, json);
-            }
-            Command::Events(e) => {
-                let mut stream = c
-                    .watch_events(pb::WatchEventsRequest {
-                        after_seq: e.after,
-                        no_follow: !e.follow,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|s| with_cli_cursor(s, e.after))?
-                    .into_inner();
-                output::event_header(json);
-                let mut last = e.after;
-                while let Some(ev) = stream.next().await {
-                    let ev = ev.map_err(|s| with_cli_cursor(s, last))?;
-                    last = ev.seq;
-                    output::event(&ev, json);
-                }
-            }
-            Command::Serve
-            | Command::CheckConfig(_)
-            | Command::Ports
-            | Command::Doctor
-            | Command::Man
-            | Command::Completions { .. } => {
-                unreachable!("handled locally")
-            }
+    let result = match command {
+        Command::Node => node(&mut c, json).await,
+        Command::Attach(a) => attach(&mut c, a, json).await,
+        Command::Release(r) => release(&mut c, r, json).await,
+        Command::Attachments(l) => attachments(&mut c, l, json).await,
+        Command::Events(e) => events(&mut c, e, json).await,
+        Command::Serve
+        | Command::CheckConfig(_)
+        | Command::Ports
+        | Command::Doctor
+        | Command::Man
+        | Command::Completions { .. } => {
+            unreachable!("handled locally")
         }
-        Ok(())
+    };
+    exit_code(result)
+}
+
+/// `node`: this node's view.
+async fn node(c: &mut client::Client, json: bool) -> Result<Outcome, tonic::Status> {
+    let n = c.get_node(pb::GetNodeRequest {}).await?.into_inner();
+    output::node(&n, json);
+    Ok(Outcome::Done)
+}
+
+/// `attach`: the partition's fabric defaults to the node's.
+async fn attach(
+    c: &mut client::Client,
+    a: AttachArgs,
+    json: bool,
+) -> Result<Outcome, tonic::Status> {
+    let fabric = match a.fabric {
+        Some(f) => f,
+        None => c.get_node(pb::GetNodeRequest {}).await?.into_inner().fabric,
+    };
+    let r = c
+        .attach_partition(pb::AttachPartitionRequest {
+            partition: Some(pb::Partition {
+                id: a.partition,
+                name: a.name,
+                workspace: a.workspace,
+                account: a.account,
+                fabric,
+                pkey: a.pkey,
+            }),
+            instance_id: a.instance,
+            membership: if a.limited {
+                pb::Membership::Limited
+            } else {
+                pb::Membership::Full
+            } as i32,
+            wait_ms: a.wait.map(|s| s.saturating_mul(1000)),
+        })
+        .await?
+        .into_inner();
+    if let Some(attachment) = &r.attachment {
+        output::attachment(attachment, json);
     }
-    .await;
+    Ok(waited(
+        r.attachment.as_ref(),
+        a.wait,
+        pb::AttachmentState::Active,
+    ))
+}
+
+/// `release`.
+async fn release(
+    c: &mut client::Client,
+    r: ReleaseArgs,
+    json: bool,
+) -> Result<Outcome, tonic::Status> {
+    let answer = c
+        .release_instance(pb::ReleaseInstanceRequest {
+            instance_id: r.instance,
+            wait_ms: r.wait.map(|s| s.saturating_mul(1000)),
+        })
+        .await?
+        .into_inner();
+    if let Some(attachment) = &answer.attachment {
+        output::attachment(attachment, json);
+    }
+    Ok(waited(
+        answer.attachment.as_ref(),
+        r.wait,
+        pb::AttachmentState::Released,
+    ))
+}
+
+/// `attachments`: every page, filtered.
+async fn attachments(
+    c: &mut client::Client,
+    l: ListArgs,
+    json: bool,
+) -> Result<Outcome, tonic::Status> {
+    let state = match l.state {
+        Some(s) => Some(
+            pb::AttachmentState::from_str_name(&format!("ATTACHMENT_STATE_{}", s.to_uppercase()))
+                .ok_or_else(|| tonic::Status::invalid_argument(format!("unknown state {s:?}")))?
+                as i32,
+        ),
+        None => None,
+    };
+    let r = c
+        .list_attachments(pb::ListAttachmentsRequest {
+            state,
+            partition_id: l.partition,
+            instance_id: l.instance,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    output::attachments(&r.attachments, json);
+    Ok(Outcome::Done)
+}
+
+/// `events`: the log after `--after`, then (with `--follow`) live events.
+async fn events(
+    c: &mut client::Client,
+    e: EventsArgs,
+    json: bool,
+) -> Result<Outcome, tonic::Status> {
+    let mut stream = c
+        .watch_events(pb::WatchEventsRequest {
+            after_seq: e.after,
+            no_follow: !e.follow,
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| with_cli_cursor(s, e.after))?
+        .into_inner();
+    output::event_header(json);
+    let mut last = e.after;
+    while let Some(ev) = stream.next().await {
+        let ev = ev.map_err(|s| with_cli_cursor(s, last))?;
+        last = ev.seq;
+        output::event(&ev, json);
+    }
+    Ok(Outcome::Done)
+}
+
+/// The exit code of a client subcommand and its message on stderr.
+fn exit_code(result: Result<Outcome, tonic::Status>) -> ExitCode {
     match result {
-        Ok(()) => match outcome {
+        Ok(outcome) => match outcome {
             Outcome::Done => ExitCode::SUCCESS,
             Outcome::Expired { state, reason } => {
                 eprintln!(

@@ -54,8 +54,8 @@ pub async fn doctor(config_path: &Path, json: bool) -> ExitCode {
         format!(
             "{}: node {}, fabric {}, backend {:?}, observer {:?}",
             config_path.display(),
-            config.node_id(),
-            config.fabric,
+            config.node_id.as_str(),
+            config.fabric.as_str(),
             config.subnet_manager.backend,
             config.observer_kind()
         ),
@@ -198,7 +198,7 @@ async fn ports(
         }
         return ports;
     }
-    match crate::agent::read_ports_once(config).await {
+    match crate::daemon::read_ports_once(config).await {
         Ok((observer, inventory)) => {
             let how = if observer == "smp" {
                 format!(

@@ -2,9 +2,9 @@
 
 use super::preflight::Preflight;
 use super::LogControl;
-use crate::agent::{assemble, Assembled};
-use crate::api::{serve, AgentService, Listeners};
+use crate::api::{serve, AgentService};
 use crate::config::Config;
+use crate::daemon::{self, Bound, Daemon};
 use crate::systemd;
 use std::path::Path;
 use std::process::ExitCode;
@@ -47,7 +47,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         eprintln!("error: cannot install signal handlers");
         return ExitCode::from(71);
     };
-    let Assembled { agent, opensm, .. } = match assemble(&config) {
+    let Daemon { agent, opensm, .. } = match daemon::build(&config) {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
@@ -76,23 +76,15 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         }
         delay = (delay * 2).min(Duration::from_secs(10));
     }
-    let listeners = match Listeners::bind(&config.listen).await {
-        Ok(l) => l,
+    let Bound {
+        grpc: listeners,
+        metrics,
+    } = match daemon::bind(&config).await {
+        Ok(b) => b,
         Err(e) => {
-            tracing::error!(error = %e, "cannot listen");
+            tracing::error!(error = %e, "cannot start");
             return ExitCode::FAILURE;
         }
-    };
-    let metrics = if config.metrics.enabled {
-        match crate::api::metrics::bind(config.metrics.listen).await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::error!(error = %e, listen = %config.metrics.listen, "cannot listen for metrics");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        None
     };
     let tls = listeners.tls_reloader();
     let (stop, stopped) = watch::channel(false);
@@ -108,14 +100,18 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let server = tokio::spawn(serve(
         listeners,
-        AgentService::with_limits(agent.clone(), config.node_id(), config.limits.clone()),
+        AgentService::with_limits(
+            agent.clone(),
+            config.node_id.to_string(),
+            config.limits.clone(),
+        ),
         partitions,
         stopped.clone(),
     ));
     if let Some(interval) = systemd::watchdog_interval() {
         tokio::spawn(systemd::watchdog(agent.clone(), interval, stopped.clone()));
     }
-    tracing::info!(node = %config.node_id(), fabric = %config.fabric, socket = %config.listen.unix_socket.display(), "ready");
+    tracing::info!(node = %config.node_id, fabric = config.fabric.as_str(), socket = %config.listen.unix_socket.display(), "ready");
     systemd::ready(&agent.status_line());
     let mut server = server;
     let failed = loop {

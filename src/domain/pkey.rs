@@ -101,11 +101,6 @@ impl PKeyValue {
         self.base() == 0
     }
 
-    /// The default partition (either membership).
-    pub fn is_default(self) -> bool {
-        self.base() == PKey::DEFAULT_BASE
-    }
-
     /// The tenant key this entry carries, if it is neither empty nor the default partition.
     pub fn tenant_key(self) -> Option<PKey> {
         PKey::new(u32::from(self.base())).ok()

@@ -6,7 +6,7 @@
 use super::sysfs::{self, SysfsObserver};
 use super::verbs::VerbsObserver;
 use super::{ObserveError, PortObserver};
-use crate::config::{ObserverConfig, ObserverKind};
+use super::{ObserverConfig, ObserverKind};
 
 /// A selected observer and why it was chosen.
 pub type Selection = (Box<dyn PortObserver>, String);

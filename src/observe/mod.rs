@@ -2,10 +2,13 @@
 
 pub mod auto;
 pub mod combined;
+mod config;
 pub mod embedded;
 pub mod smp;
 pub mod sysfs;
 pub mod verbs;
+
+pub use config::{ObserverConfig, ObserverKind};
 
 use crate::domain::Inventory;
 use async_trait::async_trait;

@@ -9,8 +9,8 @@
 //! "0xffff" with empty slots "0x0000"; the table size is the number of `pkeys` files.
 
 use super::{ObserveError, PortObserver};
-use crate::config::ObserverConfig;
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
+use crate::observe::ObserverConfig;
 use async_trait::async_trait;
 use std::cmp::Ordering;
 use std::path::{Path, PathBuf};

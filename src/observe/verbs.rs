@@ -7,8 +7,8 @@
 //! needs an agent restart, and so does a device that reported DEVICE_FATAL.
 
 use super::{ObserveError, PortObserver};
-use crate::config::ObserverConfig;
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
+use crate::observe::ObserverConfig;
 use crate::sys::verbs::{AsyncEvent, AsyncEventKind, AsyncEvents, Device, DeviceList};
 use async_trait::async_trait;
 use futures::future::{select_all, FutureExt};

@@ -225,7 +225,8 @@ fn byte_count(ret: isize) -> Result<usize, Errno> {
 }
 
 impl UmadPort {
-    /// Opens a umad device: checks the ABI version, then enables the P_Key index header.
+    /// Opens a umad device and checks the ABI version. The P_Key index header is left off
+    /// (no `IB_USER_MAD_ENABLE_PKEY`): MADs use the default 56-byte header, see [`HEADER_LEN`].
     pub fn open(path: &Path) -> Result<UmadPort, UmadError> {
         let fd = nix::fcntl::open(path, OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty()).map_err(
             |errno| UmadError::Open {

@@ -7,13 +7,13 @@
 pub mod transport;
 
 use super::{ObserveError, PortObserver};
-use crate::config::ObserverConfig;
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo as DomainPort, PortState};
 use crate::mad::{
     attribute, path_record, pkey_table, smp::DATA_LEN, status, MadError, NodeInfo, NodeInfoRepr,
     PKeyTable, PKeyTableRepr, PathRecord, PathRecordRepr, PortInfo, PortInfoRepr, SaMad, SaMadRepr,
     Smp, SmpRepr, MAD_LEN,
 };
+use crate::observe::ObserverConfig;
 use crate::sys::umad::{self, MadAddress, UmadError};
 use async_trait::async_trait;
 use std::path::Path;

@@ -373,7 +373,8 @@ impl OpenSmBackend {
         self.inner.lock().nodes.get(node_id).cloned()
     }
 
-    /// Rewrites the region from the stored state (at start, or after an operator fixed the file).
+    /// Rewrites the region from the stored state: the log watch's repair after OpenSM rejected
+    /// a partitions file (an operator's edit).
     pub async fn resync(&self) -> Result<SetOutcome, OpenSmError> {
         let _alone = self.serial_unless_grouped().await;
         let detail = self.commit().await?;

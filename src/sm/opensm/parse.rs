@@ -416,49 +416,12 @@ impl Reader {
 
     /// `partition_create` + `osm_prtn_make_new`: resolves the key and registers the partition.
     fn create_entry(&mut self, st: &mut EntryState, head: &Token) -> Result<(), ParseError> {
-        let mut name = Some(self.cstr(head.name));
-        let mut id = head.value.map(|v| self.cstr(v));
-        if id.is_none()
-            && name
-                .as_ref()
-                .is_some_and(|n| n.first().is_some_and(u8::is_ascii_digit))
-        {
-            id = name.take();
-        }
-        let mut key16: u16 = 0;
-        let mut key_written = false;
-        if let Some(id) = &id {
-            let n = c_strtoul(id);
-            if n.used == 0 || n.used != id.len() {
-                return Err(self.fatal(
-                    ParseErrorKind::BadPartitionDefinition,
-                    format!(
-                        "bad partition definition: key {:?} is not a C integer (hex 0x.., octal 0.., decimal)",
-                        lossy(id)
-                    ),
-                ));
-            }
-            key_written = true;
-            // OpenSM casts the unsigned long to 16 bits.
-            key16 = (n.value & 0xFFFF) as u16;
-            if n.negative || n.overflow || n.value > 0xFFFF {
-                self.warn(
-                    WarningKind::KeyTruncated,
-                    format!("key {:?} is cut to 16 bits: {key16:#06x}", lossy(id)),
-                );
-            }
-            if key16 & 0x8000 != 0 {
-                self.warn(
-                    WarningKind::KeyTruncated,
-                    format!(
-                        "key {key16:#06x}: bit 15 is ignored, the partition is {:#06x}",
-                        key16 & 0x7FFF
-                    ),
-                );
-            }
-        }
-        let mut base = key16 & 0x7FFF;
-        let name_bytes = name.clone().filter(|n| !n.is_empty());
+        let (name, id) = self.name_and_id(head);
+        let key16 = match &id {
+            Some(id) => Some(self.written_key(id)?),
+            None => None,
+        };
+        let name_bytes = name.filter(|n| !n.is_empty());
         if let Some(n) = &name_bytes {
             if n.len() > NAME_MAX {
                 self.warn(
@@ -471,48 +434,113 @@ impl Reader {
                 );
             }
         }
-        let origin;
-        if base == 0 {
-            if key_written {
+        let base = key16.map_or(0, |k| k & 0x7FFF);
+        let (base, origin) = if base == 0 {
+            if key16.is_some() {
                 self.warn(
                     WarningKind::KeyNotGiven,
                     "key 0 (or 0x8000) means no key: OpenSM picks one",
                 );
             }
-            let by_name = name_bytes.as_ref().and_then(|n| {
-                (n.len() <= NAME_MAX)
-                    .then(|| self.names.iter().find(|(s, _)| s == n).map(|(_, k)| *k))
-                    .flatten()
-            });
-            if let Some(k) = by_name {
-                base = k;
-                origin = KeyOrigin::ByName;
-            } else {
-                loop {
-                    if self.generated >= DEFAULT_BASE - 1 {
-                        return Err(self.fatal(
-                            ParseErrorKind::KeysExhausted,
-                            "bad partition definition: OpenSM has no free key left to generate",
-                        ));
-                    }
-                    self.generated += 1;
-                    if !self.taken.contains(&self.generated) {
-                        break;
-                    }
-                }
-                base = self.generated;
-                origin = KeyOrigin::Generated;
-                self.warn(
-                    WarningKind::KeyNotGiven,
-                    format!("no key: OpenSM generates {base:#06x} (generated keys change when entries are added)"),
-                );
-            }
+            self.key_without_value(name_bytes.as_deref())?
         } else {
-            origin = KeyOrigin::Given;
-        }
+            (base, KeyOrigin::Given)
+        };
         let stored_name = name_bytes.map(|n| lossy(&n[..n.len().min(NAME_MAX)]));
+        self.register_key(base, origin, stored_name.as_deref());
+        st.entry = Some(Entry {
+            line: self.line,
+            name: stored_name,
+            pkey: base,
+            key_origin: origin,
+            flags: std::mem::take(&mut st.flags),
+            default_member: st.default_member,
+            members: Vec::new(),
+            multicast_groups: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// The entry head's name and key text: `name=key`, or a lone word that starts with a digit
+    /// (a key without a name).
+    fn name_and_id(&self, head: &Token) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        let name = self.cstr(head.name);
+        match head.value {
+            Some(v) => (Some(name), Some(self.cstr(v))),
+            None if name.first().is_some_and(u8::is_ascii_digit) => (None, Some(name)),
+            None => (Some(name), None),
+        }
+    }
+
+    /// A written key as OpenSM reads it: a C integer cast to 16 bits (bit 15 kept here; the
+    /// caller drops it).
+    fn written_key(&mut self, id: &[u8]) -> Result<u16, ParseError> {
+        let n = c_strtoul(id);
+        if n.used == 0 || n.used != id.len() {
+            return Err(self.fatal(
+                ParseErrorKind::BadPartitionDefinition,
+                format!(
+                    "bad partition definition: key {:?} is not a C integer (hex 0x.., octal 0.., decimal)",
+                    lossy(id)
+                ),
+            ));
+        }
+        // OpenSM casts the unsigned long to 16 bits.
+        let key16 = (n.value & 0xFFFF) as u16;
+        if n.negative || n.overflow || n.value > 0xFFFF {
+            self.warn(
+                WarningKind::KeyTruncated,
+                format!("key {:?} is cut to 16 bits: {key16:#06x}", lossy(id)),
+            );
+        }
+        if key16 & 0x8000 != 0 {
+            self.warn(
+                WarningKind::KeyTruncated,
+                format!(
+                    "key {key16:#06x}: bit 15 is ignored, the partition is {:#06x}",
+                    key16 & 0x7FFF
+                ),
+            );
+        }
+        Ok(key16)
+    }
+
+    /// The key of an entry that gave none: an earlier entry's of the same name, else the next
+    /// free generated one.
+    fn key_without_value(&mut self, name: Option<&[u8]>) -> Result<(u16, KeyOrigin), ParseError> {
+        let by_name = name.and_then(|n| {
+            (n.len() <= NAME_MAX)
+                .then(|| self.names.iter().find(|(s, _)| s == n).map(|(_, k)| *k))
+                .flatten()
+        });
+        if let Some(k) = by_name {
+            return Ok((k, KeyOrigin::ByName));
+        }
+        loop {
+            if self.generated >= DEFAULT_BASE - 1 {
+                return Err(self.fatal(
+                    ParseErrorKind::KeysExhausted,
+                    "bad partition definition: OpenSM has no free key left to generate",
+                ));
+            }
+            self.generated += 1;
+            if !self.taken.contains(&self.generated) {
+                break;
+            }
+        }
+        let base = self.generated;
+        self.warn(
+            WarningKind::KeyNotGiven,
+            format!("no key: OpenSM generates {base:#06x} (generated keys change when entries are added)"),
+        );
+        Ok((base, KeyOrigin::Generated))
+    }
+
+    /// Records the key as taken (and its name for later entries), warning when the entry
+    /// merges into an existing partition.
+    fn register_key(&mut self, base: u16, origin: KeyOrigin, stored_name: Option<&str>) {
         if base == DEFAULT_BASE {
-            if stored_name.as_deref() != Some("Default") {
+            if stored_name != Some("Default") {
                 self.warn(
                     WarningKind::MergedIntoDefault,
                     "key 0x7fff: this entry merges into the default partition",
@@ -529,20 +557,9 @@ impl Reader {
                 format!("key {base:#06x} is defined again: the entries merge into one partition"),
             );
         } else if origin != KeyOrigin::ByName {
-            let stored = stored_name.clone().unwrap_or_else(|| format!("{base:04x}"));
+            let stored = stored_name.map_or_else(|| format!("{base:04x}"), str::to_owned);
             self.names.push((stored.into_bytes(), base));
         }
-        st.entry = Some(Entry {
-            line: self.line,
-            name: stored_name,
-            pkey: base,
-            key_origin: origin,
-            flags: std::mem::take(&mut st.flags),
-            default_member: st.default_member,
-            members: Vec::new(),
-            multicast_groups: Vec::new(),
-        });
-        Ok(())
     }
 
     /// `parse_group_flag`: the multicast-group flags. Returns the full name when recognised.
@@ -673,82 +690,14 @@ impl Reader {
             }
             return Ok(());
         }
-        let mut kind = st.default_member;
-        if let Some(v) = tok.value {
-            let flag = self.cstr(v);
-            kind = if is_prefix(&flag, "full") {
-                MemberKind::Full
-            } else if is_prefix(&flag, "both") {
-                MemberKind::Both
-            } else {
-                MemberKind::Limited
-            };
-            if flag.is_empty() {
-                self.warn(
-                    WarningKind::EmptyValue,
-                    format!(
-                        "member {:?} has an empty '=': OpenSM reads it as full",
-                        lossy(&name)
-                    ),
-                );
-            } else if kind == MemberKind::Limited && !is_prefix(&flag, "limited") {
-                self.warn(
-                    WarningKind::UnknownMembership,
-                    format!(
-                        "membership {:?} of {:?} is unknown: OpenSM silently uses limited",
-                        lossy(&flag),
-                        lossy(&name)
-                    ),
-                );
-            } else if flag != kind.to_string().as_bytes() {
-                self.warn(
-                    WarningKind::Abbreviation,
-                    format!("membership {:?} is read as {kind}", lossy(&flag)),
-                );
+        let kind = match tok.value {
+            Some(v) => {
+                let flag = self.cstr(v);
+                self.membership(&name, &flag)
             }
-        }
-        let keyword = [
-            ("ALL", PortSet::All),
-            ("ALL_CAS", PortSet::AllCas),
-            ("ALL_SWITCHES", PortSet::AllSwitches),
-            ("ALL_ROUTERS", PortSet::AllRouters),
-            ("SELF", PortSet::SmPort),
-        ]
-        .into_iter()
-        .find(|(k, _)| is_prefix(&name, k));
-        let ports = if let Some((word, set)) = keyword {
-            if name != word.as_bytes() {
-                let kind = if name == b"ALL_" {
-                    WarningKind::AmbiguousKeyword
-                } else {
-                    WarningKind::Abbreviation
-                };
-                self.warn(kind, format!("member {:?} is read as {word}", lossy(&name)));
-            }
-            set
-        } else {
-            let n = c_strtoul(&name);
-            if n.value == 0 || n.used == 0 || n.used != name.len() {
-                return Err(self.fatal(
-                    ParseErrorKind::BadPortGuid,
-                    format!(
-                        "bad PortGUID {:?} (not a keyword and not a non-zero number): OpenSM logs PARSE ERROR and drops the file",
-                        lossy(&name)
-                    ),
-                ));
-            }
-            if !n.hex || n.negative || n.overflow {
-                self.warn(
-                    WarningKind::OddGuid,
-                    format!(
-                        "GUID {:?} is not written as 0x-hex: OpenSM reads it as {:#018x}",
-                        lossy(&name),
-                        n.value
-                    ),
-                );
-            }
-            PortSet::Guid(Guid(n.value))
+            None => st.default_member,
         };
+        let ports = self.member_ports(&name)?;
         if kind == MemberKind::Both {
             self.warn(
                 WarningKind::BothMembership,
@@ -762,6 +711,88 @@ impl Reader {
             e.members.push(Member { line, ports, kind });
         }
         Ok(())
+    }
+
+    /// A member's `=flag`: full, both, else limited (OpenSM's reading, with a warning for an
+    /// empty, unknown or abbreviated flag).
+    fn membership(&mut self, name: &[u8], flag: &[u8]) -> MemberKind {
+        let kind = if is_prefix(flag, "full") {
+            MemberKind::Full
+        } else if is_prefix(flag, "both") {
+            MemberKind::Both
+        } else {
+            MemberKind::Limited
+        };
+        if flag.is_empty() {
+            self.warn(
+                WarningKind::EmptyValue,
+                format!(
+                    "member {:?} has an empty '=': OpenSM reads it as full",
+                    lossy(name)
+                ),
+            );
+        } else if kind == MemberKind::Limited && !is_prefix(flag, "limited") {
+            self.warn(
+                WarningKind::UnknownMembership,
+                format!(
+                    "membership {:?} of {:?} is unknown: OpenSM silently uses limited",
+                    lossy(flag),
+                    lossy(name)
+                ),
+            );
+        } else if flag != kind.to_string().as_bytes() {
+            self.warn(
+                WarningKind::Abbreviation,
+                format!("membership {:?} is read as {kind}", lossy(flag)),
+            );
+        }
+        kind
+    }
+
+    /// The ports a member names: a keyword (`ALL`, `ALL_CAS`, `ALL_SWITCHES`, `ALL_ROUTERS`,
+    /// `SELF`, or a prefix of one) or a port GUID.
+    fn member_ports(&mut self, name: &[u8]) -> Result<PortSet, ParseError> {
+        let keyword = [
+            ("ALL", PortSet::All),
+            ("ALL_CAS", PortSet::AllCas),
+            ("ALL_SWITCHES", PortSet::AllSwitches),
+            ("ALL_ROUTERS", PortSet::AllRouters),
+            ("SELF", PortSet::SmPort),
+        ]
+        .into_iter()
+        .find(|(k, _)| is_prefix(name, k));
+        if let Some((word, set)) = keyword {
+            if name != word.as_bytes() {
+                let kind = if name == b"ALL_" {
+                    WarningKind::AmbiguousKeyword
+                } else {
+                    WarningKind::Abbreviation
+                };
+                self.warn(kind, format!("member {:?} is read as {word}", lossy(name)));
+            }
+            return Ok(set);
+        }
+        let n = c_strtoul(name);
+        if n.value == 0 || n.used == 0 || n.used != name.len() {
+            return Err(self.fatal(
+                ParseErrorKind::BadPortGuid,
+                format!(
+                    "bad PortGUID {:?} (not a keyword and not a non-zero number): OpenSM logs PARSE ERROR and drops the file",
+                    lossy(name)
+                ),
+            ));
+        }
+        if !n.hex || n.negative || n.overflow {
+            self.warn(
+                WarningKind::OddGuid,
+                format!(
+                    "GUID {:?} is not written as 0x-hex: OpenSM reads it as {:#018x}",
+                    lossy(name),
+                    n.value
+                ),
+            );
+        }
+        Ok(PortSet::Guid(Guid(n.value)))
     }
 
     /// `mgroup_create`: an `mgid=` member consumes the rest of the piece as group flags.

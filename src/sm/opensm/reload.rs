@@ -15,8 +15,6 @@
 
 use super::{OpenSmConfig, ReloadMethod};
 use async_trait::async_trait;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -113,7 +111,7 @@ impl OpenSmReloader {
 
     fn sighup(&self) -> Result<(), ReloadError> {
         let pid = self.opensm_pid()?;
-        kill(Pid::from_raw(pid), Signal::SIGHUP)
+        crate::sys::process::send_sighup(pid)
             .map_err(|e| ReloadError::Unreachable(format!("SIGHUP to pid {pid}: {e}")))
     }
 

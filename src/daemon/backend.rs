@@ -1,0 +1,83 @@
+//! Builds the configured subnet-manager backend (and, when the embedded backend or observer
+//! needs it, the simulated fabric).
+
+use super::stores::{StoredSimTables, StoredSmNodes, StoredUfmLedger};
+use super::StartError;
+use crate::api::sm_client::RemoteSm;
+use crate::config::{Backend, Config, ObserverKind};
+use crate::domain::NodeId;
+use crate::sim::SimFabric;
+use crate::sm::embedded::EmbeddedSm;
+use crate::sm::opensm::OpenSmBackend;
+use crate::sm::ufm::UfmSm;
+use crate::sm::SubnetManager;
+use crate::store::Store;
+use std::sync::Arc;
+
+/// The backend, plus what the rest of the daemon needs besides the trait object.
+pub(super) struct BuiltBackend {
+    /// The backend the agent programs keys through.
+    pub sm: Arc<dyn SubnetManager>,
+    /// On an OpenSM SM host: the same backend, which also serves `fabric.sm.v1.Partitions`.
+    pub opensm: Option<OpenSmBackend>,
+    /// The simulated fabric, when the embedded backend or the embedded observer uses it.
+    pub sim: Option<Arc<SimFabric>>,
+}
+
+/// Builds the backend `config` names, persisting its state through `store`.
+pub(super) fn build(
+    config: &Config,
+    node_id: &NodeId,
+    store: &Arc<Store>,
+) -> Result<BuiltBackend, StartError> {
+    let sm_cfg = &config.subnet_manager;
+    let needs_sim =
+        sm_cfg.backend == Backend::Embedded || config.observer_kind() == ObserverKind::Embedded;
+    let sim = needs_sim.then(|| {
+        Arc::new(SimFabric::new(
+            node_id.as_str(),
+            sm_cfg.embedded.ports,
+            sm_cfg.embedded.pkey_table_size,
+            sm_cfg.embedded.default_entry(),
+            Box::new(StoredSimTables(store.clone())),
+        ))
+    });
+    let mut opensm = None;
+    let sm: Arc<dyn SubnetManager> = match sm_cfg.backend {
+        Backend::Embedded => Arc::new(EmbeddedSm::new(
+            sim.clone().expect("sim built for the embedded backend"),
+            &sm_cfg.embedded,
+        )),
+        Backend::Opensm => {
+            let mut cfg = sm_cfg
+                .opensm
+                .clone()
+                .expect("validated: [subnet_manager.opensm] present");
+            cfg.allow_full_default = config.allow_full_default;
+            let backend = OpenSmBackend::new(
+                cfg,
+                node_id.as_str().to_owned(),
+                Arc::new(StoredSmNodes(store.clone())),
+            )
+            .map_err(StartError::OpenSm)?;
+            opensm = Some(backend.clone());
+            Arc::new(backend)
+        }
+        Backend::Remote => {
+            let cfg = sm_cfg
+                .remote
+                .as_ref()
+                .expect("validated: [subnet_manager.remote] present");
+            Arc::new(RemoteSm::new(cfg).map_err(StartError::Remote)?)
+        }
+        Backend::Ufm => {
+            let cfg = sm_cfg
+                .ufm
+                .as_ref()
+                .expect("validated: [subnet_manager.ufm] present");
+            let ledger = Arc::new(StoredUfmLedger(store.clone()));
+            Arc::new(UfmSm::new(cfg, ledger).map_err(StartError::Ufm)?)
+        }
+    };
+    Ok(BuiltBackend { sm, opensm, sim })
+}

@@ -1,0 +1,58 @@
+//! The composition root: builds the store, the subnet-manager backend, the port observer, the
+//! agent and the listeners from a validated [`Config`]. The only place that names concrete
+//! backends and observers; the agent sees their traits.
+
+mod backend;
+mod error;
+mod listen;
+mod observer;
+mod stores;
+
+pub use error::StartError;
+pub use listen::{bind, Bound};
+pub use observer::read_ports_once;
+
+use crate::agent::{Agent, AgentParts};
+use crate::config::Config;
+use crate::sm::opensm::OpenSmBackend;
+use crate::store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A built agent plus the pieces other services of the daemon need.
+pub struct Daemon {
+    /// The agent.
+    pub agent: Agent,
+    /// The store (shared with the agent).
+    pub store: Arc<Store>,
+    /// On an OpenSM SM host: the backend that also serves `fabric.sm.v1.Partitions`.
+    pub opensm: Option<OpenSmBackend>,
+}
+
+/// Opens the store and builds the backend, the observer and the agent `config` asks for.
+pub fn build(config: &Config) -> Result<Daemon, StartError> {
+    let store = Arc::new(
+        Store::open(&config.state_dir.join("state.redb"), config.events.retain)
+            .map_err(StartError::Store)?,
+    );
+    let built = backend::build(config, &config.node_id, &store)?;
+    let (observer, observer_reason) = observer::build(config, built.sim)?;
+    let agent = Agent::new(AgentParts {
+        node_id: config.node_id.as_str().to_owned(),
+        fabric: config.fabric.clone(),
+        store: store.clone(),
+        sm: built.sm,
+        observer,
+        observer_reason,
+        selector: config.ports.clone(),
+        reconciler: config.reconciler.clone(),
+        released_retain: Duration::from_secs(config.events.released_retain_secs),
+        allow_full_default: config.allow_full_default,
+    })
+    .map_err(StartError::Agent)?;
+    Ok(Daemon {
+        agent,
+        store,
+        opensm: built.opensm,
+    })
+}

@@ -1,0 +1,111 @@
+//! The store adapters the backends persist through: each keeps one backend's state in the
+//! agent's store (its own table or meta key), so the backends depend on their traits only.
+
+use crate::sim::SimPersistence;
+use crate::sm::opensm::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
+use crate::sm::ufm::{LedgerStoreError, UfmLedgerStore};
+use crate::store::Store;
+use std::sync::Arc;
+
+const SIM_TABLES: &str = "sim_tables";
+/// Store meta key of the OpenSM backend's commit state (unconfirmed write, rejected file).
+const OPENSM_COMMIT: &str = "opensm_commit_state";
+/// Store meta key of the UFM backend's ledger (GUIDs this node put in partitions).
+const UFM_LEDGER: &str = "ufm_ledger";
+
+/// Keeps the SM host's per-node memberships in the agent's store.
+pub(super) struct StoredSmNodes(pub(super) Arc<Store>);
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredSmNode {
+    memberships: crate::domain::NodeMemberships,
+    generation: u64,
+}
+
+impl NodeMembershipStore for StoredSmNodes {
+    fn load_all(&self) -> Result<Vec<StoredNode>, NodeStoreError> {
+        let rows = self
+            .0
+            .sm_nodes()
+            .map_err(|e| NodeStoreError(e.to_string()))?;
+        rows.into_iter()
+            .map(|(id, bytes)| {
+                let n: StoredSmNode = serde_json::from_slice(&bytes)
+                    .map_err(|e| NodeStoreError(format!("node {id}: {e}")))?;
+                Ok(StoredNode {
+                    memberships: n.memberships,
+                    generation: n.generation,
+                })
+            })
+            .collect()
+    }
+
+    fn put_group(
+        &self,
+        nodes: &[StoredNode],
+        commit: Option<&CommitState>,
+    ) -> Result<(), NodeStoreError> {
+        let rows = nodes
+            .iter()
+            .map(|n| {
+                let bytes = serde_json::to_vec(&StoredSmNode {
+                    memberships: n.memberships.clone(),
+                    generation: n.generation,
+                })?;
+                Ok((n.memberships.node_id.clone(), bytes))
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()
+            .map_err(|e| NodeStoreError(e.to_string()))?;
+        let state = commit
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|e| NodeStoreError(e.to_string()))?;
+        self.0
+            .put_sm_nodes(&rows, state.as_deref().map(|s| (OPENSM_COMMIT, s)))
+            .map_err(|e| NodeStoreError(e.to_string()))
+    }
+
+    fn load_commit_state(&self) -> Result<CommitState, NodeStoreError> {
+        match self
+            .0
+            .meta(OPENSM_COMMIT)
+            .map_err(|e| NodeStoreError(e.to_string()))?
+        {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| NodeStoreError(format!("{OPENSM_COMMIT}: {e}"))),
+            None => Ok(CommitState::default()),
+        }
+    }
+}
+
+/// Keeps the simulated fabric's tables in the agent's store.
+pub(super) struct StoredSimTables(pub(super) Arc<Store>);
+
+impl SimPersistence for StoredSimTables {
+    fn load(&self) -> Option<Vec<Vec<u16>>> {
+        let bytes = self.0.meta(SIM_TABLES).ok()??;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn save(&self, tables: &[Vec<u16>]) -> Result<(), crate::sim::PersistError> {
+        let bytes = serde_json::to_vec(tables)?;
+        Ok(self.0.set_meta(SIM_TABLES, &bytes)?)
+    }
+}
+
+/// Keeps the UFM backend's ledger in the agent's store.
+pub(super) struct StoredUfmLedger(pub(super) Arc<Store>);
+
+impl UfmLedgerStore for StoredUfmLedger {
+    fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
+        self.0
+            .meta(UFM_LEDGER)
+            .map_err(|e| LedgerStoreError(e.to_string()))
+    }
+
+    fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
+        self.0
+            .set_meta(UFM_LEDGER, bytes)
+            .map_err(|e| LedgerStoreError(e.to_string()))
+    }
+}
