@@ -20,11 +20,10 @@ use opensm_support::{
     backend, env_usize, finish, heavy_sweep, read_pass, secs, set_of, storm, summary,
     summary_ratio, wait_tables, Check, TableReader, Usage, Want,
 };
-use rig::{Fabric, FabricSpec};
+use rig::Fabric;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const OPERATOR: &str = "# operator's part\nDefault=0x7fff, ipoib : ALL=limited, SELF=full;\n";
 const NODES_PER_TENANT: usize = 8;
 const DEADLINE: Duration = Duration::from_secs(120);
 
@@ -161,30 +160,15 @@ fn run(
             })
             .collect()
     };
-    let label = format!("run {r}: attach storm, group commit on");
-    out.attach = storm_line(
-        rt,
-        fabric,
-        reader,
-        &b,
-        &label,
-        sets(true),
-        1,
-        &wants(true),
-        sweep,
-    )?;
-    let label = format!("run {r}: release storm, group commit on");
-    out.release = storm_line(
-        rt,
-        fabric,
-        reader,
-        &b,
-        &label,
-        sets(false),
-        2,
-        &wants(false),
-        sweep,
-    )?;
+    let mut storm_of = |what: &str, with: bool, generation: u64| {
+        let label = format!("run {r}: {what} storm, group commit on");
+        let (sets, wants) = (sets(with), wants(with));
+        storm_line(
+            rt, fabric, reader, &b, &label, sets, generation, &wants, sweep,
+        )
+    };
+    out.attach = storm_of("attach", true, 1)?;
+    out.release = storm_of("release", false, 2)?;
     drop(b);
 
     // Group commit off: one write + sweep per request, so only a prefix is sent: attached,
@@ -254,16 +238,9 @@ fn main() {
     let runs = env_usize("RUNS", 3);
     // ibsim holds at most 2,048 nodes, switches included: 2,000 HCAs need PER_LEAF=47.
     let per_leaf = env_usize("PER_LEAF", 24);
-    let t = Instant::now();
-    let Some(fabric) = Fabric::start(&FabricSpec::leaf_spine(nodes, per_leaf), OPERATOR) else {
-        println!("skipped: ibsim/opensm or the umad2sim shim not installed");
+    let Some(fabric) = opensm_support::start_fabric(nodes, per_leaf) else {
         return;
     };
-    println!(
-        "fabric: {nodes} HCAs + SM host, {} switches; ibsim + OpenSM up (SUBNET UP) in {}",
-        fabric.spec().switches,
-        secs(t.elapsed())
-    );
     let t = Instant::now();
     let all = fabric.ports();
     let ports: Vec<(String, u64, u16)> = fabric
@@ -278,11 +255,7 @@ fn main() {
         "discovery: port GUID + LID of every HCA from OpenSM's subnet dump in {}",
         secs(t.elapsed())
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = opensm_support::runtime();
     let mut done = Vec::new();
     // The reader is the last HCA (the single change goes to the first).
     let reader_node = ports.last().map_or(rig::SM_HOST, |p| p.0.as_str());

@@ -11,7 +11,7 @@
 pub mod tables;
 pub use tables::TableReader;
 
-use crate::rig::Fabric;
+use crate::rig::{Fabric, FabricSpec};
 use crate::support::{cpu_seconds_of, try_memory};
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::sm::opensm::{
@@ -19,6 +19,34 @@ use fabric_agent::sm::opensm::{
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The partitions file the benches start OpenSM with: the operator's part only.
+pub const OPERATOR: &str = "# operator's part\nDefault=0x7fff, ipoib : ALL=limited, SELF=full;\n";
+
+/// Starts a leaf-spine fabric of `hcas` HCAs (`per_leaf` end ports per leaf) with OpenSM and
+/// prints its shape and start time; `None` (printed as skipped) without ibsim/OpenSM/the shim.
+pub fn start_fabric(hcas: usize, per_leaf: usize) -> Option<Fabric> {
+    let t = Instant::now();
+    let Some(fabric) = Fabric::start(&FabricSpec::leaf_spine(hcas, per_leaf), OPERATOR) else {
+        println!("skipped: ibsim/opensm or the umad2sim shim not installed");
+        return None;
+    };
+    println!(
+        "fabric: {hcas} HCAs + SM host, {} switches ({per_leaf} end ports per leaf); ibsim + OpenSM up (SUBNET UP) in {}",
+        fabric.spec().switches,
+        secs(t.elapsed())
+    );
+    Some(fabric)
+}
+
+/// The runtime the backend runs on: 2 workers, as on the 2-core machine.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
 
 /// A failed wait or check: one line starting with `TIMEOUT` or `FAILED`.
 pub type Check<T> = Result<T, String>;
