@@ -1,6 +1,6 @@
 //! What the OpenSM benches share: the SM-host backend on the rig's OpenSM, storms of
 //! `set_node` calls, deadline-bounded waits that report `TIMEOUT ...` instead of hanging,
-//! table checks by parallel SMP readers, CPU and peak
+//! table checks by a fast SMP reader ([`tables`]), CPU and peak
 //! RSS from /proc, and min/median/max of repeated runs.
 //!
 //! Included by each OpenSM bench next to the rig and the bench support:
@@ -8,7 +8,10 @@
 
 #![allow(dead_code)] // each bench uses a part
 
-use crate::rig::Fabric;
+pub mod tables;
+pub use tables::TableReader;
+
+use crate::rig::{Fabric, FabricSpec};
 use crate::support::{cpu_seconds_of, try_memory};
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::sm::opensm::{
@@ -16,6 +19,34 @@ use fabric_agent::sm::opensm::{
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The partitions file the benches start OpenSM with: the operator's part only.
+pub const OPERATOR: &str = "# operator's part\nDefault=0x7fff, ipoib : ALL=limited, SELF=full;\n";
+
+/// Starts a leaf-spine fabric of `hcas` HCAs (`per_leaf` end ports per leaf) with OpenSM and
+/// prints its shape and start time; `None` (printed as skipped) without ibsim/OpenSM/the shim.
+pub fn start_fabric(hcas: usize, per_leaf: usize) -> Option<Fabric> {
+    let t = Instant::now();
+    let Some(fabric) = Fabric::start(&FabricSpec::leaf_spine(hcas, per_leaf), OPERATOR) else {
+        println!("skipped: ibsim/opensm or the umad2sim shim not installed");
+        return None;
+    };
+    println!(
+        "fabric: {hcas} HCAs + SM host, {} switches ({per_leaf} end ports per leaf); ibsim + OpenSM up (SUBNET UP) in {}",
+        fabric.spec().switches,
+        secs(t.elapsed())
+    );
+    Some(fabric)
+}
+
+/// The runtime the backend runs on: 2 workers, as on the 2-core machine.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
 
 /// A failed wait or check: one line starting with `TIMEOUT` or `FAILED`.
 pub type Check<T> = Result<T, String>;
@@ -28,9 +59,9 @@ pub fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Seconds with two decimals.
+/// Seconds with three decimals.
 pub fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
+    format!("{:.3} s", d.as_secs_f64())
 }
 
 /// The SM host's backend on the rig's OpenSM (SIGHUP reload; the re-read is watched for up to
@@ -138,13 +169,12 @@ pub fn storm(
     Ok((replied, failed, first))
 }
 
-/// Polls the ports' tables by SMP (`readers` parallel `smpquery` clients; each poll re-reads
-/// only the ports not yet right) until every want is met; returns when, counted from `since`,
-/// and how many polls it took. (A whole-fabric `saquery PKTR` returns only a couple of records
-/// on ibsim at 500 HCAs, so the SA is not used.)
+/// Polls the ports' tables with `reader` (each poll re-reads only the ports not yet right)
+/// until every want is met; returns when, counted from `since`, and how many polls it took.
+/// (A whole-fabric `saquery PKTR` returns only a couple of records on ibsim at 500 HCAs, so
+/// the SA is not used.)
 pub fn wait_tables(
-    fabric: &Fabric,
-    readers: usize,
+    reader: &mut TableReader,
     wants: &[Want],
     since: Instant,
     deadline: Duration,
@@ -155,7 +185,7 @@ pub fn wait_tables(
     loop {
         polls += 1;
         let lids: Vec<u16> = unmet.iter().map(|w| w.lid).collect();
-        let tables = fabric.pkeys_parallel(&lids, readers);
+        let tables = reader.read(&lids)?;
         unmet = unmet
             .into_iter()
             .zip(&tables)
@@ -175,6 +205,17 @@ pub fn wait_tables(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// One full verification pass: every port at `lids` read once. Fails when a port does not
+/// answer.
+pub fn read_pass(reader: &mut TableReader, lids: &[u16]) -> Check<Duration> {
+    let start = Instant::now();
+    let tables = reader.read(lids)?;
+    if let Some((lid, Err(e))) = lids.iter().zip(&tables).find(|(_, t)| t.is_err()) {
+        return Err(format!("FAILED: reading the table at LID {lid}: {e}"));
+    }
+    Ok(start.elapsed())
 }
 
 /// One heavy sweep of the unchanged fabric: SIGHUP to OpenSM, until its log shows the next
@@ -239,6 +280,15 @@ impl Usage {
 
 /// Prints `label: min / median / max` of `values` (seconds) over the runs.
 pub fn summary(label: &str, values: &[f64]) {
+    summary_in(label, values, " s");
+}
+
+/// Prints `label: min / median / max` of `values` (ratios, `x`) over the runs.
+pub fn summary_ratio(label: &str, values: &[f64]) {
+    summary_in(label, values, "x");
+}
+
+fn summary_in(label: &str, values: &[f64], unit: &str) {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
@@ -246,7 +296,7 @@ pub fn summary(label: &str, values: &[f64]) {
         return;
     }
     println!(
-        "{label}: min {:.2} / median {:.2} / max {:.2} s over {} runs",
+        "{label}: min {:.3} / median {:.3} / max {:.3}{unit} over {} runs",
         v[0],
         v[v.len() / 2],
         v[v.len() - 1],

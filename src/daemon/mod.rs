@@ -11,6 +11,7 @@ mod stores;
 pub use error::StartError;
 pub use listen::{bind, Bound};
 pub use observer::read_ports_once;
+pub use stores::StoredSmNodes;
 
 use crate::agent::{Agent, AgentParts};
 use crate::config::Config;

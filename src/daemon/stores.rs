@@ -13,8 +13,9 @@ const OPENSM_COMMIT: &str = "opensm_commit_state";
 /// Store meta key of the UFM backend's ledger (GUIDs this node put in partitions).
 const UFM_LEDGER: &str = "ufm_ledger";
 
-/// Keeps the SM host's per-node memberships in the agent's store.
-pub(super) struct StoredSmNodes(pub(super) Arc<Store>);
+/// Keeps the SM host's per-node memberships in the agent's store (one row per node, the
+/// commit state in a meta key). Public so benches can restart the backend on the real store.
+pub struct StoredSmNodes(pub Arc<Store>);
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredSmNode {
