@@ -134,15 +134,11 @@ fn store(checks: &mut Checks, dir: &Path) {
 async fn daemon(checks: &mut Checks, config: &Config) -> Option<pb::GetNodeResponse> {
     let target = client::Target::Unix(config.listen.unix_socket.clone());
     let node = match client::connect(&target).await {
-        Ok(mut c) => c
-            .get_node(pb::GetNodeRequest {})
-            .await
-            .map_err(|s| s.message().to_owned()),
+        Ok(mut c) => c.node().await.map_err(|e| e.message),
         Err(e) => Err(e.to_string()),
     };
     match node {
         Ok(n) => {
-            let n = n.into_inner();
             let mine = env!("CARGO_PKG_VERSION");
             if n.agent_version == mine {
                 checks.add(

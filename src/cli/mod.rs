@@ -9,6 +9,7 @@ mod generate;
 mod output;
 pub mod preflight;
 pub mod reload;
+mod remote;
 mod serve;
 
 pub use reload::LogControl;
@@ -261,7 +262,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
                             return ExitCode::from(exit::CONFIG);
                         }
                     };
-                commands::client(command, &target, json).await
+                remote::run(command, &target, json).await
             }
         }
     })
