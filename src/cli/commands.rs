@@ -174,12 +174,9 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         }));
     } else if preflight.ok() {
         println!(
-            "{}: ok (node {}, fabric {}, backend {:?}, observer {:?}; {})",
+            "{}: ok ({}; {})",
             path.display(),
-            config.node_id.as_str(),
-            config.fabric.as_str(),
-            config.subnet_manager.backend,
-            config.observer_kind(),
+            super::loaded::summary(&config),
             if args.syntax {
                 "syntax only".to_owned()
             } else {
@@ -200,12 +197,9 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
 
 /// `ports`: reads the ports through the configured observer, without the daemon.
 pub async fn ports(path: &Path, json: bool) -> ExitCode {
-    let config = match Config::load(path) {
+    let config = match super::loaded::load(path) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(super::exit::CONFIG);
-        }
+        Err(code) => return code,
     };
     match crate::daemon::read_ports_once(&config).await {
         Ok((kind, inventory)) => {

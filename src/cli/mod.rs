@@ -6,6 +6,7 @@ mod commands;
 mod doctor;
 pub mod exit;
 mod generate;
+mod loaded;
 mod output;
 pub mod preflight;
 pub mod reload;
