@@ -78,7 +78,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     if let Some(interval) = systemd::watchdog_interval() {
         tokio::spawn(systemd::watchdog(agent.clone(), interval, stopped.clone()));
     }
-    tracing::info!(node = %config.node_id, fabric = config.fabric.as_str(), socket = %config.listen.unix_socket.display(), "ready");
+    tracing::info!(node = %config.node_id, fabric = %config.fabric.as_str(), socket = %config.listen.unix_socket.display(), "ready");
     systemd::ready(&agent.status_line());
     let reload = Reload {
         config_path,
