@@ -3,9 +3,11 @@
 //! the insecure-Default posture, tenant names that cannot resolve operator entries,
 //! persistence and group commit.
 
+mod common;
+
 use async_trait::async_trait;
 use fabric_agent::domain::ConditionKind;
-use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
+use fabric_agent::domain::{Membership, NodeMemberships};
 use fabric_agent::sm::opensm::backend::{accepted_copy_path, rejected_copy_path};
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::region::{split_region, BEGIN_MARKER, END_MARKER};
@@ -15,7 +17,6 @@ use fabric_agent::sm::opensm::{
     InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
 };
 use fabric_agent::sm::{SmError, SubnetManager};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -95,15 +96,17 @@ fn kinds(b: &OpenSmBackend) -> Vec<ConditionKind> {
     b.conditions_now().into_iter().map(|c| c.kind).collect()
 }
 
-struct Setup {
+/// A backend on a fake reloader and a partitions file in its own temp dir, storing its sets in
+/// `store`.
+struct Setup<S = InMemoryNodeStore> {
     _dir: tempfile::TempDir,
     path: PathBuf,
     reloader: Arc<FakeReloader>,
-    store: Arc<InMemoryNodeStore>,
+    store: Arc<S>,
     backend: OpenSmBackend,
 }
 
-impl Setup {
+impl<S> Setup<S> {
     /// Stores `desired` at `generation`; panics if refused.
     async fn set_ok(&self, desired: NodeMemberships, generation: u64) {
         self.backend.set_node(desired, generation).await.unwrap();
@@ -111,6 +114,15 @@ impl Setup {
 }
 
 fn setup(initial: &[u8], delay: Duration, tweak: impl FnOnce(&mut OpenSmConfig)) -> Setup {
+    setup_with(InMemoryNodeStore::default(), initial, delay, tweak)
+}
+
+fn setup_with<S: NodeMembershipStore + 'static>(
+    store: S,
+    initial: &[u8],
+    delay: Duration,
+    tweak: impl FnOnce(&mut OpenSmConfig),
+) -> Setup<S> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("partitions.conf");
     std::fs::write(&path, initial).unwrap();
@@ -124,7 +136,7 @@ fn setup(initial: &[u8], delay: Duration, tweak: impl FnOnce(&mut OpenSmConfig))
     };
     tweak(&mut config);
     let reloader = FakeReloader::new(&path, delay);
-    let store = Arc::new(InMemoryNodeStore::default());
+    let store = Arc::new(store);
     let backend = OpenSmBackend::with_reloader(
         config,
         "smhost".into(),
@@ -142,22 +154,9 @@ fn setup(initial: &[u8], delay: Duration, tweak: impl FnOnce(&mut OpenSmConfig))
 }
 
 fn node(id: &str, guids: &[u64], keys: &[(u32, Membership)]) -> NodeMemberships {
-    NodeMemberships {
-        node_id: id.to_owned(),
-        port_guids: guids.iter().map(|g| Guid(*g)).collect(),
-        keys: keys
-            .iter()
-            .map(|(k, m)| {
-                (
-                    PKey::new(*k).unwrap(),
-                    KeySetting {
-                        membership: *m,
-                        name: String::new(),
-                    },
-                )
-            })
-            .collect::<BTreeMap<_, _>>(),
-    }
+    common::memberships(id, guids.iter().copied(), keys.iter().copied(), |_| {
+        String::new()
+    })
 }
 
 const BEFORE: &str = "# Operator's file.\n#   Spacing, comments and order are theirs.\nstorage=0x0100, ipoib :\n\tALL_SWITCHES=full,   SELF=full ;\n\n";
@@ -833,42 +832,23 @@ impl NodeMembershipStore for FlakyStore {
 
 #[tokio::test]
 async fn a_set_that_cannot_be_stored_is_not_written_and_is_stored_on_the_retry() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("partitions.conf");
-    std::fs::write(&path, b"").unwrap();
-    let config = OpenSmConfig {
-        partitions_file: path.clone(),
-        log_file: dir.path().join("opensm.log"),
-        pid: Some(12345),
-        watch_ms: 0,
-        ownership: OwnershipConfig::disabled(),
-        ..OpenSmConfig::default()
-    };
-    let reloader = FakeReloader::new(&path, Duration::from_millis(1));
-    let store = Arc::new(FlakyStore::default());
-    store.broken.store(true, Ordering::SeqCst);
-    let backend = OpenSmBackend::with_reloader(
-        config,
-        "smhost".into(),
-        Arc::clone(&store) as Arc<dyn NodeMembershipStore>,
-        Arc::clone(&reloader) as Arc<dyn Reloader>,
-    )
-    .unwrap();
+    let s = setup_with(FlakyStore::default(), b"", Duration::from_millis(1), |_| {});
+    s.store.broken.store(true, Ordering::SeqCst);
     let set = node("a", &[0x10], &[(0x0a12, Membership::Full)]);
-    let err = backend.set_node(set.clone(), 1).await.unwrap_err();
+    let err = s.backend.set_node(set.clone(), 1).await.unwrap_err();
     assert!(matches!(err, OpenSmError::Store(_)), "{err:?}");
     assert_eq!(
-        reloader.calls(),
+        s.reloader.calls(),
         0,
         "nothing is written before the set is durable"
     );
-    assert!(std::fs::read(&path).unwrap().is_empty());
-    assert!(store.inner.load_all().unwrap().is_empty());
+    assert!(std::fs::read(&s.path).unwrap().is_empty());
+    assert!(s.store.inner.load_all().unwrap().is_empty());
 
-    store.broken.store(false, Ordering::SeqCst);
-    backend.set_node(set.clone(), 1).await.unwrap();
-    assert_eq!(reloader.calls(), 1);
-    assert_eq!(store.inner.load_all().unwrap()[0].memberships, set);
-    let text = String::from_utf8(std::fs::read(&path).unwrap()).unwrap();
+    s.store.broken.store(false, Ordering::SeqCst);
+    s.set_ok(set.clone(), 1).await;
+    assert_eq!(s.reloader.calls(), 1);
+    assert_eq!(s.store.inner.load_all().unwrap()[0].memberships, set);
+    let text = String::from_utf8(std::fs::read(&s.path).unwrap()).unwrap();
     assert!(text.contains("0x0a12"), "{text}");
 }

@@ -2,47 +2,26 @@
 //! is accepted and the keys reach the ports, and the parser's accept/reject verdict matches
 //! OpenSM's on tricky files. Skipped (with a message) when ibsim/OpenSM are not installed.
 
+mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
-use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
+use fabric_agent::domain::{Membership, NodeMemberships};
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::reload::verdict;
 use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, ReloadMethod};
 use rig::{Fabric, FabricOptions, FabricSpec, SM_HOST};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn node(id: &str, guid: u64, keys: &[(u32, Membership)]) -> NodeMemberships {
-    NodeMemberships {
-        node_id: id.to_owned(),
-        port_guids: vec![Guid(guid)],
-        keys: keys
-            .iter()
-            .map(|(k, m)| {
-                (
-                    PKey::new(*k).unwrap(),
-                    KeySetting {
-                        membership: *m,
-                        name: format!("tenant{k:x}"),
-                    },
-                )
-            })
-            .collect::<BTreeMap<_, _>>(),
-    }
+    common::memberships(id, [guid], keys.iter().copied(), |k| format!("tenant{k:x}"))
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
+/// Waits up to 10 s for `f`, panicking with `what` after.
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    common::wait_for(what, Duration::from_secs(10), f);
 }
 
 const OPERATOR_PART: &str = "# operator's part: kept byte for byte\nstorage=0x0100, ipoib : ALL_SWITCHES=full, SELF=full;\n";
@@ -58,6 +37,26 @@ fn config_for(fabric: &Fabric) -> OpenSmConfig {
     }
 }
 
+/// A backend of the SM host on `config`, its store in memory.
+fn backend(config: OpenSmConfig) -> OpenSmBackend {
+    OpenSmBackend::new(
+        config,
+        SM_HOST.into(),
+        Arc::new(InMemoryNodeStore::default()),
+    )
+    .unwrap()
+}
+
+/// Stores `desired` at `generation` and checks OpenSM was seen re-reading the file.
+async fn set_and_see_reread(backend: &OpenSmBackend, desired: NodeMemberships, generation: u64) {
+    let out = backend.set_node(desired, generation).await.unwrap();
+    assert!(
+        out.detail.contains("re-read it without error"),
+        "{}",
+        out.detail
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_file_is_accepted_and_keys_reach_the_ports() {
     let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR_PART) else {
@@ -70,24 +69,16 @@ async fn backend_file_is_accepted_and_keys_reach_the_ports() {
         reload_check_ms: 2000,
         ..config_for(&fabric)
     };
-    let backend = OpenSmBackend::new(
-        config,
-        SM_HOST.into(),
-        Arc::new(InMemoryNodeStore::default()),
-    )
-    .unwrap();
+    let backend = backend(config);
 
     let started = Instant::now();
-    let out = backend
-        .set_node(node("node1", g2, &[(0x0a12, Membership::Full)]), 1)
-        .await
-        .unwrap();
     // OpenSM's re-read is seen (file access time) well before the 2 s watch window ends.
-    assert!(
-        out.detail.contains("re-read it without error"),
-        "{}",
-        out.detail
-    );
+    set_and_see_reread(
+        &backend,
+        node("node1", g2, &[(0x0a12, Membership::Full)]),
+        1,
+    )
+    .await;
     assert!(
         started.elapsed() < Duration::from_millis(1500),
         "{:?}",
@@ -214,7 +205,7 @@ fn parser_agrees_with_opensm_on_tricky_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_reload_triggers_a_reread() {
-    let port = 20000 + (std::process::id() % 20000) as u16;
+    let port = common::free_port();
     let options = FabricOptions {
         opensm_conf: vec!["console loopback".into(), format!("console_port {port}")],
         ..FabricOptions::default()
@@ -236,21 +227,13 @@ async fn console_reload_triggers_a_reread() {
         allow_full_default: true,
         ..config_for(&fabric)
     };
-    let backend = OpenSmBackend::new(
-        config,
-        SM_HOST.into(),
-        Arc::new(InMemoryNodeStore::default()),
+    let backend = backend(config);
+    set_and_see_reread(
+        &backend,
+        node("node1", g2, &[(0x0c01, Membership::Full)]),
+        1,
     )
-    .unwrap();
-    let out = backend
-        .set_node(node("node1", g2, &[(0x0c01, Membership::Full)]), 1)
-        .await
-        .unwrap();
-    assert!(
-        out.detail.contains("re-read it without error"),
-        "{}",
-        out.detail
-    );
+    .await;
     wait_until("node1 to hold 0x8c01", || {
         fabric.pkeys("node1").contains(&0x8c01)
     });

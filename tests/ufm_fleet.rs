@@ -2,14 +2,15 @@
 //! read for all keys, re-checks answered from UFM's `last_updated` stamp, changes made by
 //! someone else still found, the bound on what a stuck stamp can hide, and the request budget.
 
+mod common;
 mod fake_ufm;
 
-use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
+use common::cred::CredFile;
+use fabric_agent::domain::{Membership, NodeMemberships, PKey};
 use fabric_agent::sm::ufm::{MemoryLedgerStore, UfmConfig, UfmSm};
 use fabric_agent::sm::SubnetManager;
 use fake_ufm::{FakeAuth, FakeMember, FakePartition, FakeUfm, LoggedRequest, Quirks};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,25 +20,19 @@ const FIRST_KEY: u16 = 0x0100;
 
 struct Rig {
     fake: FakeUfm,
-    _dir: tempfile::TempDir,
-    cred: PathBuf,
+    cred: CredFile,
 }
 
 impl Rig {
     async fn new() -> Rig {
-        let fake = FakeUfm::start_with(FakeAuth::Open).await;
-        let dir = tempfile::tempdir().unwrap();
-        let cred = dir.path().join("ufm.cred");
-        std::fs::write(&cred, "admin:123456\n").unwrap();
         Rig {
-            fake,
-            _dir: dir,
-            cred,
+            fake: FakeUfm::start_with(FakeAuth::Open).await,
+            cred: CredFile::new("admin:123456"),
         }
     }
 
     fn config(&self) -> UfmConfig {
-        let mut c = self.fake.test_config(self.cred.clone(), 1);
+        let mut c = self.fake.test_config(self.cred.path().to_owned(), 1);
         c.request_timeout_ms = 5_000;
         c.max_skipped_rechecks = 3;
         c.max_requests_per_sec = 10_000;
@@ -62,22 +57,12 @@ fn guid(i: u64) -> u64 {
 }
 
 fn node(keys: impl IntoIterator<Item = (u16, Membership)>) -> NodeMemberships {
-    NodeMemberships {
-        node_id: "node-a".into(),
-        port_guids: (0..GUIDS).map(|i| Guid(guid(i))).collect(),
-        keys: keys
-            .into_iter()
-            .map(|(k, m)| {
-                (
-                    PKey::new(u32::from(k)).unwrap(),
-                    KeySetting {
-                        membership: m,
-                        name: format!("p{k:x}"),
-                    },
-                )
-            })
-            .collect(),
-    }
+    common::memberships(
+        "node-a",
+        (0..GUIDS).map(guid),
+        keys.into_iter().map(|(k, m)| (u32::from(k), m)),
+        |k| format!("p{k:x}"),
+    )
 }
 
 fn all_keys() -> NodeMemberships {

@@ -2,15 +2,16 @@
 //! key is removed at release, visible now or not; entries are recorded before the add is sent
 //! and dropped only once a read of UFM showed the GUID gone; Ok means the read agrees.
 
+mod common;
 mod fake_ufm;
 
-use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
+use common::cred::CredFile;
+use fabric_agent::domain::{Guid, Membership, NodeMemberships, PKey};
 use fabric_agent::sm::ufm::{MemoryLedgerStore, UfmConfig, UfmLedger, UfmSm};
 use fabric_agent::sm::SubnetManager;
 use fake_ufm::{FakeMember, FakeUfm, LoggedRequest, Quirks};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,22 +22,16 @@ const K: u16 = 0x0a12;
 
 struct Rig {
     fake: FakeUfm,
-    _dir: tempfile::TempDir,
-    cred: PathBuf,
+    cred: CredFile,
     /// The node's store: backends built by [`Rig::sm`] share it, like restarts of the agent.
     store: MemoryLedgerStore,
 }
 
 impl Rig {
     async fn new() -> Rig {
-        let fake = FakeUfm::start().await;
-        let dir = tempfile::tempdir().unwrap();
-        let cred = dir.path().join("ufm.cred");
-        std::fs::write(&cred, "admin:123456\n").unwrap();
         Rig {
-            fake,
-            _dir: dir,
-            cred,
+            fake: FakeUfm::start().await,
+            cred: CredFile::new("admin:123456"),
             store: MemoryLedgerStore::new(),
         }
     }
@@ -44,7 +39,7 @@ impl Rig {
     fn config(&self) -> UfmConfig {
         // No stamp read: these tests pin each apply's exact partition reads
         // (tests/ufm_fleet.rs covers skipping).
-        self.fake.test_config(self.cred.clone(), 1)
+        self.fake.test_config(self.cred.path().to_owned(), 1)
     }
 
     /// A backend as a (re)started agent builds it: the node's store, nothing in memory.
@@ -78,22 +73,12 @@ impl Rig {
 }
 
 fn node(guids: &[u64], keys: &[u16]) -> NodeMemberships {
-    NodeMemberships {
-        node_id: "node-a".into(),
-        port_guids: guids.iter().map(|g| Guid(*g)).collect(),
-        keys: keys
-            .iter()
-            .map(|k| {
-                (
-                    pkey(*k),
-                    KeySetting {
-                        membership: Membership::Full,
-                        name: format!("part-{k:x}"),
-                    },
-                )
-            })
-            .collect(),
-    }
+    common::memberships(
+        "node-a",
+        guids.iter().copied(),
+        keys.iter().map(|k| (u32::from(*k), Membership::Full)),
+        |k| format!("part-{k:x}"),
+    )
 }
 
 fn pkey(k: u16) -> PKey {

@@ -2,8 +2,10 @@
 //! (unix socket; TCP with mTLS and a client allowlist, or plaintext on loopback when asked).
 //! Handlers only translate: one module per protocol boundary holds its protobuf <-> domain
 //! mapping and its one error <-> status mapping (`convert` for `fabric.agent.v1`, `sm_v1` for
-//! `fabric.sm.v1`); `sm_client` is the remote subnet-manager backend's gRPC client.
+//! `fabric.sm.v1`); `sm_client` is the remote subnet-manager backend's gRPC client;
+//! `agent_client` the typed `fabric.agent.v1` client the CLI uses.
 
+pub mod agent_client;
 mod audit;
 mod auth;
 mod caller;

@@ -3,13 +3,10 @@
 //! default path, in that order.
 
 use super::ClientOpts;
-use crate::api::client::{self, ClientTls};
+use crate::api::agent_client::AgentClient;
+use crate::api::client::{ClientError, ClientTls};
 use crate::config::{Config, ConfigError, DEFAULT_SOCKET};
-use crate::proto::agent as pb;
-use crate::proto::agent::fabric_agent_client::FabricAgentClient;
-use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use tonic::transport::Channel;
 
 /// Where a client command reaches the daemon.
 #[derive(Debug, Clone)]
@@ -53,56 +50,10 @@ impl Target {
     }
 }
 
-/// The daemon's client as the subcommands use it: every generated call (through `Deref`),
-/// except that [`Client::list_attachments`] pages through to the last page.
-pub struct Client(FabricAgentClient<Channel>);
-
-impl Deref for Client {
-    type Target = FabricAgentClient<Channel>;
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-impl DerefMut for Client {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
-    }
-}
-
-impl Client {
-    /// Every attachment matching the request's filters: follows `next_page_token` until the
-    /// last page and answers with all of them in one list.
-    pub async fn list_attachments(
-        &mut self,
-        mut request: pb::ListAttachmentsRequest,
-    ) -> Result<tonic::Response<pb::ListAttachmentsResponse>, tonic::Status> {
-        let mut all = Vec::new();
-        loop {
-            let page = self.0.list_attachments(request.clone()).await?.into_inner();
-            all.extend(page.attachments);
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            if page.next_page_token == request.page_token {
-                return Err(tonic::Status::internal(
-                    "the agent returned the same page token twice; stopping",
-                ));
-            }
-            request.page_token = page.next_page_token;
-        }
-        Ok(tonic::Response::new(pb::ListAttachmentsResponse {
-            attachments: all,
-            next_page_token: String::new(),
-        }))
-    }
-}
-
 /// Opens a client to the daemon.
-pub async fn connect(target: &Target) -> Result<Client, client::ClientError> {
-    let channel = match target {
-        Target::Tcp(url, tls) => client::tcp(url, tls).await?,
-        Target::Unix(path) => client::unix(path).await?,
-    };
-    Ok(Client(FabricAgentClient::new(channel)))
+pub async fn connect(target: &Target) -> Result<AgentClient, ClientError> {
+    match target {
+        Target::Tcp(url, tls) => AgentClient::tcp(url, tls).await,
+        Target::Unix(path) => AgentClient::unix(path).await,
+    }
 }

@@ -1,14 +1,12 @@
-//! Client subcommands and `check-config` / `ports`.
+//! The subcommands' arguments, `--pkey` parsing, and the local `check-config` / `ports`.
 
-use super::client::{self, Target};
+use super::output;
 use super::preflight::Preflight;
-use super::{output, Command};
 use crate::config::Config;
 use crate::proto::agent as pb;
 use clap::Args;
 use std::path::Path;
 use std::process::ExitCode;
-use tokio_stream::StreamExt;
 
 /// `attach` arguments.
 #[derive(Debug, Args)]
@@ -176,12 +174,9 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         }));
     } else if preflight.ok() {
         println!(
-            "{}: ok (node {}, fabric {}, backend {:?}, observer {:?}; {})",
+            "{}: ok ({}; {})",
             path.display(),
-            config.node_id.as_str(),
-            config.fabric.as_str(),
-            config.subnet_manager.backend,
-            config.observer_kind(),
+            super::loaded::summary(&config),
             if args.syntax {
                 "syntax only".to_owned()
             } else {
@@ -202,12 +197,9 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
 
 /// `ports`: reads the ports through the configured observer, without the daemon.
 pub async fn ports(path: &Path, json: bool) -> ExitCode {
-    let config = match Config::load(path) {
+    let config = match super::loaded::load(path) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(super::exit::CONFIG);
-        }
+        Err(code) => return code,
     };
     match crate::daemon::read_ports_once(&config).await {
         Ok((kind, inventory)) => {
@@ -224,268 +216,6 @@ pub async fn ports(path: &Path, json: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Runs a subcommand that talks to the daemon.
-pub async fn client(command: Command, target: &Target, json: bool) -> ExitCode {
-    let mut c = match client::connect(target).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(super::exit::UNREACHABLE);
-        }
-    };
-    let result = match command {
-        Command::Node => node(&mut c, json).await,
-        Command::Attach(a) => attach(&mut c, a, json).await,
-        Command::Release(r) => release(&mut c, r, json).await,
-        Command::Attachments(l) => attachments(&mut c, l, json).await,
-        Command::Events(e) => events(&mut c, e, json).await,
-        Command::Serve
-        | Command::CheckConfig(_)
-        | Command::Ports
-        | Command::Doctor
-        | Command::Man
-        | Command::Completions { .. } => {
-            unreachable!("handled locally")
-        }
-    };
-    exit_code(result)
-}
-
-/// `node`: this node's view.
-async fn node(c: &mut client::Client, json: bool) -> Result<Outcome, tonic::Status> {
-    let n = c.get_node(pb::GetNodeRequest {}).await?.into_inner();
-    output::node(&n, json);
-    Ok(Outcome::Done)
-}
-
-/// `attach`: the partition's fabric defaults to the node's.
-async fn attach(
-    c: &mut client::Client,
-    a: AttachArgs,
-    json: bool,
-) -> Result<Outcome, tonic::Status> {
-    let fabric = match a.fabric {
-        Some(f) => f,
-        None => c.get_node(pb::GetNodeRequest {}).await?.into_inner().fabric,
-    };
-    let r = c
-        .attach_partition(pb::AttachPartitionRequest {
-            partition: Some(pb::Partition {
-                id: a.partition,
-                name: a.name,
-                workspace: a.workspace,
-                account: a.account,
-                fabric,
-                pkey: a.pkey,
-            }),
-            instance_id: a.instance,
-            membership: if a.limited {
-                pb::Membership::Limited
-            } else {
-                pb::Membership::Full
-            } as i32,
-            wait_ms: a.wait.map(|s| s.saturating_mul(1000)),
-        })
-        .await?
-        .into_inner();
-    if let Some(attachment) = &r.attachment {
-        output::attachment(attachment, json);
-    }
-    Ok(waited(
-        r.attachment.as_ref(),
-        a.wait,
-        pb::AttachmentState::Active,
-    ))
-}
-
-/// `release`.
-async fn release(
-    c: &mut client::Client,
-    r: ReleaseArgs,
-    json: bool,
-) -> Result<Outcome, tonic::Status> {
-    let answer = c
-        .release_instance(pb::ReleaseInstanceRequest {
-            instance_id: r.instance,
-            wait_ms: r.wait.map(|s| s.saturating_mul(1000)),
-        })
-        .await?
-        .into_inner();
-    if let Some(attachment) = &answer.attachment {
-        output::attachment(attachment, json);
-    }
-    Ok(waited(
-        answer.attachment.as_ref(),
-        r.wait,
-        pb::AttachmentState::Released,
-    ))
-}
-
-/// `attachments`: every page, filtered.
-async fn attachments(
-    c: &mut client::Client,
-    l: ListArgs,
-    json: bool,
-) -> Result<Outcome, tonic::Status> {
-    let state = match l.state {
-        Some(s) => Some(
-            pb::AttachmentState::from_str_name(&format!("ATTACHMENT_STATE_{}", s.to_uppercase()))
-                .ok_or_else(|| tonic::Status::invalid_argument(format!("unknown state {s:?}")))?
-                as i32,
-        ),
-        None => None,
-    };
-    let r = c
-        .list_attachments(pb::ListAttachmentsRequest {
-            state,
-            partition_id: l.partition,
-            instance_id: l.instance,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    output::attachments(&r.attachments, json);
-    Ok(Outcome::Done)
-}
-
-/// `events`: the log after `--after`, then (with `--follow`) live events.
-async fn events(
-    c: &mut client::Client,
-    e: EventsArgs,
-    json: bool,
-) -> Result<Outcome, tonic::Status> {
-    let mut stream = c
-        .watch_events(pb::WatchEventsRequest {
-            after_seq: e.after,
-            no_follow: !e.follow,
-            ..Default::default()
-        })
-        .await
-        .map_err(|s| with_cli_cursor(s, e.after))?
-        .into_inner();
-    output::event_header(json);
-    let mut last = e.after;
-    while let Some(ev) = stream.next().await {
-        let ev = ev.map_err(|s| with_cli_cursor(s, last))?;
-        last = ev.seq;
-        output::event(&ev, json);
-    }
-    Ok(Outcome::Done)
-}
-
-/// The exit code of a client subcommand and its message on stderr.
-fn exit_code(result: Result<Outcome, tonic::Status>) -> ExitCode {
-    match result {
-        Ok(outcome) => match outcome {
-            Outcome::Done => ExitCode::SUCCESS,
-            Outcome::Expired { state, reason } => {
-                eprintln!(
-                    "wait expired: the attachment is {state}{}",
-                    if reason.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({reason})")
-                    }
-                );
-                ExitCode::from(super::exit::WAIT_EXPIRED)
-            }
-            Outcome::Ended { state, reason } => {
-                eprintln!("error: the attachment ended {state}: {reason}");
-                ExitCode::from(super::exit::REFUSED)
-            }
-        },
-        Err(s) if is_unreachable(&s) => {
-            eprintln!("error: the daemon is unreachable: {}", s.message());
-            ExitCode::from(super::exit::UNREACHABLE)
-        }
-        Err(s) if s.code() == tonic::Code::Unavailable => {
-            // The daemon answered but cannot serve (starting, or stopping with the wait cut
-            // short): unavailable, not refused; the message carries the attachment's state.
-            eprintln!("error: {}: {}", code_name(s.code()), s.message());
-            ExitCode::from(super::exit::UNREACHABLE)
-        }
-        Err(s) => {
-            eprintln!("error: {}: {}", code_name(s.code()), s.message());
-            ExitCode::from(super::exit::REFUSED)
-        }
-    }
-}
-
-/// A WatchEvents status told in the CLI's terms: the API's cursor is `after_seq`, the flag is
-/// `--after`.
-fn with_cli_cursor(s: tonic::Status, last: u64) -> tonic::Status {
-    let hint = match s.code() {
-        tonic::Code::OutOfRange => format!(
-            "{} (this CLI: `fabric-agent node` shows the log's range; `events --after SEQ` \
-             resumes after SEQ)",
-            s.message()
-        ),
-        tonic::Code::Unavailable => format!(
-            "{} (this CLI: resume with `fabric-agent events --after {last} --follow`)",
-            s.message()
-        ),
-        _ => return s,
-    };
-    tonic::Status::new(s.code(), hint)
-}
-
-/// How a call that waited for a state ended.
-enum Outcome {
-    /// The requested state was reached, or no wait was asked.
-    Done,
-    /// `--wait` ran out while the attachment was still on its way.
-    Expired { state: String, reason: String },
-    /// The attachment reached a state from which the requested one cannot follow.
-    Ended { state: String, reason: String },
-}
-
-fn waited(a: Option<&pb::Attachment>, wait: Option<u32>, want: pb::AttachmentState) -> Outcome {
-    let (Some(a), Some(_)) = (a, wait) else {
-        return Outcome::Done;
-    };
-    let state = pb::AttachmentState::try_from(a.state).unwrap_or_default();
-    let name = state
-        .as_str_name()
-        .trim_start_matches("ATTACHMENT_STATE_")
-        .to_owned();
-    let terminal = matches!(
-        state,
-        pb::AttachmentState::Failed | pb::AttachmentState::Released
-    ) || (want == pb::AttachmentState::Active
-        && state == pb::AttachmentState::Releasing);
-    if state == want {
-        Outcome::Done
-    } else if terminal {
-        Outcome::Ended {
-            state: name,
-            reason: a.reason.clone(),
-        }
-    } else {
-        Outcome::Expired {
-            state: name,
-            reason: a.reason.clone(),
-        }
-    }
-}
-
-/// The daemon went away between connecting and answering.
-fn is_unreachable(s: &tonic::Status) -> bool {
-    s.code() == tonic::Code::Unavailable && std::error::Error::source(s).is_some()
-}
-
-/// A gRPC code as the API documentation spells it (`INVALID_ARGUMENT`).
-pub fn code_name(code: tonic::Code) -> String {
-    let camel = format!("{code:?}");
-    let mut out = String::new();
-    for (i, c) in camel.chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.push(c.to_ascii_uppercase());
-    }
-    out
 }
 
 #[cfg(test)]
@@ -519,12 +249,5 @@ mod tests {
         );
         // The message says which base was meant.
         assert!(e.to_string().contains("0x0a12"), "{e}");
-    }
-
-    #[test]
-    fn codes_are_spelled_as_in_the_api_docs() {
-        assert_eq!(code_name(tonic::Code::InvalidArgument), "INVALID_ARGUMENT");
-        assert_eq!(code_name(tonic::Code::NotFound), "NOT_FOUND");
-        assert_eq!(code_name(tonic::Code::Ok), "OK");
     }
 }

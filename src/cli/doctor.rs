@@ -40,24 +40,18 @@ impl Checks {
 
 /// Runs every check and prints the verdicts.
 pub async fn doctor(config_path: &Path, json: bool) -> ExitCode {
-    let config = match Config::load(config_path) {
+    let config = match super::loaded::load(config_path) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(exit::CONFIG);
-        }
+        Err(code) => return code,
     };
     let mut checks = Checks(Vec::new());
     checks.add(
         Verdict::Ok,
         "config",
         format!(
-            "{}: node {}, fabric {}, backend {:?}, observer {:?}",
+            "{}: {}",
             config_path.display(),
-            config.node_id.as_str(),
-            config.fabric.as_str(),
-            config.subnet_manager.backend,
-            config.observer_kind()
+            super::loaded::summary(&config)
         ),
     );
     clock(&mut checks);
@@ -134,15 +128,11 @@ fn store(checks: &mut Checks, dir: &Path) {
 async fn daemon(checks: &mut Checks, config: &Config) -> Option<pb::GetNodeResponse> {
     let target = client::Target::Unix(config.listen.unix_socket.clone());
     let node = match client::connect(&target).await {
-        Ok(mut c) => c
-            .get_node(pb::GetNodeRequest {})
-            .await
-            .map_err(|s| s.message().to_owned()),
+        Ok(mut c) => c.node().await.map_err(|e| e.message),
         Err(e) => Err(e.to_string()),
     };
     match node {
         Ok(n) => {
-            let n = n.into_inner();
             let mine = env!("CARGO_PKG_VERSION");
             if n.agent_version == mine {
                 checks.add(
@@ -230,8 +220,7 @@ async fn ports(
 
 fn port_checks(checks: &mut Checks, config: &Config, ports: &[pb::Port]) {
     let selected_by_config = !config.ports.devices.is_empty() || !config.ports.guids.is_empty();
-    let fabric: Vec<&pb::Port> = ports.iter().filter(|p| p.fabric_port).collect();
-    if fabric.is_empty() {
+    if !ports.iter().any(|p| p.fabric_port) {
         checks.add(
             Verdict::Fail,
             "fabric ports",
@@ -239,78 +228,89 @@ fn port_checks(checks: &mut Checks, config: &Config, ports: &[pb::Port]) {
         );
     }
     for p in ports {
-        let name = format!("port {}/{}", p.device, p.port_number);
-        let state = pb::PortState::try_from(p.state)
-            .unwrap_or_default()
-            .as_str_name()
-            .trim_start_matches("PORT_STATE_")
-            .to_owned();
-        let link = pb::LinkLayer::try_from(p.link_layer)
-            .unwrap_or_default()
-            .as_str_name()
-            .trim_start_matches("LINK_LAYER_")
-            .to_owned();
-        let facts = format!("{state}, {link}, LID {:#x}, SM LID {:#x}", p.lid, p.sm_lid);
-        if !p.fabric_port {
-            let why = if selected_by_config {
-                "not selected by [ports]"
-            } else {
-                "not InfiniBand (default selection)"
-            };
-            checks.add(
-                Verdict::Ok,
-                name,
-                format!("{facts}; not a fabric port: {why}"),
-            );
-            continue;
-        }
+        port_check(checks, p, selected_by_config, config.allow_full_default);
+    }
+}
+
+/// One port: its state and why it is (not) a fabric port; for a fabric port also its
+/// default-partition membership and its P_Key table space.
+fn port_check(checks: &mut Checks, p: &pb::Port, selected_by_config: bool, allow_full: bool) {
+    let name = format!("port {}/{}", p.device, p.port_number);
+    let state = pb::PortState::try_from(p.state)
+        .unwrap_or_default()
+        .as_str_name()
+        .trim_start_matches("PORT_STATE_")
+        .to_owned();
+    let link = pb::LinkLayer::try_from(p.link_layer)
+        .unwrap_or_default()
+        .as_str_name()
+        .trim_start_matches("LINK_LAYER_")
+        .to_owned();
+    let facts = format!("{state}, {link}, LID {:#x}, SM LID {:#x}", p.lid, p.sm_lid);
+    if !p.fabric_port {
         let why = if selected_by_config {
-            "selected by [ports]"
+            "not selected by [ports]"
         } else {
-            "InfiniBand link layer (default selection)"
+            "not InfiniBand (default selection)"
         };
-        let active = p.state == pb::PortState::Active as i32;
         checks.add(
-            if active { Verdict::Ok } else { Verdict::Fail },
-            name.clone(),
-            format!(
-                "{facts}; fabric port ({why}){}",
-                if active {
-                    ""
-                } else {
-                    ": not ACTIVE, so no key can be ACTIVE on this node"
-                }
-            ),
+            Verdict::Ok,
+            name,
+            format!("{facts}; not a fabric port: {why}"),
         );
-        let full = p.pkeys.contains(&0xffff);
-        let limited = p.pkeys.contains(&0x7fff);
-        let (verdict, detail) = match (full, limited, config.allow_full_default) {
-            (true, _, false) => (
-                Verdict::Fail,
-                "full member (0xffff): every tenant can reach this port; tenant keys are not reported ACTIVE (allow_full_default = false)",
-            ),
-            (true, _, true) => (
-                Verdict::Warn,
-                "full member (0xffff): insecure, accepted by allow_full_default",
-            ),
-            (false, true, _) => (Verdict::Ok, "limited member (0x7fff)"),
-            (false, false, _) => (
-                Verdict::Warn,
-                "not a member of the default partition (no 0x7fff/0xffff entry)",
-            ),
-        };
-        checks.add(verdict, format!("{name} default partition"), detail);
-        let used = p.pkeys.len() as u32;
-        let free = p.pkey_table_size.saturating_sub(used);
-        checks.add(
-            if free == 0 {
-                Verdict::Fail
+        return;
+    }
+    let why = if selected_by_config {
+        "selected by [ports]"
+    } else {
+        "InfiniBand link layer (default selection)"
+    };
+    let active = p.state == pb::PortState::Active as i32;
+    checks.add(
+        if active { Verdict::Ok } else { Verdict::Fail },
+        name.clone(),
+        format!(
+            "{facts}; fabric port ({why}){}",
+            if active {
+                ""
             } else {
-                Verdict::Ok
-            },
-            format!("{name} P_Key table"),
-            format!("{used} of {} entries used, {free} free", p.pkey_table_size),
-        );
+                ": not ACTIVE, so no key can be ACTIVE on this node"
+            }
+        ),
+    );
+    let (verdict, detail) = default_partition(&p.pkeys, allow_full);
+    checks.add(verdict, format!("{name} default partition"), detail);
+    let used = u32::try_from(p.pkeys.len()).unwrap_or(u32::MAX);
+    let free = p.pkey_table_size.saturating_sub(used);
+    checks.add(
+        if free == 0 {
+            Verdict::Fail
+        } else {
+            Verdict::Ok
+        },
+        format!("{name} P_Key table"),
+        format!("{used} of {} entries used, {free} free", p.pkey_table_size),
+    );
+}
+
+/// A fabric port's membership of the default partition, judged against `allow_full_default`.
+fn default_partition(pkeys: &[u32], allow_full: bool) -> (Verdict, &'static str) {
+    let full = pkeys.contains(&0xffff);
+    let limited = pkeys.contains(&0x7fff);
+    match (full, limited, allow_full) {
+        (true, _, false) => (
+            Verdict::Fail,
+            "full member (0xffff): every tenant can reach this port; tenant keys are not reported ACTIVE (allow_full_default = false)",
+        ),
+        (true, _, true) => (
+            Verdict::Warn,
+            "full member (0xffff): insecure, accepted by allow_full_default",
+        ),
+        (false, true, _) => (Verdict::Ok, "limited member (0x7fff)"),
+        (false, false, _) => (
+            Verdict::Warn,
+            "not a member of the default partition (no 0x7fff/0xffff entry)",
+        ),
     }
 }
 

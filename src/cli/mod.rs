@@ -6,9 +6,11 @@ mod commands;
 mod doctor;
 pub mod exit;
 mod generate;
+mod loaded;
 mod output;
 pub mod preflight;
 pub mod reload;
+mod remote;
 mod serve;
 
 pub use reload::LogControl;
@@ -261,7 +263,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
                             return ExitCode::from(exit::CONFIG);
                         }
                     };
-                commands::client(command, &target, json).await
+                remote::run(command, &target, json).await
             }
         }
     })

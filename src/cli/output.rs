@@ -88,21 +88,28 @@ fn print_ports(ports: &[pb::Port]) {
 /// Prints a node view.
 pub fn node(n: &pb::GetNodeResponse, json: bool) {
     if json {
-        let sm = n.subnet_manager.clone().unwrap_or_default();
-        let v = json!({
-            "node_id": n.node_id, "fabric": n.fabric, "agent_version": n.agent_version,
-            "observer": n.observer, "observer_reason": n.observer_reason, "pkey_capacity": n.pkey_capacity,
-            "subnet_manager": {"backend": sm.backend, "reachable": sm.reachable, "last_error": sm.last_error, "applies": sm.applies,
-                               "generation": sm.generation,
-                               "in_doubt_pkeys": keys(&sm.in_doubt_pkeys)},
-            "conditions": n.conditions.iter().map(|c| json!({"kind": c.kind, "detail": c.detail})).collect::<Vec<_>>(),
-            "attachment_counts": n.attachment_counts,
-            "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq,
-            "ports": n.ports.iter().map(port_json).collect::<Vec<_>>(),
-        });
-        say!("{v}");
-        return;
+        say!("{}", node_json(n));
+    } else {
+        node_table(n);
     }
+}
+
+fn node_json(n: &pb::GetNodeResponse) -> Value {
+    let sm = n.subnet_manager.clone().unwrap_or_default();
+    json!({
+        "node_id": n.node_id, "fabric": n.fabric, "agent_version": n.agent_version,
+        "observer": n.observer, "observer_reason": n.observer_reason, "pkey_capacity": n.pkey_capacity,
+        "subnet_manager": {"backend": sm.backend, "reachable": sm.reachable, "last_error": sm.last_error, "applies": sm.applies,
+                           "generation": sm.generation,
+                           "in_doubt_pkeys": keys(&sm.in_doubt_pkeys)},
+        "conditions": n.conditions.iter().map(|c| json!({"kind": c.kind, "detail": c.detail})).collect::<Vec<_>>(),
+        "attachment_counts": n.attachment_counts,
+        "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq,
+        "ports": n.ports.iter().map(port_json).collect::<Vec<_>>(),
+    })
+}
+
+fn node_table(n: &pb::GetNodeResponse) {
     let sm = n.subnet_manager.clone().unwrap_or_default();
     say!(
         "node {}  fabric {}  agent {}",
@@ -114,16 +121,8 @@ pub fn node(n: &pb::GetNodeResponse, json: bool) {
     say!(
         "subnet manager {}: {}{}  (applies {})",
         sm.backend,
-        if sm.reachable {
-            "reachable"
-        } else {
-            "UNREACHABLE"
-        },
-        if sm.last_error.is_empty() {
-            String::new()
-        } else {
-            format!(" — {}", sm.last_error)
-        },
+        reachability(sm.reachable),
+        suffix(" — ", &sm.last_error),
         sm.applies
     );
     if !sm.in_doubt_pkeys.is_empty() {
@@ -276,54 +275,8 @@ fn keys(list: &[u32]) -> Vec<String> {
 fn event_parts(e: &pb::Event) -> (&'static str, Value, String) {
     use pb::event::Kind;
     match &e.kind {
-        Some(Kind::AttachmentChanged(a)) => {
-            let mut detail = json!({"instance_id": a.instance_id, "partition_id": a.partition_id,
-                "pkey_value": format!("{:#06x}", a.pkey_value), "to": state_name(a.to), "reason": a.reason});
-            // The first event of an attachment has no previous state: no `from` at all.
-            let from =
-                (a.from != pb::AttachmentState::Unspecified as i32).then(|| state_name(a.from));
-            if let Some(from) = from {
-                detail["from"] = json!(from);
-            }
-            let summary = format!(
-                "{} {} {:#06x} {}{}{}",
-                a.instance_id,
-                a.partition_id,
-                a.pkey_value,
-                from.map(|f| format!("{f} -> ")).unwrap_or_default(),
-                state_name(a.to),
-                if a.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", a.reason)
-                }
-            );
-            ("attachment", detail, summary)
-        }
-        Some(Kind::PkeyTableChanged(p)) => {
-            let summary = format!(
-                "{}/{} {}{}{}",
-                p.device,
-                p.port_number,
-                p.port_guid,
-                if p.added.is_empty() {
-                    String::new()
-                } else {
-                    format!(" +{}", keys(&p.added).join(" +"))
-                },
-                if p.removed.is_empty() {
-                    String::new()
-                } else {
-                    format!(" -{}", keys(&p.removed).join(" -"))
-                },
-            );
-            (
-                "pkey_table",
-                json!({"device": p.device, "port": p.port_number, "port_guid": p.port_guid,
-                       "added": keys(&p.added), "removed": keys(&p.removed)}),
-                summary,
-            )
-        }
+        Some(Kind::AttachmentChanged(a)) => attachment_changed(a),
+        Some(Kind::PkeyTableChanged(p)) => pkey_table_changed(p),
         Some(Kind::PortStateChanged(p)) => (
             "port_state",
             json!({"device": p.device, "port": p.port_number, "port_guid": p.port_guid, "from": port_state(p.from), "to": port_state(p.to)}),
@@ -342,16 +295,8 @@ fn event_parts(e: &pb::Event) -> (&'static str, Value, String) {
             format!(
                 "{} {}{}",
                 s.backend,
-                if s.reachable {
-                    "reachable"
-                } else {
-                    "UNREACHABLE"
-                },
-                if s.error.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", s.error)
-                }
+                reachability(s.reachable),
+                suffix(": ", &s.error)
             ),
         ),
         Some(Kind::ForeignPkey(f)) => (
@@ -362,21 +307,77 @@ fn event_parts(e: &pb::Event) -> (&'static str, Value, String) {
                 f.device, f.port_number, f.port_guid, f.pkey_value
             ),
         ),
-        Some(Kind::ConditionChanged(c)) => {
-            let cond = c.condition.clone().unwrap_or_default();
-            (
-                "condition",
-                json!({"condition": cond.kind, "active": c.active, "detail": cond.detail}),
-                format!(
-                    "{} {}: {}",
-                    cond.kind,
-                    if c.active { "raised" } else { "cleared" },
-                    cond.detail
-                ),
-            )
-        }
+        Some(Kind::ConditionChanged(c)) => condition_changed(c),
         None => ("unknown", Value::Null, String::new()),
     }
+}
+
+/// `prefix` and `text`, or nothing when `text` is empty.
+fn suffix(prefix: &str, text: &str) -> String {
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}{text}")
+    }
+}
+
+fn reachability(reachable: bool) -> &'static str {
+    if reachable {
+        "reachable"
+    } else {
+        "UNREACHABLE"
+    }
+}
+
+fn attachment_changed(a: &pb::AttachmentChanged) -> (&'static str, Value, String) {
+    let mut detail = json!({"instance_id": a.instance_id, "partition_id": a.partition_id,
+        "pkey_value": format!("{:#06x}", a.pkey_value), "to": state_name(a.to), "reason": a.reason});
+    // The first event of an attachment has no previous state: no `from` at all.
+    let from = (a.from != pb::AttachmentState::Unspecified as i32).then(|| state_name(a.from));
+    if let Some(from) = from {
+        detail["from"] = json!(from);
+    }
+    let summary = format!(
+        "{} {} {:#06x} {}{}{}",
+        a.instance_id,
+        a.partition_id,
+        a.pkey_value,
+        from.map(|f| format!("{f} -> ")).unwrap_or_default(),
+        state_name(a.to),
+        suffix(": ", &a.reason)
+    );
+    ("attachment", detail, summary)
+}
+
+fn pkey_table_changed(p: &pb::PKeyTableChanged) -> (&'static str, Value, String) {
+    let summary = format!(
+        "{}/{} {}{}{}",
+        p.device,
+        p.port_number,
+        p.port_guid,
+        suffix(" +", &keys(&p.added).join(" +")),
+        suffix(" -", &keys(&p.removed).join(" -")),
+    );
+    (
+        "pkey_table",
+        json!({"device": p.device, "port": p.port_number, "port_guid": p.port_guid,
+               "added": keys(&p.added), "removed": keys(&p.removed)}),
+        summary,
+    )
+}
+
+fn condition_changed(c: &pb::ConditionChanged) -> (&'static str, Value, String) {
+    let cond = c.condition.clone().unwrap_or_default();
+    (
+        "condition",
+        json!({"condition": cond.kind, "active": c.active, "detail": cond.detail}),
+        format!(
+            "{} {}: {}",
+            cond.kind,
+            if c.active { "raised" } else { "cleared" },
+            cond.detail
+        ),
+    )
 }
 
 /// Prints the events table's header.

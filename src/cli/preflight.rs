@@ -2,15 +2,26 @@
 //! validates, the paths the daemon will create or write are usable by this process, the socket
 //! path fits a unix socket address, and every PEM file the daemon will load parses.
 
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, SubnetManagerConfig, TlsConfig};
 use crate::sys::access;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A unix socket address holds 108 bytes of path, NUL included.
 const MAX_SOCKET_PATH: usize = 107;
+
+/// What a configured file must hold, beyond being readable.
+#[derive(Debug, Clone, Copy)]
+enum Pem {
+    /// Anything: it is read as is.
+    None,
+    /// PEM certificates.
+    Certificates,
+    /// A PEM private key.
+    PrivateKey,
+}
 
 /// One check's verdict.
 #[derive(Debug, Clone, Serialize)]
@@ -43,70 +54,111 @@ impl Preflight {
             }
         }
         if let Some(tls) = &config.listen.tls {
-            let before = p.checks.len();
-            p.certificates("listen.tls.cert", &tls.cert);
-            p.private_key("listen.tls.key", &tls.key);
-            p.certificates("listen.tls.client_ca", &tls.client_ca);
-            // Each file parses: now build the TLS material exactly as the listener will (the
-            // key must belong to the certificate, the CA bundle must make a verifier).
-            if p.checks[before..].iter().all(|c| c.ok) {
-                match crate::api::TlsReloader::load(tls) {
-                    Ok((_, loaded)) => p.pass("listen.tls", loaded.to_string()),
-                    Err(e) => p.fail("listen.tls", e.to_string()),
-                }
+            p.listen_tls(tls);
+        }
+        p.subnet_manager(&config.subnet_manager);
+        p
+    }
+
+    /// The listener's PEM files parse, and make the TLS material the listener will build.
+    fn listen_tls(&mut self, tls: &TlsConfig) {
+        let before = self.checks.len();
+        self.files(&[
+            ("listen.tls.cert", Some(&tls.cert), Pem::Certificates),
+            ("listen.tls.key", Some(&tls.key), Pem::PrivateKey),
+            (
+                "listen.tls.client_ca",
+                Some(&tls.client_ca),
+                Pem::Certificates,
+            ),
+        ]);
+        // Each file parses: now build the TLS material exactly as the listener will (the key
+        // must belong to the certificate, the CA bundle must make a verifier).
+        if self.checks[before..].iter().all(|c| c.ok) {
+            match crate::api::TlsReloader::load(tls) {
+                Ok((_, loaded)) => self.pass("listen.tls", loaded.to_string()),
+                Err(e) => self.fail("listen.tls", e.to_string()),
             }
         }
-        let sm = &config.subnet_manager;
+    }
+
+    /// The configured backend's files and directories.
+    fn subnet_manager(&mut self, sm: &SubnetManagerConfig) {
         match sm.backend {
             Backend::Embedded => {}
             Backend::Opensm => {
                 if let Some(o) = &sm.opensm {
                     match o.partitions_file.parent() {
-                        Some(dir) => p.directory("subnet_manager.opensm.partitions_file", dir),
-                        None => p.fail(
+                        Some(dir) => self.directory("subnet_manager.opensm.partitions_file", dir),
+                        None => self.fail(
                             "subnet_manager.opensm.partitions_file",
                             "has no directory".into(),
                         ),
                     }
-                    if let Some(pid_file) = &o.pid_file {
-                        p.readable("subnet_manager.opensm.pid_file", pid_file);
-                    }
+                    self.files(&[(
+                        "subnet_manager.opensm.pid_file",
+                        o.pid_file.as_ref(),
+                        Pem::None,
+                    )]);
                 }
             }
             Backend::Remote => {
                 if let Some(r) = &sm.remote {
-                    if let Some(ca) = &r.ca {
-                        p.certificates("subnet_manager.remote.ca", ca);
-                    }
-                    if let Some(cert) = &r.cert {
-                        p.certificates("subnet_manager.remote.cert", cert);
-                    }
-                    if let Some(key) = &r.key {
-                        p.private_key("subnet_manager.remote.key", key);
-                    }
+                    self.files(&[
+                        ("subnet_manager.remote.ca", r.ca.as_ref(), Pem::Certificates),
+                        (
+                            "subnet_manager.remote.cert",
+                            r.cert.as_ref(),
+                            Pem::Certificates,
+                        ),
+                        ("subnet_manager.remote.key", r.key.as_ref(), Pem::PrivateKey),
+                    ]);
                 }
             }
             Backend::Ufm => {
                 if let Some(u) = &sm.ufm {
-                    if let Some(ca) = &u.ca_file {
-                        p.certificates("subnet_manager.ufm.ca_file", ca);
-                    }
-                    if let Some(f) = &u.credentials_file {
-                        p.readable("subnet_manager.ufm.credentials_file", f);
-                    }
-                    if let Some(f) = &u.token_file {
-                        p.readable("subnet_manager.ufm.token_file", f);
-                    }
-                    if let Some(cert) = &u.client_cert {
-                        p.certificates("subnet_manager.ufm.client_cert", cert);
-                    }
-                    if let Some(key) = &u.client_key {
-                        p.private_key("subnet_manager.ufm.client_key", key);
-                    }
+                    self.files(&[
+                        (
+                            "subnet_manager.ufm.ca_file",
+                            u.ca_file.as_ref(),
+                            Pem::Certificates,
+                        ),
+                        (
+                            "subnet_manager.ufm.credentials_file",
+                            u.credentials_file.as_ref(),
+                            Pem::None,
+                        ),
+                        (
+                            "subnet_manager.ufm.token_file",
+                            u.token_file.as_ref(),
+                            Pem::None,
+                        ),
+                        (
+                            "subnet_manager.ufm.client_cert",
+                            u.client_cert.as_ref(),
+                            Pem::Certificates,
+                        ),
+                        (
+                            "subnet_manager.ufm.client_key",
+                            u.client_key.as_ref(),
+                            Pem::PrivateKey,
+                        ),
+                    ]);
                 }
             }
         }
-        p
+    }
+
+    /// Checks each configured file (`None`: not configured, nothing to check) as its kind.
+    fn files(&mut self, files: &[(&str, Option<&PathBuf>, Pem)]) {
+        for (check, file, pem) in files {
+            let Some(file) = file else { continue };
+            match pem {
+                Pem::None => self.readable(check, file),
+                Pem::Certificates => self.certificates(check, file),
+                Pem::PrivateKey => self.private_key(check, file),
+            }
+        }
     }
 
     /// Whether every check passed.

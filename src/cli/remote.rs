@@ -1,0 +1,283 @@
+//! The subcommands that talk to the daemon (`node`, `attach`, `release`, `attachments`,
+//! `events`) through the typed [`AgentClient`], and their exit codes.
+
+use super::client::{self, Target};
+use super::commands::{AttachArgs, EventsArgs, ListArgs, ReleaseArgs};
+use super::{exit, output, Command};
+use crate::api::agent_client::{AgentClient, CallError, StatusCode};
+use crate::proto::agent as pb;
+use std::process::ExitCode;
+
+/// Runs a subcommand that talks to the daemon.
+pub async fn run(command: Command, target: &Target, json: bool) -> ExitCode {
+    let mut c = match client::connect(target).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(exit::UNREACHABLE);
+        }
+    };
+    let result = match command {
+        Command::Node => node(&mut c, json).await,
+        Command::Attach(a) => attach(&mut c, a, json).await,
+        Command::Release(r) => release(&mut c, r, json).await,
+        Command::Attachments(l) => attachments(&mut c, l, json).await,
+        Command::Events(e) => events(&mut c, e, json).await,
+        Command::Serve
+        | Command::CheckConfig(_)
+        | Command::Ports
+        | Command::Doctor
+        | Command::Man
+        | Command::Completions { .. } => {
+            unreachable!("handled locally")
+        }
+    };
+    exit_code(result)
+}
+
+/// `node`: this node's view.
+async fn node(c: &mut AgentClient, json: bool) -> Result<Outcome, CallError> {
+    output::node(&c.node().await?, json);
+    Ok(Outcome::Done)
+}
+
+/// `attach`: the partition's fabric defaults to the node's.
+async fn attach(c: &mut AgentClient, a: AttachArgs, json: bool) -> Result<Outcome, CallError> {
+    let fabric = match a.fabric {
+        Some(f) => f,
+        None => c.node().await?.fabric,
+    };
+    let r = c
+        .attach(pb::AttachPartitionRequest {
+            partition: Some(pb::Partition {
+                id: a.partition,
+                name: a.name,
+                workspace: a.workspace,
+                account: a.account,
+                fabric,
+                pkey: a.pkey,
+            }),
+            instance_id: a.instance,
+            membership: if a.limited {
+                pb::Membership::Limited
+            } else {
+                pb::Membership::Full
+            } as i32,
+            wait_ms: a.wait.map(|s| s.saturating_mul(1000)),
+        })
+        .await?;
+    Ok(answered(
+        r.attachment.as_ref(),
+        a.wait,
+        pb::AttachmentState::Active,
+        json,
+    ))
+}
+
+/// `release`.
+async fn release(c: &mut AgentClient, r: ReleaseArgs, json: bool) -> Result<Outcome, CallError> {
+    let answer = c
+        .release(pb::ReleaseInstanceRequest {
+            instance_id: r.instance,
+            wait_ms: r.wait.map(|s| s.saturating_mul(1000)),
+        })
+        .await?;
+    Ok(answered(
+        answer.attachment.as_ref(),
+        r.wait,
+        pb::AttachmentState::Released,
+        json,
+    ))
+}
+
+/// Prints the attachment an attach or release answered with, and how its wait ended.
+fn answered(
+    a: Option<&pb::Attachment>,
+    wait: Option<u32>,
+    want: pb::AttachmentState,
+    json: bool,
+) -> Outcome {
+    if let Some(attachment) = a {
+        output::attachment(attachment, json);
+    }
+    waited(a, wait, want)
+}
+
+/// `attachments`: every page, filtered.
+async fn attachments(c: &mut AgentClient, l: ListArgs, json: bool) -> Result<Outcome, CallError> {
+    let state = match l.state {
+        Some(s) => Some(
+            pb::AttachmentState::from_str_name(&format!("ATTACHMENT_STATE_{}", s.to_uppercase()))
+                .ok_or_else(|| {
+                    CallError::local(StatusCode::InvalidArgument, format!("unknown state {s:?}"))
+                })? as i32,
+        ),
+        None => None,
+    };
+    let list = c
+        .list(pb::ListAttachmentsRequest {
+            state,
+            partition_id: l.partition,
+            instance_id: l.instance,
+            ..Default::default()
+        })
+        .await?;
+    output::attachments(&list, json);
+    Ok(Outcome::Done)
+}
+
+/// `events`: the log after `--after`, then (with `--follow`) live events.
+async fn events(c: &mut AgentClient, e: EventsArgs, json: bool) -> Result<Outcome, CallError> {
+    let mut stream = c
+        .events(pb::WatchEventsRequest {
+            after_seq: e.after,
+            no_follow: !e.follow,
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| with_cli_cursor(s, e.after))?;
+    output::event_header(json);
+    let mut last = e.after;
+    while let Some(ev) = stream.next().await {
+        let ev = ev.map_err(|s| with_cli_cursor(s, last))?;
+        last = ev.seq;
+        output::event(&ev, json);
+    }
+    Ok(Outcome::Done)
+}
+
+/// The exit code of a client subcommand and its message on stderr.
+fn exit_code(result: Result<Outcome, CallError>) -> ExitCode {
+    match result {
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::Expired { state, reason }) => {
+            eprintln!(
+                "wait expired: the attachment is {state}{}",
+                if reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({reason})")
+                }
+            );
+            ExitCode::from(exit::WAIT_EXPIRED)
+        }
+        Ok(Outcome::Ended { state, reason }) => {
+            eprintln!("error: the attachment ended {state}: {reason}");
+            ExitCode::from(exit::REFUSED)
+        }
+        Err(e) if e.is_unreachable() => {
+            eprintln!("error: the daemon is unreachable: {}", e.message);
+            ExitCode::from(exit::UNREACHABLE)
+        }
+        Err(e) if e.code == StatusCode::Unavailable => {
+            // The daemon answered but cannot serve (starting, or stopping with the wait cut
+            // short): unavailable, not refused; the message carries the attachment's state.
+            eprintln!("error: {e}");
+            ExitCode::from(exit::UNREACHABLE)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(exit::REFUSED)
+        }
+    }
+}
+
+/// A WatchEvents error told in the CLI's terms: the API's cursor is `after_seq`, the flag is
+/// `--after`.
+fn with_cli_cursor(e: CallError, last: u64) -> CallError {
+    let hint = match e.code {
+        StatusCode::OutOfRange => "(this CLI: `fabric-agent node` shows the log's range; \
+                                   `events --after SEQ` resumes after SEQ)"
+            .to_owned(),
+        StatusCode::Unavailable => {
+            format!("(this CLI: resume with `fabric-agent events --after {last} --follow`)")
+        }
+        _ => return e,
+    };
+    CallError {
+        message: format!("{} {hint}", e.message),
+        ..e
+    }
+}
+
+/// How a call that waited for a state ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    /// The requested state was reached, or no wait was asked.
+    Done,
+    /// `--wait` ran out while the attachment was still on its way.
+    Expired { state: String, reason: String },
+    /// The attachment reached a state from which the requested one cannot follow.
+    Ended { state: String, reason: String },
+}
+
+fn waited(a: Option<&pb::Attachment>, wait: Option<u32>, want: pb::AttachmentState) -> Outcome {
+    let (Some(a), Some(_)) = (a, wait) else {
+        return Outcome::Done;
+    };
+    let state = pb::AttachmentState::try_from(a.state).unwrap_or_default();
+    let name = state
+        .as_str_name()
+        .trim_start_matches("ATTACHMENT_STATE_")
+        .to_owned();
+    let terminal = matches!(
+        state,
+        pb::AttachmentState::Failed | pb::AttachmentState::Released
+    ) || (want == pb::AttachmentState::Active
+        && state == pb::AttachmentState::Releasing);
+    let reason = a.reason.clone();
+    if state == want {
+        Outcome::Done
+    } else if terminal {
+        Outcome::Ended {
+            state: name,
+            reason,
+        }
+    } else {
+        Outcome::Expired {
+            state: name,
+            reason,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attachment(state: pb::AttachmentState) -> pb::Attachment {
+        pb::Attachment {
+            state: state as i32,
+            reason: "why".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_wait_ends_where_the_wanted_state_cannot_follow() {
+        use pb::AttachmentState as S;
+        let a = attachment(S::Releasing);
+        assert_eq!(waited(Some(&a), None, S::Active), Outcome::Done);
+        assert!(matches!(
+            waited(Some(&a), Some(5), S::Active),
+            Outcome::Ended { .. }
+        ));
+        assert!(matches!(
+            waited(Some(&a), Some(5), S::Released),
+            Outcome::Expired { .. }
+        ));
+        let a = attachment(S::Active);
+        assert_eq!(waited(Some(&a), Some(5), S::Active), Outcome::Done);
+    }
+
+    #[test]
+    fn cursor_errors_name_the_cli_flag() {
+        let e = CallError::local(StatusCode::Unavailable, "stream ended");
+        let e = with_cli_cursor(e, 42);
+        assert_eq!(e.code, StatusCode::Unavailable);
+        assert!(e.message.starts_with("stream ended ("), "{}", e.message);
+        assert!(e.message.contains("--after 42 --follow"), "{}", e.message);
+        let e = CallError::local(StatusCode::NotFound, "x");
+        assert_eq!(with_cli_cursor(e.clone(), 1), e);
+    }
+}

@@ -1,0 +1,134 @@
+//! `[limits]`: the gRPC listeners' resource bounds.
+
+use super::error::{invalid, ConfigError};
+use serde::Deserialize;
+use std::time::Duration;
+
+/// `[limits]`: what one agent serves at most, so no client can exhaust its memory or tasks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Concurrent WatchEvents streams, over all listeners (default 64); more are refused
+    /// with RESOURCE_EXHAUSTED. Every event is sent to every open stream, so each stream adds
+    /// to the cost of every state change (docs/PERFORMANCE.md, "WatchEvents stream flood"): a
+    /// control plane needs a few per node.
+    #[serde(default = "default_max_watch_streams")]
+    pub max_watch_streams: usize,
+    /// Requests in progress per listener (the unix socket, TCP), not counting open
+    /// WatchEvents streams once started (default 256); more are refused with
+    /// RESOURCE_EXHAUSTED.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight_requests: usize,
+    /// A request's handler is cancelled (DEADLINE_EXCEEDED) after this many seconds (default
+    /// 660). Must exceed 600, the longest `wait_ms` a call may ask for. A client's shorter
+    /// grpc-timeout wins.
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_secs: u64,
+    /// HTTP/2 keepalive: ping an idle connection every this many seconds (default 30); a peer
+    /// that does not answer within `keepalive_timeout_secs` is disconnected, ending its
+    /// streams and freeing their slots. 0 turns pings off.
+    #[serde(default = "default_keepalive_interval")]
+    pub keepalive_interval_secs: u64,
+    /// How long a keepalive ping may go unanswered (default 20).
+    #[serde(default = "default_keepalive_timeout")]
+    pub keepalive_timeout_secs: u64,
+    /// A WatchEvents stream ends with UNAVAILABLE (carrying its resume cursor) after this many
+    /// seconds; the client reconnects with its last seq. 0 (default) means no bound.
+    #[serde(default)]
+    pub watch_max_age_secs: u64,
+    /// Events read from the log per replay batch of one stream (default 64, at most 4096).
+    #[serde(default = "default_watch_batch")]
+    pub watch_batch: usize,
+    /// ListAttachments page size when the request gives none (default 500).
+    #[serde(default = "default_list_page_size")]
+    pub list_default_page_size: u32,
+    /// The largest ListAttachments page_size accepted (default 5000).
+    #[serde(default = "default_list_max_page_size")]
+    pub list_max_page_size: u32,
+}
+
+fn default_max_watch_streams() -> usize {
+    64
+}
+fn default_max_in_flight() -> usize {
+    256
+}
+fn default_request_timeout() -> u64 {
+    660
+}
+fn default_keepalive_interval() -> u64 {
+    30
+}
+fn default_keepalive_timeout() -> u64 {
+    20
+}
+fn default_watch_batch() -> usize {
+    64
+}
+fn default_list_page_size() -> u32 {
+    500
+}
+fn default_list_max_page_size() -> u32 {
+    5000
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_watch_streams: default_max_watch_streams(),
+            max_in_flight_requests: default_max_in_flight(),
+            request_timeout_secs: default_request_timeout(),
+            keepalive_interval_secs: default_keepalive_interval(),
+            keepalive_timeout_secs: default_keepalive_timeout(),
+            watch_max_age_secs: 0,
+            watch_batch: default_watch_batch(),
+            list_default_page_size: default_list_page_size(),
+            list_max_page_size: default_list_max_page_size(),
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Every bound is usable: non-zero, and the request timeout outlasts the longest wait.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_watch_streams == 0 {
+            return Err(invalid("limits.max_watch_streams", "must be at least 1"));
+        }
+        if self.max_in_flight_requests == 0 {
+            return Err(invalid(
+                "limits.max_in_flight_requests",
+                "must be at least 1",
+            ));
+        }
+        if Duration::from_secs(self.request_timeout_secs) <= crate::agent::MAX_WAIT {
+            return Err(invalid(
+                "limits.request_timeout_secs",
+                format!(
+                    "must exceed {} (the longest wait_ms a call may ask for)",
+                    crate::agent::MAX_WAIT.as_secs()
+                ),
+            ));
+        }
+        if self.keepalive_interval_secs > 0 && self.keepalive_timeout_secs == 0 {
+            return Err(invalid(
+                "limits.keepalive_timeout_secs",
+                "must be at least 1 when keepalive_interval_secs is set",
+            ));
+        }
+        if !(1..=crate::agent::MAX_WATCH_BATCH).contains(&self.watch_batch) {
+            return Err(invalid(
+                "limits.watch_batch",
+                format!("must be 1..={}", crate::agent::MAX_WATCH_BATCH),
+            ));
+        }
+        if self.list_max_page_size == 0
+            || !(1..=self.list_max_page_size).contains(&self.list_default_page_size)
+        {
+            return Err(invalid(
+                "limits.list_default_page_size",
+                "page sizes must be > 0 and list_default_page_size <= list_max_page_size",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,80 @@
+//! `[subnet_manager]`: which backend programs keys, with each backend's own section.
+
+use super::error::{invalid, rejected_by, ConfigError};
+use crate::observe::ObserverKind;
+use serde::Deserialize;
+
+/// Which backend programs keys, with each backend's settings.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SubnetManagerConfig {
+    /// The backend.
+    #[serde(default)]
+    pub backend: Backend,
+    /// `embedded` settings.
+    #[serde(default)]
+    pub embedded: crate::sm::embedded::EmbeddedConfig,
+    /// `opensm` settings (SM host).
+    #[serde(default)]
+    pub opensm: Option<crate::sm::opensm::OpenSmConfig>,
+    /// `remote` settings (nodes of an OpenSM fabric).
+    #[serde(default)]
+    pub remote: Option<crate::sm::remote::RemoteConfig>,
+    /// `ufm` settings.
+    #[serde(default)]
+    pub ufm: Option<crate::sm::ufm::UfmConfig>,
+}
+
+/// Subnet-manager backend names.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// In-process simulated SM (demos, soft-RoCE rigs).
+    #[default]
+    Embedded,
+    /// OpenSM's partitions file on this host.
+    Opensm,
+    /// The SM host's agent over gRPC.
+    Remote,
+    /// NVIDIA UFM REST.
+    Ufm,
+}
+
+impl SubnetManagerConfig {
+    /// The backend's own section is present and valid, and the observer (`observer.kind`)
+    /// fits the backend.
+    pub(super) fn validate(&self, observer: Option<ObserverKind>) -> Result<(), ConfigError> {
+        if observer == Some(ObserverKind::Embedded) && self.backend != Backend::Embedded {
+            return Err(invalid(
+                "observer.kind",
+                "\"embedded\" observes the embedded fabric's simulated ports, which only the embedded \
+                 backend programs; use auto, smp, sysfs or verbs with this backend",
+            ));
+        }
+        /// The backend's section, or an error naming it.
+        fn section<'a, T>(
+            section: &'a Option<T>,
+            key: &'static str,
+            backend: &str,
+        ) -> Result<&'a T, ConfigError> {
+            section
+                .as_ref()
+                .ok_or_else(|| invalid(key, format!("backend = \"{backend}\" needs [{key}]")))
+        }
+        match self.backend {
+            Backend::Embedded => self
+                .embedded
+                .validate()
+                .map_err(rejected_by("subnet_manager.embedded")),
+            Backend::Opensm => section(&self.opensm, "subnet_manager.opensm", "opensm")?
+                .validate()
+                .map_err(rejected_by("subnet_manager.opensm")),
+            Backend::Remote => section(&self.remote, "subnet_manager.remote", "remote")?
+                .validate()
+                .map_err(rejected_by("subnet_manager.remote")),
+            Backend::Ufm => section(&self.ufm, "subnet_manager.ufm", "ufm")?
+                .validate()
+                .map_err(|r| invalid("subnet_manager.ufm", r.to_string())),
+        }
+    }
+}
