@@ -48,19 +48,19 @@ fn spec() -> FabricSpec {
 /// ports (read with std, which the shim does not redirect).
 fn sm_config(fabric: &Fabric, port: u16) -> String {
     let d = fabric.dir().display();
-    format!(
-        "node_id = \"smhost\"\nfabric = \"fab1\"\nstate_dir = \"{d}/smstate\"\n\
-         [listen]\nunix_socket = \"{d}/smhost.sock\"\ntcp = \"127.0.0.1:{port}\"\ninsecure_plaintext_for_tests = true\n\
-         [subnet_manager]\nbackend = \"opensm\"\n\
-         [subnet_manager.opensm]\npartitions_file = \"{}\"\nlog_file = \"{d}/opensm.log\"\npid_file = \"{}\"\n\
-         [subnet_manager.opensm.ownership]\ndescription_patterns = [\"{{node}}\", \"{{node}} *\"]\n\
-         inventory_file = \"{d}/inventory.toml\"\nsa_timeout_ms = 300\nsa_retries = 1\nsa_deadline_ms = 2000\n\
-         [observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\nslow_poll_ms = 2000\n",
-        fabric.partitions_path().display(),
-        fabric.opensm_pid_path().display(),
-        std::fs::canonicalize("tests/fixtures/sysfs/mlx5-8x")
-            .expect("fixture")
-            .display(),
+    rig::agents::sm_config_with(
+        fabric,
+        port,
+        &format!(
+            "description_patterns = [\"{{node}}\", \"{{node}} *\"]\n\
+             inventory_file = \"{d}/inventory.toml\"\nsa_timeout_ms = 300\nsa_retries = 1\nsa_deadline_ms = 2000\n"
+        ),
+        &format!(
+            "kind = \"sysfs\"\nsysfs_root = \"{}\"\nslow_poll_ms = 2000\n",
+            std::fs::canonicalize("tests/fixtures/sysfs/mlx5-8x")
+                .expect("fixture")
+                .display(),
+        ),
     )
 }
 

@@ -96,15 +96,25 @@ impl Agent {
 /// to one umad fd, so the SA session of the check and this agent's SMP observer cannot share
 /// the process. `tests/opensm_ownership.rs` runs the check with the embedded observer instead.
 pub fn sm_config(fabric: &Fabric, port: u16) -> String {
+    sm_config_with(
+        fabric,
+        port,
+        "enabled = false\n",
+        "kind = \"smp\"\nslow_poll_ms = 2000\n[reconciler]\nbackoff_max_ms = 1000\n",
+    )
+}
+
+/// The SM-host agent's config with the given `[subnet_manager.opensm.ownership]` and
+/// `[observer]` section bodies (the observer's may go on with further sections).
+pub fn sm_config_with(fabric: &Fabric, port: u16, ownership: &str, observer: &str) -> String {
     let d = fabric.dir().display();
     format!(
         "node_id = \"smhost\"\nfabric = \"fab1\"\nstate_dir = \"{d}/smstate\"\n\
          [listen]\nunix_socket = \"{d}/smhost.sock\"\ntcp = \"127.0.0.1:{port}\"\ninsecure_plaintext_for_tests = true\n\
          [subnet_manager]\nbackend = \"opensm\"\n\
          [subnet_manager.opensm]\npartitions_file = \"{}\"\nlog_file = \"{d}/opensm.log\"\npid_file = \"{}\"\n\
-         [subnet_manager.opensm.ownership]\nenabled = false\n\
-         [observer]\nkind = \"smp\"\nslow_poll_ms = 2000\n\
-         [reconciler]\nbackoff_max_ms = 1000\n",
+         [subnet_manager.opensm.ownership]\n{ownership}\
+         [observer]\n{observer}",
         fabric.partitions_path().display(),
         fabric.opensm_pid_path().display(),
     )
