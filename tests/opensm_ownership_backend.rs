@@ -9,7 +9,7 @@ use common::sm_host::AcceptingReloader;
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::mad::node_info::node_type;
 use fabric_agent::mad::{NodeInfo, NodeInfoRepr, NodeRecordRepr};
-use fabric_agent::sm::opensm::ownership::{FabricFacts, PortDirectory};
+use fabric_agent::sm::opensm::ownership::{DirectoryError, FabricFacts, PortDirectory};
 use fabric_agent::sm::opensm::{
     InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
 };
@@ -27,13 +27,16 @@ struct FakeFabric {
 
 #[async_trait::async_trait]
 impl PortDirectory for FakeFabric {
-    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String> {
+    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, DirectoryError> {
         self.asked
             .lock()
             .unwrap()
             .push(guids.iter().map(|g| g.0).collect());
         if *self.down.lock().unwrap() {
-            return Err("no answer after 2 attempts".into());
+            return Err(DirectoryError::Busy {
+                device: "/dev/infiniband/umad0".into(),
+                deadline: std::time::Duration::from_millis(300),
+            });
         }
         let ports = self.ports.lock().unwrap();
         let mut records = BTreeMap::new();

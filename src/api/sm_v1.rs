@@ -101,6 +101,7 @@ pub fn status_of(e: &OpenSmError) -> Status {
             stale_generation_status(*sent, *stored, msg)
         }
         OpenSmError::OperatorFile(_)
+        | OpenSmError::Inventory(_)
         | OpenSmError::Rejected(_)
         | OpenSmError::InsecureDefault(_)
         | OpenSmError::PortNotShown(_) => Status::failed_precondition(msg),
@@ -192,6 +193,7 @@ pub fn sm_error_of(status: &Status, sent: u64) -> SmError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sm::opensm::ownership::{DirectoryError, InventoryError, InventoryFileError};
 
     fn request(keys: Vec<pb::KeyMembership>, guids: Vec<&str>) -> pb::NodeMemberships {
         pb::NodeMemberships {
@@ -272,8 +274,22 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                OpenSmError::FabricUnreachable("x".into()),
+                OpenSmError::FabricUnreachable(DirectoryError::Busy {
+                    device: "/dev/infiniband/umad0".into(),
+                    deadline: std::time::Duration::from_secs(1),
+                }),
                 Code::Unavailable,
+            ),
+            (
+                OpenSmError::Inventory(InventoryFileError {
+                    path: "/etc/inventory.toml".into(),
+                    source: InventoryError::Twice {
+                        guid: crate::domain::Guid(5),
+                        first: "a".into(),
+                        second: "b".into(),
+                    },
+                }),
+                Code::FailedPrecondition,
             ),
         ] {
             assert_eq!(status_of(&e).code(), code, "{e:?}");

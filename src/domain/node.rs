@@ -34,7 +34,8 @@ impl fmt::Display for NodeId {
     }
 }
 
-/// Longest key name (an OpenSM partition name, a UFM partition label).
+/// Longest key name (an OpenSM partition name, a UFM partition label): OpenSM keeps partition
+/// names in a 32-byte buffer, so 31 characters survive.
 pub const KEY_NAME_MAX: usize = 31;
 
 /// Whether `name` may name a key: 1-31 characters `[A-Za-z0-9_.-]`.

@@ -8,7 +8,7 @@ pub mod smp;
 pub mod sysfs;
 pub mod verbs;
 
-pub use config::{ObserverConfig, ObserverKind};
+pub use config::{ObserverConfig, ObserverConfigError, ObserverKind};
 
 use crate::domain::Inventory;
 use async_trait::async_trait;

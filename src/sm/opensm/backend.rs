@@ -27,17 +27,21 @@
 
 use super::file::{read_or_empty, replace_atomically};
 use super::model::PartitionsConf;
-use super::ownership::{judge, Inventory, PortDirectory, Proof, Refusal, UmadDirectory};
+use super::ownership::{
+    judge, DirectoryError, Inventory, InventoryFileError, PortDirectory, Proof, Refusal,
+    UmadDirectory,
+};
 use super::region::{
     check_composed, check_operator_keys, check_operator_unchanged, compose,
     default_grants_all_full, render_region, split_region, tenant_entry_name, RegionError,
     RegionPlan, TableLimits, TenantEntry,
 };
 use super::reload::{OpenSmReloader, ReloadError, Reloader};
-use super::render::is_safe_name;
 use super::store::{CommitState, NodeMembershipStore, StoredNode};
 use super::OpenSmConfig;
-use crate::domain::{Condition, ConditionKind, Guid, Membership, NodeMemberships, PKey};
+use crate::domain::{
+    is_safe_key_name, Condition, ConditionKind, Guid, Membership, NodeMemberships, PKey,
+};
 use crate::sm::{ApplyOutcome, SmError, SubnetManager};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,7 +56,7 @@ use tokio::sync::oneshot;
 pub const MAX_PORTS_PER_NODE: usize = NodeMemberships::MAX_PORTS;
 
 /// Why a request was not applied.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum OpenSmError {
     /// Bad node id, GUID, key or name.
     #[error("invalid request: {0}")]
@@ -107,7 +111,10 @@ pub enum OpenSmError {
     PortNotShown(String),
     /// The fabric could not be asked who owns a claimed port (fail closed: nothing accepted).
     #[error("port ownership: the SA could not be asked: {0}")]
-    FabricUnreachable(String),
+    FabricUnreachable(#[source] DirectoryError),
+    /// The operator's inventory of ports does not load: no new claim is accepted.
+    #[error("port ownership: {0}; no claim is accepted until it is fixed")]
+    Inventory(#[source] InventoryFileError),
 }
 
 impl From<RegionError> for OpenSmError {
@@ -548,9 +555,7 @@ impl OpenSmBackend {
                     .await
                     .map_err(|e| OpenSmError::Io(e.to_string()))?
                     .map_err(|e| {
-                        let e = OpenSmError::OperatorFile(format!(
-                            "port ownership: {e}; no claim is accepted until it is fixed"
-                        ));
+                        let e = OpenSmError::Inventory(e);
                         tracing::warn!(node_id = %desired.node_id, error = %e, "port claim refused");
                         e
                     })?
@@ -709,7 +714,7 @@ impl Inner {
                     members: BTreeMap::new(),
                 });
                 // Nodes are visited in node-id order: the first usable name wins.
-                if t.name.is_empty() && is_safe_name(&setting.name) {
+                if t.name.is_empty() && is_safe_key_name(&setting.name) {
                     t.name = setting.name.clone();
                 }
                 for g in &n.memberships.port_guids {

@@ -144,7 +144,32 @@ pub struct FabricFacts {
 #[async_trait]
 pub trait PortDirectory: Send + Sync {
     /// Asks about `guids`. An error means the fabric could not be asked: the caller refuses.
-    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String>;
+    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, DirectoryError>;
+}
+
+/// Why the fabric could not be asked about ports.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DirectoryError {
+    /// Other checks held the device until this one's deadline passed.
+    #[error("{}: other checks held the device past the deadline of {} ms", device.display(), deadline.as_millis())]
+    Busy {
+        /// The umad device.
+        device: PathBuf,
+        /// The check's deadline.
+        deadline: Duration,
+    },
+    /// The blocking thread that asks the SA failed (panicked or was cancelled).
+    #[error("the SA query thread failed: {0}")]
+    Thread(#[source] Arc<tokio::task::JoinError>),
+    /// The SA session failed.
+    #[error("{}: {source}", device.display())]
+    Sa {
+        /// The umad device.
+        device: PathBuf,
+        /// What failed.
+        #[source]
+        source: Arc<SaError>,
+    },
 }
 
 /// The SA over the SM host's umad device: one session (open, local port, one NodeRecord
@@ -171,7 +196,7 @@ impl UmadDirectory {
 
 #[async_trait]
 impl PortDirectory for UmadDirectory {
-    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String> {
+    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, DirectoryError> {
         let device = self.device.clone();
         let mut timing = self.timing;
         let guids = guids.to_vec();
@@ -179,12 +204,9 @@ impl PortDirectory for UmadDirectory {
         let started = std::time::Instant::now();
         let _turn = tokio::time::timeout(timing.deadline, self.one_at_a_time.lock())
             .await
-            .map_err(|_| {
-                format!(
-                    "{}: other checks held the device past the deadline of {} ms",
-                    self.device.display(),
-                    timing.deadline.as_millis()
-                )
+            .map_err(|_| DirectoryError::Busy {
+                device: self.device.clone(),
+                deadline: timing.deadline,
             })?;
         timing.deadline = timing.deadline.saturating_sub(started.elapsed());
         tokio::task::spawn_blocking(move || -> Result<FabricFacts, SaError> {
@@ -201,8 +223,11 @@ impl PortDirectory for UmadDirectory {
             })
         })
         .await
-        .map_err(|e| format!("the SA query thread failed: {e}"))?
-        .map_err(|e| format!("{}: {e}", self.device.display()))
+        .map_err(|e| DirectoryError::Thread(Arc::new(e)))?
+        .map_err(|e| DirectoryError::Sa {
+            device: self.device.clone(),
+            source: Arc::new(e),
+        })
     }
 }
 
@@ -284,17 +309,22 @@ pub struct Inventory {
 impl Inventory {
     /// Parses `node = ["0x0002c903000e0b72", ...]` lines. Refuses a GUID that is not `0x` and
     /// 16 hex digits, GUID 0, and a GUID listed twice.
-    pub fn parse(text: &str) -> Result<Inventory, String> {
+    pub fn parse(text: &str) -> Result<Inventory, InventoryError> {
         let table: BTreeMap<String, Vec<String>> =
-            toml::from_str(text).map_err(|e| e.message().to_owned())?;
+            toml::from_str(text).map_err(|e| InventoryError::Toml(Box::new(e)))?;
         let mut owner = BTreeMap::new();
         for (node, guids) in table {
             for g in guids {
-                let guid = parse_guid(&g).ok_or_else(|| {
-                    format!("node {node:?}: {g:?} is not \"0x\" and 16 hex digits")
+                let guid = parse_guid(&g).ok_or_else(|| InventoryError::Guid {
+                    node: node.clone(),
+                    text: g.clone(),
                 })?;
                 if let Some(other) = owner.insert(guid, node.clone()) {
-                    return Err(format!("{guid} is listed for {other:?} and {node:?}"));
+                    return Err(InventoryError::Twice {
+                        guid,
+                        first: other,
+                        second: node,
+                    });
                 }
             }
         }
@@ -302,16 +332,60 @@ impl Inventory {
     }
 
     /// Reads and parses the file.
-    pub fn load(path: &Path) -> Result<Inventory, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("inventory {}: {e}", path.display()))?;
-        Inventory::parse(&text).map_err(|e| format!("inventory {}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Inventory, InventoryFileError> {
+        let failed = |source| InventoryFileError {
+            path: path.to_owned(),
+            source,
+        };
+        let text =
+            std::fs::read_to_string(path).map_err(|e| failed(InventoryError::Read(Arc::new(e))))?;
+        Inventory::parse(&text).map_err(failed)
     }
 
     /// Whether the inventory lists `guid` for `node_id`.
     pub fn lists(&self, node_id: &str, guid: Guid) -> bool {
         self.owner.get(&guid).is_some_and(|n| n == node_id)
     }
+}
+
+/// Why the inventory does not load.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum InventoryError {
+    /// The file could not be read.
+    #[error("{0}")]
+    Read(#[source] Arc<std::io::Error>),
+    /// The text is not a TOML table of string arrays.
+    #[error("{}", .0.message())]
+    Toml(#[source] Box<toml::de::Error>),
+    /// A GUID is not `0x` and 16 hex digits, or is 0.
+    #[error("node {node:?}: {text:?} is not \"0x\" and 16 hex digits")]
+    Guid {
+        /// The node it is listed for.
+        node: String,
+        /// The text.
+        text: String,
+    },
+    /// A GUID is listed for two nodes.
+    #[error("{guid} is listed for {first:?} and {second:?}")]
+    Twice {
+        /// The GUID.
+        guid: Guid,
+        /// The node it was first listed for.
+        first: String,
+        /// The other node.
+        second: String,
+    },
+}
+
+/// Why the inventory file does not load, with the file's path.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("inventory {}: {source}", path.display())]
+pub struct InventoryFileError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    #[source]
+    pub source: InventoryError,
 }
 
 fn parse_guid(s: &str) -> Option<Guid> {
@@ -564,13 +638,32 @@ mod tests {
             "node1 = [\"0x13\"]",
             "node1 = [\"0000000000000013\"]",
             "node1 = [\"0x0000000000000000\"]",
-            "node1 = [\"0x0000000000000013\"]\nnode2 = [\"0x0000000000000013\"]",
-            "node1 = \"0x0000000000000013\"",
-            "[node1]\nx = 1",
         ] {
-            assert!(Inventory::parse(bad).is_err(), "{bad}");
+            assert!(
+                matches!(Inventory::parse(bad), Err(InventoryError::Guid { node, .. }) if node == "node1"),
+                "{bad}"
+            );
         }
-        assert!(Inventory::load(Path::new("/nonexistent/inventory.toml")).is_err());
+        assert!(matches!(
+            Inventory::parse("node1 = [\"0x0000000000000013\"]\nnode2 = [\"0x0000000000000013\"]"),
+            Err(InventoryError::Twice {
+                guid: Guid(0x13),
+                ..
+            })
+        ));
+        for bad in ["node1 = \"0x0000000000000013\"", "[node1]\nx = 1"] {
+            assert!(
+                matches!(Inventory::parse(bad), Err(InventoryError::Toml(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            Inventory::load(Path::new("/nonexistent/inventory.toml")),
+            Err(InventoryFileError {
+                source: InventoryError::Read(_),
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -19,12 +19,10 @@
 //! exactly the key and members it has without the region, and gives every tenant key exactly the
 //! members the region lists.
 
-use super::model::{
-    EffectivePartition, MemberKind, PartitionsConf, PortSet, DEFAULT_BASE, NAME_MAX,
-};
+use super::model::{EffectivePartition, MemberKind, PartitionsConf, PortSet, DEFAULT_BASE};
 use super::parse::{parse, parse_part};
 use super::render::{render_entry, EntrySpec, FlagSpec};
-use crate::domain::{Guid, Membership, PKey};
+use crate::domain::{Guid, Membership, PKey, KEY_NAME_MAX};
 use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
@@ -39,7 +37,7 @@ pub fn tenant_entry_name(key: PKey, requested: &str) -> String {
         name.push('.');
         name.push_str(requested);
     }
-    name.truncate(NAME_MAX);
+    name.truncate(KEY_NAME_MAX);
     name
 }
 

@@ -71,7 +71,7 @@ mod ledger;
 mod plan;
 mod wire;
 
-pub use config::{TokenScheme, UfmConfig};
+pub use config::{TokenScheme, UfmConfig, UfmConfigError, UrlParseError};
 pub use ledger::{LedgerStoreError, MemoryLedgerStore, UfmLedger, UfmLedgerStore};
 
 use super::{ApplyOutcome, SmError, SubnetManager};
@@ -240,8 +240,12 @@ impl UfmSm {
         config
             .validate()
             .map_err(|why| SmError::Refused(format!("UFM configuration: {why}")))?;
-        let auth = config.auth().map_err(SmError::Refused)?;
-        let url = config.base_url().map_err(SmError::Refused)?;
+        let auth = config
+            .auth()
+            .map_err(|why| SmError::Refused(format!("UFM configuration: {why}")))?;
+        let url = config
+            .base_url()
+            .map_err(|why| SmError::Refused(format!("UFM configuration: {why}")))?;
         let base = format!(
             "{}{}",
             url.as_str().trim_end_matches('/'),
