@@ -2,6 +2,7 @@
 //! both ways, used by the SM host's service ([`super::partitions`]) and by the nodes' remote
 //! backend ([`super::sm_client`]). Validation is the domain's ([`NodeMemberships::validate`]).
 
+use super::partitions::PartitionsRefusal;
 use crate::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
 use crate::proto::sm as pb;
 use crate::sm::{OpenSmError, SmError, StoredNode};
@@ -112,6 +113,18 @@ pub fn status_of(e: &OpenSmError) -> Status {
         | OpenSmError::Store(_)
         | OpenSmError::FabricUnreachable(_) => Status::unavailable(msg),
         OpenSmError::Composed(_) => Status::internal(msg),
+    }
+}
+
+/// The status the SM host answers a call it refuses before the backend sees it with.
+pub fn status_of_refusal(r: &PartitionsRefusal) -> Status {
+    let msg = r.to_string();
+    match r {
+        PartitionsRefusal::MembershipsMissing => Status::invalid_argument(msg),
+        PartitionsRefusal::NoVerifiedCaller
+        | PartitionsRefusal::UidMayNotWrite { .. }
+        | PartitionsRefusal::NodeNotMapped { .. } => Status::permission_denied(msg),
+        PartitionsRefusal::NotStored(_) => Status::not_found(msg),
     }
 }
 
@@ -293,6 +306,22 @@ mod tests {
             ),
         ] {
             assert_eq!(status_of(&e).code(), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn refusals_map_to_codes() {
+        let node = NodeId::parse("node-1").unwrap();
+        for (r, code) in [
+            (PartitionsRefusal::MembershipsMissing, Code::InvalidArgument),
+            (PartitionsRefusal::NoVerifiedCaller, Code::PermissionDenied),
+            (
+                PartitionsRefusal::UidMayNotWrite { uid: 1000 },
+                Code::PermissionDenied,
+            ),
+            (PartitionsRefusal::NotStored(node), Code::NotFound),
+        ] {
+            assert_eq!(status_of_refusal(&r).code(), code, "{r:?}");
         }
     }
 
