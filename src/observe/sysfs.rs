@@ -152,9 +152,8 @@ fn read_port(
     Ok(PortInfo {
         device: device.to_owned(),
         port_number,
-        // GID 0's low 64 bits (the cast keeps exactly those): the port GUID on InfiniBand, the
-        // MAC-derived EUI-64 on RoCE.
-        port_guid: Guid(parse_file(&dir.join("gids/0"), parse_gid)? as u64),
+        // GID 0's low 64 bits: the port GUID on InfiniBand, the MAC-derived EUI-64 on RoCE.
+        port_guid: Guid(interface_id(parse_file(&dir.join("gids/0"), parse_gid)?)),
         node_guid,
         lid: parse_file(&dir.join("lid"), parse_hex_u16)?,
         sm_lid: parse_file(&dir.join("sm_lid"), parse_hex_u16)?,
@@ -262,6 +261,12 @@ fn parse_gid(text: &str) -> Result<u128, AttrError> {
     u128::from_str_radix(&groups.concat(), 16).map_err(|_| AttrError::NotGid(text.to_owned()))
 }
 
+/// A GID's low 64 bits (its interface id).
+fn interface_id(gid: u128) -> u64 {
+    let [_, _, _, _, _, _, _, _, low @ ..] = gid.to_be_bytes();
+    u64::from_be_bytes(low)
+}
+
 fn is_hex_group(g: &str) -> bool {
     g.len() == 4 && g.chars().all(|c| c.is_ascii_hexdigit())
 }
@@ -350,7 +355,7 @@ mod tests {
         assert!(parse_guid("0002c903000e0b72").is_err());
         assert!(parse_guid("0002:c903:000e:0b7").is_err());
         let gid = parse_gid("fe80:0000:0000:0000:0002:c903:000e:0b73").unwrap();
-        assert_eq!(gid as u64, 0x0002_c903_000e_0b73);
+        assert_eq!(interface_id(gid), 0x0002_c903_000e_0b73);
         assert_eq!((gid >> 64) as u64, 0xfe80_0000_0000_0000);
         assert!(parse_gid("fe80::2:c903:e:b73").is_err());
     }

@@ -151,7 +151,7 @@ impl SmpObserver {
 
     /// The whole P_Key table of a port that holds `partition_cap` entries: one SMP per block.
     pub async fn pkey_table(&self, partition_cap: u16) -> Result<Vec<PKeyValue>, SmpError> {
-        let blocks = partition_cap.div_ceil(pkey_table::ENTRIES_PER_BLOCK as u16);
+        let blocks = pkey_table::blocks_for(partition_cap);
         let mut keys = Vec::with_capacity(usize::from(partition_cap));
         for block in 0..blocks {
             keys.extend(self.pkey_block(block).await?.entries.map(PKeyValue));

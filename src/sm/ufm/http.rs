@@ -35,7 +35,9 @@ impl RetryPolicy {
             .saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
             .min(self.max);
         let half = step / 2;
-        let jitter_ms = rand::random_range(0..=(step - half).as_millis() as u64);
+        // Saturates: a step beyond u64 milliseconds is not configurable.
+        let jitter_ms =
+            rand::random_range(0..=u64::try_from((step - half).as_millis()).unwrap_or(u64::MAX));
         half + Duration::from_millis(jitter_ms)
     }
 }
@@ -157,7 +159,11 @@ async fn read_capped(response: &mut reqwest::Response, cap: usize) -> Result<Vec
             return Err(too_large(len.to_string()));
         }
     }
-    let mut body = Vec::with_capacity(response.content_length().unwrap_or(0) as usize);
+    // Only a capacity hint, already checked against `cap`.
+    let hint = response
+        .content_length()
+        .map_or(0, |n| usize::try_from(n).unwrap_or(0));
+    let mut body = Vec::with_capacity(hint);
     while let Some(chunk) = response
         .chunk()
         .await
