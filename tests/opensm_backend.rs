@@ -335,10 +335,10 @@ async fn older_generations_are_refused_with_the_stored_one() {
         matches!(err, OpenSmError::StaleGeneration { sent: 4, stored: 5 }),
         "{err:?}"
     );
-    assert_eq!(
+    assert!(matches!(
         SmError::from(err),
         SmError::StaleGeneration { sent: 4, stored: 5 }
-    );
+    ));
     // The same generation with another set: refused too.
     let err = s
         .backend
@@ -371,13 +371,13 @@ async fn older_generations_are_refused_with_the_stored_one() {
         .apply(&node("x", &[0x20], &[(9, Membership::Full)]), 3)
         .await
         .unwrap();
-    assert_eq!(
+    assert!(matches!(
         s.backend
             .apply(&node("x", &[0x20], &[]), 2)
             .await
             .unwrap_err(),
         SmError::StaleGeneration { sent: 2, stored: 3 }
-    );
+    ));
     assert_eq!(s.backend.node("smhost").unwrap().generation, 3);
 }
 

@@ -16,7 +16,7 @@ use crate::domain::{
     Attachment, AttachmentState, ConditionKind, EventKind, Guid, Inventory, NodeMemberships, PKey,
     PKeyValue,
 };
-use crate::sm::SmError;
+use crate::sm::{SmError, SmFailure};
 use crate::store::Batch;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
@@ -307,9 +307,7 @@ impl Loop {
         let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, generation)).await
         {
             Ok(r) => r,
-            Err(_) => Err(SmError::Unreachable(format!(
-                "apply timed out after {APPLY_TIMEOUT:?}; its keys stay in doubt"
-            ))),
+            Err(_) => Err(SmError::Unreachable(SmFailure::TimedOut(APPLY_TIMEOUT))),
         };
         self.agent.set_applying(false);
         let outcome = match &result {

@@ -5,8 +5,9 @@
 use super::partitions::PartitionsRefusal;
 use crate::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
 use crate::proto::sm as pb;
-use crate::sm::{OpenSmError, SmError, StoredNode};
+use crate::sm::{OpenSmError, SmError, SmFailure, StoredNode};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tonic::{Code, Status};
 
 /// Type URL of the [`pb::StaleGeneration`] detail of an ABORTED status.
@@ -191,15 +192,29 @@ pub fn sm_error_of(status: &Status, sent: u64) -> SmError {
     if let Some(stored) = stored_generation(status) {
         return SmError::StaleGeneration { sent, stored };
     }
-    let msg = format!("SM host: {}", status.message());
+    let failure = SmFailure::SmHost {
+        message: status.message().to_owned(),
+        source: Arc::new(status.clone()),
+    };
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
-            SmError::Unreachable(msg)
+            SmError::Unreachable(failure)
         }
         // tonic reports transport failures (refused connection, reset) as Unknown with a
         // transport source.
-        Code::Unknown if std::error::Error::source(status).is_some() => SmError::Unreachable(msg),
-        _ => SmError::Refused(msg),
+        Code::Unknown if std::error::Error::source(status).is_some() => {
+            SmError::Unreachable(failure)
+        }
+        _ => SmError::Refused(failure),
+    }
+}
+
+/// The SM host's status behind an apply error of the remote backend, if it is one.
+pub fn sm_host_status(e: &SmError) -> Option<&Status> {
+    match e {
+        SmError::Unreachable(SmFailure::SmHost { source, .. })
+        | SmError::Refused(SmFailure::SmHost { source, .. }) => source.downcast_ref::<Status>(),
+        _ => None,
     }
 }
 
@@ -330,23 +345,29 @@ mod tests {
         assert!(sm_error_of(&Status::unavailable("x"), 1).is_transient());
         assert!(sm_error_of(&Status::deadline_exceeded("x"), 1).is_transient());
         let refused = sm_error_of(&Status::resource_exhausted("table full"), 1);
-        assert_eq!(refused, SmError::Refused("SM host: table full".into()));
-        // An ABORTED without the generation detail stays a transient Unreachable.
+        assert!(matches!(refused, SmError::Refused(_)), "{refused:?}");
         assert_eq!(
-            sm_error_of(&Status::aborted("conflict"), 3),
-            SmError::Unreachable("SM host: conflict".into())
+            sm_host_status(&refused).map(Status::code),
+            Some(Code::ResourceExhausted)
+        );
+        // An ABORTED without the generation detail stays a transient Unreachable.
+        let conflict = sm_error_of(&Status::aborted("conflict"), 3);
+        assert!(matches!(conflict, SmError::Unreachable(_)), "{conflict:?}");
+        assert_eq!(
+            sm_host_status(&conflict).map(Status::code),
+            Some(Code::Aborted)
         );
         // The trailer alone is enough.
         let mut md = tonic::metadata::MetadataMap::new();
         md.insert(STORED_GENERATION_TRAILER, "12".parse().unwrap());
         let s = Status::with_metadata(Code::Aborted, "stale", md);
-        assert_eq!(
+        assert!(matches!(
             sm_error_of(&s, 7),
             SmError::StaleGeneration {
                 sent: 7,
                 stored: 12
             }
-        );
+        ));
     }
 
     #[test]
@@ -361,9 +382,9 @@ mod tests {
         assert_eq!((stale.stored, stale.sent), (9, 4));
         assert_eq!(s.metadata().get(STORED_GENERATION_TRAILER).unwrap(), "9");
         // The node's side reads it back as the typed error.
-        assert_eq!(
+        assert!(matches!(
             sm_error_of(&s, 4),
             SmError::StaleGeneration { sent: 4, stored: 9 }
-        );
+        ));
     }
 }

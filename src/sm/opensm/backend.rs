@@ -42,7 +42,7 @@ use super::OpenSmConfig;
 use crate::domain::{
     is_safe_key_name, Condition, ConditionKind, Guid, Membership, NodeMemberships, PKey,
 };
-use crate::sm::{ApplyOutcome, SmError, SubnetManager};
+use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -148,8 +148,8 @@ impl From<OpenSmError> for SmError {
             | OpenSmError::Unconfirmed(_)
             | OpenSmError::Io(_)
             | OpenSmError::Store(_)
-            | OpenSmError::FabricUnreachable(_) => SmError::Unreachable(e.to_string()),
-            _ => SmError::Refused(e.to_string()),
+            | OpenSmError::FabricUnreachable(_) => SmError::Unreachable(SmFailure::OpenSm(e)),
+            _ => SmError::Refused(SmFailure::OpenSm(e)),
         }
     }
 }
