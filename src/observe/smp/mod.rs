@@ -6,7 +6,7 @@
 
 pub mod transport;
 
-use super::{ObserveError, PortObserver};
+use super::{NoDevices, ObserveError, PortObserver, ReadError};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo as DomainPort, PortState};
 use crate::mad::{
     attribute, path_record, pkey_table, smp::DATA_LEN, status, MadError, NodeInfo, NodeInfoRepr,
@@ -17,6 +17,7 @@ use crate::observe::ObserverConfig;
 use crate::sys::umad::{self, MadAddress, UmadError};
 use async_trait::async_trait;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use transport::{Agent, MadTransport, Timing};
@@ -65,8 +66,10 @@ pub enum SmpError {
 impl From<SmpError> for ObserveError {
     fn from(e: SmpError) -> ObserveError {
         match e {
-            SmpError::Umad(UmadError::Open { .. }) => ObserveError::NoDevices(e.to_string()),
-            other => ObserveError::Io(other.to_string()),
+            SmpError::Umad(UmadError::Open { .. }) => {
+                ObserveError::NoDevices(NoDevices::Umad(Arc::new(e)))
+            }
+            other => ObserveError::Read(ReadError::Smp(Arc::new(other))),
         }
     }
 }
@@ -269,12 +272,12 @@ impl PortObserver for SmpObserver {
     }
 
     async fn changed(&self, pending: bool) {
-        let wait = if pending {
-            self.fast_poll
-        } else {
-            self.slow_poll
-        };
-        tokio::time::sleep(wait).await;
+        tokio::time::sleep(super::poll_interval(
+            pending,
+            self.fast_poll,
+            self.slow_poll,
+        ))
+        .await;
     }
 }
 
