@@ -12,7 +12,7 @@ use fabric_agent::sm::opensm::region::{split_region, BEGIN_MARKER, END_MARKER};
 use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
 use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{
-    InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
+    InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError, TableOverflow,
 };
 use fabric_agent::sm::{SmError, SubnetManager};
 use std::collections::BTreeMap;
@@ -296,14 +296,18 @@ async fn requests_are_validated() {
     );
     assert!(matches!(
         s.backend.set_node(full, 1).await,
-        Err(OpenSmError::TableFull(_))
+        Err(OpenSmError::TableFull(TableOverflow {
+            port: Some(Guid(0x10)),
+            needed: 5,
+            capacity: 4
+        }))
     ));
     s.set_ok(node("a", &[0x10], &[(1, Membership::Full)]), 1)
         .await;
     let thief = node("b", &[0x10], &[]);
     assert!(matches!(
         s.backend.set_node(thief, 1).await,
-        Err(OpenSmError::Invalid(_))
+        Err(OpenSmError::PortHeld { port: Guid(0x10), owner }) if owner == "a"
     ));
     let mut named = node("c", &[0x30], &[(5, Membership::Full)]);
     named

@@ -97,7 +97,9 @@ fn parse_guid(s: &str) -> Result<Guid, Status> {
 pub fn status_of(e: &OpenSmError) -> Status {
     let msg = e.to_string();
     match e {
-        OpenSmError::Invalid(_) | OpenSmError::OperatorKey(_) => Status::invalid_argument(msg),
+        OpenSmError::Invalid(_) | OpenSmError::PortHeld { .. } | OpenSmError::OperatorKey(_) => {
+            Status::invalid_argument(msg)
+        }
         OpenSmError::TableFull(_) => Status::resource_exhausted(msg),
         OpenSmError::StaleGeneration { sent, stored } => {
             stale_generation_status(*sent, *stored, msg)
@@ -112,6 +114,7 @@ pub fn status_of(e: &OpenSmError) -> Status {
         | OpenSmError::Unconfirmed(_)
         | OpenSmError::Io(_)
         | OpenSmError::Store(_)
+        | OpenSmError::Task { .. }
         | OpenSmError::FabricUnreachable(_) => Status::unavailable(msg),
         OpenSmError::Composed(_) => Status::internal(msg),
     }
@@ -222,6 +225,7 @@ pub fn sm_host_status(e: &SmError) -> Option<&Status> {
 mod tests {
     use super::*;
     use crate::sm::opensm::ownership::{DirectoryError, InventoryError, InventoryFileError};
+    use crate::sm::opensm::TableOverflow;
 
     fn request(keys: Vec<pb::KeyMembership>, guids: Vec<&str>) -> pb::NodeMemberships {
         pb::NodeMemberships {
@@ -282,7 +286,28 @@ mod tests {
     #[test]
     fn errors_map_to_codes() {
         for (e, code) in [
-            (OpenSmError::TableFull("x".into()), Code::ResourceExhausted),
+            (
+                OpenSmError::TableFull(TableOverflow {
+                    port: None,
+                    needed: 5,
+                    capacity: 4,
+                }),
+                Code::ResourceExhausted,
+            ),
+            (
+                OpenSmError::PortHeld {
+                    port: crate::domain::Guid(0x10),
+                    owner: "a".into(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                OpenSmError::Task {
+                    what: "commit",
+                    source: None,
+                },
+                Code::Unavailable,
+            ),
             (
                 OpenSmError::OperatorFile("x".into()),
                 Code::FailedPrecondition,

@@ -34,13 +34,14 @@ use super::ownership::{
 use super::region::{
     check_composed, check_operator_keys, check_operator_unchanged, compose,
     default_grants_all_full, render_region, split_region, tenant_entry_name, RegionError,
-    RegionPlan, TableLimits, TenantEntry,
+    RegionPlan, TableLimits, TableOverflow, TenantEntry,
 };
 use super::reload::{OpenSmReloader, ReloadError, Reloader};
-use super::store::{CommitState, NodeMembershipStore, StoredNode};
+use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use super::OpenSmConfig;
 use crate::domain::{
-    is_safe_key_name, Condition, ConditionKind, Guid, Membership, NodeMemberships, PKey,
+    is_safe_key_name, Condition, ConditionKind, DomainError, Guid, Membership, NodeMemberships,
+    PKey,
 };
 use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
@@ -60,10 +61,18 @@ pub const MAX_PORTS_PER_NODE: usize = NodeMemberships::MAX_PORTS;
 pub enum OpenSmError {
     /// Bad node id, GUID, key or name.
     #[error("invalid request: {0}")]
-    Invalid(String),
+    Invalid(#[source] DomainError),
+    /// A claimed port is stored for another node and does not move.
+    #[error("invalid request: port {port} belongs to node {owner:?}")]
+    PortHeld {
+        /// The port.
+        port: Guid,
+        /// The node that holds it.
+        owner: String,
+    },
     /// A port would hold more keys than its table.
     #[error("P_Key table full: {0}")]
-    TableFull(String),
+    TableFull(TableOverflow),
     /// The operator's part of the file does not load: nothing was written.
     #[error("{0}")]
     OperatorFile(String),
@@ -81,10 +90,20 @@ pub enum OpenSmError {
     Unreachable(String),
     /// Reading or writing the file failed.
     #[error("partitions file: {0}")]
-    Io(String),
+    Io(#[source] Arc<std::io::Error>),
     /// The membership store failed.
     #[error("{0}")]
-    Store(String),
+    Store(#[source] NodeStoreError),
+    /// A blocking task (file or store I/O) failed, or the commit task ended without an answer
+    /// (`None`).
+    #[error("the SM host's {what} task failed{}", .source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// Why, when the runtime said.
+        #[source]
+        source: Option<Arc<tokio::task::JoinError>>,
+    },
     /// The SM host holds a newer generation of this node's set (or the same generation with a
     /// different set): the node moves its counter past `stored` and sends its current set again.
     #[error("generation {sent} refused: the SM host holds generation {stored} of this node's set")]
@@ -122,7 +141,7 @@ impl From<RegionError> for OpenSmError {
         match e {
             RegionError::OperatorFile(_) => OpenSmError::OperatorFile(e.to_string()),
             RegionError::OperatorKey(m) => OpenSmError::OperatorKey(m),
-            RegionError::TableFull(m) => OpenSmError::TableFull(m),
+            RegionError::TableFull(t) => OpenSmError::TableFull(t),
             RegionError::Composed(_) => OpenSmError::Composed(e.to_string()),
             RegionError::Collision(_) => OpenSmError::OperatorFile(e.to_string()),
         }
@@ -148,6 +167,7 @@ impl From<OpenSmError> for SmError {
             | OpenSmError::Unconfirmed(_)
             | OpenSmError::Io(_)
             | OpenSmError::Store(_)
+            | OpenSmError::Task { .. }
             | OpenSmError::FabricUnreachable(_) => SmError::Unreachable(SmFailure::OpenSm(e)),
             _ => SmError::Refused(SmFailure::OpenSm(e)),
         }
@@ -232,8 +252,8 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, OpenSmError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| OpenSmError::Io(e.to_string()))?
-        .map_err(|e| OpenSmError::Io(e.to_string()))
+        .map_err(|e| task_failed("file", e))?
+        .map_err(|e| OpenSmError::Io(Arc::new(e)))
 }
 
 fn read_optional(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
@@ -310,9 +330,7 @@ impl OpenSmBackend {
         reloader: Arc<dyn Reloader>,
         directory: Option<Arc<dyn PortDirectory>>,
     ) -> Result<Self, OpenSmError> {
-        let stored = store
-            .load_all()
-            .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        let stored = store.load_all().map_err(OpenSmError::Store)?;
         let mut nodes = BTreeMap::new();
         let mut guid_owner = BTreeMap::new();
         for n in stored {
@@ -327,9 +345,7 @@ impl OpenSmBackend {
             .and_then(|b| split_region(&b).ok())
             .and_then(|p| p.parse().ok())
             .unwrap_or_default();
-        let commit = store
-            .load_commit_state()
-            .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        let commit = store.load_commit_state().map_err(OpenSmError::Store)?;
         let health = Health {
             commit,
             all_full: all_full_of(&config, &operator),
@@ -553,7 +569,7 @@ impl OpenSmBackend {
                 let path = path.clone();
                 tokio::task::spawn_blocking(move || Inventory::load(&path))
                     .await
-                    .map_err(|e| OpenSmError::Io(e.to_string()))?
+                    .map_err(|e| task_failed("inventory", e))?
                     .map_err(|e| {
                         let e = OpenSmError::Inventory(e);
                         tracing::warn!(node_id = %desired.node_id, error = %e, "port claim refused");
@@ -622,9 +638,10 @@ impl OpenSmBackend {
         for g in &desired.port_guids {
             if let Some(owner) = st.guid_owner.get(g) {
                 if owner != &desired.node_id && moves.get(g) != Some(owner) {
-                    return Err(OpenSmError::Invalid(format!(
-                        "port {g} belongs to node {owner:?}"
-                    )));
+                    return Err(OpenSmError::PortHeld {
+                        port: *g,
+                        owner: owner.clone(),
+                    });
                 }
             }
         }
@@ -643,9 +660,11 @@ impl OpenSmBackend {
                 .table_entries_for(*g, self.inner.config.allow_both_pkeys)
                 + desired.keys.len();
             if n > size {
-                return Err(OpenSmError::TableFull(format!(
-                    "port {g} would need {n} P_Key table entries (default partition and operator entries included) but holds {size}"
-                )));
+                return Err(OpenSmError::TableFull(TableOverflow {
+                    port: Some(*g),
+                    needed: n,
+                    capacity: size,
+                }));
             }
         }
         Ok(())
@@ -676,8 +695,10 @@ impl OpenSmBackend {
             let inner = Arc::clone(&self.inner);
             tokio::spawn(async move { inner.commit_loop().await });
         }
-        rx.await
-            .map_err(|_| OpenSmError::Io("the commit task ended without an answer".into()))?
+        rx.await.map_err(|_| OpenSmError::Task {
+            what: "commit",
+            source: None,
+        })?
     }
 }
 
@@ -762,10 +783,10 @@ impl Inner {
             (nodes, result)
         })
         .await
-        .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        .map_err(|e| task_failed("store", e))?;
         if let Err(e) = result {
             *unsaved = nodes;
-            return Err(OpenSmError::Store(e.to_string()));
+            return Err(OpenSmError::Store(e));
         }
         Ok(())
     }
@@ -1039,17 +1060,23 @@ async fn watch_log(inner: Weak<Inner>, every: Duration) {
 
 /// Checks a desired set on its own ([`NodeMemberships::validate`]) and its key count.
 pub fn validate(desired: &NodeMemberships, table_size: usize) -> Result<(), OpenSmError> {
-    desired
-        .validate()
-        .map_err(|e| OpenSmError::Invalid(e.to_string()))?;
+    desired.validate().map_err(OpenSmError::Invalid)?;
     // The default partition takes one entry.
     if desired.keys.len() + 1 > table_size {
-        return Err(OpenSmError::TableFull(format!(
-            "{} keys plus the default partition exceed the {table_size}-entry P_Key table",
-            desired.keys.len()
-        )));
+        return Err(OpenSmError::TableFull(TableOverflow {
+            port: None,
+            needed: desired.keys.len() + 1,
+            capacity: table_size,
+        }));
     }
     Ok(())
+}
+
+fn task_failed(what: &'static str, e: tokio::task::JoinError) -> OpenSmError {
+    OpenSmError::Task {
+        what,
+        source: Some(Arc::new(e)),
+    }
 }
 
 #[async_trait]

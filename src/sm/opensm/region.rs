@@ -65,6 +65,18 @@ pub const BEGIN_MARKER: &str = "# BEGIN fabric-agent managed region: do not edit
 /// Last line of the agent's region.
 pub const END_MARKER: &str = "# END fabric-agent managed region";
 
+/// A port's P_Key table would overflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("{} would need {needed} P_Key table entries (the default partition and operator entries included) but holds {capacity}", match .port { Some(g) => format!("port {g}"), None => "every port".to_owned() })]
+pub struct TableOverflow {
+    /// The port, or `None` when every port of the set would overflow (too many keys).
+    pub port: Option<Guid>,
+    /// Entries needed.
+    pub needed: usize,
+    /// Entries the table holds.
+    pub capacity: usize,
+}
+
 /// Why a file cannot be (re)written.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RegionError {
@@ -76,7 +88,7 @@ pub enum RegionError {
     OperatorKey(String),
     /// A port would hold more keys than its table.
     #[error("{0}")]
-    TableFull(String),
+    TableFull(TableOverflow),
     /// The composed file failed the final check (a bug: nothing was written).
     #[error("composed file refused: {0}")]
     Composed(String),
@@ -371,10 +383,11 @@ pub fn check_composed(
     for guid in plan.guids() {
         let n = whole.table_entries_for(guid, limits.allow_both_pkeys);
         if n > limits.table_size {
-            return Err(RegionError::TableFull(format!(
-                "port {guid} would need {n} P_Key table entries but holds {}",
-                limits.table_size
-            )));
+            return Err(RegionError::TableFull(TableOverflow {
+                port: Some(guid),
+                needed: n,
+                capacity: limits.table_size,
+            }));
         }
     }
     Ok(whole)
