@@ -282,7 +282,7 @@ async fn requests_are_validated() {
     let op_key = node("a", &[0x10], &[(0x0100, Membership::Full)]);
     assert!(matches!(
         s.backend.set_node(op_key, 1).await,
-        Err(OpenSmError::OperatorKey(_))
+        Err(OpenSmError::OperatorKey { key, .. }) if key.base() == 0x0100
     ));
     // Default + storage (ALL) + 3 tenant keys = 5 > 4.
     let full = node(

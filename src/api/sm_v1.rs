@@ -97,9 +97,9 @@ fn parse_guid(s: &str) -> Result<Guid, Status> {
 pub fn status_of(e: &OpenSmError) -> Status {
     let msg = e.to_string();
     match e {
-        OpenSmError::Invalid(_) | OpenSmError::PortHeld { .. } | OpenSmError::OperatorKey(_) => {
-            Status::invalid_argument(msg)
-        }
+        OpenSmError::Invalid(_)
+        | OpenSmError::PortHeld { .. }
+        | OpenSmError::OperatorKey { .. } => Status::invalid_argument(msg),
         OpenSmError::TableFull(_) => Status::resource_exhausted(msg),
         OpenSmError::StaleGeneration { sent, stored } => {
             stale_generation_status(*sent, *stored, msg)
@@ -225,6 +225,7 @@ pub fn sm_host_status(e: &SmError) -> Option<&Status> {
 mod tests {
     use super::*;
     use crate::sm::opensm::ownership::{DirectoryError, InventoryError, InventoryFileError};
+    use crate::sm::opensm::region::{OperatorFileProblem, RegionError};
     use crate::sm::opensm::TableOverflow;
 
     fn request(keys: Vec<pb::KeyMembership>, guids: Vec<&str>) -> pb::NodeMemberships {
@@ -309,7 +310,9 @@ mod tests {
                 Code::Unavailable,
             ),
             (
-                OpenSmError::OperatorFile("x".into()),
+                OpenSmError::OperatorFile(RegionError::OperatorFile(
+                    OperatorFileProblem::OpenEntryAtEnd,
+                )),
                 Code::FailedPrecondition,
             ),
             (OpenSmError::Unreachable("x".into()), Code::Unavailable),

@@ -73,15 +73,21 @@ pub enum OpenSmError {
     /// A port would hold more keys than its table.
     #[error("P_Key table full: {0}")]
     TableFull(TableOverflow),
-    /// The operator's part of the file does not load: nothing was written.
+    /// The operator's part of the file does not load, or would collide with the region:
+    /// nothing was written.
     #[error("{0}")]
-    OperatorFile(String),
+    OperatorFile(#[source] RegionError),
     /// A requested key belongs to the operator's part of the file.
-    #[error("{0}")]
-    OperatorKey(String),
+    #[error("key {key} is defined by the operator's entry on line {line} of the partitions file; the agent does not manage it")]
+    OperatorKey {
+        /// The key.
+        key: PKey,
+        /// The operator entry's line.
+        line: u32,
+    },
     /// The composed file failed the final check: nothing was written.
     #[error("{0}")]
-    Composed(String),
+    Composed(#[source] RegionError),
     /// OpenSM's log shows it rejected the written file.
     #[error("{0}")]
     Rejected(String),
@@ -139,11 +145,12 @@ pub enum OpenSmError {
 impl From<RegionError> for OpenSmError {
     fn from(e: RegionError) -> Self {
         match e {
-            RegionError::OperatorFile(_) => OpenSmError::OperatorFile(e.to_string()),
-            RegionError::OperatorKey(m) => OpenSmError::OperatorKey(m),
+            RegionError::OperatorKey { key, line } => OpenSmError::OperatorKey { key, line },
             RegionError::TableFull(t) => OpenSmError::TableFull(t),
-            RegionError::Composed(_) => OpenSmError::Composed(e.to_string()),
-            RegionError::Collision(_) => OpenSmError::OperatorFile(e.to_string()),
+            RegionError::Composed(_) => OpenSmError::Composed(e),
+            RegionError::OperatorFile(_) | RegionError::Collision(_) => {
+                OpenSmError::OperatorFile(e)
+            }
         }
     }
 }

@@ -19,7 +19,9 @@
 //! exactly the key and members it has without the region, and gives every tenant key exactly the
 //! members the region lists.
 
-use super::model::{EffectivePartition, MemberKind, PartitionsConf, PortSet, DEFAULT_BASE};
+use super::model::{
+    EffectivePartition, MemberKind, ParseError, PartitionsConf, PortSet, DEFAULT_BASE,
+};
 use super::parse::{parse, parse_part};
 use super::render::{render_entry, EntrySpec, FlagSpec};
 use crate::domain::{Guid, Membership, PKey, KEY_NAME_MAX};
@@ -77,15 +79,39 @@ pub struct TableOverflow {
     pub capacity: usize,
 }
 
+/// What is wrong with the operator's part of the partitions file.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum OperatorFileProblem {
+    /// OpenSM would drop it.
+    #[error("{0} (OpenSM would load the default configuration instead)")]
+    Parse(#[source] ParseError),
+    /// The part before the region ends inside an entry.
+    #[error("the last entry before the fabric-agent region has no closing ';'")]
+    OpenEntryAtEnd,
+    /// The markers are not one BEGIN followed by one END (or none).
+    #[error("expected no fabric-agent markers or exactly one {BEGIN_MARKER:?} line followed by one {END_MARKER:?} line; found {begins} and {ends}")]
+    Markers {
+        /// BEGIN lines found.
+        begins: usize,
+        /// END lines found.
+        ends: usize,
+    },
+}
+
 /// Why a file cannot be (re)written.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RegionError {
     /// The operator's part does not load in OpenSM, or the markers are damaged.
     #[error("operator's partitions file is broken: {0}")]
-    OperatorFile(String),
+    OperatorFile(#[source] OperatorFileProblem),
     /// A tenant key is already defined by the operator's part.
-    #[error("{0}")]
-    OperatorKey(String),
+    #[error("key {key} is defined by the operator's entry on line {line} of the partitions file; the agent does not manage it")]
+    OperatorKey {
+        /// The key.
+        key: PKey,
+        /// The operator entry's line.
+        line: u32,
+    },
     /// A port would hold more keys than its table.
     #[error("{0}")]
     TableFull(TableOverflow),
@@ -112,23 +138,16 @@ impl OperatorParts {
     /// is fine (the region completes it); one that ends inside an entry is not, since the
     /// region's text would continue that entry.
     pub fn parse(&self) -> Result<PartitionsConf, RegionError> {
-        let before = parse_part(&self.before).map_err(|e| {
-            RegionError::OperatorFile(format!(
-                "{e} (OpenSM would load the default configuration instead)"
-            ))
-        })?;
+        let broken = |e| RegionError::OperatorFile(OperatorFileProblem::Parse(e));
+        let before = parse_part(&self.before).map_err(broken)?;
         if before.open_entry_at_end {
             return Err(RegionError::OperatorFile(
-                "the last entry before the fabric-agent region has no closing ';'".into(),
+                OperatorFileProblem::OpenEntryAtEnd,
             ));
         }
         let mut all = self.before.clone();
         all.extend_from_slice(&self.after);
-        parse_part(&all).map_err(|e| {
-            RegionError::OperatorFile(format!(
-                "{e} (OpenSM would load the default configuration instead)"
-            ))
-        })
+        parse_part(&all).map_err(broken)
     }
 }
 
@@ -169,11 +188,10 @@ pub fn split_region(file: &[u8]) -> Result<OperatorParts, RegionError> {
             before: file[..*b].to_vec(),
             after: file[e + end_line.len()..].to_vec(),
         }),
-        _ => Err(RegionError::OperatorFile(format!(
-            "expected no fabric-agent markers or exactly one {BEGIN_MARKER:?} line followed by one {END_MARKER:?} line; found {} and {}",
-            begins.len(),
-            ends.len()
-        ))),
+        _ => Err(RegionError::OperatorFile(OperatorFileProblem::Markers {
+            begins: begins.len(),
+            ends: ends.len(),
+        })),
     }
 }
 
@@ -284,10 +302,10 @@ pub fn check_operator_keys<'a>(
 ) -> Result<(), RegionError> {
     for k in keys {
         if let Some(e) = operator.entries.iter().find(|e| e.pkey == k.base()) {
-            return Err(RegionError::OperatorKey(format!(
-                "key {k} is defined by the operator's entry on line {} of the partitions file; the agent does not manage it",
-                e.line
-            )));
+            return Err(RegionError::OperatorKey {
+                key: *k,
+                line: e.line,
+            });
         }
     }
     Ok(())
