@@ -134,7 +134,7 @@ fn setup() -> Setup {
 
 fn set(node: &str, guids: &[u64], key: u32) -> NodeMemberships {
     NodeMemberships {
-        node_id: node.into(),
+        node_id: fabric_agent::domain::NodeId::parse(node).unwrap(),
         port_guids: guids.iter().map(|g| Guid(*g)).collect(),
         keys: [(
             PKey::new(key).unwrap(),

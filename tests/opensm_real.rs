@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 fn node(id: &str, guid: u64, keys: &[(u32, Membership)]) -> NodeMemberships {
     NodeMemberships {
-        node_id: id.to_owned(),
+        node_id: fabric_agent::domain::NodeId::parse(id).unwrap(),
         port_guids: vec![Guid(guid)],
         keys: keys
             .iter()

@@ -91,7 +91,7 @@ async fn sm_host(operator: &str, tls: Option<ServerTlsConfig>) -> SmHost {
 
 fn desired(keys: &[u32]) -> NodeMemberships {
     NodeMemberships {
-        node_id: "node-7".into(),
+        node_id: fabric_agent::domain::NodeId::parse("node-7").unwrap(),
         port_guids: vec![Guid(0x0002_c903_000e_0b72)],
         keys: keys
             .iter()

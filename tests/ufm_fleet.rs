@@ -63,7 +63,7 @@ fn guid(i: u64) -> u64 {
 
 fn node(keys: impl IntoIterator<Item = (u16, Membership)>) -> NodeMemberships {
     NodeMemberships {
-        node_id: "node-a".into(),
+        node_id: fabric_agent::domain::NodeId::parse("node-a").unwrap(),
         port_guids: (0..GUIDS).map(|i| Guid(guid(i))).collect(),
         keys: keys
             .into_iter()

@@ -79,7 +79,7 @@ impl Rig {
 
 fn node(guids: &[u64], keys: &[u16]) -> NodeMemberships {
     NodeMemberships {
-        node_id: "node-a".into(),
+        node_id: fabric_agent::domain::NodeId::parse("node-a").unwrap(),
         port_guids: guids.iter().map(|g| Guid(*g)).collect(),
         keys: keys
             .iter()

@@ -92,7 +92,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         backoff: Duration::from_millis(cfg.backoff_initial_ms),
         failures: 0,
         stale_retries: 0,
-        resync_at: Instant::now() + resync_delay(&agent_node_id, 0, &cfg),
+        resync_at: Instant::now() + resync_delay(agent_node_id.as_str(), 0, &cfg),
         resync_round: 0,
         sm_error: None,
         prev_inventory,
@@ -144,8 +144,8 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         }
         if Instant::now() >= l.resync_at {
             l.resync_round += 1;
-            l.resync_at =
-                Instant::now() + resync_delay(&l.agent.shared.parts.node_id, l.resync_round, &cfg);
+            l.resync_at = Instant::now()
+                + resync_delay(l.agent.shared.parts.node_id.as_str(), l.resync_round, &cfg);
             l.force_apply = true;
             l.prune_released().await;
         } else if prune_at.is_some_and(|t| Instant::now() >= t) {
@@ -363,7 +363,7 @@ impl Loop {
                     Duration::from_millis(cfg.backoff_max_ms)
                 };
                 self.failures += 1;
-                let jitter = jitter(&self.agent.shared.parts.node_id, self.failures);
+                let jitter = jitter(self.agent.shared.parts.node_id.as_str(), self.failures);
                 self.retry_at = Some(Instant::now() + delay.mul_f64(jitter));
                 self.backoff = (self.backoff * 2).min(Duration::from_millis(cfg.backoff_max_ms));
                 tracing::warn!(error = %e, generation, retry_in = ?delay, "apply failed");

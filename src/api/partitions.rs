@@ -60,8 +60,8 @@ impl PartitionsService {
             return Err(status_of_refusal(&PartitionsRefusal::MembershipsMissing));
         }
         let (desired, generation) = memberships_from_proto(m)?;
-        let node = node_id(&desired.node_id)?;
-        authorise(caller, &self.nodes, &node, Access::Write).map_err(|r| status_of_refusal(&r))?;
+        authorise(caller, &self.nodes, &desired.node_id, Access::Write)
+            .map_err(|r| status_of_refusal(&r))?;
         match self.backend.set_node(desired, generation).await {
             Ok(out) => Ok(Response::new(pb::SetNodeMembershipsResponse {
                 sweeps: out.sweeps,

@@ -18,7 +18,7 @@ pub const STORED_GENERATION_TRAILER: &str = "fabric-stored-generation";
 /// A node's desired set as `fabric.sm.v1` sends it.
 pub fn memberships_to_proto(desired: &NodeMemberships, generation: u64) -> pb::NodeMemberships {
     pb::NodeMemberships {
-        node_id: desired.node_id.clone(),
+        node_id: desired.node_id.to_string(),
         port_guids: desired.port_guids.iter().map(ToString::to_string).collect(),
         keys: desired
             .keys
@@ -41,7 +41,7 @@ pub fn stored_to_proto(n: &StoredNode) -> pb::NodeMemberships {
 /// Converts a request's memberships to the domain, with the node's generation; a set that
 /// fails [`NodeMemberships::validate`] is INVALID_ARGUMENT.
 pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships, u64), Status> {
-    node_id(&m.node_id)?;
+    let node_id = node_id(&m.node_id)?;
     let port_guids = m
         .port_guids
         .iter()
@@ -63,7 +63,7 @@ pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships
         }
     }
     let desired = NodeMemberships {
-        node_id: m.node_id,
+        node_id,
         port_guids,
         keys,
     };
@@ -298,7 +298,7 @@ mod tests {
             (
                 OpenSmError::PortHeld {
                     port: crate::domain::Guid(0x10),
-                    owner: "a".into(),
+                    owner: NodeId::parse("a").unwrap(),
                 },
                 Code::InvalidArgument,
             ),

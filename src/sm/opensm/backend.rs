@@ -40,8 +40,8 @@ use super::reload::{OpenSmReloader, ReloadError, Reloader};
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use super::OpenSmConfig;
 use crate::domain::{
-    is_safe_key_name, Condition, ConditionKind, DomainError, Guid, Membership, NodeMemberships,
-    PKey,
+    is_safe_key_name, Condition, ConditionKind, DomainError, Guid, Membership, NodeId,
+    NodeMemberships, PKey,
 };
 use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
@@ -68,7 +68,7 @@ pub enum OpenSmError {
         /// The port.
         port: Guid,
         /// The node that holds it.
-        owner: String,
+        owner: NodeId,
     },
     /// A port would hold more keys than its table.
     #[error("P_Key table full: {0}")]
@@ -201,12 +201,12 @@ struct Evidence {
 }
 
 struct State {
-    nodes: BTreeMap<String, StoredNode>,
-    guid_owner: BTreeMap<Guid, String>,
+    nodes: BTreeMap<NodeId, StoredNode>,
+    guid_owner: BTreeMap<Guid, NodeId>,
     operator: PartitionsConf,
     pending: Vec<oneshot::Sender<CommitResult>>,
     /// Admitted node sets not yet stored: the next commit stores them before it writes.
-    unsaved: BTreeSet<String>,
+    unsaved: BTreeSet<NodeId>,
     committing: bool,
     health: Health,
 }
@@ -214,7 +214,7 @@ struct State {
 impl State {
     /// Every node's set, and the unsaved ones (taken: the commit that writes this snapshot
     /// stores them first).
-    fn snapshot(&mut self) -> (BTreeMap<String, StoredNode>, Vec<StoredNode>) {
+    fn snapshot(&mut self) -> (BTreeMap<NodeId, StoredNode>, Vec<StoredNode>) {
         let unsaved = std::mem::take(&mut self.unsaved)
             .into_iter()
             .filter_map(|id| self.nodes.get(&id).cloned())
@@ -496,9 +496,9 @@ impl OpenSmBackend {
     /// move (`moves`: GUID -> the node that held it) leave their old node's set (same
     /// generation); both sets are stored in the same transaction, so the port is never stored
     /// in two.
-    fn admit(&self, desired: NodeMemberships, generation: u64, moves: BTreeMap<Guid, String>) {
+    fn admit(&self, desired: NodeMemberships, generation: u64, moves: BTreeMap<Guid, NodeId>) {
         let mut st = self.inner.lock();
-        let losers: BTreeSet<&String> = moves.values().collect();
+        let losers: BTreeSet<&NodeId> = moves.values().collect();
         for from in losers {
             let Some(old) = st.nodes.get_mut(from) else {
                 continue;
@@ -595,7 +595,7 @@ impl OpenSmBackend {
         st: &State,
         desired: &NodeMemberships,
         evidence: &Evidence,
-    ) -> Result<BTreeMap<Guid, String>, OpenSmError> {
+    ) -> Result<BTreeMap<Guid, NodeId>, OpenSmError> {
         let held: BTreeSet<Guid> = st
             .nodes
             .get(&desired.node_id)
@@ -603,19 +603,21 @@ impl OpenSmBackend {
             .unwrap_or_default();
         let mut moves = BTreeMap::new();
         for g in desired.port_guids.iter().filter(|g| !held.contains(g)) {
-            let holder = st.guid_owner.get(g).map(String::as_str);
+            let holder = st.guid_owner.get(g);
             let verdict = judge(
-                &desired.node_id,
+                desired.node_id.as_str(),
                 *g,
                 &evidence.facts,
                 &self.inner.config.ownership.description_patterns,
                 &evidence.inventory,
-                holder,
+                holder.map(NodeId::as_str),
             );
             match verdict {
                 Ok(Proof::Moved { from, description }) => {
                     tracing::info!(node_id = %desired.node_id, guid = %g, from = %from, description = %description, "port moves to the node the fabric shows it in");
-                    moves.insert(*g, from);
+                    if let Some(holder) = holder {
+                        moves.insert(*g, holder.clone());
+                    }
                 }
                 Ok(proof) => {
                     tracing::debug!(node_id = %desired.node_id, guid = %g, ?proof, "port claim proven");
@@ -640,7 +642,7 @@ impl OpenSmBackend {
         &self,
         st: &State,
         desired: &NodeMemberships,
-        moves: &BTreeMap<Guid, String>,
+        moves: &BTreeMap<Guid, NodeId>,
     ) -> Result<(), OpenSmError> {
         for g in &desired.port_guids {
             if let Some(owner) = st.guid_owner.get(g) {
@@ -733,7 +735,7 @@ impl Inner {
         }
     }
 
-    fn plan(&self, nodes: &BTreeMap<String, StoredNode>, operator: &PartitionsConf) -> RegionPlan {
+    fn plan(&self, nodes: &BTreeMap<NodeId, StoredNode>, operator: &PartitionsConf) -> RegionPlan {
         let mut tenants: BTreeMap<PKey, TenantEntry> = BTreeMap::new();
         for n in nodes.values() {
             for (key, setting) in &n.memberships.keys {
@@ -890,7 +892,7 @@ impl Inner {
     /// stored stay marked unsaved for the next commit.
     async fn commit_once(
         &self,
-        nodes: &BTreeMap<String, StoredNode>,
+        nodes: &BTreeMap<NodeId, StoredNode>,
         mut unsaved: Vec<StoredNode>,
     ) -> CommitResult {
         let result = self.commit_steps(nodes, &mut unsaved).await;
@@ -904,7 +906,7 @@ impl Inner {
 
     async fn commit_steps(
         &self,
-        nodes: &BTreeMap<String, StoredNode>,
+        nodes: &BTreeMap<NodeId, StoredNode>,
         unsaved: &mut Vec<StoredNode>,
     ) -> CommitResult {
         self.repair_foreign_rejection().await?;
@@ -1098,7 +1100,7 @@ impl SubnetManager for OpenSmBackend {
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
         let mut own = desired.clone();
-        own.node_id = self.inner.local_node_id.clone();
+        own.node_id = NodeId::parse(&self.inner.local_node_id).map_err(OpenSmError::Invalid)?;
         // The SM host's own ports, read by its own observer: not a claim by another node, so
         // the fabric is not asked (the other rules, including other nodes' ports, still hold).
         let outcome = self.set_node_checked(own, generation, false).await?;
