@@ -9,7 +9,7 @@ use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::sm::opensm::backend::{accepted_copy_path, rejected_copy_path};
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::region::{split_region, BEGIN_MARKER, END_MARKER};
-use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
+use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader, Unsignalled};
 use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{
     InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError, TableOverflow,
@@ -434,13 +434,24 @@ async fn an_unseen_reread_is_not_ok_and_is_rechecked_even_with_identical_bytes()
     again.set_node(want, 1).await.unwrap();
     assert_eq!(s.reloader.calls(), calls + 2);
     // Unreachable OpenSM after the write: not OK either, and unconfirmed.
-    *s.reloader.fail.lock().unwrap() = Some(ReloadError::Unreachable("ESRCH".into()));
+    *s.reloader.fail.lock().unwrap() = Some(ReloadError::Unreachable(Unsignalled::Signal {
+        pid: 4242,
+        source: std::sync::Arc::new(std::io::Error::from_raw_os_error(3)),
+    }));
     let err = again
         .set_node(node("a", &[0x10], &[]), 2)
         .await
         .unwrap_err();
-    assert!(matches!(err, OpenSmError::Unreachable(_)), "{err}");
-    assert!(err.to_string().contains("ESRCH"), "{err}");
+    assert!(
+        matches!(
+            &err,
+            OpenSmError::Unreachable {
+                written_keys: Some(_),
+                source: Unsignalled::Signal { pid: 4242, source },
+            } if source.raw_os_error() == Some(3)
+        ),
+        "{err:?}"
+    );
     assert_eq!(
         kinds(&again),
         vec![ConditionKind::PartitionsFileUnconfirmed]
@@ -646,7 +657,7 @@ async fn state_persists_across_restarts() {
 #[tokio::test]
 async fn reload_failures_map_to_sm_errors() {
     let s = setup(b"", Duration::ZERO, |_| {});
-    *s.reloader.fail.lock().unwrap() = Some(ReloadError::Unreachable("no opensm".into()));
+    *s.reloader.fail.lock().unwrap() = Some(ReloadError::Unreachable(Unsignalled::NoPid));
     let r = s
         .backend
         .apply(&node("ignored", &[0x10], &[(1, Membership::Full)]), 1)

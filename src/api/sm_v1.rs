@@ -110,7 +110,7 @@ pub fn status_of(e: &OpenSmError) -> Status {
         | OpenSmError::InsecureDefault(_)
         | OpenSmError::PortNotShown(_) => Status::failed_precondition(msg),
         OpenSmError::PortForbidden(_) => Status::permission_denied(msg),
-        OpenSmError::Unreachable(_)
+        OpenSmError::Unreachable { .. }
         | OpenSmError::Unconfirmed(_)
         | OpenSmError::Io(_)
         | OpenSmError::Store(_)
@@ -226,6 +226,7 @@ mod tests {
     use super::*;
     use crate::sm::opensm::ownership::{DirectoryError, InventoryError, InventoryFileError};
     use crate::sm::opensm::region::{OperatorFileProblem, RegionError};
+    use crate::sm::opensm::reload::Unsignalled;
     use crate::sm::opensm::TableOverflow;
 
     fn request(keys: Vec<pb::KeyMembership>, guids: Vec<&str>) -> pb::NodeMemberships {
@@ -315,7 +316,13 @@ mod tests {
                 )),
                 Code::FailedPrecondition,
             ),
-            (OpenSmError::Unreachable("x".into()), Code::Unavailable),
+            (
+                OpenSmError::Unreachable {
+                    written_keys: Some(1),
+                    source: Unsignalled::NoPid,
+                },
+                Code::Unavailable,
+            ),
             (OpenSmError::Unconfirmed("x".into()), Code::Unavailable),
             (
                 OpenSmError::InsecureDefault("x".into()),

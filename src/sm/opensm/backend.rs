@@ -36,7 +36,7 @@ use super::region::{
     default_grants_all_full, render_region, split_region, tenant_entry_name, RegionError,
     RegionPlan, TableLimits, TableOverflow, TenantEntry,
 };
-use super::reload::{OpenSmReloader, ReloadError, Reloader};
+use super::reload::{OpenSmReloader, ReloadError, Reloader, Unsignalled};
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use super::OpenSmConfig;
 use crate::domain::{
@@ -91,9 +91,19 @@ pub enum OpenSmError {
     /// OpenSM's log shows it rejected the written file.
     #[error("{0}")]
     Rejected(String),
-    /// OpenSM could not be signalled.
-    #[error("{0}")]
-    Unreachable(String),
+    /// OpenSM could not be signalled; `written_keys`: after the file was written (with that
+    /// many tenant keys), so the write is re-checked on the next attempt.
+    #[error("{}", match .written_keys {
+        Some(n) => format!("partitions file written ({n} keys) but OpenSM could not be made to re-read it: {source}; the write is re-checked on the next attempt"),
+        None => format!("cannot make OpenSM re-read the partitions file: {source}"),
+    })]
+    Unreachable {
+        /// Tenant keys in the written file, if it was written.
+        written_keys: Option<usize>,
+        /// Why OpenSM could not be signalled.
+        #[source]
+        source: Unsignalled,
+    },
     /// Reading or writing the file failed.
     #[error("partitions file: {0}")]
     Io(#[source] Arc<std::io::Error>),
@@ -158,8 +168,11 @@ impl From<RegionError> for OpenSmError {
 impl From<ReloadError> for OpenSmError {
     fn from(e: ReloadError) -> Self {
         match e {
-            ReloadError::Unreachable(_) => OpenSmError::Unreachable(e.to_string()),
-            ReloadError::Rejected(_) => OpenSmError::Rejected(e.to_string()),
+            ReloadError::Unreachable(source) => OpenSmError::Unreachable {
+                written_keys: None,
+                source,
+            },
+            e @ ReloadError::Rejected(_) => OpenSmError::Rejected(e.to_string()),
         }
     }
 }
@@ -170,7 +183,7 @@ impl From<OpenSmError> for SmError {
             OpenSmError::StaleGeneration { sent, stored } => {
                 SmError::StaleGeneration { sent, stored }
             }
-            OpenSmError::Unreachable(_)
+            OpenSmError::Unreachable { .. }
             | OpenSmError::Unconfirmed(_)
             | OpenSmError::Io(_)
             | OpenSmError::Store(_)
@@ -1000,14 +1013,14 @@ impl Inner {
                     .await?;
                 Err(OpenSmError::Unconfirmed(why))
             }
-            Err(ReloadError::Unreachable(m)) => {
-                let why = format!(
-                    "partitions file written ({} keys) but OpenSM could not be made to re-read it: {m}; the write is re-checked on the next attempt",
-                    plan.tenants.len()
-                );
-                self.save_commit(|c| c.unconfirmed = Some(why.clone()))
-                    .await?;
-                Err(OpenSmError::Unreachable(why))
+            Err(ReloadError::Unreachable(source)) => {
+                let e = OpenSmError::Unreachable {
+                    written_keys: Some(plan.tenants.len()),
+                    source,
+                };
+                let why = e.to_string();
+                self.save_commit(|c| c.unconfirmed = Some(why)).await?;
+                Err(e)
             }
             Err(ReloadError::Rejected(lines)) => {
                 self.lock().health.rejected_bytes = Some(bytes.clone());
