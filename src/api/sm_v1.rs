@@ -224,7 +224,9 @@ pub fn sm_host_status(e: &SmError) -> Option<&Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sm::opensm::ownership::{DirectoryError, InventoryError, InventoryFileError};
+    use crate::sm::opensm::ownership::{
+        DirectoryError, ForbiddenPort, InventoryError, InventoryFileError, Refusal,
+    };
     use crate::sm::opensm::region::{OperatorFileProblem, RegionError};
     use crate::sm::opensm::reload::Unsignalled;
     use crate::sm::opensm::TableOverflow;
@@ -329,11 +331,16 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                OpenSmError::PortForbidden("x".into()),
+                OpenSmError::PortForbidden(Refusal::Forbidden {
+                    port: crate::domain::Guid(1),
+                    why: ForbiddenPort::SmHost,
+                }),
                 Code::PermissionDenied,
             ),
             (
-                OpenSmError::PortNotShown("x".into()),
+                OpenSmError::PortNotShown(Refusal::NotAsked {
+                    port: crate::domain::Guid(1),
+                }),
                 Code::FailedPrecondition,
             ),
             (

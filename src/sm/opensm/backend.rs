@@ -140,10 +140,10 @@ pub enum OpenSmError {
     /// A claimed port never enters a tenant's set (the SM's port, a switch's, a router's), or
     /// another node holds it and the fabric does not show it in the claiming node.
     #[error("port ownership: {0}")]
-    PortForbidden(String),
+    PortForbidden(Refusal),
     /// Neither the fabric nor the operator's inventory shows the claimed port in the node.
     #[error("port ownership: {0}")]
-    PortNotShown(String),
+    PortNotShown(Refusal),
     /// The fabric could not be asked who owns a claimed port (fail closed: nothing accepted).
     #[error("port ownership: the SA could not be asked: {0}")]
     FabricUnreachable(#[source] DirectoryError),
@@ -636,12 +636,14 @@ impl OpenSmBackend {
                     tracing::debug!(node_id = %desired.node_id, guid = %g, ?proof, "port claim proven");
                 }
                 Err(refusal) => {
-                    tracing::warn!(node_id = %desired.node_id, guid = %g, reason = %refusal.message(), "port claim refused");
+                    tracing::warn!(node_id = %desired.node_id, guid = %g, reason = %refusal, "port claim refused");
                     return Err(match refusal {
-                        Refusal::Forbidden(m) | Refusal::OwnedByOther(m) => {
-                            OpenSmError::PortForbidden(m)
+                        Refusal::Forbidden { .. } | Refusal::OwnedByOther { .. } => {
+                            OpenSmError::PortForbidden(refusal)
                         }
-                        Refusal::NotShown(m) => OpenSmError::PortNotShown(m),
+                        Refusal::NotAsked { .. } | Refusal::NotShown { .. } => {
+                            OpenSmError::PortNotShown(refusal)
+                        }
                     });
                 }
             }

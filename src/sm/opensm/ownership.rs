@@ -250,24 +250,83 @@ pub enum Proof {
     Inventory,
 }
 
-/// Why a claim is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a claim is refused; the text names the GUID and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    /// The port never enters a tenant key (the SM's port, a switch's, a router's): the
-    /// message says which.
-    Forbidden(String),
+    /// The port never enters a tenant key.
+    #[error("port {port}{}: it never enters a tenant's set", forbidden_detail(.why))]
+    Forbidden {
+        /// The port.
+        port: Guid,
+        /// Which kind of port it is.
+        why: ForbiddenPort,
+    },
     /// Another node holds the port and the fabric does not show it in the claiming node.
-    OwnedByOther(String),
+    #[error("port {port} belongs to node {holder:?}; {}, not in node {node:?}, so it does not move", match .shown { Some(d) => format!("the fabric shows it as {d:?}"), None => "the fabric does not show it".to_owned() })]
+    OwnedByOther {
+        /// The port.
+        port: Guid,
+        /// The node that holds it.
+        holder: String,
+        /// The claiming node.
+        node: String,
+        /// The port's NodeDescription, when the fabric shows the port.
+        shown: Option<String>,
+    },
+    /// The port was not among the ports asked about (the stored sets changed meanwhile).
+    #[error("port {port} was not asked about (the stored sets changed during the check): send the set again")]
+    NotAsked {
+        /// The port.
+        port: Guid,
+    },
     /// Neither the fabric nor the inventory says the port is the node's.
-    NotShown(String),
+    #[error("port {port}: {} and the inventory does not list it for {}", match .shown { Some(d) => format!("its NodeDescription {d:?} does not name node {node:?} (patterns {patterns:?})"), None => "the SA knows no such port".to_owned() }, if .shown.is_some() { "that node".to_owned() } else { format!("node {node:?}") })]
+    NotShown {
+        /// The port.
+        port: Guid,
+        /// The claiming node.
+        node: String,
+        /// The port's NodeDescription, when the SA knows the port.
+        shown: Option<String>,
+        /// The description patterns tried.
+        patterns: Vec<String>,
+    },
 }
 
-impl Refusal {
-    /// The message, naming GUID and reason.
-    pub fn message(&self) -> &str {
-        match self {
-            Refusal::Forbidden(m) | Refusal::OwnedByOther(m) | Refusal::NotShown(m) => m,
+/// A port that never enters a tenant key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForbiddenPort {
+    /// The SM host's own port.
+    SmHost,
+    /// The master SM's port.
+    MasterSm {
+        /// Its NodeDescription.
+        description: String,
+        /// Its LID.
+        lid: u16,
+    },
+    /// A switch's or a router's port.
+    NotChannelAdapter {
+        /// Its NodeDescription.
+        description: String,
+        /// Its node type.
+        node_type: u8,
+    },
+}
+
+fn forbidden_detail(why: &ForbiddenPort) -> String {
+    match why {
+        ForbiddenPort::SmHost => " is the SM host's own port".to_owned(),
+        ForbiddenPort::MasterSm { description, lid } => {
+            format!(" ({description:?}) is the master SM's port (LID {lid})")
         }
+        ForbiddenPort::NotChannelAdapter {
+            description,
+            node_type,
+        } => format!(
+            " ({description:?}) is {}'s port (node type {node_type})",
+            type_name(*node_type)
+        ),
     }
 }
 
@@ -416,33 +475,35 @@ pub fn judge(
     holder: Option<&str>,
 ) -> Result<Proof, Refusal> {
     if guid.0 == facts.local_port_guid {
-        return Err(Refusal::Forbidden(format!(
-            "port {guid} is the SM host's own port: it never enters a tenant's set"
-        )));
+        return Err(Refusal::Forbidden {
+            port: guid,
+            why: ForbiddenPort::SmHost,
+        });
     }
     let record = match facts.records.get(&guid) {
         Some(r) => r.as_ref(),
-        None => {
-            return Err(Refusal::NotShown(format!(
-                "port {guid} was not asked about (the stored sets changed during the check): send the set again"
-            )))
-        }
+        None => return Err(Refusal::NotAsked { port: guid }),
     };
     let mut shown = None;
     if let Some(r) = record {
         let description = r.description_text();
         if r.lid == facts.sm_lid {
-            return Err(Refusal::Forbidden(format!(
-                "port {guid} ({description:?}) is the master SM's port (LID {}): it never enters a tenant's set",
-                r.lid
-            )));
+            return Err(Refusal::Forbidden {
+                port: guid,
+                why: ForbiddenPort::MasterSm {
+                    description,
+                    lid: r.lid,
+                },
+            });
         }
         if !r.is_channel_adapter() {
-            return Err(Refusal::Forbidden(format!(
-                "port {guid} ({description:?}) is {}'s port (node type {}): it never enters a tenant's set",
-                type_name(r.node_info.node_type),
-                r.node_info.node_type
-            )));
+            return Err(Refusal::Forbidden {
+                port: guid,
+                why: ForbiddenPort::NotChannelAdapter {
+                    description,
+                    node_type: r.node_info.node_type,
+                },
+            });
         }
         let named = patterns
             .iter()
@@ -457,13 +518,12 @@ pub fn judge(
             })
         }
         (Some(other), _) if other != node_id => {
-            let seen = match &shown {
-                Some((d, _)) => format!("the fabric shows it as {d:?}"),
-                None => "the fabric does not show it".to_owned(),
-            };
-            return Err(Refusal::OwnedByOther(format!(
-                "port {guid} belongs to node {other:?}; {seen}, not in node {node_id:?}, so it does not move"
-            )));
+            return Err(Refusal::OwnedByOther {
+                port: guid,
+                holder: other.to_owned(),
+                node: node_id.to_owned(),
+                shown: shown.map(|(d, _)| d),
+            });
         }
         _ => {}
     }
@@ -473,14 +533,12 @@ pub fn judge(
     if inventory.lists(node_id, guid) {
         return Ok(Proof::Inventory);
     }
-    Err(Refusal::NotShown(match shown {
-        Some((d, _)) => format!(
-            "port {guid}: its NodeDescription {d:?} does not name node {node_id:?} (patterns {patterns:?}) and the inventory does not list it for that node"
-        ),
-        None => format!(
-            "port {guid}: the SA knows no such port and the inventory does not list it for node {node_id:?}"
-        ),
-    }))
+    Err(Refusal::NotShown {
+        port: guid,
+        node: node_id.to_owned(),
+        shown: shown.map(|(d, _)| d),
+        patterns: patterns.to_vec(),
+    })
 }
 
 /// Why `[subnet_manager.opensm.ownership]` is refused.
@@ -571,22 +629,32 @@ mod tests {
         );
         // Already the node's own: proven again.
         assert!(judge("node1", Guid(0x13), &f, &p, &inv, Some("node1")).is_ok());
-        for (guid, what) in [
-            (0x10, "SM host's own port"),
-            (0x11, "master SM's port"),
-            (0x20, "a switch"),
-            (0x30, "a router"),
-        ] {
+        let forbidden = |guid: u64| match judge("node1", Guid(guid), &f, &p, &inv, None) {
+            Err(Refusal::Forbidden { port, why }) if port == Guid(guid) => why,
+            other => panic!("{guid:#x}: {other:?}"),
+        };
+        assert_eq!(forbidden(0x10), ForbiddenPort::SmHost);
+        assert!(matches!(forbidden(0x11), ForbiddenPort::MasterSm { .. }));
+        assert!(matches!(
+            forbidden(0x20),
+            ForbiddenPort::NotChannelAdapter {
+                node_type: node_type::SWITCH,
+                ..
+            }
+        ));
+        assert!(matches!(
+            forbidden(0x30),
+            ForbiddenPort::NotChannelAdapter {
+                node_type: node_type::ROUTER,
+                ..
+            }
+        ));
+        for guid in [0x15, 0x17, 0x99] {
             let r = judge("node1", Guid(guid), &f, &p, &inv, None).unwrap_err();
-            assert!(
-                matches!(&r, Refusal::Forbidden(m) if m.contains(what)),
-                "{r:?}"
-            );
+            assert!(matches!(r, Refusal::NotShown { .. }), "{guid:#x}: {r:?}");
         }
-        for guid in [0x15, 0x17, 0x99, 0x1234] {
-            let r = judge("node1", Guid(guid), &f, &p, &inv, None).unwrap_err();
-            assert!(matches!(r, Refusal::NotShown(_)), "{guid:#x}: {r:?}");
-        }
+        let r = judge("node1", Guid(0x1234), &f, &p, &inv, None).unwrap_err();
+        assert_eq!(r, Refusal::NotAsked { port: Guid(0x1234) });
     }
 
     #[test]
@@ -604,12 +672,12 @@ mod tests {
         assert!(judge("node2", Guid(0x99), &f, &p, &inv, None).is_err());
         assert!(matches!(
             judge("node1", Guid(0x20), &f, &p, &inv, None),
-            Err(Refusal::Forbidden(_))
+            Err(Refusal::Forbidden { .. })
         ));
         // Held by node2: the inventory does not move it.
         assert!(matches!(
             judge("node1", Guid(0x99), &f, &p, &inv, Some("node2")),
-            Err(Refusal::OwnedByOther(_))
+            Err(Refusal::OwnedByOther { .. })
         ));
     }
 
@@ -627,7 +695,8 @@ mod tests {
         );
         let r = judge("node2", Guid(0x13), &f, &p, &inv, Some("node1")).unwrap_err();
         assert!(
-            matches!(&r, Refusal::OwnedByOther(m) if m.contains("\"node1 mlx5_0\"")),
+            matches!(&r, Refusal::OwnedByOther { holder, shown: Some(d), .. }
+                if holder == "node1" && d == "node1 mlx5_0"),
             "{r:?}"
         );
     }
