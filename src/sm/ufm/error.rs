@@ -1,6 +1,7 @@
 //! Why the UFM backend did not apply a set: typed, with causes.
 
 use super::config::UfmConfigError;
+use super::http::NoAnswer;
 use super::ledger::{LedgerDecodeError, LedgerStoreError};
 use super::wire::WireError;
 use crate::domain::PKey;
@@ -73,13 +74,9 @@ pub enum UfmError {
     /// The stored ledger does not decode.
     #[error("the UFM ledger in the store cannot be read ({0}); without it the GUIDs this node put in partitions are unknown")]
     LedgerDecode(#[source] Arc<LedgerDecodeError>),
-    /// UFM gave no usable answer after every attempt (timeouts, connection errors, 5xx): the
-    /// request and the last failure, as the HTTP layer described them.
-    #[error("{0}")]
-    NoAnswer(String),
-    /// UFM's answer was larger than the answer cap.
-    #[error("{0}")]
-    TooLarge(String),
+    /// UFM gave no usable answer (timeouts, connection errors, 5xx, an answer over the cap).
+    #[error(transparent)]
+    NoAnswer(NoAnswer),
     /// UFM rejected the credentials; they are not tried again until the file changes.
     #[error("UFM rejected the credentials ({status}); not calling UFM again until {} changes", source_file.display())]
     CredentialsRejected {

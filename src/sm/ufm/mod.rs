@@ -74,6 +74,7 @@ mod wire;
 
 pub use config::{TokenScheme, UfmConfig, UfmConfigError, UrlParseError};
 pub use error::UfmError;
+pub use http::NoAnswer;
 pub use ledger::{LedgerStoreError, MemoryLedgerStore, UfmLedger, UfmLedgerStore};
 pub use wire::WireError;
 
@@ -84,7 +85,7 @@ use auth::{Credential, Loaded, Secret};
 use budget::Budget;
 use config::AuthConfig;
 use futures::{StreamExt, TryStreamExt};
-use http::{Answer, Exchange, RetryPolicy, Unreachable};
+use http::{Answer, Exchange, RetryPolicy};
 use plan::{plan_key, KeyPlan};
 use reqwest::{Certificate, Client, Method, StatusCode};
 use std::collections::{BTreeMap, BTreeSet};
@@ -184,12 +185,9 @@ enum Failure {
     NoAnswer(UfmError),
 }
 
-impl From<Unreachable> for Failure {
-    fn from(u: Unreachable) -> Self {
-        match u {
-            Unreachable(why, true) => Failure::NoAnswer(UfmError::TooLarge(why)),
-            Unreachable(why, false) => Failure::NoAnswer(UfmError::NoAnswer(why)),
-        }
+impl From<NoAnswer> for Failure {
+    fn from(e: NoAnswer) -> Self {
+        Failure::NoAnswer(UfmError::NoAnswer(e))
     }
 }
 
@@ -582,7 +580,9 @@ impl UfmSm {
                     let picked = keys.iter().map(|k| (*k, all.get(k).cloned())).collect();
                     return Ok((picked, Some(all)));
                 }
-                Err(Failure::NoAnswer(UfmError::TooLarge(why))) => list_failure = Some(why),
+                Err(Failure::NoAnswer(UfmError::NoAnswer(why @ NoAnswer::TooLarge { .. }))) => {
+                    list_failure = Some(why)
+                }
                 Err(other) => return Err(other),
             }
         }
