@@ -60,7 +60,7 @@ pub enum SmpError {
     Closed,
     /// The port's thread could not start.
     #[error("cannot start the umad thread: {0}")]
-    Thread(String),
+    Thread(#[source] std::io::Error),
 }
 
 impl From<SmpError> for ObserveError {

@@ -59,7 +59,7 @@ impl MadTransport {
         let thread = std::thread::Builder::new()
             .name("umad".into())
             .spawn(move || serve(port, smi, sa, timing, queue))
-            .map_err(|e| SmpError::Thread(e.to_string()))?;
+            .map_err(SmpError::Thread)?;
         Ok(MadTransport {
             jobs: Some(jobs),
             thread: Some(thread),

@@ -20,7 +20,7 @@
 //! members the region lists.
 
 use super::model::{
-    EffectivePartition, MemberKind, ParseError, PartitionsConf, PortSet, DEFAULT_BASE,
+    EffectivePartition, MemberKind, ParseError, PartitionsConf, PortSet, Warning, DEFAULT_BASE,
 };
 use super::parse::{parse, parse_part};
 use super::render::{render_entry, EntrySpec, FlagSpec};
@@ -98,6 +98,56 @@ pub enum OperatorFileProblem {
     },
 }
 
+/// Why the composed file fails the final check.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ComposedProblem {
+    /// OpenSM would drop the whole file.
+    #[error("{0}")]
+    Parse(#[source] ParseError),
+    /// The file has no explicit Default entry.
+    #[error("no explicit Default entry")]
+    NoDefault,
+    /// The region's own text draws a warning.
+    #[error("the region itself warns: {0}")]
+    RegionWarns(Warning),
+    /// A tenant key is missing from the parsed file.
+    #[error("key {0} missing after parse")]
+    KeyMissing(PKey),
+    /// A tenant key's members differ in the parsed file.
+    #[error("key {0}: members differ after parse")]
+    MembersDiffer(PKey),
+}
+
+/// How the region and the operator's part would interfere.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Collision {
+    /// An operator partition's members would change with the region in place.
+    #[error("the operator's partition {key:#06x} ({name}) would change members with the region in place: {before} before, {after} after")]
+    OperatorMembers {
+        /// The operator partition's key.
+        key: u16,
+        /// Its name ("?" when unnamed).
+        name: String,
+        /// Members without the region.
+        before: usize,
+        /// Members with it.
+        after: usize,
+    },
+    /// An operator entry resolves to a tenant key and changes its members.
+    #[error("tenant key {key} would hold {got} members in the composed file instead of the region's {want} (an operator entry resolves to it)")]
+    TenantMembers {
+        /// The tenant key.
+        key: PKey,
+        /// Members in the composed file.
+        got: usize,
+        /// Members in the region.
+        want: usize,
+    },
+    /// The composed file defines a partition neither part does.
+    #[error("the composed file defines partition {0:#06x}, which neither the operator's part nor the region does")]
+    ExtraPartition(u16),
+}
+
 /// Why a file cannot be (re)written.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RegionError {
@@ -117,11 +167,11 @@ pub enum RegionError {
     TableFull(TableOverflow),
     /// The composed file failed the final check (a bug: nothing was written).
     #[error("composed file refused: {0}")]
-    Composed(String),
+    Composed(#[source] ComposedProblem),
     /// The region would change an operator partition's key or members, or an operator entry
     /// would add members to a tenant key (nothing was written).
     #[error("refused, nothing written: {0}")]
-    Collision(String),
+    Collision(#[source] Collision),
 }
 
 /// The operator's bytes around the region.
@@ -331,12 +381,12 @@ pub fn check_operator_unchanged(
         let was = member_set(before.get(key));
         let now = member_set(after.get(key));
         if was != now {
-            return Err(RegionError::Collision(format!(
-                "the operator's partition {key:#06x} ({}) would change members with the region in place: {} before, {} after",
-                before.get(key).map_or("?", |p| p.name.as_str()),
-                was.len(),
-                now.len()
-            )));
+            return Err(RegionError::Collision(Collision::OperatorMembers {
+                key: *key,
+                name: before.get(key).map_or("?", |p| p.name.as_str()).to_owned(),
+                before: was.len(),
+                after: now.len(),
+            }));
         }
     }
     for (key, t) in &plan.tenants {
@@ -347,11 +397,11 @@ pub fn check_operator_unchanged(
             .collect();
         let got = member_set(after.get(&key.base()));
         if want != got {
-            return Err(RegionError::Collision(format!(
-                "tenant key {key} would hold {} members in the composed file instead of the region's {} (an operator entry resolves to it)",
-                got.len(),
-                want.len()
-            )));
+            return Err(RegionError::Collision(Collision::TenantMembers {
+                key: *key,
+                got: got.len(),
+                want: want.len(),
+            }));
         }
     }
     let expected: BTreeSet<u16> = operator_keys
@@ -362,9 +412,7 @@ pub fn check_operator_unchanged(
         .collect();
     let found: BTreeSet<u16> = after.keys().copied().collect();
     if let Some(extra) = found.difference(&expected).next() {
-        return Err(RegionError::Collision(format!(
-            "the composed file defines partition {extra:#06x}, which neither the operator's part nor the region does"
-        )));
+        return Err(RegionError::Collision(Collision::ExtraPartition(*extra)));
     }
     Ok(())
 }
@@ -376,26 +424,23 @@ pub fn check_composed(
     plan: &RegionPlan,
     limits: TableLimits,
 ) -> Result<PartitionsConf, RegionError> {
-    let whole = parse(bytes).map_err(|e| RegionError::Composed(e.to_string()))?;
+    let composed = |p| RegionError::Composed(p);
+    let whole = parse(bytes).map_err(|e| composed(ComposedProblem::Parse(e)))?;
     if !whole.has_explicit_default() {
-        return Err(RegionError::Composed("no explicit Default entry".into()));
+        return Err(composed(ComposedProblem::NoDefault));
     }
-    let own = parse_part(region.as_bytes()).map_err(|e| RegionError::Composed(e.to_string()))?;
+    let own = parse_part(region.as_bytes()).map_err(|e| composed(ComposedProblem::Parse(e)))?;
     if let Some(w) = own.warnings.first() {
-        return Err(RegionError::Composed(format!(
-            "the region itself warns: {w}"
-        )));
+        return Err(composed(ComposedProblem::RegionWarns(w.clone())));
     }
     for (key, t) in &plan.tenants {
         let e = own
             .entries
             .iter()
             .find(|e| e.pkey == key.base())
-            .ok_or_else(|| RegionError::Composed(format!("key {key} missing after parse")))?;
+            .ok_or(RegionError::Composed(ComposedProblem::KeyMissing(*key)))?;
         if e.members.len() != t.members.len() {
-            return Err(RegionError::Composed(format!(
-                "key {key}: members differ after parse"
-            )));
+            return Err(RegionError::Composed(ComposedProblem::MembersDiffer(*key)));
         }
     }
     for guid in plan.guids() {
