@@ -28,9 +28,9 @@ impl VerbsObserver {
     /// Opens every device libibverbs lists and subscribes to their async events. Must be
     /// called inside a tokio runtime (the event fds are registered with its reactor).
     ///
-    /// No device is [`ObserveError::NoDevices`] with the reason, e.g. "libibverbs found no
-    /// devices (ENOSYS: the kernel has no RDMA)"; a device that cannot be opened is
-    /// [`ObserveError::Io`] with the errno.
+    /// No device is [`ObserveError::NoDevices`] with the reason
+    /// ([`NoDevices::KernelWithoutRdma`], [`NoDevices::NoProvider`]); a device that cannot be
+    /// opened is [`ReadError::Verbs`] with the errno.
     pub fn open(config: &ObserverConfig) -> Result<VerbsObserver, ObserveError> {
         let list = DeviceList::get().map_err(verbs_failed)?;
         if !list.kernel_has_rdma() {

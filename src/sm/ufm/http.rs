@@ -83,7 +83,8 @@ pub enum NoAnswer {
         /// Attempts made.
         attempts: u32,
     },
-    /// The answer exceeded [`MAX_BODY`] (not retried: asking again fetches the same answer).
+    /// The answer exceeded the answer cap, 8 MiB (not retried: asking again fetches the same
+    /// answer).
     #[error("{method} {url}: UFM answer body of {} bytes exceeds the {cap}-byte limit; not read", match .announced { Some(n) => n.to_string(), None => format!("more than {cap}") })]
     TooLarge {
         /// The request's method.
