@@ -19,7 +19,7 @@ const RUNS: usize = 200;
 
 fn node(keys: impl IntoIterator<Item = u16>) -> NodeMemberships {
     NodeMemberships {
-        node_id: "bench-node".into(),
+        node_id: fabric_agent::domain::NodeId::parse("bench-node").unwrap(),
         port_guids: (0..PORTS)
             .map(|p| Guid(0x0002_c903_0000_0000 + p))
             .collect(),

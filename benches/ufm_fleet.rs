@@ -76,7 +76,7 @@ fn keys_of(agent: usize) -> Vec<u16> {
 
 fn desired(agent: usize, limited_first: bool) -> NodeMemberships {
     NodeMemberships {
-        node_id: format!("node-{agent}"),
+        node_id: fabric_agent::domain::NodeId::parse(&format!("node-{agent}")).unwrap(),
         port_guids: (0..GUIDS).map(|p| Guid(guid(agent, p))).collect(),
         keys: keys_of(agent)
             .into_iter()

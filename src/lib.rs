@@ -28,6 +28,8 @@
 //! - [`tls`]      — the process-wide rustls crypto provider
 //! - [`proto`]    — generated gRPC code (lives in `api/`, re-exported)
 
+#![warn(missing_docs)]
+#![warn(clippy::cast_possible_truncation)]
 pub mod agent;
 pub mod api;
 pub mod cli;

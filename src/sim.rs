@@ -128,21 +128,19 @@ impl SimFabric {
         let tables = self.tables.lock().expect("sim lock");
         let ports = tables
             .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let n = i as u8 + 1;
-                PortInfo {
-                    device: "sim0".to_owned(),
-                    port_number: n,
-                    port_guid: Guid(self.node_guid.0 + u64::from(n)),
-                    node_guid: self.node_guid,
-                    lid: u16::from(n) + 1,
-                    sm_lid: 1,
-                    state: PortState::Active,
-                    link_layer: LinkLayer::Infiniband,
-                    pkeys: t.iter().map(|v| PKeyValue(*v)).collect(),
-                    fabric_port: false,
-                }
+            // Port numbers are 1-255; the simulation never has more ports.
+            .zip(1..=u8::MAX)
+            .map(|(t, n)| PortInfo {
+                device: "sim0".to_owned(),
+                port_number: n,
+                port_guid: Guid(self.node_guid.0 + u64::from(n)),
+                node_guid: self.node_guid,
+                lid: u16::from(n) + 1,
+                sm_lid: 1,
+                state: PortState::Active,
+                link_layer: LinkLayer::Infiniband,
+                pkeys: t.iter().map(|v| PKeyValue(*v)).collect(),
+                fabric_port: false,
             })
             .collect();
         Inventory { ports }

@@ -9,7 +9,7 @@ use common::sm_host::AcceptingReloader;
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::mad::node_info::node_type;
 use fabric_agent::mad::{NodeInfo, NodeInfoRepr, NodeRecordRepr};
-use fabric_agent::sm::opensm::ownership::{FabricFacts, PortDirectory};
+use fabric_agent::sm::opensm::ownership::{DirectoryError, FabricFacts, PortDirectory, Refusal};
 use fabric_agent::sm::opensm::{
     InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
 };
@@ -27,13 +27,16 @@ struct FakeFabric {
 
 #[async_trait::async_trait]
 impl PortDirectory for FakeFabric {
-    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String> {
+    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, DirectoryError> {
         self.asked
             .lock()
             .unwrap()
             .push(guids.iter().map(|g| g.0).collect());
         if *self.down.lock().unwrap() {
-            return Err("no answer after 2 attempts".into());
+            return Err(DirectoryError::Busy {
+                device: "/dev/infiniband/umad0".into(),
+                deadline: std::time::Duration::from_millis(300),
+            });
         }
         let ports = self.ports.lock().unwrap();
         let mut records = BTreeMap::new();
@@ -131,7 +134,7 @@ fn setup() -> Setup {
 
 fn set(node: &str, guids: &[u64], key: u32) -> NodeMemberships {
     NodeMemberships {
-        node_id: node.into(),
+        node_id: fabric_agent::domain::NodeId::parse(node).unwrap(),
         port_guids: guids.iter().map(|g| Guid(*g)).collect(),
         keys: [(
             PKey::new(key).unwrap(),
@@ -198,7 +201,7 @@ async fn a_port_moves_only_when_the_fabric_shows_it_in_the_new_node_and_durably(
     s.set_ok("node1", &[0x11], 0x51, 1).await;
     let err = s.set_err("node1", &[0x11, 0x22], 0x51, 2).await;
     assert!(
-        matches!(err, OpenSmError::PortForbidden(ref m) if m.contains("node2")),
+        matches!(err, OpenSmError::PortForbidden(Refusal::OwnedByOther { ref holder, port: Guid(0x22), .. }) if holder == "node2"),
         "{err:?}"
     );
 

@@ -4,9 +4,10 @@
 //! `logged N` (PARSE ERROR lines OpenSM logs while keeping the file) and one `warn KIND` line per
 //! kind of warning the parser must report (and no other kind).
 
+use fabric_agent::domain::is_safe_key_name;
 use fabric_agent::sm::opensm::model::{MemberKind, PortSet};
 use fabric_agent::sm::opensm::parse::parse;
-use fabric_agent::sm::opensm::render::{is_safe_name, render_entry, EntrySpec};
+use fabric_agent::sm::opensm::render::{render_entry, EntrySpec};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -72,7 +73,7 @@ fn accepted_corpus_round_trips_through_the_renderer() {
             render_entry(
                 &mut out,
                 &EntrySpec {
-                    name: e.name.clone().filter(|n| is_safe_name(n)),
+                    name: e.name.clone().filter(|n| is_safe_key_name(n)),
                     pkey: e.pkey,
                     flags: Vec::new(),
                     members: e.members.iter().map(|m| (m.ports, m.kind)).collect(),
@@ -127,7 +128,7 @@ fn mutated_corpus_never_panics_and_round_trips() {
                 render_entry(
                     &mut out,
                     &EntrySpec {
-                        name: e.name.clone().filter(|n| is_safe_name(n)),
+                        name: e.name.clone().filter(|n| is_safe_key_name(n)),
                         pkey: e.pkey,
                         flags: Vec::new(),
                         members: e.members.iter().map(|m| (m.ports, m.kind)).collect(),

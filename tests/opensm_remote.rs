@@ -7,6 +7,7 @@ use common::pki::{self_signed, write, Pki};
 use common::sm_host::opensm_backend;
 use fabric_agent::api::partitions::PartitionsService;
 use fabric_agent::api::sm_client::RemoteSm;
+use fabric_agent::api::sm_v1::sm_host_status;
 use fabric_agent::api::{ClientAllowlist, Guarded, Policy};
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
@@ -90,7 +91,7 @@ async fn sm_host(operator: &str, tls: Option<ServerTlsConfig>) -> SmHost {
 
 fn desired(keys: &[u32]) -> NodeMemberships {
     NodeMemberships {
-        node_id: "node-7".into(),
+        node_id: fabric_agent::domain::NodeId::parse("node-7").unwrap(),
         port_guids: vec![Guid(0x0002_c903_000e_0b72)],
         keys: keys
             .iter()
@@ -150,9 +151,12 @@ async fn refusals_and_unreachable_hosts() {
     let host = sm_host("storage=0x0100 : ALL=full;\n", None).await;
     let sm = host.plaintext_client();
     let err = sm.apply(&desired(&[0x0100]), 3).await.unwrap_err();
+    assert!(matches!(&err, SmError::Refused(_)), "{err:?}");
+    let status = sm_host_status(&err).expect("the SM host's status");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(
-        matches!(&err, SmError::Refused(m) if m.contains("0x0100")),
-        "{err:?}"
+        status.message().contains("0x0100"),
+        "names the key: {status:?}"
     );
 
     let addr = host.addr;

@@ -76,7 +76,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 fn desired() -> NodeMemberships {
     NodeMemberships {
-        node_id: "node-a".into(),
+        node_id: fabric_agent::domain::NodeId::parse("node-a").unwrap(),
         port_guids: vec![Guid(G1)],
         keys: [(
             PKey::new(0x0a12).unwrap(),

@@ -87,7 +87,7 @@ pub fn backend(
 /// A node's desired set: its one port in `key` (none when `key` is None).
 pub fn set_of(node: &str, guid: u64, key: Option<PKey>) -> NodeMemberships {
     NodeMemberships {
-        node_id: node.to_owned(),
+        node_id: fabric_agent::domain::NodeId::parse(node).unwrap(),
         port_guids: vec![Guid(guid)],
         keys: key
             .map(|k| {

@@ -22,7 +22,8 @@ pub use status::{NodeView, SmStatus};
 pub use watch::{EventStream, WatchFrom, MAX_BATCH as MAX_WATCH_BATCH};
 
 use crate::domain::{
-    ApplyLedger, Attachment, AttachmentState, Event, EventKind, FabricName, Inventory, PortSelector,
+    ApplyLedger, Attachment, AttachmentState, Event, EventKind, FabricName, Inventory, NodeId,
+    PortSelector,
 };
 use crate::observe::PortObserver;
 use crate::sm::SubnetManager;
@@ -64,7 +65,7 @@ impl ListFilter {
 /// The parts an agent is made of (the daemon's composition root, `crate::daemon`, builds them).
 pub struct AgentParts {
     /// This node's id.
-    pub node_id: String,
+    pub node_id: NodeId,
     /// This node's fabric.
     pub fabric: FabricName,
     /// The durable store.
@@ -295,7 +296,7 @@ impl Agent {
         let status = self.status();
         let parts = &self.shared.parts;
         Ok(NodeView {
-            node_id: parts.node_id.clone(),
+            node_id: parts.node_id.to_string(),
             fabric: parts.fabric.as_str().to_owned(),
             ports: status
                 .inventory

@@ -19,7 +19,7 @@
 //! - Nothing changes when the inventory is unknown or holds no fabric port.
 
 use crate::domain::{
-    Attachment, AttachmentState, Evidence, Inventory, KeySetting, LinkLayer, Membership,
+    Attachment, AttachmentState, Evidence, Inventory, KeySetting, LinkLayer, Membership, NodeId,
     NodeMemberships, PKey, PKeyValue, PortInfo, PortReading,
 };
 use std::collections::BTreeMap;
@@ -225,12 +225,12 @@ pub fn full_default_ports(inventory: &Inventory) -> Vec<String> {
 
 /// The node's desired memberships: every key an attachment in a key-wanting state asks for.
 pub fn desired(
-    node_id: &str,
+    node_id: &NodeId,
     port_guids: Vec<crate::domain::Guid>,
     attachments: &[Attachment],
 ) -> NodeMemberships {
     let mut set = NodeMemberships {
-        node_id: node_id.to_owned(),
+        node_id: node_id.clone(),
         port_guids,
         keys: Default::default(),
     };

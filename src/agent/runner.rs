@@ -16,7 +16,7 @@ use crate::domain::{
     Attachment, AttachmentState, ConditionKind, EventKind, Guid, Inventory, NodeMemberships, PKey,
     PKeyValue,
 };
-use crate::sm::SmError;
+use crate::sm::{SmError, SmFailure};
 use crate::store::Batch;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
@@ -92,7 +92,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         backoff: Duration::from_millis(cfg.backoff_initial_ms),
         failures: 0,
         stale_retries: 0,
-        resync_at: Instant::now() + resync_delay(&agent_node_id, 0, &cfg),
+        resync_at: Instant::now() + resync_delay(agent_node_id.as_str(), 0, &cfg),
         resync_round: 0,
         sm_error: None,
         prev_inventory,
@@ -144,8 +144,8 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         }
         if Instant::now() >= l.resync_at {
             l.resync_round += 1;
-            l.resync_at =
-                Instant::now() + resync_delay(&l.agent.shared.parts.node_id, l.resync_round, &cfg);
+            l.resync_at = Instant::now()
+                + resync_delay(l.agent.shared.parts.node_id.as_str(), l.resync_round, &cfg);
             l.force_apply = true;
             l.prune_released().await;
         } else if prune_at.is_some_and(|t| Instant::now() >= t) {
@@ -307,9 +307,7 @@ impl Loop {
         let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, generation)).await
         {
             Ok(r) => r,
-            Err(_) => Err(SmError::Unreachable(format!(
-                "apply timed out after {APPLY_TIMEOUT:?}; its keys stay in doubt"
-            ))),
+            Err(_) => Err(SmError::Unreachable(SmFailure::TimedOut(APPLY_TIMEOUT))),
         };
         self.agent.set_applying(false);
         let outcome = match &result {
@@ -365,7 +363,7 @@ impl Loop {
                     Duration::from_millis(cfg.backoff_max_ms)
                 };
                 self.failures += 1;
-                let jitter = jitter(&self.agent.shared.parts.node_id, self.failures);
+                let jitter = jitter(self.agent.shared.parts.node_id.as_str(), self.failures);
                 self.retry_at = Some(Instant::now() + delay.mul_f64(jitter));
                 self.backoff = (self.backoff * 2).min(Duration::from_millis(cfg.backoff_max_ms));
                 tracing::warn!(error = %e, generation, retry_in = ?delay, "apply failed");
@@ -688,7 +686,10 @@ mod tests {
         assert!(delays.iter().all(|d| (270.0..=330.0).contains(d)));
         let mut buckets = [0usize; 10];
         for d in &delays {
-            buckets[(((d - 270.0) / 6.0) as usize).min(9)] += 1;
+            let bucket = (1..10u32)
+                .take_while(|b| *d >= 270.0 + 6.0 * f64::from(*b))
+                .count();
+            buckets[bucket] += 1;
         }
         // Uniform: about 200 per bucket; none empty, none holding a crowd.
         assert!(

@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 
-/// A stream of events as [`start`] returns it. Live events are shared by every open stream.
+/// A stream of events as `start` returns it. Live events are shared by every open stream.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<Arc<Event>, AgentError>> + Send>>;
 
 /// The largest replay batch accepted.

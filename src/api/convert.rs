@@ -272,7 +272,8 @@ pub fn state_to_pb(s: AttachmentState) -> pb::AttachmentState {
 fn timestamp(unix_ns: i64) -> prost_types::Timestamp {
     prost_types::Timestamp {
         seconds: unix_ns.div_euclid(1_000_000_000),
-        nanos: unix_ns.rem_euclid(1_000_000_000) as i32,
+        // rem_euclid keeps it in 0..1e9, which always fits.
+        nanos: i32::try_from(unix_ns.rem_euclid(1_000_000_000)).unwrap_or(0),
     }
 }
 
@@ -337,7 +338,8 @@ pub fn port_to_pb(p: &PortInfo) -> pb::Port {
         } as i32,
         fabric_port: p.fabric_port,
         pkeys: p.entries().map(|k| u32::from(k.0)).collect(),
-        pkey_table_size: p.pkeys.len() as u32,
+        // A table holds at most 65536 entries: saturating never happens.
+        pkey_table_size: u32::try_from(p.pkeys.len()).unwrap_or(u32::MAX),
     }
 }
 
@@ -396,7 +398,8 @@ pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
         log_epoch: n.log_epoch,
         first_event_seq: n.first_event_seq,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-        pkey_capacity: n.pkey_capacity as u32,
+        // Saturates: a capacity beyond u32 is as good as unlimited.
+        pkey_capacity: u32::try_from(n.pkey_capacity).unwrap_or(u32::MAX),
         conditions: n.conditions.iter().map(condition_to_pb).collect(),
     }
 }

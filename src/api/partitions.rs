@@ -9,9 +9,13 @@
 //! that reaches the service without a gate is refused.
 
 use super::audit;
+use super::auth::ClientId;
 use super::caller::Caller;
 use super::node_identity::NodeMapping;
-use super::sm_v1::{memberships_from_proto, node_id, status_of, stored_to_proto};
+use super::sm_v1::{
+    memberships_from_proto, node_id, status_of, status_of_refusal, stored_to_proto,
+};
+use crate::domain::NodeId;
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_server::{Partitions, PartitionsServer};
 use crate::sm::OpenSmBackend;
@@ -53,10 +57,11 @@ impl PartitionsService {
         m: pb::NodeMemberships,
     ) -> Result<Response<pb::SetNodeMembershipsResponse>, Status> {
         if m.node_id.is_empty() && m.keys.is_empty() && m.port_guids.is_empty() {
-            return Err(Status::invalid_argument("memberships missing"));
+            return Err(status_of_refusal(&PartitionsRefusal::MembershipsMissing));
         }
         let (desired, generation) = memberships_from_proto(m)?;
-        authorise(caller, &self.nodes, &desired.node_id, true)?;
+        authorise(caller, &self.nodes, &desired.node_id, Access::Write)
+            .map_err(|r| status_of_refusal(&r))?;
         match self.backend.set_node(desired, generation).await {
             Ok(out) => Ok(Response::new(pb::SetNodeMembershipsResponse {
                 sweeps: out.sweeps,
@@ -69,24 +74,64 @@ impl PartitionsService {
     }
 }
 
-/// Whether `caller` may write (or read) `node`'s memberships: PERMISSION_DENIED otherwise.
+/// What a call does with a node's memberships.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads them.
+    Read,
+    /// Replaces them.
+    Write,
+}
+
+/// Why the Partitions service refuses a call before the backend sees it. Mapped to a status
+/// in [`super::sm_v1`], the one place for `fabric.sm.v1`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PartitionsRefusal {
+    /// The request carries no memberships at all.
+    #[error("memberships missing")]
+    MembershipsMissing,
+    /// No caller was verified: the service runs without the call gate.
+    #[error("no verified caller: Partitions is only served behind the call gate")]
+    NoVerifiedCaller,
+    /// A local caller without privilege tried to write.
+    #[error("unix uid={uid} may not write node memberships")]
+    UidMayNotWrite {
+        /// The caller's uid.
+        uid: u32,
+    },
+    /// A certificate that does not map to the node (and, for a read, is not an operator's).
+    #[error(
+        "{client} may not {verb} the memberships of node \"{node}\": its certificate does not map to that node{hint}",
+        verb = if *.access == Access::Write { "write" } else { "read" },
+        hint = if *.access == Access::Write { "" } else { " (only operator_clients may read every node)" }
+    )]
+    NodeNotMapped {
+        /// The certificate name that matched the allowlist.
+        client: ClientId,
+        /// The node asked about.
+        node: NodeId,
+        /// What the call does.
+        access: Access,
+    },
+    /// The SM host stores no memberships for the node.
+    #[error("no memberships stored for node \"{0}\"")]
+    NotStored(NodeId),
+}
+
+/// Whether `caller` may write (or read) `node`'s memberships.
 pub fn authorise(
     caller: Option<&Caller>,
     nodes: &NodeMapping,
-    node: &str,
-    write: bool,
-) -> Result<(), Status> {
-    let verb = if write { "write" } else { "read" };
+    node: &NodeId,
+    access: Access,
+) -> Result<(), PartitionsRefusal> {
+    let write = access == Access::Write;
     match caller {
-        None => Err(Status::permission_denied(
-            "no verified caller: Partitions is only served behind the call gate",
-        )),
+        None => Err(PartitionsRefusal::NoVerifiedCaller),
         Some(Caller::InsecureTest) => Ok(()),
         Some(Caller::Local { privileged, uid }) => {
             if write && !privileged {
-                Err(Status::permission_denied(format!(
-                    "unix uid={uid} may not write node memberships"
-                )))
+                Err(PartitionsRefusal::UidMayNotWrite { uid: *uid })
             } else {
                 Ok(())
             }
@@ -96,18 +141,14 @@ pub fn authorise(
             matched,
             operator,
         }) => {
-            if nodes.maps(identity, node) || (!write && *operator) {
+            if nodes.maps(identity, node.as_str()) || (!write && *operator) {
                 Ok(())
             } else {
-                Err(Status::permission_denied(format!(
-                    "{matched} may not {verb} the memberships of node {node:?}: its certificate \
-                     does not map to that node{}",
-                    if write || *operator {
-                        ""
-                    } else {
-                        " (only operator_clients may read every node)"
-                    }
-                )))
+                Err(PartitionsRefusal::NodeNotMapped {
+                    client: matched.clone(),
+                    node: node.clone(),
+                    access,
+                })
             }
         }
     }
@@ -160,12 +201,12 @@ impl Partitions for PartitionsService {
         request: Request<pb::GetNodeMembershipsRequest>,
     ) -> Result<Response<pb::NodeMemberships>, Status> {
         let caller = Caller::of(&request).cloned();
-        let id = request.into_inner().node_id;
-        node_id(&id)?;
-        authorise(caller.as_ref(), &self.nodes, &id, false)?;
+        let id = node_id(&request.into_inner().node_id)?;
+        authorise(caller.as_ref(), &self.nodes, &id, Access::Read)
+            .map_err(|r| status_of_refusal(&r))?;
         self.backend
-            .node(&id)
+            .node(id.as_str())
             .map(|n| Response::new(stored_to_proto(&n)))
-            .ok_or_else(|| Status::not_found(format!("no memberships stored for node {id:?}")))
+            .ok_or_else(|| status_of_refusal(&PartitionsRefusal::NotStored(id)))
     }
 }

@@ -2,10 +2,12 @@
 //! both ways, used by the SM host's service ([`super::partitions`]) and by the nodes' remote
 //! backend ([`super::sm_client`]). Validation is the domain's ([`NodeMemberships::validate`]).
 
+use super::partitions::PartitionsRefusal;
 use crate::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
 use crate::proto::sm as pb;
-use crate::sm::{OpenSmError, SmError, StoredNode};
+use crate::sm::{OpenSmError, SmError, SmFailure, StoredNode};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tonic::{Code, Status};
 
 /// Type URL of the [`pb::StaleGeneration`] detail of an ABORTED status.
@@ -16,7 +18,7 @@ pub const STORED_GENERATION_TRAILER: &str = "fabric-stored-generation";
 /// A node's desired set as `fabric.sm.v1` sends it.
 pub fn memberships_to_proto(desired: &NodeMemberships, generation: u64) -> pb::NodeMemberships {
     pb::NodeMemberships {
-        node_id: desired.node_id.clone(),
+        node_id: desired.node_id.to_string(),
         port_guids: desired.port_guids.iter().map(ToString::to_string).collect(),
         keys: desired
             .keys
@@ -39,7 +41,7 @@ pub fn stored_to_proto(n: &StoredNode) -> pb::NodeMemberships {
 /// Converts a request's memberships to the domain, with the node's generation; a set that
 /// fails [`NodeMemberships::validate`] is INVALID_ARGUMENT.
 pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships, u64), Status> {
-    node_id(&m.node_id)?;
+    let node_id = node_id(&m.node_id)?;
     let port_guids = m
         .port_guids
         .iter()
@@ -61,7 +63,7 @@ pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships
         }
     }
     let desired = NodeMemberships {
-        node_id: m.node_id,
+        node_id,
         port_guids,
         keys,
     };
@@ -95,22 +97,38 @@ fn parse_guid(s: &str) -> Result<Guid, Status> {
 pub fn status_of(e: &OpenSmError) -> Status {
     let msg = e.to_string();
     match e {
-        OpenSmError::Invalid(_) | OpenSmError::OperatorKey(_) => Status::invalid_argument(msg),
+        OpenSmError::Invalid(_)
+        | OpenSmError::PortHeld { .. }
+        | OpenSmError::OperatorKey { .. } => Status::invalid_argument(msg),
         OpenSmError::TableFull(_) => Status::resource_exhausted(msg),
         OpenSmError::StaleGeneration { sent, stored } => {
             stale_generation_status(*sent, *stored, msg)
         }
         OpenSmError::OperatorFile(_)
+        | OpenSmError::Inventory(_)
         | OpenSmError::Rejected(_)
         | OpenSmError::InsecureDefault(_)
         | OpenSmError::PortNotShown(_) => Status::failed_precondition(msg),
         OpenSmError::PortForbidden(_) => Status::permission_denied(msg),
-        OpenSmError::Unreachable(_)
+        OpenSmError::Unreachable { .. }
         | OpenSmError::Unconfirmed(_)
         | OpenSmError::Io(_)
         | OpenSmError::Store(_)
+        | OpenSmError::Task { .. }
         | OpenSmError::FabricUnreachable(_) => Status::unavailable(msg),
         OpenSmError::Composed(_) => Status::internal(msg),
+    }
+}
+
+/// The status the SM host answers a call it refuses before the backend sees it with.
+pub fn status_of_refusal(r: &PartitionsRefusal) -> Status {
+    let msg = r.to_string();
+    match r {
+        PartitionsRefusal::MembershipsMissing => Status::invalid_argument(msg),
+        PartitionsRefusal::NoVerifiedCaller
+        | PartitionsRefusal::UidMayNotWrite { .. }
+        | PartitionsRefusal::NodeNotMapped { .. } => Status::permission_denied(msg),
+        PartitionsRefusal::NotStored(_) => Status::not_found(msg),
     }
 }
 
@@ -177,21 +195,41 @@ pub fn sm_error_of(status: &Status, sent: u64) -> SmError {
     if let Some(stored) = stored_generation(status) {
         return SmError::StaleGeneration { sent, stored };
     }
-    let msg = format!("SM host: {}", status.message());
+    let failure = SmFailure::SmHost {
+        message: status.message().to_owned(),
+        source: Arc::new(status.clone()),
+    };
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
-            SmError::Unreachable(msg)
+            SmError::Unreachable(failure)
         }
         // tonic reports transport failures (refused connection, reset) as Unknown with a
         // transport source.
-        Code::Unknown if std::error::Error::source(status).is_some() => SmError::Unreachable(msg),
-        _ => SmError::Refused(msg),
+        Code::Unknown if std::error::Error::source(status).is_some() => {
+            SmError::Unreachable(failure)
+        }
+        _ => SmError::Refused(failure),
+    }
+}
+
+/// The SM host's status behind an apply error of the remote backend, if it is one.
+pub fn sm_host_status(e: &SmError) -> Option<&Status> {
+    match e {
+        SmError::Unreachable(SmFailure::SmHost { source, .. })
+        | SmError::Refused(SmFailure::SmHost { source, .. }) => source.downcast_ref::<Status>(),
+        _ => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sm::opensm::ownership::{
+        DirectoryError, ForbiddenPort, InventoryError, InventoryFileError, Refusal,
+    };
+    use crate::sm::opensm::region::{OperatorFileProblem, RegionError};
+    use crate::sm::opensm::reload::Unsignalled;
+    use crate::sm::opensm::TableOverflow;
 
     fn request(keys: Vec<pb::KeyMembership>, guids: Vec<&str>) -> pb::NodeMemberships {
         pb::NodeMemberships {
@@ -252,31 +290,95 @@ mod tests {
     #[test]
     fn errors_map_to_codes() {
         for (e, code) in [
-            (OpenSmError::TableFull("x".into()), Code::ResourceExhausted),
             (
-                OpenSmError::OperatorFile("x".into()),
+                OpenSmError::TableFull(TableOverflow {
+                    port: None,
+                    needed: 5,
+                    capacity: 4,
+                }),
+                Code::ResourceExhausted,
+            ),
+            (
+                OpenSmError::PortHeld {
+                    port: crate::domain::Guid(0x10),
+                    owner: NodeId::parse("a").unwrap(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                OpenSmError::Task {
+                    what: "commit",
+                    source: None,
+                },
+                Code::Unavailable,
+            ),
+            (
+                OpenSmError::OperatorFile(RegionError::OperatorFile(
+                    OperatorFileProblem::OpenEntryAtEnd,
+                )),
                 Code::FailedPrecondition,
             ),
-            (OpenSmError::Unreachable("x".into()), Code::Unavailable),
+            (
+                OpenSmError::Unreachable {
+                    written_keys: Some(1),
+                    source: Unsignalled::NoPid,
+                },
+                Code::Unavailable,
+            ),
             (OpenSmError::Unconfirmed("x".into()), Code::Unavailable),
             (
                 OpenSmError::InsecureDefault("x".into()),
                 Code::FailedPrecondition,
             ),
             (
-                OpenSmError::PortForbidden("x".into()),
+                OpenSmError::PortForbidden(Refusal::Forbidden {
+                    port: crate::domain::Guid(1),
+                    why: ForbiddenPort::SmHost,
+                }),
                 Code::PermissionDenied,
             ),
             (
-                OpenSmError::PortNotShown("x".into()),
+                OpenSmError::PortNotShown(Refusal::NotAsked {
+                    port: crate::domain::Guid(1),
+                }),
                 Code::FailedPrecondition,
             ),
             (
-                OpenSmError::FabricUnreachable("x".into()),
+                OpenSmError::FabricUnreachable(DirectoryError::Busy {
+                    device: "/dev/infiniband/umad0".into(),
+                    deadline: std::time::Duration::from_secs(1),
+                }),
                 Code::Unavailable,
+            ),
+            (
+                OpenSmError::Inventory(InventoryFileError {
+                    path: "/etc/inventory.toml".into(),
+                    source: InventoryError::Twice {
+                        guid: crate::domain::Guid(5),
+                        first: "a".into(),
+                        second: "b".into(),
+                    },
+                }),
+                Code::FailedPrecondition,
             ),
         ] {
             assert_eq!(status_of(&e).code(), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn refusals_map_to_codes() {
+        let node = NodeId::parse("node-1").unwrap();
+        for (r, code) in [
+            (PartitionsRefusal::MembershipsMissing, Code::InvalidArgument),
+            (PartitionsRefusal::NoVerifiedCaller, Code::PermissionDenied),
+            (
+                PartitionsRefusal::UidMayNotWrite { uid: 1000 },
+                Code::PermissionDenied,
+            ),
+            (PartitionsRefusal::NotStored(node), Code::NotFound),
+        ] {
+            assert_eq!(status_of_refusal(&r).code(), code, "{r:?}");
         }
     }
 
@@ -285,23 +387,29 @@ mod tests {
         assert!(sm_error_of(&Status::unavailable("x"), 1).is_transient());
         assert!(sm_error_of(&Status::deadline_exceeded("x"), 1).is_transient());
         let refused = sm_error_of(&Status::resource_exhausted("table full"), 1);
-        assert_eq!(refused, SmError::Refused("SM host: table full".into()));
-        // An ABORTED without the generation detail stays a transient Unreachable.
+        assert!(matches!(refused, SmError::Refused(_)), "{refused:?}");
         assert_eq!(
-            sm_error_of(&Status::aborted("conflict"), 3),
-            SmError::Unreachable("SM host: conflict".into())
+            sm_host_status(&refused).map(Status::code),
+            Some(Code::ResourceExhausted)
+        );
+        // An ABORTED without the generation detail stays a transient Unreachable.
+        let conflict = sm_error_of(&Status::aborted("conflict"), 3);
+        assert!(matches!(conflict, SmError::Unreachable(_)), "{conflict:?}");
+        assert_eq!(
+            sm_host_status(&conflict).map(Status::code),
+            Some(Code::Aborted)
         );
         // The trailer alone is enough.
         let mut md = tonic::metadata::MetadataMap::new();
         md.insert(STORED_GENERATION_TRAILER, "12".parse().unwrap());
         let s = Status::with_metadata(Code::Aborted, "stale", md);
-        assert_eq!(
+        assert!(matches!(
             sm_error_of(&s, 7),
             SmError::StaleGeneration {
                 sent: 7,
                 stored: 12
             }
-        );
+        ));
     }
 
     #[test]
@@ -316,9 +424,9 @@ mod tests {
         assert_eq!((stale.stored, stale.sent), (9, 4));
         assert_eq!(s.metadata().get(STORED_GENERATION_TRAILER).unwrap(), "9");
         // The node's side reads it back as the typed error.
-        assert_eq!(
+        assert!(matches!(
             sm_error_of(&s, 4),
             SmError::StaleGeneration { sent: 4, stored: 9 }
-        );
+        ));
     }
 }

@@ -157,7 +157,7 @@ impl ConfigFile {
         self.listen.validate()?;
         self.observer
             .validate()
-            .map_err(|r| invalid("observer.slow_poll_ms", r))?;
+            .map_err(rejected_by("observer.slow_poll_ms"))?;
         self.reconciler
             .validate()
             .map_err(|e| rejected_by(e.key())(e))?;

@@ -74,7 +74,7 @@ impl SubnetManagerConfig {
                 .map_err(rejected_by("subnet_manager.remote")),
             Backend::Ufm => section(&self.ufm, "subnet_manager.ufm", "ufm")?
                 .validate()
-                .map_err(|r| invalid("subnet_manager.ufm", r.to_string())),
+                .map_err(rejected_by("subnet_manager.ufm")),
         }
     }
 }

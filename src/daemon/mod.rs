@@ -39,7 +39,7 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
     let built = backend::build(config, &config.node_id, &store)?;
     let (observer, observer_reason) = observer::build(config, built.sim)?;
     let agent = Agent::new(AgentParts {
-        node_id: config.node_id.as_str().to_owned(),
+        node_id: config.node_id.clone(),
         fabric: config.fabric.clone(),
         store: store.clone(),
         sm: built.sm,

@@ -53,7 +53,7 @@ impl NodeMembershipStore for StoredSmNodes {
                     memberships: n.memberships.clone(),
                     generation: n.generation,
                 })?;
-                Ok((n.memberships.node_id.clone(), bytes))
+                Ok((n.memberships.node_id.to_string(), bytes))
             })
             .collect::<Result<Vec<_>, serde_json::Error>>()
             .map_err(|e| NodeStoreError(e.to_string()))?;

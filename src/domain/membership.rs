@@ -1,4 +1,4 @@
-use super::{Guid, PKey};
+use super::{Guid, NodeId, PKey};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,10 +37,10 @@ pub struct KeySetting {
 
 /// The complete set of keys one node wants on its fabric ports. Backends receive the whole set
 /// every time (declarative), so a retry is always safe.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeMemberships {
-    /// The node's id.
-    pub node_id: String,
+    /// The node's id (validated where it is parsed, stored as its text).
+    pub node_id: NodeId,
     /// Port GUIDs of the node's fabric ports.
     pub port_guids: Vec<Guid>,
     /// Every tenant key the ports should hold.

@@ -11,9 +11,32 @@ const NODE_ID_RULES: LabelRules = LabelRules {
     punctuation: "._:-",
 };
 
-/// A node's id: 1-128 characters `[A-Za-z0-9._:-]`, starting with a letter or digit.
+/// A node's id: 1-128 characters `[A-Za-z0-9._:-]`, starting with a letter or digit. Stored
+/// and sent as its text; deserializing validates it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct NodeId(String);
+
+impl TryFrom<String> for NodeId {
+    type Error = DomainError;
+
+    fn try_from(s: String) -> Result<Self, DomainError> {
+        validate_label("node_id", &s, NODE_ID_RULES)?;
+        Ok(NodeId(s))
+    }
+}
+
+impl From<NodeId> for String {
+    fn from(id: NodeId) -> String {
+        id.0
+    }
+}
+
+impl std::borrow::Borrow<str> for NodeId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
 
 impl NodeId {
     /// Validates a node id.
@@ -34,7 +57,8 @@ impl fmt::Display for NodeId {
     }
 }
 
-/// Longest key name (an OpenSM partition name, a UFM partition label).
+/// Longest key name (an OpenSM partition name, a UFM partition label): OpenSM keeps partition
+/// names in a 32-byte buffer, so 31 characters survive.
 pub const KEY_NAME_MAX: usize = 31;
 
 /// Whether `name` may name a key: 1-31 characters `[A-Za-z0-9_.-]`.
@@ -49,10 +73,9 @@ impl NodeMemberships {
     /// Most port GUIDs one node may list.
     pub const MAX_PORTS: usize = 64;
 
-    /// Checks the set on its own: the node id, at most [`NodeMemberships::MAX_PORTS`] distinct
+    /// Checks the set on its own (the node id is valid by construction): at most [`NodeMemberships::MAX_PORTS`] distinct
     /// non-zero port GUIDs, and key names (empty, or [`is_safe_key_name`]).
     pub fn validate(&self) -> Result<(), DomainError> {
-        NodeId::parse(&self.node_id)?;
         if self.port_guids.len() > Self::MAX_PORTS {
             return Err(DomainError::invalid(
                 "port_guids",
@@ -100,7 +123,7 @@ mod tests {
 
     fn set(guids: &[u64], name: &str) -> NodeMemberships {
         NodeMemberships {
-            node_id: "node-1".into(),
+            node_id: NodeId::parse("node-1").unwrap(),
             port_guids: guids.iter().map(|g| Guid(*g)).collect(),
             keys: [(
                 PKey::new(0x10).unwrap(),
@@ -148,8 +171,20 @@ mod tests {
         assert_eq!(field(set(&many, "")), "port_guids");
         assert_eq!(field(set(&[1], "bad name")), "keys");
         assert_eq!(field(set(&[1], &"n".repeat(32))), "keys");
-        let mut bad_id = set(&[1], "");
-        bad_id.node_id = "node 1".into();
-        assert_eq!(field(bad_id), "node_id");
+    }
+
+    #[test]
+    fn stored_sets_keep_their_json_and_ids_are_checked_on_load() {
+        let m = set(&[1], "storage");
+        let json = serde_json::to_value(&m).unwrap();
+        // The node id is stored as plain text, as before it was typed.
+        assert_eq!(json["node_id"], serde_json::json!("node-1"));
+        assert_eq!(
+            serde_json::from_value::<NodeMemberships>(json.clone()).unwrap(),
+            m
+        );
+        let mut bad = json;
+        bad["node_id"] = serde_json::json!("node 1");
+        assert!(serde_json::from_value::<NodeMemberships>(bad).is_err());
     }
 }

@@ -30,7 +30,9 @@ impl PKey {
                 format!("{b:#06x} is above 0x7fff: give the 15-bit base, membership is a separate field"),
             )),
             // The match arms above exclude every value that does not fit 15 bits.
-            b => Ok(PKey(b as u16)),
+            b => u16::try_from(b).map(PKey).map_err(|_| {
+                DomainError::invalid("pkey", format!("{b:#06x} is above 0x7fff"))
+            }),
         }
     }
 

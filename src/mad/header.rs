@@ -193,6 +193,12 @@ impl MadHeaderRepr {
     }
 }
 
+/// Whether two transaction ids agree in their low 32 bits: the part the requester owns (the
+/// high half may be rewritten on the way).
+pub fn same_transaction(a: u64, b: u64) -> bool {
+    (a ^ b) & 0xffff_ffff == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -244,8 +244,7 @@ impl NodeInfoRepr {
 
     /// Number of 32-entry P_KeyTable blocks that hold `partition_cap` entries.
     pub fn pkey_blocks(&self) -> u16 {
-        self.partition_cap
-            .div_ceil(super::pkey_table::ENTRIES_PER_BLOCK as u16)
+        super::pkey_table::blocks_for(self.partition_cap)
     }
 }
 

@@ -30,7 +30,8 @@ pub const DESCRIPTION_LEN: usize = 64;
 
 /// The attribute offset (in 8-byte words) of NodeRecords in a GetTable response: the record
 /// rounded up to a multiple of 8 bytes.
-pub const ATTRIBUTE_OFFSET: u16 = field::END.div_ceil(8) as u16;
+pub const ATTRIBUTE_OFFSET: u16 = 14;
+const _: () = assert!(ATTRIBUTE_OFFSET as usize == field::END.div_ceil(8));
 
 /// Component mask bits of a NodeRecord query (one per field, in record order; NodeInfo's
 /// fields each have their own bit).

@@ -374,7 +374,10 @@ mod tests {
         assert_eq!(record.slid, golden::LID);
         assert_eq!(record.dlid, golden::PEER_LID);
         assert_eq!(record.pkey, golden::SHARED_PKEY);
-        assert_eq!(record.sgid as u64, golden::PORT_GUID);
+        assert_eq!(
+            record.sgid & u128::from(u64::MAX),
+            u128::from(golden::PORT_GUID)
+        );
         assert_eq!((record.sgid >> 64) as u64, 0xfe80_0000_0000_0000);
         let mut buf = [0xa5u8; field::END];
         record.emit(&mut PathRecord::new_unchecked(&mut buf[..]));

@@ -5,7 +5,13 @@
 use super::{be, check_len, MadError};
 
 /// Entries in one block.
-pub const ENTRIES_PER_BLOCK: usize = 32;
+pub const ENTRIES_PER_BLOCK: usize = ENTRIES_PER_BLOCK_U16 as usize;
+const ENTRIES_PER_BLOCK_U16: u16 = 32;
+
+/// How many blocks hold `entries` P_Keys.
+pub fn blocks_for(entries: u16) -> u16 {
+    entries.div_ceil(ENTRIES_PER_BLOCK_U16)
+}
 
 /// Byte ranges of a P_KeyTable block.
 pub mod field {

@@ -304,7 +304,7 @@ impl SmpRepr {
     /// (the high half may be rewritten on the way), same attribute and modifier.
     pub fn answers(&self, request: &SmpRepr) -> bool {
         self.method & super::method::RESPONSE_BIT != 0
-            && self.transaction_id as u32 == request.transaction_id as u32
+            && super::header::same_transaction(self.transaction_id, request.transaction_id)
             && self.attribute_id == request.attribute_id
             && self.attribute_modifier == request.attribute_modifier
     }

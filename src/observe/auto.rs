@@ -5,7 +5,7 @@
 
 use super::sysfs::{self, SysfsObserver};
 use super::verbs::VerbsObserver;
-use super::{ObserveError, PortObserver};
+use super::{ObserveError, PortObserver, ReadError};
 use super::{ObserverConfig, ObserverKind};
 
 /// A selected observer and why it was chosen.
@@ -35,8 +35,8 @@ pub fn select(config: &ObserverConfig, kind: ObserverKind) -> Result<Selection, 
             }
             Err(why) => {
                 let why = match why {
-                    ObserveError::NoDevices(why) => why,
-                    ObserveError::Io(why) => format!("libibverbs failed: {why}"),
+                    ObserveError::NoDevices(why) => why.to_string(),
+                    ObserveError::Read(why) => format!("libibverbs failed: {why}"),
                 };
                 let root = &config.sysfs_root;
                 let found = match sysfs::device_names(root) {
@@ -48,9 +48,7 @@ pub fn select(config: &ObserverConfig, kind: ObserverKind) -> Result<Selection, 
                 (sysfs_observer(config), reason)
             }
         }),
-        ObserverKind::Embedded | ObserverKind::Smp => Err(ObserveError::Io(format!(
-            "observer kind {kind:?} is built by the agent, not by observe::auto::select"
-        ))),
+        ObserverKind::Embedded | ObserverKind::Smp => Err(ReadError::NotSelectable(kind).into()),
     }
 }
 

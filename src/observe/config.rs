@@ -94,12 +94,28 @@ pub enum ObserverKind {
 
 impl ObserverConfig {
     /// Checks the poll intervals: both > 0 and `slow_poll_ms >= fast_poll_ms`.
-    pub fn validate(&self) -> Result<(), &'static str> {
+    pub fn validate(&self) -> Result<(), ObserverConfigError> {
         if self.fast_poll_ms == 0 || self.slow_poll_ms < self.fast_poll_ms {
-            return Err("poll intervals must be > 0 and slow_poll_ms >= fast_poll_ms");
+            return Err(ObserverConfigError::PollIntervals {
+                fast_poll_ms: self.fast_poll_ms,
+                slow_poll_ms: self.slow_poll_ms,
+            });
         }
         Ok(())
     }
+}
+
+/// Why `[observer]` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObserverConfigError {
+    /// A poll interval is 0, or the slow one is shorter than the fast one.
+    #[error("poll intervals must be > 0 and slow_poll_ms >= fast_poll_ms (got fast_poll_ms {fast_poll_ms}, slow_poll_ms {slow_poll_ms})")]
+    PollIntervals {
+        /// The configured fast interval.
+        fast_poll_ms: u64,
+        /// The configured slow interval.
+        slow_poll_ms: u64,
+    },
 }
 
 #[cfg(test)]
@@ -115,7 +131,13 @@ mod tests {
                 slow_poll_ms,
                 ..ObserverConfig::default()
             };
-            assert!(c.validate().is_err(), "{fast_poll_ms} {slow_poll_ms}");
+            assert_eq!(
+                c.validate(),
+                Err(ObserverConfigError::PollIntervals {
+                    fast_poll_ms,
+                    slow_poll_ms
+                })
+            );
         }
     }
 }

@@ -4,25 +4,26 @@ pub mod auto;
 pub mod combined;
 mod config;
 pub mod embedded;
+mod error;
 pub mod smp;
 pub mod sysfs;
 pub mod verbs;
 
-pub use config::{ObserverConfig, ObserverKind};
+pub use config::{ObserverConfig, ObserverConfigError, ObserverKind};
+pub(crate) use error::read_blocking;
+pub use error::{NoDevices, ObserveError, ReadError};
 
 use crate::domain::Inventory;
 use async_trait::async_trait;
-use thiserror::Error;
+use std::time::Duration;
 
-/// Why the ports could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ObserveError {
-    /// No RDMA device was found.
-    #[error("no RDMA devices: {0}")]
-    NoDevices(String),
-    /// Reading a device or file failed.
-    #[error("reading ports failed: {0}")]
-    Io(String),
+/// How long to wait before reading again: `fast` while a transition is awaited.
+pub(crate) fn poll_interval(pending: bool, fast: Duration, slow: Duration) -> Duration {
+    if pending {
+        fast
+    } else {
+        slow
+    }
 }
 
 /// A source of port inventories.

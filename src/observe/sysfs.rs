@@ -8,12 +8,13 @@
 //! "fe80:0000:0000:0000:a088:c203:00f1:2e40" (the port GUID is its low 64 bits), `pkeys/<i>`
 //! "0xffff" with empty slots "0x0000"; the table size is the number of `pkeys` files.
 
-use super::{ObserveError, PortObserver};
+use super::{poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, ReadError};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
 use crate::observe::ObserverConfig;
 use async_trait::async_trait;
 use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Observer that polls a sysfs tree shaped like `/sys/class/infiniband`.
@@ -55,20 +56,13 @@ impl PortObserver for SysfsObserver {
 
     async fn inventory(&self) -> Result<Inventory, ObserveError> {
         let root = self.root.clone();
-        tokio::task::spawn_blocking(move || read_inventory(&root))
-            .await
-            .map_err(|e| ObserveError::Io(format!("sysfs reader task failed: {e}")))?
+        read_blocking("sysfs", move || read_inventory(&root)).await
     }
 
     async fn changed(&self, pending: bool) {
         // sysfs offers no change notification for these attributes (they are computed on
         // read), so this is a plain timer.
-        let interval = if pending {
-            self.fast_poll
-        } else {
-            self.slow_poll
-        };
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(poll_interval(pending, self.fast_poll, self.slow_poll)).await;
     }
 }
 
@@ -78,19 +72,18 @@ pub fn device_names(root: &Path) -> Result<Vec<String>, ObserveError> {
     let entries = match std::fs::read_dir(root) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ObserveError::NoDevices(format!(
-                "{} does not exist (no RDMA device is registered, or the kernel has no RDMA)",
-                root.display()
+            return Err(ObserveError::NoDevices(NoDevices::NoSysfsRoot(
+                root.to_owned(),
             )))
         }
-        Err(e) => return Err(io_error(root, &e)),
+        Err(e) => return Err(io_error(root, e)),
     };
     let mut names = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| io_error(root, &e))?;
+        let entry = entry.map_err(|e| io_error(root, e))?;
         // Real entries are symlinks to the device's directory: follow them.
         let is_dir = std::fs::metadata(entry.path())
-            .map_err(|e| io_error(&entry.path(), &e))?
+            .map_err(|e| io_error(&entry.path(), e))?
             .is_dir();
         if is_dir {
             names.push(entry.file_name().to_string_lossy().into_owned());
@@ -111,11 +104,9 @@ fn read_inventory(root: &Path) -> Result<Inventory, ObserveError> {
         let mut numbers = numbered_entries(&ports_dir)?;
         numbers.sort_unstable();
         for number in numbers {
-            let port_number = u8::try_from(number).map_err(|_| {
-                ObserveError::Io(format!(
-                    "{}: port number {number} is above 255",
-                    ports_dir.display()
-                ))
+            let port_number = u8::try_from(number).map_err(|_| ReadError::PortNumber {
+                dir: ports_dir.clone(),
+                number,
             })?;
             let port_dir = ports_dir.join(number.to_string());
             ports.push(read_port(&device, port_number, node_guid, &port_dir)?);
@@ -140,10 +131,12 @@ fn read_port(
     };
     indexes.sort_unstable();
     if let Some((position, index)) = indexes.iter().enumerate().find(|(p, i)| *p != **i) {
-        return Err(ObserveError::Io(format!(
-            "{}: P_Key table has a gap: entry {position} is missing (found {index})",
-            pkeys_dir.display()
-        )));
+        return Err(ReadError::PKeyGap {
+            dir: pkeys_dir,
+            position,
+            index: *index,
+        }
+        .into());
     }
     let pkeys = indexes
         .iter()
@@ -152,9 +145,8 @@ fn read_port(
     Ok(PortInfo {
         device: device.to_owned(),
         port_number,
-        // GID 0's low 64 bits (the cast keeps exactly those): the port GUID on InfiniBand, the
-        // MAC-derived EUI-64 on RoCE.
-        port_guid: Guid(parse_file(&dir.join("gids/0"), parse_gid)? as u64),
+        // GID 0's low 64 bits: the port GUID on InfiniBand, the MAC-derived EUI-64 on RoCE.
+        port_guid: Guid(interface_id(parse_file(&dir.join("gids/0"), parse_gid)?)),
         node_guid,
         lid: parse_file(&dir.join("lid"), parse_hex_u16)?,
         sm_lid: parse_file(&dir.join("sm_lid"), parse_hex_u16)?,
@@ -167,46 +159,62 @@ fn read_port(
 
 /// Reads one attribute file and parses its first line; errors name the path.
 fn parse_file<T>(path: &Path, parse: fn(&str) -> Result<T, AttrError>) -> Result<T, ObserveError> {
-    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, &e))?;
+    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, e))?;
     let value = text.trim_end_matches('\n');
-    parse(value).map_err(|why| ObserveError::Io(format!("{}: {why}", path.display())))
+    parse(value).map_err(|source| {
+        ReadError::Attr {
+            path: path.to_owned(),
+            source,
+        }
+        .into()
+    })
 }
 
 /// The numeric entries of a directory (`ports/1`, `pkeys/0..127`); anything else is an error.
 fn numbered_entries(dir: &Path) -> Result<Vec<usize>, ObserveError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, &e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, e))?;
     let mut numbers = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| io_error(dir, &e))?;
+        let entry = entry.map_err(|e| io_error(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let number = name.parse::<usize>().map_err(|_| {
-            ObserveError::Io(format!(
-                "{}: unexpected entry {name:?} (only numbered entries belong here)",
-                dir.display()
-            ))
-        })?;
+        let number = name
+            .parse::<usize>()
+            .map_err(|_| ReadError::UnexpectedEntry {
+                dir: dir.to_owned(),
+                name: name.clone(),
+            })?;
         numbers.push(number);
     }
     Ok(numbers)
 }
 
-fn io_error(path: &Path, e: &std::io::Error) -> ObserveError {
-    ObserveError::Io(format!("{}: {e}", path.display()))
+fn io_error(path: &Path, e: std::io::Error) -> ObserveError {
+    ReadError::File {
+        path: path.to_owned(),
+        source: Arc::new(e),
+    }
+    .into()
 }
 
-/// An attribute file's text that does not parse.
+/// An attribute file's text that does not parse (the text is kept).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-enum AttrError {
+pub enum AttrError {
+    /// Not `"<n>: <NAME>"`.
     #[error("{0:?} is not a port state like \"4: ACTIVE\"")]
     NotAState(String),
+    /// A state number IBA does not define.
     #[error("{0:?}: unknown port state {1}")]
     UnknownState(String, u8),
+    /// Not `0x` and up to 4 hex digits.
     #[error("{0:?} is not a 16-bit hex value like \"0xffff\"")]
     NotHex16(String),
+    /// Not a link layer name.
     #[error("{0:?} is not a link layer (InfiniBand, Ethernet or Unknown)")]
     NotLinkLayer(String),
+    /// Not a GUID in sysfs's form.
     #[error("{0:?} is not a GUID like \"a088:c203:00f1:2e40\"")]
     NotGuid(String),
+    /// Not a GID in sysfs's form.
     #[error("{0:?} is not a GID like \"fe80:0000:0000:0000:a088:c203:00f1:2e40\"")]
     NotGid(String),
 }
@@ -260,6 +268,12 @@ fn parse_gid(text: &str) -> Result<u128, AttrError> {
         return Err(AttrError::NotGid(text.to_owned()));
     }
     u128::from_str_radix(&groups.concat(), 16).map_err(|_| AttrError::NotGid(text.to_owned()))
+}
+
+/// A GID's low 64 bits (its interface id).
+fn interface_id(gid: u128) -> u64 {
+    let [_, _, _, _, _, _, _, _, low @ ..] = gid.to_be_bytes();
+    u64::from_be_bytes(low)
 }
 
 fn is_hex_group(g: &str) -> bool {
@@ -350,7 +364,7 @@ mod tests {
         assert!(parse_guid("0002c903000e0b72").is_err());
         assert!(parse_guid("0002:c903:000e:0b7").is_err());
         let gid = parse_gid("fe80:0000:0000:0000:0002:c903:000e:0b73").unwrap();
-        assert_eq!(gid as u64, 0x0002_c903_000e_0b73);
+        assert_eq!(interface_id(gid), 0x0002_c903_000e_0b73);
         assert_eq!((gid >> 64) as u64, 0xfe80_0000_0000_0000);
         assert!(parse_gid("fe80::2:c903:e:b73").is_err());
     }

@@ -6,7 +6,7 @@
 //! Devices are opened once, at construction: a device added later (hot plug, a new rxe link)
 //! needs an agent restart, and so does a device that reported DEVICE_FATAL.
 
-use super::{ObserveError, PortObserver};
+use super::{poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, ReadError};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
 use crate::observe::ObserverConfig;
 use crate::sys::verbs::{AsyncEvent, AsyncEventKind, AsyncEvents, Device, DeviceList};
@@ -28,24 +28,18 @@ impl VerbsObserver {
     /// Opens every device libibverbs lists and subscribes to their async events. Must be
     /// called inside a tokio runtime (the event fds are registered with its reactor).
     ///
-    /// No device is [`ObserveError::NoDevices`] with the reason, e.g. "libibverbs found no
-    /// devices (ENOSYS: the kernel has no RDMA)"; a device that cannot be opened is
-    /// [`ObserveError::Io`] with the errno.
+    /// No device is [`ObserveError::NoDevices`] with the reason
+    /// ([`NoDevices::KernelWithoutRdma`], [`NoDevices::NoProvider`]); a device that cannot be
+    /// opened is [`ReadError::Verbs`] with the errno.
     pub fn open(config: &ObserverConfig) -> Result<VerbsObserver, ObserveError> {
-        let list = DeviceList::get().map_err(|e| ObserveError::Io(e.to_string()))?;
+        let list = DeviceList::get().map_err(verbs_failed)?;
         if !list.kernel_has_rdma() {
-            return Err(ObserveError::NoDevices(
-                "libibverbs found no devices (ENOSYS: the kernel has no RDMA)".to_owned(),
-            ));
+            return Err(ObserveError::NoDevices(NoDevices::KernelWithoutRdma));
         }
         if list.is_empty() {
-            return Err(ObserveError::NoDevices(
-                "libibverbs found no devices (RDMA is in the kernel, but no device is registered or no provider matches: install ibverbs-providers)".to_owned(),
-            ));
+            return Err(ObserveError::NoDevices(NoDevices::NoProvider));
         }
-        let devices = list
-            .open_all()
-            .map_err(|e| ObserveError::Io(e.to_string()))?;
+        let devices = list.open_all().map_err(verbs_failed)?;
         VerbsObserver::from_devices(devices, config)
     }
 
@@ -56,9 +50,7 @@ impl VerbsObserver {
         config: &ObserverConfig,
     ) -> Result<VerbsObserver, ObserveError> {
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(ObserveError::Io(
-                "the verbs observer must be created inside a tokio runtime".to_owned(),
-            ));
+            return Err(ReadError::NoRuntime.into());
         }
         let devices: Vec<Arc<Device>> = devices.into_iter().map(Arc::new).collect();
         let mut events = Vec::with_capacity(devices.len());
@@ -95,7 +87,7 @@ impl VerbsObserver {
 /// One unreadable port fails the whole inventory: leaving it out could make a key look absent
 /// from every fabric port (a false RELEASED).
 fn read_inventory(devices: &[Arc<Device>]) -> Result<Inventory, ObserveError> {
-    let io = |e: crate::sys::verbs::VerbsError| ObserveError::Io(e.to_string());
+    let io = verbs_failed;
     let mut ports = Vec::new();
     for device in devices {
         let attributes = device.query_device().map_err(io)?;
@@ -163,17 +155,11 @@ impl PortObserver for VerbsObserver {
 
     async fn inventory(&self) -> Result<Inventory, ObserveError> {
         let devices = self.devices.clone();
-        tokio::task::spawn_blocking(move || read_inventory(&devices))
-            .await
-            .map_err(|e| ObserveError::Io(format!("verbs reader task failed: {e}")))?
+        read_blocking("verbs", move || read_inventory(&devices)).await
     }
 
     async fn changed(&self, pending: bool) {
-        let interval = if pending {
-            self.fast_poll
-        } else {
-            self.slow_poll
-        };
+        let interval = poll_interval(pending, self.fast_poll, self.slow_poll);
         if self.events.is_empty() {
             tokio::time::sleep(interval).await;
             return;
@@ -194,6 +180,10 @@ impl PortObserver for VerbsObserver {
             }
         }
     }
+}
+
+fn verbs_failed(e: crate::sys::verbs::VerbsError) -> ObserveError {
+    ReadError::Verbs(Arc::new(e)).into()
 }
 
 #[cfg(test)]

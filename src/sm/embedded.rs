@@ -6,7 +6,7 @@
 //! it, `lose-reply` applies the set and then answers as unavailable (the reply was lost: the
 //! agent must treat the keys as in doubt); an absent or empty file means healthy.
 
-use super::{ApplyOutcome, SmError, SubnetManager};
+use super::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
 use crate::domain::{Membership, NodeMemberships, PKeyValue};
 use crate::sim::SimFabric;
 use async_trait::async_trait;
@@ -117,14 +117,16 @@ impl EmbeddedSm {
         let text = tokio::fs::read_to_string(path).await.unwrap_or_default();
         let line = text.trim();
         if line == "unreachable" {
-            return Err(SmError::Unreachable("embedded SM: injected outage".into()));
+            return Err(SmError::Unreachable(injected(InjectedFault::Outage)));
         }
         if let Some(ms) = line.strip_prefix("slow ") {
             let ms = ms.trim().parse::<u64>().unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         if let Some(why) = line.strip_prefix("refuse ") {
-            return Err(SmError::Refused(format!("embedded SM: {why}")));
+            return Err(SmError::Refused(injected(InjectedFault::Refusal(
+                why.to_owned(),
+            ))));
         }
         Ok(line == "lose-reply")
     }
@@ -151,7 +153,7 @@ impl SubnetManager for EmbeddedSm {
         if self.apply_delay.is_zero() {
             self.fabric
                 .program(&keys)
-                .map_err(|e| SmError::Refused(e.to_string()))?;
+                .map_err(|e| SmError::Refused(SmFailure::Sim(Arc::new(e))))?;
         } else {
             // Like a real SM: accept now, program the ports a little later.
             let fabric = self.fabric.clone();
@@ -164,10 +166,15 @@ impl SubnetManager for EmbeddedSm {
             });
         }
         if lose_reply {
-            return Err(SmError::Unreachable(
-                "embedded SM: injected lost reply (the set was applied)".into(),
-            ));
+            return Err(SmError::Unreachable(injected(InjectedFault::LostReply)));
         }
         Ok(ApplyOutcome { detail })
+    }
+}
+
+fn injected(fault: InjectedFault) -> SmFailure {
+    SmFailure::Injected {
+        backend: "embedded SM",
+        fault,
     }
 }

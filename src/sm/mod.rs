@@ -11,20 +11,23 @@ pub mod ufm;
 pub use opensm::{OpenSmBackend, OpenSmError, StoredNode};
 
 use crate::domain::{Condition, NodeMemberships};
+use crate::sim::SimError;
 use async_trait::async_trait;
+use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
 
 /// Why an apply did not go through.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum SmError {
     /// The subnet manager could not be reached or did not answer in time: retry with backoff.
     #[error("subnet manager unavailable: {0}")]
-    Unreachable(String),
+    Unreachable(#[source] SmFailure),
     /// The subnet manager refused the request for a reason retrying will not fix (bad
     /// credentials, the operator's file does not parse, a table would overflow). The agent keeps
     /// retrying slowly, since an operator may fix it, and shows the reason.
     #[error("subnet manager refused: {0}")]
-    Refused(String),
+    Refused(#[source] SmFailure),
     /// The subnet manager already holds a newer generation of this node's set and refused this
     /// one (fencing: an older set must never overwrite a newer one). The node moves its
     /// generation counter past `stored` and sends its current set again.
@@ -45,6 +48,56 @@ impl SmError {
             SmError::Unreachable(_) | SmError::StaleGeneration { .. }
         )
     }
+}
+
+/// What failed in an apply, as the backend saw it, with its cause.
+#[derive(Debug, Clone, Error)]
+pub enum SmFailure {
+    /// The OpenSM backend (this host is the SM host).
+    #[error(transparent)]
+    OpenSm(OpenSmError),
+    /// The UFM backend.
+    #[error(transparent)]
+    Ufm(ufm::UfmError),
+    /// The SM host's `fabric.sm.v1` answer, or the failure to get one; the source is the
+    /// protocol's own error value (the api layer's status).
+    #[error("SM host: {message}")]
+    SmHost {
+        /// What the SM host (or the transport) said.
+        message: String,
+        /// The protocol error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// The apply did not finish within the agent's deadline; its keys stay in doubt.
+    #[error("apply timed out after {0:?}; its keys stay in doubt")]
+    TimedOut(Duration),
+    /// The simulated fabric could not program the tables.
+    #[error(transparent)]
+    Sim(Arc<SimError>),
+    /// A fault injected into a simulated subnet manager (the embedded backend's fault file, a
+    /// test's model).
+    #[error("{backend}: {fault}")]
+    Injected {
+        /// Which simulated subnet manager.
+        backend: &'static str,
+        /// The fault.
+        fault: InjectedFault,
+    },
+}
+
+/// A fault a simulated subnet manager was told to show.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InjectedFault {
+    /// No answer.
+    #[error("injected outage")]
+    Outage,
+    /// The set was applied but the reply was lost.
+    #[error("injected lost reply (the set was applied)")]
+    LostReply,
+    /// A refusal with the given reason.
+    #[error("{0}")]
+    Refusal(String),
 }
 
 /// What an apply achieved, for status output.

@@ -69,8 +69,20 @@ struct RegReq {
 
 const _: () = assert!(std::mem::size_of::<RegReq>() == 28);
 
-nix::ioctl_readwrite!(ioctl_register_agent, 0x1b, 1, RegReq);
-nix::ioctl_write_ptr!(ioctl_unregister_agent, 0x1b, 2, u32);
+nix::ioctl_readwrite!(
+    /// `IB_USER_MAD_REGISTER_AGENT`: registers an agent; the kernel writes its id back.
+    ioctl_register_agent,
+    0x1b,
+    1,
+    RegReq
+);
+nix::ioctl_write_ptr!(
+    /// `IB_USER_MAD_UNREGISTER_AGENT`: unregisters the agent with this id.
+    ioctl_unregister_agent,
+    0x1b,
+    2,
+    u32
+);
 
 /// Why a umad operation failed. Each variant keeps the real errno.
 #[derive(Debug, Error)]
@@ -286,7 +298,9 @@ impl UmadPort {
         buf[hdr::ID].copy_from_slice(&agent.0.to_ne_bytes());
         buf[hdr::TIMEOUT_MS].copy_from_slice(&timeout_ms.to_ne_bytes());
         buf[hdr::RETRIES].copy_from_slice(&0u32.to_ne_bytes());
-        buf[hdr::LENGTH].copy_from_slice(&(len as u32).to_ne_bytes());
+        // A few hundred bytes: always fits.
+        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
+        buf[hdr::LENGTH].copy_from_slice(&len32.to_ne_bytes());
         buf[hdr::QPN].copy_from_slice(&address.qpn.to_be_bytes());
         buf[hdr::QKEY].copy_from_slice(&address.qkey.to_be_bytes());
         buf[hdr::LID].copy_from_slice(&address.lid.to_be_bytes());

@@ -11,7 +11,8 @@ pub fn memberships(
     name: impl Fn(u32) -> String,
 ) -> NodeMemberships {
     NodeMemberships {
-        node_id: node.to_owned(),
+        node_id: fabric_agent::domain::NodeId::parse(node)
+            .unwrap_or_else(|e| panic!("{node:?}: {e}")),
         port_guids: guids.into_iter().map(Guid).collect(),
         keys: keys
             .into_iter()

@@ -6,7 +6,7 @@
 use super::world::{with, Shared};
 use async_trait::async_trait;
 use fabric_agent::domain::Inventory;
-use fabric_agent::observe::{ObserveError, PortObserver};
+use fabric_agent::observe::{ObserveError, PortObserver, ReadError};
 use rand::Rng;
 use std::time::Duration;
 
@@ -63,7 +63,10 @@ impl PortObserver for ModelObserver {
         });
         tokio::time::sleep(delay).await;
         if fail {
-            return Err(ObserveError::Io("model observer: read failed".into()));
+            return Err(ObserveError::Read(ReadError::File {
+                path: "/model/ports".into(),
+                source: std::sync::Arc::new(std::io::Error::other("model observer: read failed")),
+            }));
         }
         with(&self.world, |w| {
             w.oracle.record_read(snapshot.clone(), started_ms)

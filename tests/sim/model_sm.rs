@@ -9,7 +9,7 @@
 use super::world::{show_keys, with, Keys, Shared, World};
 use async_trait::async_trait;
 use fabric_agent::domain::NodeMemberships;
-use fabric_agent::sm::{ApplyOutcome, SmError, SubnetManager};
+use fabric_agent::sm::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
 use rand::Rng;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -120,15 +120,13 @@ impl SubnetManager for ModelSm {
                 });
                 let result = rx
                     .await
-                    .unwrap_or_else(|_| Err(SmError::Unreachable("connection lost".into())));
+                    .unwrap_or_else(|_| Err(SmError::Unreachable(model(InjectedFault::Outage))));
                 tokio::time::sleep(reply).await;
                 if reply_lost {
                     with(&self.world, |w| {
                         w.log(format!("sm: reply to apply #{id} lost ({result:?})"))
                     });
-                    return Err(SmError::Unreachable(
-                        "model SM: no reply (connection reset)".into(),
-                    ));
+                    return Err(SmError::Unreachable(model(InjectedFault::LostReply)));
                 }
                 result
             }
@@ -152,11 +150,11 @@ fn choose_fate(w: &mut World) -> Fate {
             reply_lost: false,
         },
         40..=51 => Fate::NoEffect(
-            SmError::Unreachable("model SM: connection refused".into()),
+            SmError::Unreachable(model(InjectedFault::Outage)),
             w.ms(1, 50),
         ),
         52..=57 => Fate::NoEffect(
-            SmError::Refused("model SM: refused the set".into()),
+            SmError::Refused(model(InjectedFault::Refusal("refused the set".into()))),
             w.ms(1, 50),
         ),
         58..=74 => Fate::Deliver {
@@ -183,14 +181,14 @@ fn take(w: &mut World, id: u64) -> (Result<ApplyOutcome, SmError>, Vec<(usize, D
     let Some(r) = w.fabric.in_flight.remove(&id) else {
         w.log(format!("sm: request #{id} was lost in an SM restart"));
         return (
-            Err(SmError::Unreachable("model SM restarted".into())),
+            Err(SmError::Unreachable(model(InjectedFault::Outage))),
             Vec::new(),
         );
     };
     if r.epoch != w.fabric.sm.epoch {
         w.log(format!("sm: request #{id} was lost in an SM restart"));
         return (
-            Err(SmError::Unreachable("model SM restarted".into())),
+            Err(SmError::Unreachable(model(InjectedFault::Outage))),
             Vec::new(),
         );
     }
@@ -294,4 +292,12 @@ pub fn generation_conflict(world: &Shared) {
         let g = w.fabric.sm.stored_generation;
         w.log(format!("sm: stored generation jumps to {g}"));
     });
+}
+
+/// A failure of the model SM.
+fn model(fault: InjectedFault) -> SmFailure {
+    SmFailure::Injected {
+        backend: "model SM",
+        fault,
+    }
 }

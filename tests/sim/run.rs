@@ -71,7 +71,7 @@ struct Parts {
 impl Parts {
     async fn start(&self, world: &Shared) -> Node {
         let agent = Agent::new(AgentParts {
-            node_id: "node-a".into(),
+            node_id: fabric_agent::domain::NodeId::parse("node-a").expect("node id"),
             fabric: FabricName::parse(FABRIC).expect("fabric name"),
             store: self.store.clone(),
             sm: self.sm.clone(),

@@ -40,9 +40,9 @@ fn inv(ports: Vec<PortInfo>) -> Inventory {
 fn accepted(with: bool, membership: Membership) -> NodeMemberships {
     let a = att(Pending, membership);
     if with {
-        desired("n", vec![], &[a])
+        desired(&n(), vec![], &[a])
     } else {
-        desired("n", vec![], &[])
+        desired(&n(), vec![], &[])
     }
 }
 
@@ -193,7 +193,7 @@ fn desired_set_has_wanted_keys_and_full_wins() {
     let mut gone = att(Releasing, Membership::Full);
     gone.partition = Partition::new("ibpart_b", "b", "ws", "acct", "fab1", 0x13).unwrap();
     a.reason.clear();
-    let set = desired("n", vec![Guid(1)], &[a, b, gone]);
+    let set = desired(&n(), vec![Guid(1)], &[a, b, gone]);
     assert_eq!(set.keys.len(), 1);
     assert_eq!(
         set.keys.values().next().unwrap().membership,
@@ -264,4 +264,8 @@ fn an_insecure_posture_blocks_active_until_accepted() {
         .contains("allow_full_default"));
     o.posture_ok = true;
     assert_eq!(plan(std::slice::from_ref(&a), o)[0].to, Active);
+}
+
+fn n() -> crate::domain::NodeId {
+    crate::domain::NodeId::parse("n").unwrap()
 }

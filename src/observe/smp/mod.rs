@@ -6,7 +6,7 @@
 
 pub mod transport;
 
-use super::{ObserveError, PortObserver};
+use super::{NoDevices, ObserveError, PortObserver, ReadError};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo as DomainPort, PortState};
 use crate::mad::{
     attribute, path_record, pkey_table, smp::DATA_LEN, status, MadError, NodeInfo, NodeInfoRepr,
@@ -17,6 +17,7 @@ use crate::observe::ObserverConfig;
 use crate::sys::umad::{self, MadAddress, UmadError};
 use async_trait::async_trait;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use transport::{Agent, MadTransport, Timing};
@@ -59,14 +60,16 @@ pub enum SmpError {
     Closed,
     /// The port's thread could not start.
     #[error("cannot start the umad thread: {0}")]
-    Thread(String),
+    Thread(#[source] std::io::Error),
 }
 
 impl From<SmpError> for ObserveError {
     fn from(e: SmpError) -> ObserveError {
         match e {
-            SmpError::Umad(UmadError::Open { .. }) => ObserveError::NoDevices(e.to_string()),
-            other => ObserveError::Io(other.to_string()),
+            SmpError::Umad(UmadError::Open { .. }) => {
+                ObserveError::NoDevices(NoDevices::Umad(Arc::new(e)))
+            }
+            other => ObserveError::Read(ReadError::Smp(Arc::new(other))),
         }
     }
 }
@@ -151,7 +154,7 @@ impl SmpObserver {
 
     /// The whole P_Key table of a port that holds `partition_cap` entries: one SMP per block.
     pub async fn pkey_table(&self, partition_cap: u16) -> Result<Vec<PKeyValue>, SmpError> {
-        let blocks = partition_cap.div_ceil(pkey_table::ENTRIES_PER_BLOCK as u16);
+        let blocks = pkey_table::blocks_for(partition_cap);
         let mut keys = Vec::with_capacity(usize::from(partition_cap));
         for block in 0..blocks {
             keys.extend(self.pkey_block(block).await?.entries.map(PKeyValue));
@@ -269,12 +272,12 @@ impl PortObserver for SmpObserver {
     }
 
     async fn changed(&self, pending: bool) {
-        let wait = if pending {
-            self.fast_poll
-        } else {
-            self.slow_poll
-        };
-        tokio::time::sleep(wait).await;
+        tokio::time::sleep(super::poll_interval(
+            pending,
+            self.fast_poll,
+            self.slow_poll,
+        ))
+        .await;
     }
 }
 

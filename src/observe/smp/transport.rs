@@ -7,7 +7,8 @@
 //! channel's `recv`: no polling.
 
 use super::SmpError;
-use crate::mad::{class, header::MadHeader, method, MAD_LEN};
+use crate::mad::header::{same_transaction, MadHeader};
+use crate::mad::{class, method, MAD_LEN};
 use crate::sys::umad::{AgentId, MadAddress, UmadPort, QP0, QP1};
 use std::path::Path;
 use std::sync::mpsc;
@@ -58,7 +59,7 @@ impl MadTransport {
         let thread = std::thread::Builder::new()
             .name("umad".into())
             .spawn(move || serve(port, smi, sa, timing, queue))
-            .map_err(|e| SmpError::Thread(e.to_string()))?;
+            .map_err(SmpError::Thread)?;
         Ok(MadTransport {
             jobs: Some(jobs),
             thread: Some(thread),
@@ -133,7 +134,7 @@ fn exchange(
                 continue;
             };
             let header = MadHeader::new_unchecked(&received.mad[..]);
-            if header.transaction_id() as u32 != tid {
+            if !same_transaction(header.transaction_id(), u64::from(tid)) {
                 continue; // a late answer to an earlier attempt, or unsolicited
             }
             if received.status != 0 || header.method() & method::RESPONSE_BIT == 0 {

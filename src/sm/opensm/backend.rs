@@ -27,18 +27,23 @@
 
 use super::file::{read_or_empty, replace_atomically};
 use super::model::PartitionsConf;
-use super::ownership::{judge, Inventory, PortDirectory, Proof, Refusal, UmadDirectory};
+use super::ownership::{
+    judge, DirectoryError, Inventory, InventoryFileError, PortDirectory, Proof, Refusal,
+    UmadDirectory,
+};
 use super::region::{
     check_composed, check_operator_keys, check_operator_unchanged, compose,
     default_grants_all_full, render_region, split_region, tenant_entry_name, RegionError,
-    RegionPlan, TableLimits, TenantEntry,
+    RegionPlan, TableLimits, TableOverflow, TenantEntry,
 };
-use super::reload::{OpenSmReloader, ReloadError, Reloader};
-use super::render::is_safe_name;
-use super::store::{CommitState, NodeMembershipStore, StoredNode};
+use super::reload::{OpenSmReloader, ReloadError, Reloader, Unsignalled};
+use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use super::OpenSmConfig;
-use crate::domain::{Condition, ConditionKind, Guid, Membership, NodeMemberships, PKey};
-use crate::sm::{ApplyOutcome, SmError, SubnetManager};
+use crate::domain::{
+    is_safe_key_name, Condition, ConditionKind, DomainError, Guid, Membership, NodeId,
+    NodeMemberships, PKey,
+};
+use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -52,35 +57,69 @@ use tokio::sync::oneshot;
 pub const MAX_PORTS_PER_NODE: usize = NodeMemberships::MAX_PORTS;
 
 /// Why a request was not applied.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum OpenSmError {
     /// Bad node id, GUID, key or name.
     #[error("invalid request: {0}")]
-    Invalid(String),
+    Invalid(#[source] DomainError),
+    /// A claimed port is stored for another node and does not move.
+    #[error("invalid request: port {port} belongs to node {owner:?}")]
+    PortHeld {
+        /// The port.
+        port: Guid,
+        /// The node that holds it.
+        owner: NodeId,
+    },
     /// A port would hold more keys than its table.
     #[error("P_Key table full: {0}")]
-    TableFull(String),
-    /// The operator's part of the file does not load: nothing was written.
+    TableFull(TableOverflow),
+    /// The operator's part of the file does not load, or would collide with the region:
+    /// nothing was written.
     #[error("{0}")]
-    OperatorFile(String),
+    OperatorFile(#[source] RegionError),
     /// A requested key belongs to the operator's part of the file.
-    #[error("{0}")]
-    OperatorKey(String),
+    #[error("key {key} is defined by the operator's entry on line {line} of the partitions file; the agent does not manage it")]
+    OperatorKey {
+        /// The key.
+        key: PKey,
+        /// The operator entry's line.
+        line: u32,
+    },
     /// The composed file failed the final check: nothing was written.
     #[error("{0}")]
-    Composed(String),
+    Composed(#[source] RegionError),
     /// OpenSM's log shows it rejected the written file.
     #[error("{0}")]
     Rejected(String),
-    /// OpenSM could not be signalled.
-    #[error("{0}")]
-    Unreachable(String),
+    /// OpenSM could not be signalled; `written_keys`: after the file was written (with that
+    /// many tenant keys), so the write is re-checked on the next attempt.
+    #[error("{}", match .written_keys {
+        Some(n) => format!("partitions file written ({n} keys) but OpenSM could not be made to re-read it: {source}; the write is re-checked on the next attempt"),
+        None => format!("cannot make OpenSM re-read the partitions file: {source}"),
+    })]
+    Unreachable {
+        /// Tenant keys in the written file, if it was written.
+        written_keys: Option<usize>,
+        /// Why OpenSM could not be signalled.
+        #[source]
+        source: Unsignalled,
+    },
     /// Reading or writing the file failed.
     #[error("partitions file: {0}")]
-    Io(String),
+    Io(#[source] Arc<std::io::Error>),
     /// The membership store failed.
     #[error("{0}")]
-    Store(String),
+    Store(#[source] NodeStoreError),
+    /// A blocking task (file or store I/O) failed, or the commit task ended without an answer
+    /// (`None`).
+    #[error("the SM host's {what} task failed{}", .source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// Why, when the runtime said.
+        #[source]
+        source: Option<Arc<tokio::task::JoinError>>,
+    },
     /// The SM host holds a newer generation of this node's set (or the same generation with a
     /// different set): the node moves its counter past `stored` and sends its current set again.
     #[error("generation {sent} refused: the SM host holds generation {stored} of this node's set")]
@@ -101,23 +140,27 @@ pub enum OpenSmError {
     /// A claimed port never enters a tenant's set (the SM's port, a switch's, a router's), or
     /// another node holds it and the fabric does not show it in the claiming node.
     #[error("port ownership: {0}")]
-    PortForbidden(String),
+    PortForbidden(Refusal),
     /// Neither the fabric nor the operator's inventory shows the claimed port in the node.
     #[error("port ownership: {0}")]
-    PortNotShown(String),
+    PortNotShown(Refusal),
     /// The fabric could not be asked who owns a claimed port (fail closed: nothing accepted).
     #[error("port ownership: the SA could not be asked: {0}")]
-    FabricUnreachable(String),
+    FabricUnreachable(#[source] DirectoryError),
+    /// The operator's inventory of ports does not load: no new claim is accepted.
+    #[error("port ownership: {0}; no claim is accepted until it is fixed")]
+    Inventory(#[source] InventoryFileError),
 }
 
 impl From<RegionError> for OpenSmError {
     fn from(e: RegionError) -> Self {
         match e {
-            RegionError::OperatorFile(_) => OpenSmError::OperatorFile(e.to_string()),
-            RegionError::OperatorKey(m) => OpenSmError::OperatorKey(m),
-            RegionError::TableFull(m) => OpenSmError::TableFull(m),
-            RegionError::Composed(_) => OpenSmError::Composed(e.to_string()),
-            RegionError::Collision(_) => OpenSmError::OperatorFile(e.to_string()),
+            RegionError::OperatorKey { key, line } => OpenSmError::OperatorKey { key, line },
+            RegionError::TableFull(t) => OpenSmError::TableFull(t),
+            RegionError::Composed(_) => OpenSmError::Composed(e),
+            RegionError::OperatorFile(_) | RegionError::Collision(_) => {
+                OpenSmError::OperatorFile(e)
+            }
         }
     }
 }
@@ -125,8 +168,11 @@ impl From<RegionError> for OpenSmError {
 impl From<ReloadError> for OpenSmError {
     fn from(e: ReloadError) -> Self {
         match e {
-            ReloadError::Unreachable(_) => OpenSmError::Unreachable(e.to_string()),
-            ReloadError::Rejected(_) => OpenSmError::Rejected(e.to_string()),
+            ReloadError::Unreachable(source) => OpenSmError::Unreachable {
+                written_keys: None,
+                source,
+            },
+            e @ ReloadError::Rejected(_) => OpenSmError::Rejected(e.to_string()),
         }
     }
 }
@@ -137,12 +183,13 @@ impl From<OpenSmError> for SmError {
             OpenSmError::StaleGeneration { sent, stored } => {
                 SmError::StaleGeneration { sent, stored }
             }
-            OpenSmError::Unreachable(_)
+            OpenSmError::Unreachable { .. }
             | OpenSmError::Unconfirmed(_)
             | OpenSmError::Io(_)
             | OpenSmError::Store(_)
-            | OpenSmError::FabricUnreachable(_) => SmError::Unreachable(e.to_string()),
-            _ => SmError::Refused(e.to_string()),
+            | OpenSmError::Task { .. }
+            | OpenSmError::FabricUnreachable(_) => SmError::Unreachable(SmFailure::OpenSm(e)),
+            _ => SmError::Refused(SmFailure::OpenSm(e)),
         }
     }
 }
@@ -167,12 +214,12 @@ struct Evidence {
 }
 
 struct State {
-    nodes: BTreeMap<String, StoredNode>,
-    guid_owner: BTreeMap<Guid, String>,
+    nodes: BTreeMap<NodeId, StoredNode>,
+    guid_owner: BTreeMap<Guid, NodeId>,
     operator: PartitionsConf,
     pending: Vec<oneshot::Sender<CommitResult>>,
     /// Admitted node sets not yet stored: the next commit stores them before it writes.
-    unsaved: BTreeSet<String>,
+    unsaved: BTreeSet<NodeId>,
     committing: bool,
     health: Health,
 }
@@ -180,7 +227,7 @@ struct State {
 impl State {
     /// Every node's set, and the unsaved ones (taken: the commit that writes this snapshot
     /// stores them first).
-    fn snapshot(&mut self) -> (BTreeMap<String, StoredNode>, Vec<StoredNode>) {
+    fn snapshot(&mut self) -> (BTreeMap<NodeId, StoredNode>, Vec<StoredNode>) {
         let unsaved = std::mem::take(&mut self.unsaved)
             .into_iter()
             .filter_map(|id| self.nodes.get(&id).cloned())
@@ -225,8 +272,8 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, OpenSmError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| OpenSmError::Io(e.to_string()))?
-        .map_err(|e| OpenSmError::Io(e.to_string()))
+        .map_err(|e| task_failed("file", e))?
+        .map_err(|e| OpenSmError::Io(Arc::new(e)))
 }
 
 fn read_optional(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
@@ -303,9 +350,7 @@ impl OpenSmBackend {
         reloader: Arc<dyn Reloader>,
         directory: Option<Arc<dyn PortDirectory>>,
     ) -> Result<Self, OpenSmError> {
-        let stored = store
-            .load_all()
-            .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        let stored = store.load_all().map_err(OpenSmError::Store)?;
         let mut nodes = BTreeMap::new();
         let mut guid_owner = BTreeMap::new();
         for n in stored {
@@ -320,9 +365,7 @@ impl OpenSmBackend {
             .and_then(|b| split_region(&b).ok())
             .and_then(|p| p.parse().ok())
             .unwrap_or_default();
-        let commit = store
-            .load_commit_state()
-            .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        let commit = store.load_commit_state().map_err(OpenSmError::Store)?;
         let health = Health {
             commit,
             all_full: all_full_of(&config, &operator),
@@ -466,9 +509,9 @@ impl OpenSmBackend {
     /// move (`moves`: GUID -> the node that held it) leave their old node's set (same
     /// generation); both sets are stored in the same transaction, so the port is never stored
     /// in two.
-    fn admit(&self, desired: NodeMemberships, generation: u64, moves: BTreeMap<Guid, String>) {
+    fn admit(&self, desired: NodeMemberships, generation: u64, moves: BTreeMap<Guid, NodeId>) {
         let mut st = self.inner.lock();
-        let losers: BTreeSet<&String> = moves.values().collect();
+        let losers: BTreeSet<&NodeId> = moves.values().collect();
         for from in losers {
             let Some(old) = st.nodes.get_mut(from) else {
                 continue;
@@ -546,11 +589,9 @@ impl OpenSmBackend {
                 let path = path.clone();
                 tokio::task::spawn_blocking(move || Inventory::load(&path))
                     .await
-                    .map_err(|e| OpenSmError::Io(e.to_string()))?
+                    .map_err(|e| task_failed("inventory", e))?
                     .map_err(|e| {
-                        let e = OpenSmError::OperatorFile(format!(
-                            "port ownership: {e}; no claim is accepted until it is fixed"
-                        ));
+                        let e = OpenSmError::Inventory(e);
                         tracing::warn!(node_id = %desired.node_id, error = %e, "port claim refused");
                         e
                     })?
@@ -567,7 +608,7 @@ impl OpenSmBackend {
         st: &State,
         desired: &NodeMemberships,
         evidence: &Evidence,
-    ) -> Result<BTreeMap<Guid, String>, OpenSmError> {
+    ) -> Result<BTreeMap<Guid, NodeId>, OpenSmError> {
         let held: BTreeSet<Guid> = st
             .nodes
             .get(&desired.node_id)
@@ -575,30 +616,34 @@ impl OpenSmBackend {
             .unwrap_or_default();
         let mut moves = BTreeMap::new();
         for g in desired.port_guids.iter().filter(|g| !held.contains(g)) {
-            let holder = st.guid_owner.get(g).map(String::as_str);
+            let holder = st.guid_owner.get(g);
             let verdict = judge(
-                &desired.node_id,
+                desired.node_id.as_str(),
                 *g,
                 &evidence.facts,
                 &self.inner.config.ownership.description_patterns,
                 &evidence.inventory,
-                holder,
+                holder.map(NodeId::as_str),
             );
             match verdict {
                 Ok(Proof::Moved { from, description }) => {
                     tracing::info!(node_id = %desired.node_id, guid = %g, from = %from, description = %description, "port moves to the node the fabric shows it in");
-                    moves.insert(*g, from);
+                    if let Some(holder) = holder {
+                        moves.insert(*g, holder.clone());
+                    }
                 }
                 Ok(proof) => {
                     tracing::debug!(node_id = %desired.node_id, guid = %g, ?proof, "port claim proven");
                 }
                 Err(refusal) => {
-                    tracing::warn!(node_id = %desired.node_id, guid = %g, reason = %refusal.message(), "port claim refused");
+                    tracing::warn!(node_id = %desired.node_id, guid = %g, reason = %refusal, "port claim refused");
                     return Err(match refusal {
-                        Refusal::Forbidden(m) | Refusal::OwnedByOther(m) => {
-                            OpenSmError::PortForbidden(m)
+                        Refusal::Forbidden { .. } | Refusal::OwnedByOther { .. } => {
+                            OpenSmError::PortForbidden(refusal)
                         }
-                        Refusal::NotShown(m) => OpenSmError::PortNotShown(m),
+                        Refusal::NotAsked { .. } | Refusal::NotShown { .. } => {
+                            OpenSmError::PortNotShown(refusal)
+                        }
                     });
                 }
             }
@@ -612,14 +657,15 @@ impl OpenSmBackend {
         &self,
         st: &State,
         desired: &NodeMemberships,
-        moves: &BTreeMap<Guid, String>,
+        moves: &BTreeMap<Guid, NodeId>,
     ) -> Result<(), OpenSmError> {
         for g in &desired.port_guids {
             if let Some(owner) = st.guid_owner.get(g) {
                 if owner != &desired.node_id && moves.get(g) != Some(owner) {
-                    return Err(OpenSmError::Invalid(format!(
-                        "port {g} belongs to node {owner:?}"
-                    )));
+                    return Err(OpenSmError::PortHeld {
+                        port: *g,
+                        owner: owner.clone(),
+                    });
                 }
             }
         }
@@ -638,9 +684,11 @@ impl OpenSmBackend {
                 .table_entries_for(*g, self.inner.config.allow_both_pkeys)
                 + desired.keys.len();
             if n > size {
-                return Err(OpenSmError::TableFull(format!(
-                    "port {g} would need {n} P_Key table entries (default partition and operator entries included) but holds {size}"
-                )));
+                return Err(OpenSmError::TableFull(TableOverflow {
+                    port: Some(*g),
+                    needed: n,
+                    capacity: size,
+                }));
             }
         }
         Ok(())
@@ -671,8 +719,10 @@ impl OpenSmBackend {
             let inner = Arc::clone(&self.inner);
             tokio::spawn(async move { inner.commit_loop().await });
         }
-        rx.await
-            .map_err(|_| OpenSmError::Io("the commit task ended without an answer".into()))?
+        rx.await.map_err(|_| OpenSmError::Task {
+            what: "commit",
+            source: None,
+        })?
     }
 }
 
@@ -700,7 +750,7 @@ impl Inner {
         }
     }
 
-    fn plan(&self, nodes: &BTreeMap<String, StoredNode>, operator: &PartitionsConf) -> RegionPlan {
+    fn plan(&self, nodes: &BTreeMap<NodeId, StoredNode>, operator: &PartitionsConf) -> RegionPlan {
         let mut tenants: BTreeMap<PKey, TenantEntry> = BTreeMap::new();
         for n in nodes.values() {
             for (key, setting) in &n.memberships.keys {
@@ -709,7 +759,7 @@ impl Inner {
                     members: BTreeMap::new(),
                 });
                 // Nodes are visited in node-id order: the first usable name wins.
-                if t.name.is_empty() && is_safe_name(&setting.name) {
+                if t.name.is_empty() && is_safe_key_name(&setting.name) {
                     t.name = setting.name.clone();
                 }
                 for g in &n.memberships.port_guids {
@@ -757,10 +807,10 @@ impl Inner {
             (nodes, result)
         })
         .await
-        .map_err(|e| OpenSmError::Store(e.to_string()))?;
+        .map_err(|e| task_failed("store", e))?;
         if let Err(e) = result {
             *unsaved = nodes;
-            return Err(OpenSmError::Store(e.to_string()));
+            return Err(OpenSmError::Store(e));
         }
         Ok(())
     }
@@ -857,7 +907,7 @@ impl Inner {
     /// stored stay marked unsaved for the next commit.
     async fn commit_once(
         &self,
-        nodes: &BTreeMap<String, StoredNode>,
+        nodes: &BTreeMap<NodeId, StoredNode>,
         mut unsaved: Vec<StoredNode>,
     ) -> CommitResult {
         let result = self.commit_steps(nodes, &mut unsaved).await;
@@ -871,7 +921,7 @@ impl Inner {
 
     async fn commit_steps(
         &self,
-        nodes: &BTreeMap<String, StoredNode>,
+        nodes: &BTreeMap<NodeId, StoredNode>,
         unsaved: &mut Vec<StoredNode>,
     ) -> CommitResult {
         self.repair_foreign_rejection().await?;
@@ -965,14 +1015,14 @@ impl Inner {
                     .await?;
                 Err(OpenSmError::Unconfirmed(why))
             }
-            Err(ReloadError::Unreachable(m)) => {
-                let why = format!(
-                    "partitions file written ({} keys) but OpenSM could not be made to re-read it: {m}; the write is re-checked on the next attempt",
-                    plan.tenants.len()
-                );
-                self.save_commit(|c| c.unconfirmed = Some(why.clone()))
-                    .await?;
-                Err(OpenSmError::Unreachable(why))
+            Err(ReloadError::Unreachable(source)) => {
+                let e = OpenSmError::Unreachable {
+                    written_keys: Some(plan.tenants.len()),
+                    source,
+                };
+                let why = e.to_string();
+                self.save_commit(|c| c.unconfirmed = Some(why)).await?;
+                Err(e)
             }
             Err(ReloadError::Rejected(lines)) => {
                 self.lock().health.rejected_bytes = Some(bytes.clone());
@@ -1034,17 +1084,23 @@ async fn watch_log(inner: Weak<Inner>, every: Duration) {
 
 /// Checks a desired set on its own ([`NodeMemberships::validate`]) and its key count.
 pub fn validate(desired: &NodeMemberships, table_size: usize) -> Result<(), OpenSmError> {
-    desired
-        .validate()
-        .map_err(|e| OpenSmError::Invalid(e.to_string()))?;
+    desired.validate().map_err(OpenSmError::Invalid)?;
     // The default partition takes one entry.
     if desired.keys.len() + 1 > table_size {
-        return Err(OpenSmError::TableFull(format!(
-            "{} keys plus the default partition exceed the {table_size}-entry P_Key table",
-            desired.keys.len()
-        )));
+        return Err(OpenSmError::TableFull(TableOverflow {
+            port: None,
+            needed: desired.keys.len() + 1,
+            capacity: table_size,
+        }));
     }
     Ok(())
+}
+
+fn task_failed(what: &'static str, e: tokio::task::JoinError) -> OpenSmError {
+    OpenSmError::Task {
+        what,
+        source: Some(Arc::new(e)),
+    }
 }
 
 #[async_trait]
@@ -1059,7 +1115,7 @@ impl SubnetManager for OpenSmBackend {
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
         let mut own = desired.clone();
-        own.node_id = self.inner.local_node_id.clone();
+        own.node_id = NodeId::parse(&self.inner.local_node_id).map_err(OpenSmError::Invalid)?;
         // The SM host's own ports, read by its own observer: not a claim by another node, so
         // the fabric is not asked (the other rules, including other nodes' ports, still hold).
         let outcome = self.set_node_checked(own, generation, false).await?;

@@ -5,7 +5,7 @@
 //! - [`parse`]   — strict reader that walks the file exactly as OpenSM 3.3 does
 //! - [`render`]  — typed entries to text that parses back unchanged
 //! - [`region`]  — the agent's marked region: split, render, compose, final checks
-//! - [`file`]    — atomic replace (temp file + fsync + rename + directory fsync)
+//! - [`mod@file`] — atomic replace (temp file + fsync + rename + directory fsync)
 //! - [`reload`]  — forcing a heavy sweep (SIGHUP or console) and reading OpenSM's log
 //! - [`store`]   — persistence of every node's desired memberships
 //! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
@@ -25,6 +25,7 @@ pub mod store;
 
 pub use backend::{OpenSmBackend, OpenSmError, SetOutcome};
 pub use ownership::OwnershipConfig;
+pub use region::TableOverflow;
 pub use store::{CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode};
 
 use crate::domain::Membership;

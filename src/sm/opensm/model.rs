@@ -12,8 +12,6 @@ use thiserror::Error;
 
 /// The default partition's base.
 pub const DEFAULT_BASE: u16 = 0x7FFF;
-/// OpenSM keeps partition names in a 32-byte buffer: 31 characters survive.
-pub const NAME_MAX: usize = 31;
 
 /// Which ports a member token selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -144,7 +144,32 @@ pub struct FabricFacts {
 #[async_trait]
 pub trait PortDirectory: Send + Sync {
     /// Asks about `guids`. An error means the fabric could not be asked: the caller refuses.
-    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String>;
+    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, DirectoryError>;
+}
+
+/// Why the fabric could not be asked about ports.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DirectoryError {
+    /// Other checks held the device until this one's deadline passed.
+    #[error("{}: other checks held the device past the deadline of {} ms", device.display(), deadline.as_millis())]
+    Busy {
+        /// The umad device.
+        device: PathBuf,
+        /// The check's deadline.
+        deadline: Duration,
+    },
+    /// The blocking thread that asks the SA failed (panicked or was cancelled).
+    #[error("the SA query thread failed: {0}")]
+    Thread(#[source] Arc<tokio::task::JoinError>),
+    /// The SA session failed.
+    #[error("{}: {source}", device.display())]
+    Sa {
+        /// The umad device.
+        device: PathBuf,
+        /// What failed.
+        #[source]
+        source: Arc<SaError>,
+    },
 }
 
 /// The SA over the SM host's umad device: one session (open, local port, one NodeRecord
@@ -171,7 +196,7 @@ impl UmadDirectory {
 
 #[async_trait]
 impl PortDirectory for UmadDirectory {
-    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, String> {
+    async fn facts(&self, guids: &[Guid]) -> Result<FabricFacts, DirectoryError> {
         let device = self.device.clone();
         let mut timing = self.timing;
         let guids = guids.to_vec();
@@ -179,12 +204,9 @@ impl PortDirectory for UmadDirectory {
         let started = std::time::Instant::now();
         let _turn = tokio::time::timeout(timing.deadline, self.one_at_a_time.lock())
             .await
-            .map_err(|_| {
-                format!(
-                    "{}: other checks held the device past the deadline of {} ms",
-                    self.device.display(),
-                    timing.deadline.as_millis()
-                )
+            .map_err(|_| DirectoryError::Busy {
+                device: self.device.clone(),
+                deadline: timing.deadline,
             })?;
         timing.deadline = timing.deadline.saturating_sub(started.elapsed());
         tokio::task::spawn_blocking(move || -> Result<FabricFacts, SaError> {
@@ -201,8 +223,11 @@ impl PortDirectory for UmadDirectory {
             })
         })
         .await
-        .map_err(|e| format!("the SA query thread failed: {e}"))?
-        .map_err(|e| format!("{}: {e}", self.device.display()))
+        .map_err(|e| DirectoryError::Thread(Arc::new(e)))?
+        .map_err(|e| DirectoryError::Sa {
+            device: self.device.clone(),
+            source: Arc::new(e),
+        })
     }
 }
 
@@ -225,24 +250,83 @@ pub enum Proof {
     Inventory,
 }
 
-/// Why a claim is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a claim is refused; the text names the GUID and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    /// The port never enters a tenant key (the SM's port, a switch's, a router's): the
-    /// message says which.
-    Forbidden(String),
+    /// The port never enters a tenant key.
+    #[error("port {port}{}: it never enters a tenant's set", forbidden_detail(.why))]
+    Forbidden {
+        /// The port.
+        port: Guid,
+        /// Which kind of port it is.
+        why: ForbiddenPort,
+    },
     /// Another node holds the port and the fabric does not show it in the claiming node.
-    OwnedByOther(String),
+    #[error("port {port} belongs to node {holder:?}; {}, not in node {node:?}, so it does not move", match .shown { Some(d) => format!("the fabric shows it as {d:?}"), None => "the fabric does not show it".to_owned() })]
+    OwnedByOther {
+        /// The port.
+        port: Guid,
+        /// The node that holds it.
+        holder: String,
+        /// The claiming node.
+        node: String,
+        /// The port's NodeDescription, when the fabric shows the port.
+        shown: Option<String>,
+    },
+    /// The port was not among the ports asked about (the stored sets changed meanwhile).
+    #[error("port {port} was not asked about (the stored sets changed during the check): send the set again")]
+    NotAsked {
+        /// The port.
+        port: Guid,
+    },
     /// Neither the fabric nor the inventory says the port is the node's.
-    NotShown(String),
+    #[error("port {port}: {} and the inventory does not list it for {}", match .shown { Some(d) => format!("its NodeDescription {d:?} does not name node {node:?} (patterns {patterns:?})"), None => "the SA knows no such port".to_owned() }, if .shown.is_some() { "that node".to_owned() } else { format!("node {node:?}") })]
+    NotShown {
+        /// The port.
+        port: Guid,
+        /// The claiming node.
+        node: String,
+        /// The port's NodeDescription, when the SA knows the port.
+        shown: Option<String>,
+        /// The description patterns tried.
+        patterns: Vec<String>,
+    },
 }
 
-impl Refusal {
-    /// The message, naming GUID and reason.
-    pub fn message(&self) -> &str {
-        match self {
-            Refusal::Forbidden(m) | Refusal::OwnedByOther(m) | Refusal::NotShown(m) => m,
+/// A port that never enters a tenant key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForbiddenPort {
+    /// The SM host's own port.
+    SmHost,
+    /// The master SM's port.
+    MasterSm {
+        /// Its NodeDescription.
+        description: String,
+        /// Its LID.
+        lid: u16,
+    },
+    /// A switch's or a router's port.
+    NotChannelAdapter {
+        /// Its NodeDescription.
+        description: String,
+        /// Its node type.
+        node_type: u8,
+    },
+}
+
+fn forbidden_detail(why: &ForbiddenPort) -> String {
+    match why {
+        ForbiddenPort::SmHost => " is the SM host's own port".to_owned(),
+        ForbiddenPort::MasterSm { description, lid } => {
+            format!(" ({description:?}) is the master SM's port (LID {lid})")
         }
+        ForbiddenPort::NotChannelAdapter {
+            description,
+            node_type,
+        } => format!(
+            " ({description:?}) is {}'s port (node type {node_type})",
+            type_name(*node_type)
+        ),
     }
 }
 
@@ -284,17 +368,22 @@ pub struct Inventory {
 impl Inventory {
     /// Parses `node = ["0x0002c903000e0b72", ...]` lines. Refuses a GUID that is not `0x` and
     /// 16 hex digits, GUID 0, and a GUID listed twice.
-    pub fn parse(text: &str) -> Result<Inventory, String> {
+    pub fn parse(text: &str) -> Result<Inventory, InventoryError> {
         let table: BTreeMap<String, Vec<String>> =
-            toml::from_str(text).map_err(|e| e.message().to_owned())?;
+            toml::from_str(text).map_err(|e| InventoryError::Toml(Box::new(e)))?;
         let mut owner = BTreeMap::new();
         for (node, guids) in table {
             for g in guids {
-                let guid = parse_guid(&g).ok_or_else(|| {
-                    format!("node {node:?}: {g:?} is not \"0x\" and 16 hex digits")
+                let guid = parse_guid(&g).ok_or_else(|| InventoryError::Guid {
+                    node: node.clone(),
+                    text: g.clone(),
                 })?;
                 if let Some(other) = owner.insert(guid, node.clone()) {
-                    return Err(format!("{guid} is listed for {other:?} and {node:?}"));
+                    return Err(InventoryError::Twice {
+                        guid,
+                        first: other,
+                        second: node,
+                    });
                 }
             }
         }
@@ -302,16 +391,60 @@ impl Inventory {
     }
 
     /// Reads and parses the file.
-    pub fn load(path: &Path) -> Result<Inventory, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("inventory {}: {e}", path.display()))?;
-        Inventory::parse(&text).map_err(|e| format!("inventory {}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Inventory, InventoryFileError> {
+        let failed = |source| InventoryFileError {
+            path: path.to_owned(),
+            source,
+        };
+        let text =
+            std::fs::read_to_string(path).map_err(|e| failed(InventoryError::Read(Arc::new(e))))?;
+        Inventory::parse(&text).map_err(failed)
     }
 
     /// Whether the inventory lists `guid` for `node_id`.
     pub fn lists(&self, node_id: &str, guid: Guid) -> bool {
         self.owner.get(&guid).is_some_and(|n| n == node_id)
     }
+}
+
+/// Why the inventory does not load.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum InventoryError {
+    /// The file could not be read.
+    #[error("{0}")]
+    Read(#[source] Arc<std::io::Error>),
+    /// The text is not a TOML table of string arrays.
+    #[error("{}", .0.message())]
+    Toml(#[source] Box<toml::de::Error>),
+    /// A GUID is not `0x` and 16 hex digits, or is 0.
+    #[error("node {node:?}: {text:?} is not \"0x\" and 16 hex digits")]
+    Guid {
+        /// The node it is listed for.
+        node: String,
+        /// The text.
+        text: String,
+    },
+    /// A GUID is listed for two nodes.
+    #[error("{guid} is listed for {first:?} and {second:?}")]
+    Twice {
+        /// The GUID.
+        guid: Guid,
+        /// The node it was first listed for.
+        first: String,
+        /// The other node.
+        second: String,
+    },
+}
+
+/// Why the inventory file does not load, with the file's path.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("inventory {}: {source}", path.display())]
+pub struct InventoryFileError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    #[source]
+    pub source: InventoryError,
 }
 
 fn parse_guid(s: &str) -> Option<Guid> {
@@ -342,33 +475,35 @@ pub fn judge(
     holder: Option<&str>,
 ) -> Result<Proof, Refusal> {
     if guid.0 == facts.local_port_guid {
-        return Err(Refusal::Forbidden(format!(
-            "port {guid} is the SM host's own port: it never enters a tenant's set"
-        )));
+        return Err(Refusal::Forbidden {
+            port: guid,
+            why: ForbiddenPort::SmHost,
+        });
     }
     let record = match facts.records.get(&guid) {
         Some(r) => r.as_ref(),
-        None => {
-            return Err(Refusal::NotShown(format!(
-                "port {guid} was not asked about (the stored sets changed during the check): send the set again"
-            )))
-        }
+        None => return Err(Refusal::NotAsked { port: guid }),
     };
     let mut shown = None;
     if let Some(r) = record {
         let description = r.description_text();
         if r.lid == facts.sm_lid {
-            return Err(Refusal::Forbidden(format!(
-                "port {guid} ({description:?}) is the master SM's port (LID {}): it never enters a tenant's set",
-                r.lid
-            )));
+            return Err(Refusal::Forbidden {
+                port: guid,
+                why: ForbiddenPort::MasterSm {
+                    description,
+                    lid: r.lid,
+                },
+            });
         }
         if !r.is_channel_adapter() {
-            return Err(Refusal::Forbidden(format!(
-                "port {guid} ({description:?}) is {}'s port (node type {}): it never enters a tenant's set",
-                type_name(r.node_info.node_type),
-                r.node_info.node_type
-            )));
+            return Err(Refusal::Forbidden {
+                port: guid,
+                why: ForbiddenPort::NotChannelAdapter {
+                    description,
+                    node_type: r.node_info.node_type,
+                },
+            });
         }
         let named = patterns
             .iter()
@@ -383,13 +518,12 @@ pub fn judge(
             })
         }
         (Some(other), _) if other != node_id => {
-            let seen = match &shown {
-                Some((d, _)) => format!("the fabric shows it as {d:?}"),
-                None => "the fabric does not show it".to_owned(),
-            };
-            return Err(Refusal::OwnedByOther(format!(
-                "port {guid} belongs to node {other:?}; {seen}, not in node {node_id:?}, so it does not move"
-            )));
+            return Err(Refusal::OwnedByOther {
+                port: guid,
+                holder: other.to_owned(),
+                node: node_id.to_owned(),
+                shown: shown.map(|(d, _)| d),
+            });
         }
         _ => {}
     }
@@ -399,14 +533,12 @@ pub fn judge(
     if inventory.lists(node_id, guid) {
         return Ok(Proof::Inventory);
     }
-    Err(Refusal::NotShown(match shown {
-        Some((d, _)) => format!(
-            "port {guid}: its NodeDescription {d:?} does not name node {node_id:?} (patterns {patterns:?}) and the inventory does not list it for that node"
-        ),
-        None => format!(
-            "port {guid}: the SA knows no such port and the inventory does not list it for node {node_id:?}"
-        ),
-    }))
+    Err(Refusal::NotShown {
+        port: guid,
+        node: node_id.to_owned(),
+        shown: shown.map(|(d, _)| d),
+        patterns: patterns.to_vec(),
+    })
 }
 
 /// Why `[subnet_manager.opensm.ownership]` is refused.
@@ -497,22 +629,32 @@ mod tests {
         );
         // Already the node's own: proven again.
         assert!(judge("node1", Guid(0x13), &f, &p, &inv, Some("node1")).is_ok());
-        for (guid, what) in [
-            (0x10, "SM host's own port"),
-            (0x11, "master SM's port"),
-            (0x20, "a switch"),
-            (0x30, "a router"),
-        ] {
+        let forbidden = |guid: u64| match judge("node1", Guid(guid), &f, &p, &inv, None) {
+            Err(Refusal::Forbidden { port, why }) if port == Guid(guid) => why,
+            other => panic!("{guid:#x}: {other:?}"),
+        };
+        assert_eq!(forbidden(0x10), ForbiddenPort::SmHost);
+        assert!(matches!(forbidden(0x11), ForbiddenPort::MasterSm { .. }));
+        assert!(matches!(
+            forbidden(0x20),
+            ForbiddenPort::NotChannelAdapter {
+                node_type: node_type::SWITCH,
+                ..
+            }
+        ));
+        assert!(matches!(
+            forbidden(0x30),
+            ForbiddenPort::NotChannelAdapter {
+                node_type: node_type::ROUTER,
+                ..
+            }
+        ));
+        for guid in [0x15, 0x17, 0x99] {
             let r = judge("node1", Guid(guid), &f, &p, &inv, None).unwrap_err();
-            assert!(
-                matches!(&r, Refusal::Forbidden(m) if m.contains(what)),
-                "{r:?}"
-            );
+            assert!(matches!(r, Refusal::NotShown { .. }), "{guid:#x}: {r:?}");
         }
-        for guid in [0x15, 0x17, 0x99, 0x1234] {
-            let r = judge("node1", Guid(guid), &f, &p, &inv, None).unwrap_err();
-            assert!(matches!(r, Refusal::NotShown(_)), "{guid:#x}: {r:?}");
-        }
+        let r = judge("node1", Guid(0x1234), &f, &p, &inv, None).unwrap_err();
+        assert_eq!(r, Refusal::NotAsked { port: Guid(0x1234) });
     }
 
     #[test]
@@ -530,12 +672,12 @@ mod tests {
         assert!(judge("node2", Guid(0x99), &f, &p, &inv, None).is_err());
         assert!(matches!(
             judge("node1", Guid(0x20), &f, &p, &inv, None),
-            Err(Refusal::Forbidden(_))
+            Err(Refusal::Forbidden { .. })
         ));
         // Held by node2: the inventory does not move it.
         assert!(matches!(
             judge("node1", Guid(0x99), &f, &p, &inv, Some("node2")),
-            Err(Refusal::OwnedByOther(_))
+            Err(Refusal::OwnedByOther { .. })
         ));
     }
 
@@ -553,7 +695,8 @@ mod tests {
         );
         let r = judge("node2", Guid(0x13), &f, &p, &inv, Some("node1")).unwrap_err();
         assert!(
-            matches!(&r, Refusal::OwnedByOther(m) if m.contains("\"node1 mlx5_0\"")),
+            matches!(&r, Refusal::OwnedByOther { holder, shown: Some(d), .. }
+                if holder == "node1" && d == "node1 mlx5_0"),
             "{r:?}"
         );
     }
@@ -564,13 +707,32 @@ mod tests {
             "node1 = [\"0x13\"]",
             "node1 = [\"0000000000000013\"]",
             "node1 = [\"0x0000000000000000\"]",
-            "node1 = [\"0x0000000000000013\"]\nnode2 = [\"0x0000000000000013\"]",
-            "node1 = \"0x0000000000000013\"",
-            "[node1]\nx = 1",
         ] {
-            assert!(Inventory::parse(bad).is_err(), "{bad}");
+            assert!(
+                matches!(Inventory::parse(bad), Err(InventoryError::Guid { node, .. }) if node == "node1"),
+                "{bad}"
+            );
         }
-        assert!(Inventory::load(Path::new("/nonexistent/inventory.toml")).is_err());
+        assert!(matches!(
+            Inventory::parse("node1 = [\"0x0000000000000013\"]\nnode2 = [\"0x0000000000000013\"]"),
+            Err(InventoryError::Twice {
+                guid: Guid(0x13),
+                ..
+            })
+        ));
+        for bad in ["node1 = \"0x0000000000000013\"", "[node1]\nx = 1"] {
+            assert!(
+                matches!(Inventory::parse(bad), Err(InventoryError::Toml(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            Inventory::load(Path::new("/nonexistent/inventory.toml")),
+            Err(InventoryFileError {
+                source: InventoryError::Read(_),
+                ..
+            })
+        ));
     }
 
     #[test]

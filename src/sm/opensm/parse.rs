@@ -10,9 +10,9 @@
 
 use super::model::{
     Entry, EntryFlag, KeyOrigin, Member, MemberKind, MulticastGroup, ParseError, ParseErrorKind,
-    PartitionsConf, PortSet, Warning, WarningKind, DEFAULT_BASE, NAME_MAX,
+    PartitionsConf, PortSet, Warning, WarningKind, DEFAULT_BASE,
 };
-use crate::domain::Guid;
+use crate::domain::{Guid, KEY_NAME_MAX};
 use std::collections::BTreeSet;
 use std::net::Ipv6Addr;
 
@@ -423,13 +423,13 @@ impl Reader {
         };
         let name_bytes = name.filter(|n| !n.is_empty());
         if let Some(n) = &name_bytes {
-            if n.len() > NAME_MAX {
+            if n.len() > KEY_NAME_MAX {
                 self.warn(
                     WarningKind::NameTruncated,
                     format!(
                         "name {:?} is cut to 31 characters: {:?}",
                         lossy(n),
-                        lossy(&n[..NAME_MAX])
+                        lossy(&n[..KEY_NAME_MAX])
                     ),
                 );
             }
@@ -446,7 +446,7 @@ impl Reader {
         } else {
             (base, KeyOrigin::Given)
         };
-        let stored_name = name_bytes.map(|n| lossy(&n[..n.len().min(NAME_MAX)]));
+        let stored_name = name_bytes.map(|n| lossy(&n[..n.len().min(KEY_NAME_MAX)]));
         self.register_key(base, origin, stored_name.as_deref());
         st.entry = Some(Entry {
             line: self.line,
@@ -509,7 +509,7 @@ impl Reader {
     /// free generated one.
     fn key_without_value(&mut self, name: Option<&[u8]>) -> Result<(u16, KeyOrigin), ParseError> {
         let by_name = name.and_then(|n| {
-            (n.len() <= NAME_MAX)
+            (n.len() <= KEY_NAME_MAX)
                 .then(|| self.names.iter().find(|(s, _)| s == n).map(|(_, k)| *k))
                 .flatten()
         });

@@ -20,11 +20,11 @@
 //! members the region lists.
 
 use super::model::{
-    EffectivePartition, MemberKind, PartitionsConf, PortSet, DEFAULT_BASE, NAME_MAX,
+    EffectivePartition, MemberKind, ParseError, PartitionsConf, PortSet, Warning, DEFAULT_BASE,
 };
 use super::parse::{parse, parse_part};
 use super::render::{render_entry, EntrySpec, FlagSpec};
-use crate::domain::{Guid, Membership, PKey};
+use crate::domain::{Guid, Membership, PKey, KEY_NAME_MAX};
 use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
@@ -39,7 +39,7 @@ pub fn tenant_entry_name(key: PKey, requested: &str) -> String {
         name.push('.');
         name.push_str(requested);
     }
-    name.truncate(NAME_MAX);
+    name.truncate(KEY_NAME_MAX);
     name
 }
 
@@ -67,25 +67,111 @@ pub const BEGIN_MARKER: &str = "# BEGIN fabric-agent managed region: do not edit
 /// Last line of the agent's region.
 pub const END_MARKER: &str = "# END fabric-agent managed region";
 
+/// A port's P_Key table would overflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("{} would need {needed} P_Key table entries (the default partition and operator entries included) but holds {capacity}", match .port { Some(g) => format!("port {g}"), None => "every port".to_owned() })]
+pub struct TableOverflow {
+    /// The port, or `None` when every port of the set would overflow (too many keys).
+    pub port: Option<Guid>,
+    /// Entries needed.
+    pub needed: usize,
+    /// Entries the table holds.
+    pub capacity: usize,
+}
+
+/// What is wrong with the operator's part of the partitions file.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum OperatorFileProblem {
+    /// OpenSM would drop it.
+    #[error("{0} (OpenSM would load the default configuration instead)")]
+    Parse(#[source] ParseError),
+    /// The part before the region ends inside an entry.
+    #[error("the last entry before the fabric-agent region has no closing ';'")]
+    OpenEntryAtEnd,
+    /// The markers are not one BEGIN followed by one END (or none).
+    #[error("expected no fabric-agent markers or exactly one {BEGIN_MARKER:?} line followed by one {END_MARKER:?} line; found {begins} and {ends}")]
+    Markers {
+        /// BEGIN lines found.
+        begins: usize,
+        /// END lines found.
+        ends: usize,
+    },
+}
+
+/// Why the composed file fails the final check.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ComposedProblem {
+    /// OpenSM would drop the whole file.
+    #[error("{0}")]
+    Parse(#[source] ParseError),
+    /// The file has no explicit Default entry.
+    #[error("no explicit Default entry")]
+    NoDefault,
+    /// The region's own text draws a warning.
+    #[error("the region itself warns: {0}")]
+    RegionWarns(Warning),
+    /// A tenant key is missing from the parsed file.
+    #[error("key {0} missing after parse")]
+    KeyMissing(PKey),
+    /// A tenant key's members differ in the parsed file.
+    #[error("key {0}: members differ after parse")]
+    MembersDiffer(PKey),
+}
+
+/// How the region and the operator's part would interfere.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Collision {
+    /// An operator partition's members would change with the region in place.
+    #[error("the operator's partition {key:#06x} ({name}) would change members with the region in place: {before} before, {after} after")]
+    OperatorMembers {
+        /// The operator partition's key.
+        key: u16,
+        /// Its name ("?" when unnamed).
+        name: String,
+        /// Members without the region.
+        before: usize,
+        /// Members with it.
+        after: usize,
+    },
+    /// An operator entry resolves to a tenant key and changes its members.
+    #[error("tenant key {key} would hold {got} members in the composed file instead of the region's {want} (an operator entry resolves to it)")]
+    TenantMembers {
+        /// The tenant key.
+        key: PKey,
+        /// Members in the composed file.
+        got: usize,
+        /// Members in the region.
+        want: usize,
+    },
+    /// The composed file defines a partition neither part does.
+    #[error("the composed file defines partition {0:#06x}, which neither the operator's part nor the region does")]
+    ExtraPartition(u16),
+}
+
 /// Why a file cannot be (re)written.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RegionError {
     /// The operator's part does not load in OpenSM, or the markers are damaged.
     #[error("operator's partitions file is broken: {0}")]
-    OperatorFile(String),
+    OperatorFile(#[source] OperatorFileProblem),
     /// A tenant key is already defined by the operator's part.
-    #[error("{0}")]
-    OperatorKey(String),
+    #[error("key {key} is defined by the operator's entry on line {line} of the partitions file; the agent does not manage it")]
+    OperatorKey {
+        /// The key.
+        key: PKey,
+        /// The operator entry's line.
+        line: u32,
+    },
     /// A port would hold more keys than its table.
     #[error("{0}")]
-    TableFull(String),
+    TableFull(TableOverflow),
     /// The composed file failed the final check (a bug: nothing was written).
     #[error("composed file refused: {0}")]
-    Composed(String),
+    Composed(#[source] ComposedProblem),
     /// The region would change an operator partition's key or members, or an operator entry
     /// would add members to a tenant key (nothing was written).
     #[error("refused, nothing written: {0}")]
-    Collision(String),
+    Collision(#[source] Collision),
 }
 
 /// The operator's bytes around the region.
@@ -102,23 +188,16 @@ impl OperatorParts {
     /// is fine (the region completes it); one that ends inside an entry is not, since the
     /// region's text would continue that entry.
     pub fn parse(&self) -> Result<PartitionsConf, RegionError> {
-        let before = parse_part(&self.before).map_err(|e| {
-            RegionError::OperatorFile(format!(
-                "{e} (OpenSM would load the default configuration instead)"
-            ))
-        })?;
+        let broken = |e| RegionError::OperatorFile(OperatorFileProblem::Parse(e));
+        let before = parse_part(&self.before).map_err(broken)?;
         if before.open_entry_at_end {
             return Err(RegionError::OperatorFile(
-                "the last entry before the fabric-agent region has no closing ';'".into(),
+                OperatorFileProblem::OpenEntryAtEnd,
             ));
         }
         let mut all = self.before.clone();
         all.extend_from_slice(&self.after);
-        parse_part(&all).map_err(|e| {
-            RegionError::OperatorFile(format!(
-                "{e} (OpenSM would load the default configuration instead)"
-            ))
-        })
+        parse_part(&all).map_err(broken)
     }
 }
 
@@ -159,11 +238,10 @@ pub fn split_region(file: &[u8]) -> Result<OperatorParts, RegionError> {
             before: file[..*b].to_vec(),
             after: file[e + end_line.len()..].to_vec(),
         }),
-        _ => Err(RegionError::OperatorFile(format!(
-            "expected no fabric-agent markers or exactly one {BEGIN_MARKER:?} line followed by one {END_MARKER:?} line; found {} and {}",
-            begins.len(),
-            ends.len()
-        ))),
+        _ => Err(RegionError::OperatorFile(OperatorFileProblem::Markers {
+            begins: begins.len(),
+            ends: ends.len(),
+        })),
     }
 }
 
@@ -274,10 +352,10 @@ pub fn check_operator_keys<'a>(
 ) -> Result<(), RegionError> {
     for k in keys {
         if let Some(e) = operator.entries.iter().find(|e| e.pkey == k.base()) {
-            return Err(RegionError::OperatorKey(format!(
-                "key {k} is defined by the operator's entry on line {} of the partitions file; the agent does not manage it",
-                e.line
-            )));
+            return Err(RegionError::OperatorKey {
+                key: *k,
+                line: e.line,
+            });
         }
     }
     Ok(())
@@ -303,12 +381,12 @@ pub fn check_operator_unchanged(
         let was = member_set(before.get(key));
         let now = member_set(after.get(key));
         if was != now {
-            return Err(RegionError::Collision(format!(
-                "the operator's partition {key:#06x} ({}) would change members with the region in place: {} before, {} after",
-                before.get(key).map_or("?", |p| p.name.as_str()),
-                was.len(),
-                now.len()
-            )));
+            return Err(RegionError::Collision(Collision::OperatorMembers {
+                key: *key,
+                name: before.get(key).map_or("?", |p| p.name.as_str()).to_owned(),
+                before: was.len(),
+                after: now.len(),
+            }));
         }
     }
     for (key, t) in &plan.tenants {
@@ -319,11 +397,11 @@ pub fn check_operator_unchanged(
             .collect();
         let got = member_set(after.get(&key.base()));
         if want != got {
-            return Err(RegionError::Collision(format!(
-                "tenant key {key} would hold {} members in the composed file instead of the region's {} (an operator entry resolves to it)",
-                got.len(),
-                want.len()
-            )));
+            return Err(RegionError::Collision(Collision::TenantMembers {
+                key: *key,
+                got: got.len(),
+                want: want.len(),
+            }));
         }
     }
     let expected: BTreeSet<u16> = operator_keys
@@ -334,9 +412,7 @@ pub fn check_operator_unchanged(
         .collect();
     let found: BTreeSet<u16> = after.keys().copied().collect();
     if let Some(extra) = found.difference(&expected).next() {
-        return Err(RegionError::Collision(format!(
-            "the composed file defines partition {extra:#06x}, which neither the operator's part nor the region does"
-        )));
+        return Err(RegionError::Collision(Collision::ExtraPartition(*extra)));
     }
     Ok(())
 }
@@ -348,35 +424,33 @@ pub fn check_composed(
     plan: &RegionPlan,
     limits: TableLimits,
 ) -> Result<PartitionsConf, RegionError> {
-    let whole = parse(bytes).map_err(|e| RegionError::Composed(e.to_string()))?;
+    let composed = |p| RegionError::Composed(p);
+    let whole = parse(bytes).map_err(|e| composed(ComposedProblem::Parse(e)))?;
     if !whole.has_explicit_default() {
-        return Err(RegionError::Composed("no explicit Default entry".into()));
+        return Err(composed(ComposedProblem::NoDefault));
     }
-    let own = parse_part(region.as_bytes()).map_err(|e| RegionError::Composed(e.to_string()))?;
+    let own = parse_part(region.as_bytes()).map_err(|e| composed(ComposedProblem::Parse(e)))?;
     if let Some(w) = own.warnings.first() {
-        return Err(RegionError::Composed(format!(
-            "the region itself warns: {w}"
-        )));
+        return Err(composed(ComposedProblem::RegionWarns(w.clone())));
     }
     for (key, t) in &plan.tenants {
         let e = own
             .entries
             .iter()
             .find(|e| e.pkey == key.base())
-            .ok_or_else(|| RegionError::Composed(format!("key {key} missing after parse")))?;
+            .ok_or(RegionError::Composed(ComposedProblem::KeyMissing(*key)))?;
         if e.members.len() != t.members.len() {
-            return Err(RegionError::Composed(format!(
-                "key {key}: members differ after parse"
-            )));
+            return Err(RegionError::Composed(ComposedProblem::MembersDiffer(*key)));
         }
     }
     for guid in plan.guids() {
         let n = whole.table_entries_for(guid, limits.allow_both_pkeys);
         if n > limits.table_size {
-            return Err(RegionError::TableFull(format!(
-                "port {guid} would need {n} P_Key table entries but holds {}",
-                limits.table_size
-            )));
+            return Err(RegionError::TableFull(TableOverflow {
+                port: Some(guid),
+                needed: n,
+                capacity: limits.table_size,
+            }));
         }
     }
     Ok(whole)

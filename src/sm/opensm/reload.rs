@@ -17,19 +17,65 @@ use super::{OpenSmConfig, ReloadMethod};
 use async_trait::async_trait;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Why a reload failed.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum ReloadError {
     /// OpenSM could not be signalled (no pid, dead process, console closed).
     #[error("cannot make OpenSM re-read the partitions file: {0}")]
-    Unreachable(String),
-    /// OpenSM's log shows it rejected the file.
+    Unreachable(#[source] Unsignalled),
+    /// OpenSM's log shows it rejected the file: its error lines, as OpenSM wrote them.
     #[error("OpenSM rejected the partitions file: {0}")]
     Rejected(String),
+}
+
+/// Why OpenSM could not be made to re-read the file.
+#[derive(Debug, Clone, Error)]
+pub enum Unsignalled {
+    /// The pid file could not be read.
+    #[error("pid file {}: {source}", path.display())]
+    PidFile {
+        /// The pid file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The pid file holds no pid above 1.
+    #[error("pid file {} holds {text:?}, not a pid", path.display())]
+    NotAPid {
+        /// The pid file.
+        path: PathBuf,
+        /// Its (trimmed) text.
+        text: String,
+    },
+    /// Neither `pid_file` nor `pid` is configured.
+    #[error("no pid_file or pid configured")]
+    NoPid,
+    /// The signal could not be sent (ESRCH: no such process, EPERM: not allowed).
+    #[error("SIGHUP to pid {pid}: {source}")]
+    Signal {
+        /// The pid.
+        pid: i32,
+        /// The kernel's answer.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The console did not take the command.
+    #[error("console 127.0.0.1:{port}: {step} {}", .source.as_ref().map_or_else(|| "timed out".to_owned(), ToString::to_string))]
+    Console {
+        /// OpenSM's console port.
+        port: u16,
+        /// What failed: "connect" or "write".
+        step: &'static str,
+        /// The I/O error; `None`: the step timed out.
+        #[source]
+        source: Option<Arc<std::io::Error>>,
+    },
 }
 
 /// What a reload saw.
@@ -90,7 +136,10 @@ impl OpenSmReloader {
     fn opensm_pid(&self) -> Result<i32, ReloadError> {
         if let Some(path) = &self.pid_file {
             let text = std::fs::read_to_string(path).map_err(|e| {
-                ReloadError::Unreachable(format!("pid file {}: {e}", path.display()))
+                ReloadError::Unreachable(Unsignalled::PidFile {
+                    path: path.clone(),
+                    source: Arc::new(e),
+                })
             })?;
             return text
                 .trim()
@@ -98,41 +147,47 @@ impl OpenSmReloader {
                 .ok()
                 .filter(|p| *p > 1)
                 .ok_or_else(|| {
-                    ReloadError::Unreachable(format!(
-                        "pid file {} holds {:?}, not a pid",
-                        path.display(),
-                        text.trim()
-                    ))
+                    ReloadError::Unreachable(Unsignalled::NotAPid {
+                        path: path.clone(),
+                        text: text.trim().to_owned(),
+                    })
                 });
         }
-        self.pid
-            .ok_or_else(|| ReloadError::Unreachable("no pid_file or pid configured".into()))
+        self.pid.ok_or(ReloadError::Unreachable(Unsignalled::NoPid))
     }
 
     fn sighup(&self) -> Result<(), ReloadError> {
         let pid = self.opensm_pid()?;
-        crate::sys::process::send_sighup(pid)
-            .map_err(|e| ReloadError::Unreachable(format!("SIGHUP to pid {pid}: {e}")))
+        crate::sys::process::send_sighup(pid).map_err(|e| {
+            ReloadError::Unreachable(Unsignalled::Signal {
+                pid,
+                source: Arc::new(e),
+            })
+        })
     }
 
     async fn console_resweep(&self) -> Result<(), ReloadError> {
-        let unreachable = |what: String| {
-            ReloadError::Unreachable(format!("console 127.0.0.1:{}: {what}", self.console_port))
+        let unreachable = |step: &'static str, e: Option<std::io::Error>| {
+            ReloadError::Unreachable(Unsignalled::Console {
+                port: self.console_port,
+                step,
+                source: e.map(Arc::new),
+            })
         };
         let mut s = tokio::time::timeout(
             CONSOLE_TIMEOUT,
             tokio::net::TcpStream::connect(("127.0.0.1", self.console_port)),
         )
         .await
-        .map_err(|_| unreachable("connect timed out".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|_| unreachable("connect", None))?
+        .map_err(|e| unreachable("connect", Some(e)))?;
         tokio::time::timeout(CONSOLE_TIMEOUT, async {
             s.write_all(b"resweep heavy\nquit\n").await?;
             s.flush().await
         })
         .await
-        .map_err(|_| unreachable("write timed out".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|_| unreachable("write", None))?
+        .map_err(|e| unreachable("write", Some(e)))?;
         // Drain what OpenSM answers for a moment, then close: closing ends the session, which
         // matters since OpenSM serves one console session at a time.
         let mut sink = Vec::new();

@@ -28,11 +28,6 @@ pub struct EntrySpec {
     pub members: Vec<(PortSet, MemberKind)>,
 }
 
-/// Whether a name survives OpenSM unchanged and cannot be read as anything else.
-pub fn is_safe_name(name: &str) -> bool {
-    crate::domain::is_safe_key_name(name)
-}
-
 /// Appends one entry.
 pub fn render_entry(out: &mut String, e: &EntrySpec) {
     match &e.name {

@@ -12,6 +12,7 @@
 //! run in a process whose SMP observer holds agents for the same classes (see docs/OPENSM.md).
 
 use crate::mad::class;
+use crate::mad::header::same_transaction;
 use crate::mad::{
     attribute, get_table, header::MadHeader, method, node_record, status, MadError, NodeInfo,
     NodeInfoRepr, NodeRecord, NodeRecordRepr, PortInfo, PortInfoRepr, SaMad, SaMadRepr, Smp,
@@ -257,7 +258,7 @@ impl SaSession {
                     continue;
                 };
                 let header = MadHeader::new_unchecked(&received.mad[..]);
-                if header.transaction_id() as u32 != tid {
+                if !same_transaction(header.transaction_id(), u64::from(tid)) {
                     continue; // a late answer to an earlier question
                 }
                 if received.status != 0 || header.method() & method::RESPONSE_BIT == 0 {

@@ -103,7 +103,7 @@ impl NodeMembershipStore for InMemoryNodeStore {
             .lock()
             .map_err(|_| NodeStoreError("poisoned".into()))?;
         for node in nodes {
-            stored.insert(node.memberships.node_id.clone(), node.clone());
+            stored.insert(node.memberships.node_id.to_string(), node.clone());
         }
         if let Some(c) = commit {
             *state = c.clone();

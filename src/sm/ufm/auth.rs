@@ -3,12 +3,13 @@
 //! `Debug` is redacted and no error message carries file contents.
 
 use super::config::{AuthConfig, TokenScheme};
-use super::SmError;
+use super::{refused, SmError, UfmError};
 use reqwest::header::HeaderValue;
 use std::collections::hash_map::DefaultHasher;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A secret value whose `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -88,10 +89,26 @@ fn fingerprint(parts: &[&[u8]]) -> u64 {
     h.finish()
 }
 
-async fn read(path: &Path, what: &str) -> Result<Vec<u8>, SmError> {
+fn unreadable(path: &Path, what: &'static str, e: std::io::Error) -> SmError {
+    refused(UfmError::ReadFile {
+        what,
+        path: path.to_owned(),
+        source: Arc::new(e),
+    })
+}
+
+fn bad_file(path: &Path, what: &'static str, problem: &'static str) -> SmError {
+    refused(UfmError::BadFile {
+        what,
+        path: path.to_owned(),
+        problem,
+    })
+}
+
+async fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, SmError> {
     tokio::fs::read(path)
         .await
-        .map_err(|e| SmError::Refused(format!("cannot read UFM {what} {}: {e}", path.display())))
+        .map_err(|e| unreadable(path, what, e))
 }
 
 /// Reads the configured credentials.
@@ -99,9 +116,8 @@ pub(crate) async fn load(auth: &AuthConfig) -> Result<Loaded, SmError> {
     match auth {
         AuthConfig::Basic(path) => {
             let bytes = read(path, "credentials_file").await?;
-            let credential = parse_basic(&bytes).map_err(|why| {
-                SmError::Refused(format!("UFM credentials_file {}: {why}", path.display()))
-            })?;
+            let credential =
+                parse_basic(&bytes).map_err(|why| bad_file(path, "credentials_file", why))?;
             Ok(Loaded {
                 credential,
                 fingerprint: fingerprint(&[&bytes]),
@@ -110,9 +126,8 @@ pub(crate) async fn load(auth: &AuthConfig) -> Result<Loaded, SmError> {
         }
         AuthConfig::Token(path, scheme) => {
             let bytes = read(path, "token_file").await?;
-            let credential = parse_token(&bytes, *scheme).map_err(|why| {
-                SmError::Refused(format!("UFM token_file {}: {why}", path.display()))
-            })?;
+            let credential =
+                parse_token(&bytes, *scheme).map_err(|why| bad_file(path, "token_file", why))?;
             Ok(Loaded {
                 credential,
                 fingerprint: fingerprint(&[&bytes]),
@@ -133,10 +148,7 @@ pub(crate) async fn load(auth: &AuthConfig) -> Result<Loaded, SmError> {
 
 /// Reads a client certificate and key synchronously (at construction).
 pub(crate) fn load_identity_blocking(cert: &Path, key: &Path) -> Result<(Secret, u64), SmError> {
-    let read = |p: &Path, what: &str| {
-        std::fs::read(p)
-            .map_err(|e| SmError::Refused(format!("cannot read UFM {what} {}: {e}", p.display())))
-    };
+    let read = |p: &Path, what: &'static str| std::fs::read(p).map_err(|e| unreadable(p, what, e));
     let c = read(cert, "client_cert")?;
     let k = read(key, "client_key")?;
     Ok((identity_pem(&c, &k, cert, key)?, fingerprint(&[&c, &k])))
@@ -152,19 +164,17 @@ fn identity_pem(
         .ok()
         .filter(|c| c.contains("-----BEGIN CERTIFICATE-----"));
     let Some(cert) = cert else {
-        return Err(SmError::Refused(format!(
-            "UFM client_cert {}: no PEM certificate found",
-            cert_path.display()
-        )));
+        return Err(bad_file(
+            cert_path,
+            "client_cert",
+            "no PEM certificate found",
+        ));
     };
     let key = std::str::from_utf8(key)
         .ok()
         .filter(|k| k.contains("PRIVATE KEY-----"));
     let Some(key) = key else {
-        return Err(SmError::Refused(format!(
-            "UFM client_key {}: no PEM private key found",
-            key_path.display()
-        )));
+        return Err(bad_file(key_path, "client_key", "no PEM private key found"));
     };
     Ok(Secret(format!("{key}\n{cert}")))
 }

@@ -124,6 +124,67 @@ fn default_request_burst() -> u32 {
     64
 }
 
+/// Why a URL does not parse (the `url` crate's error, named through `reqwest`).
+pub type UrlParseError = <Url as std::str::FromStr>::Err;
+
+/// Most extra attempts per request.
+const MAX_RETRIES: u32 = 20;
+
+/// Why `[subnet_manager.ufm]` is refused: each names the field and says how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UfmConfigError {
+    /// `url` does not parse.
+    #[error("url {url:?} is not a URL")]
+    NotAUrl {
+        /// The configured text.
+        url: String,
+        /// Why it does not parse.
+        #[source]
+        source: UrlParseError,
+    },
+    /// `url` holds a user or password (never echoed: it is a secret).
+    #[error("url must not contain credentials; put them in credentials_file or token_file")]
+    UrlCredentials,
+    /// `url` names no host.
+    #[error("url {0:?} has no host")]
+    NoHost(String),
+    /// `url` is plain http to a host that is not loopback.
+    #[error("url {0:?} must use https (plain http is only allowed on loopback)")]
+    PlainHttp(String),
+    /// `url`'s scheme is neither http nor https.
+    #[error("url scheme {0:?} is not http(s)")]
+    Scheme(String),
+    /// `url` has a path, query or fragment.
+    #[error("url {0:?} must be the server's base URL without path or query (see api_path)")]
+    NotABaseUrl(String),
+    /// Only one of `client_cert` and `client_key` is set.
+    #[error("client_cert and client_key must be set together")]
+    HalfClientCert,
+    /// No authentication method is set.
+    #[error(
+        "set one authentication method: credentials_file, token_file, or client_cert + client_key"
+    )]
+    NoAuth,
+    /// More than one authentication method is set.
+    #[error("set only one authentication method: credentials_file, token_file, or client_cert + client_key")]
+    SeveralAuth,
+    /// `api_path` is not an absolute path.
+    #[error("api_path {0:?} must be an absolute path such as \"/ufmRest\"")]
+    ApiPath(String),
+    /// A timeout is 0.
+    #[error("connect_timeout_ms and request_timeout_ms must be > 0")]
+    ZeroTimeout,
+    /// `retries` is above the limit.
+    #[error("retries must be 0-{MAX_RETRIES}, not {0}")]
+    Retries(u32),
+    /// The backoff is 0 or its cap is below its start.
+    #[error("backoff must be > 0 and backoff_max_ms >= backoff_initial_ms")]
+    Backoff,
+    /// The request budget is 0.
+    #[error("max_requests_per_sec and request_burst must be > 0 (requests beyond them wait)")]
+    ZeroBudget,
+}
+
 /// Which authentication method a valid configuration selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AuthConfig {
@@ -166,48 +227,42 @@ impl UfmConfig {
         }
     }
 
-    /// Checks the settings; the message names the field and says how to fix it.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the settings; the error names the field and says how to fix it.
+    pub fn validate(&self) -> Result<(), UfmConfigError> {
         self.base_url()?;
         self.auth()?;
         if let Some(path) = &self.api_path {
             if !path.starts_with('/') || path.contains(['?', '#']) {
-                return Err(format!(
-                    "api_path {path:?} must be an absolute path such as \"/ufmRest\""
-                ));
+                return Err(UfmConfigError::ApiPath(path.clone()));
             }
         }
         if self.connect_timeout_ms == 0 || self.request_timeout_ms == 0 {
-            return Err("connect_timeout_ms and request_timeout_ms must be > 0".into());
+            return Err(UfmConfigError::ZeroTimeout);
         }
-        if self.retries > 20 {
-            return Err("retries must be 0-20".into());
+        if self.retries > MAX_RETRIES {
+            return Err(UfmConfigError::Retries(self.retries));
         }
         if self.backoff_initial_ms == 0 || self.backoff_max_ms < self.backoff_initial_ms {
-            return Err("backoff must be > 0 and backoff_max_ms >= backoff_initial_ms".into());
+            return Err(UfmConfigError::Backoff);
         }
         if self.max_requests_per_sec == 0 || self.request_burst == 0 {
-            return Err(
-                "max_requests_per_sec and request_burst must be > 0 (requests beyond them wait)"
-                    .into(),
-            );
+            return Err(UfmConfigError::ZeroBudget);
         }
         Ok(())
     }
 
     /// The parsed base URL: https, or http on a loopback host; no credentials, query or path.
-    pub(crate) fn base_url(&self) -> Result<Url, String> {
-        let url =
-            Url::parse(&self.url).map_err(|e| format!("url {:?} is not a URL: {e}", self.url))?;
+    pub(crate) fn base_url(&self) -> Result<Url, UfmConfigError> {
+        let url = Url::parse(&self.url).map_err(|source| UfmConfigError::NotAUrl {
+            url: self.url.clone(),
+            source,
+        })?;
         if !url.username().is_empty() || url.password().is_some() {
-            // Never echo the URL here: it holds a secret.
-            return Err(
-                "url must not contain credentials; put them in credentials_file or token_file"
-                    .into(),
-            );
+            // Never keep the URL here: it holds a secret.
+            return Err(UfmConfigError::UrlCredentials);
         }
         let Some(host) = url.host_str() else {
-            return Err(format!("url {:?} has no host", self.url));
+            return Err(UfmConfigError::NoHost(self.url.clone()));
         };
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let loopback = match bare.parse::<IpAddr>() {
@@ -217,25 +272,17 @@ impl UfmConfig {
         match url.scheme() {
             "https" => {}
             "http" if loopback => {}
-            "http" => {
-                return Err(format!(
-                    "url {:?} must use https (plain http is only allowed on loopback)",
-                    self.url
-                ))
-            }
-            other => return Err(format!("url scheme {other:?} is not http(s)")),
+            "http" => return Err(UfmConfigError::PlainHttp(self.url.clone())),
+            other => return Err(UfmConfigError::Scheme(other.to_owned())),
         }
         if url.query().is_some() || url.fragment().is_some() || url.path() != "/" {
-            return Err(format!(
-                "url {:?} must be the server's base URL without path or query (see api_path)",
-                self.url
-            ));
+            return Err(UfmConfigError::NotABaseUrl(self.url.clone()));
         }
         Ok(url)
     }
 
     /// The one configured authentication method.
-    pub(crate) fn auth(&self) -> Result<AuthConfig, String> {
+    pub(crate) fn auth(&self) -> Result<AuthConfig, UfmConfigError> {
         let mut methods = Vec::new();
         if let Some(f) = &self.credentials_file {
             methods.push(AuthConfig::Basic(f.clone()));
@@ -249,18 +296,12 @@ impl UfmConfig {
                 key: key.clone(),
             }),
             (None, None) => {}
-            _ => return Err("client_cert and client_key must be set together".into()),
+            _ => return Err(UfmConfigError::HalfClientCert),
         }
         match methods.len() {
             1 => Ok(methods.remove(0)),
-            0 => Err(
-                "set one authentication method: credentials_file, token_file, or client_cert + client_key"
-                    .into(),
-            ),
-            _ => Err(
-                "set only one authentication method: credentials_file, token_file, or client_cert + client_key"
-                    .into(),
-            ),
+            0 => Err(UfmConfigError::NoAuth),
+            _ => Err(UfmConfigError::SeveralAuth),
         }
     }
 
@@ -307,11 +348,24 @@ mod tests {
         assert!(basic("http://127.0.0.1:8080").validate().is_ok());
         assert!(basic("http://[::1]:8080").validate().is_ok());
         assert!(basic("http://localhost:8080").validate().is_ok());
-        let e = basic("http://ufm.example.net").validate().unwrap_err();
-        assert!(e.contains("https"), "{e}");
-        assert!(basic("ftp://ufm.example.net").validate().is_err());
-        assert!(basic("https://ufm.example.net/ufmRest").validate().is_err());
-        assert!(basic("not a url").validate().is_err());
+        assert_eq!(
+            basic("http://ufm.example.net").validate(),
+            Err(UfmConfigError::PlainHttp("http://ufm.example.net".into()))
+        );
+        assert_eq!(
+            basic("ftp://ufm.example.net").validate(),
+            Err(UfmConfigError::Scheme("ftp".into()))
+        );
+        assert_eq!(
+            basic("https://ufm.example.net/ufmRest").validate(),
+            Err(UfmConfigError::NotABaseUrl(
+                "https://ufm.example.net/ufmRest".into()
+            ))
+        );
+        assert!(matches!(
+            basic("not a url").validate(),
+            Err(UfmConfigError::NotAUrl { .. })
+        ));
     }
 
     #[test]
@@ -319,20 +373,20 @@ mod tests {
         let e = basic("https://admin:s3cret@ufm.example.net")
             .validate()
             .unwrap_err();
-        assert!(!e.contains("s3cret"), "{e}");
-        assert!(e.contains("credentials_file"), "{e}");
+        assert_eq!(e, UfmConfigError::UrlCredentials);
+        assert!(!format!("{e:?} {e}").contains("s3cret"));
     }
 
     #[test]
     fn exactly_one_auth_method() {
         let mut c = basic("https://u.example");
         c.token_file = Some("/t".into());
-        assert!(c.validate().unwrap_err().contains("only one"));
+        assert_eq!(c.validate(), Err(UfmConfigError::SeveralAuth));
         c.credentials_file = None;
         c.token_file = None;
-        assert!(c.validate().unwrap_err().contains("set one"));
+        assert_eq!(c.validate(), Err(UfmConfigError::NoAuth));
         c.client_cert = Some("/c.pem".into());
-        assert!(c.validate().unwrap_err().contains("together"));
+        assert_eq!(c.validate(), Err(UfmConfigError::HalfClientCert));
         c.client_key = Some("/k.pem".into());
         c.validate().unwrap();
         assert_eq!(c.effective_api_path(&c.auth().unwrap()), "/ufmRestV2");
@@ -348,17 +402,20 @@ mod tests {
         c.api_path = Some("/proxy/ufmRest/".into());
         assert_eq!(c.effective_api_path(&c.auth().unwrap()), "/proxy/ufmRest");
         c.api_path = Some("ufmRest".into());
-        assert!(c.validate().is_err());
+        assert_eq!(c.validate(), Err(UfmConfigError::ApiPath("ufmRest".into())));
     }
 
     #[test]
     fn timeouts_and_backoff_must_make_sense() {
         let mut c = basic("https://u.example");
         c.request_timeout_ms = 0;
-        assert!(c.validate().is_err());
+        assert_eq!(c.validate(), Err(UfmConfigError::ZeroTimeout));
         let mut c = basic("https://u.example");
         c.backoff_max_ms = 1;
-        assert!(c.validate().is_err());
+        assert_eq!(c.validate(), Err(UfmConfigError::Backoff));
+        let mut c = basic("https://u.example");
+        c.retries = 21;
+        assert_eq!(c.validate(), Err(UfmConfigError::Retries(21)));
     }
 
     #[test]
@@ -372,9 +429,9 @@ mod tests {
         assert_eq!((c.max_requests_per_sec, c.request_burst), (20, 64));
         let mut c = basic("https://u.example");
         c.max_requests_per_sec = 0;
-        assert!(c.validate().unwrap_err().contains("max_requests_per_sec"));
+        assert_eq!(c.validate(), Err(UfmConfigError::ZeroBudget));
         let mut c = basic("https://u.example");
         c.request_burst = 0;
-        assert!(c.validate().is_err());
+        assert_eq!(c.validate(), Err(UfmConfigError::ZeroBudget));
     }
 }

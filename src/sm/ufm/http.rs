@@ -9,6 +9,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The largest UFM answer body read (8 MiB); a larger one fails the request.
@@ -35,7 +36,9 @@ impl RetryPolicy {
             .saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
             .min(self.max);
         let half = step / 2;
-        let jitter_ms = rand::random_range(0..=(step - half).as_millis() as u64);
+        // Saturates: a step beyond u64 milliseconds is not configurable.
+        let jitter_ms =
+            rand::random_range(0..=u64::try_from((step - half).as_millis()).unwrap_or(u64::MAX));
         half + Duration::from_millis(jitter_ms)
     }
 }
@@ -49,10 +52,51 @@ pub(crate) struct Answer {
     pub body: Vec<u8>,
 }
 
-/// Why an exchange produced no answer below 500; `.1`: because the answer exceeded
-/// [`MAX_BODY`] (asking again would fetch the same answer).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Unreachable(pub String, pub bool);
+/// Why UFM gave no usable answer to a request (after every attempt it was worth).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NoAnswer {
+    /// Only 5xx answers.
+    #[error("UFM answered {status} to {method} {url} (gave up after {attempts} attempts)")]
+    ServerError {
+        /// The request's method.
+        method: Method,
+        /// The request's URL.
+        url: String,
+        /// The last answer's status.
+        status: StatusCode,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// Timeouts, connection errors or answers cut short.
+    #[error(
+        "{method} {url}: {} (gave up after {attempts} attempts)",
+        describe(source)
+    )]
+    Transport {
+        /// The request's method.
+        method: Method,
+        /// The request's URL.
+        url: String,
+        /// The last attempt's failure.
+        #[source]
+        source: Arc<reqwest::Error>,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The answer exceeded the answer cap, 8 MiB (not retried: asking again fetches the same
+    /// answer).
+    #[error("{method} {url}: UFM answer body of {} bytes exceeds the {cap}-byte limit; not read", match .announced { Some(n) => n.to_string(), None => format!("more than {cap}") })]
+    TooLarge {
+        /// The request's method.
+        method: Method,
+        /// The request's URL.
+        url: String,
+        /// The announced length, if the answer announced one.
+        announced: Option<u64>,
+        /// The cap.
+        cap: usize,
+    },
+}
 
 /// The requests of one apply, sharing a client, credentials and counters.
 pub(crate) struct Exchange<'a> {
@@ -78,24 +122,37 @@ impl Exchange<'_> {
         method: Method,
         path: &str,
         body: Option<&Value>,
-    ) -> Result<Answer, Unreachable> {
+    ) -> Result<Answer, NoAnswer> {
         let url = format!("{}{}", self.base, path);
         let mut attempt = 0u32;
         loop {
+            let attempts = attempt + 1;
             let failure = match self.send_once(&method, &url, body).await {
                 Ok(answer) if !answer.status.is_server_error() => return Ok(answer),
-                Ok(answer) => format!("UFM answered {} to {method} {url}", answer.status),
-                Err(Failure::Transient(why)) => format!("{method} {url}: {why}"),
+                Ok(answer) => NoAnswer::ServerError {
+                    method: method.clone(),
+                    url: url.clone(),
+                    status: answer.status,
+                    attempts,
+                },
+                Err(Failure::Transient(e)) => NoAnswer::Transport {
+                    method: method.clone(),
+                    url: url.clone(),
+                    source: Arc::new(e),
+                    attempts,
+                },
                 // Asking again would fetch the same oversized answer.
-                Err(Failure::Permanent(why)) => {
-                    return Err(Unreachable(format!("{method} {url}: {why}"), true))
+                Err(Failure::TooLarge { announced, cap }) => {
+                    return Err(NoAnswer::TooLarge {
+                        method,
+                        url,
+                        announced,
+                        cap,
+                    })
                 }
             };
             if attempt >= self.policy.retries {
-                return Err(Unreachable(
-                    format!("{failure} (gave up after {} attempts)", attempt + 1),
-                    false,
-                ));
+                return Err(failure);
             }
             let delay = self.policy.delay(attempt);
             tracing::debug!(%failure, attempt, ?delay, "UFM request failed; retrying");
@@ -126,8 +183,7 @@ impl Exchange<'_> {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let transient = |e: reqwest::Error| Failure::Transient(describe(&e));
-        let mut response = request.send().await.map_err(transient)?;
+        let mut response = request.send().await.map_err(Failure::Transient)?;
         let status = response.status();
         let body = read_capped(&mut response, MAX_BODY).await?;
         tracing::debug!(%method, url, %status, "UFM answered");
@@ -139,32 +195,39 @@ impl Exchange<'_> {
 #[derive(Debug)]
 enum Failure {
     /// Worth another attempt (timeout, connection error, body cut short).
-    Transient(String),
-    /// Not worth another attempt (the answer is too large).
-    Permanent(String),
+    Transient(reqwest::Error),
+    /// Not worth another attempt: the answer is larger than `cap` (`announced`: its announced
+    /// length).
+    TooLarge {
+        /// The announced length, if any.
+        announced: Option<u64>,
+        /// The cap.
+        cap: usize,
+    },
 }
 
 /// Reads a body of at most `cap` bytes, refusing a larger one (announced or actual) before
 /// holding more than `cap` bytes of it.
 async fn read_capped(response: &mut reqwest::Response, cap: usize) -> Result<Vec<u8>, Failure> {
-    let too_large = |n: String| {
-        Failure::Permanent(format!(
-            "UFM answer body of {n} bytes exceeds the {cap}-byte limit; not read"
-        ))
-    };
     if let Some(len) = response.content_length() {
-        if len > cap as u64 {
-            return Err(too_large(len.to_string()));
+        if usize::try_from(len).map_or(true, |len| len > cap) {
+            return Err(Failure::TooLarge {
+                announced: Some(len),
+                cap,
+            });
         }
     }
-    let mut body = Vec::with_capacity(response.content_length().unwrap_or(0) as usize);
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| Failure::Transient(describe(&e)))?
-    {
+    // Only a capacity hint, already checked against `cap`.
+    let hint = response
+        .content_length()
+        .map_or(0, |n| usize::try_from(n).unwrap_or(0));
+    let mut body = Vec::with_capacity(hint);
+    while let Some(chunk) = response.chunk().await.map_err(Failure::Transient)? {
         if body.len() + chunk.len() > cap {
-            return Err(too_large(format!("more than {cap}")));
+            return Err(Failure::TooLarge {
+                announced: None,
+                cap,
+            });
         }
         body.extend_from_slice(&chunk);
     }
@@ -227,7 +290,10 @@ mod tests {
             let url = serve_body(MAX_BODY + 1, announce).await;
             let mut r = client.get(&url).send().await.unwrap();
             match read_capped(&mut r, MAX_BODY).await {
-                Err(Failure::Permanent(why)) => assert!(why.contains("exceeds"), "{why}"),
+                Err(Failure::TooLarge { announced, cap }) => {
+                    assert_eq!(cap, MAX_BODY);
+                    assert_eq!(announced, announce.then_some((MAX_BODY + 1) as u64));
+                }
                 other => panic!("announce={announce}: {other:?}"),
             }
             let url = serve_body(1000, announce).await;

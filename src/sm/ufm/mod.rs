@@ -66,22 +66,26 @@
 mod auth;
 mod budget;
 mod config;
+mod error;
 mod http;
 mod ledger;
 mod plan;
 mod wire;
 
-pub use config::{TokenScheme, UfmConfig};
+pub use config::{TokenScheme, UfmConfig, UfmConfigError, UrlParseError};
+pub use error::UfmError;
+pub use http::NoAnswer;
 pub use ledger::{LedgerStoreError, MemoryLedgerStore, UfmLedger, UfmLedgerStore};
+pub use wire::WireError;
 
-use super::{ApplyOutcome, SmError, SubnetManager};
+use super::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use crate::domain::{Guid, Membership, NodeMemberships, PKey};
 use async_trait::async_trait;
 use auth::{Credential, Loaded, Secret};
 use budget::Budget;
 use config::AuthConfig;
 use futures::{StreamExt, TryStreamExt};
-use http::{Answer, Exchange, RetryPolicy, Unreachable};
+use http::{Answer, Exchange, RetryPolicy};
 use plan::{plan_key, KeyPlan};
 use reqwest::{Certificate, Client, Method, StatusCode};
 use std::collections::{BTreeMap, BTreeSet};
@@ -173,20 +177,23 @@ struct Confirmed {
 
 /// Why an apply stopped, before mapping to [`SmError`].
 enum Failure {
+    /// UFM answered 401/403: the credentials are rejected.
     Rejected(StatusCode),
-    Refused(String),
-    Unavailable(String),
-    /// UFM's answer exceeded the body cap.
-    TooLarge(String),
+    /// Retrying soon will not fix it.
+    Refused(UfmError),
+    /// No usable answer: worth retrying.
+    NoAnswer(UfmError),
 }
 
-impl From<Unreachable> for Failure {
-    fn from(u: Unreachable) -> Self {
-        match u {
-            Unreachable(why, true) => Failure::TooLarge(why),
-            Unreachable(why, false) => Failure::Unavailable(why),
-        }
+impl From<NoAnswer> for Failure {
+    fn from(e: NoAnswer) -> Self {
+        Failure::NoAnswer(UfmError::NoAnswer(e))
     }
+}
+
+/// A failure retrying soon will not fix.
+pub(crate) fn refused(e: UfmError) -> SmError {
+    SmError::Refused(SmFailure::Ufm(e))
 }
 
 impl ClientSettings {
@@ -205,16 +212,13 @@ impl ClientSettings {
             builder = builder.tls_certs_only(self.roots.clone());
         }
         if let Some(pem) = identity {
-            let identity = reqwest::Identity::from_pem(pem.expose().as_bytes()).map_err(|e| {
-                SmError::Refused(format!(
-                    "UFM client_cert/client_key are not a usable PEM certificate and key: {e}"
-                ))
-            })?;
+            let identity = reqwest::Identity::from_pem(pem.expose().as_bytes())
+                .map_err(|e| refused(UfmError::Identity(Arc::new(e))))?;
             builder = builder.identity(identity);
         }
         builder
             .build()
-            .map_err(|e| SmError::Refused(format!("UFM HTTP client: {e}")))
+            .map_err(|e| refused(UfmError::Client(Arc::new(e))))
     }
 }
 
@@ -237,11 +241,10 @@ impl UfmSm {
         config: &UfmConfig,
         ledger_store: Arc<dyn UfmLedgerStore>,
     ) -> Result<UfmSm, SmError> {
-        config
-            .validate()
-            .map_err(|why| SmError::Refused(format!("UFM configuration: {why}")))?;
-        let auth = config.auth().map_err(SmError::Refused)?;
-        let url = config.base_url().map_err(SmError::Refused)?;
+        let invalid = |why| refused(UfmError::Config(why));
+        config.validate().map_err(invalid)?;
+        let auth = config.auth().map_err(invalid)?;
+        let url = config.base_url().map_err(invalid)?;
         let base = format!(
             "{}{}",
             url.as_str().trim_end_matches('/'),
@@ -251,16 +254,24 @@ impl UfmSm {
             None => Vec::new(),
             Some(path) => {
                 let pem = std::fs::read(path).map_err(|e| {
-                    SmError::Refused(format!("cannot read UFM ca_file {}: {e}", path.display()))
+                    refused(UfmError::ReadFile {
+                        what: "ca_file",
+                        path: path.clone(),
+                        source: Arc::new(e),
+                    })
                 })?;
                 let roots = Certificate::from_pem_bundle(&pem).map_err(|e| {
-                    SmError::Refused(format!("UFM ca_file {}: {e}", path.display()))
+                    refused(UfmError::CaBundle {
+                        path: path.clone(),
+                        source: Arc::new(e),
+                    })
                 })?;
                 if roots.is_empty() {
-                    return Err(SmError::Refused(format!(
-                        "UFM ca_file {}: no PEM certificate found",
-                        path.display()
-                    )));
+                    return Err(refused(UfmError::BadFile {
+                        what: "ca_file",
+                        path: path.clone(),
+                        problem: "no PEM certificate found",
+                    }));
                 }
                 roots
             }
@@ -318,11 +329,11 @@ impl UfmSm {
         Ok(())
     }
 
-    fn rejected_message(loaded: &Loaded, status: StatusCode) -> String {
-        format!(
-            "UFM rejected the credentials ({status}); not calling UFM again until {} changes",
-            loaded.source.display()
-        )
+    fn rejected(loaded: &Loaded, status: StatusCode) -> UfmError {
+        UfmError::CredentialsRejected {
+            status,
+            source_file: loaded.source.clone(),
+        }
     }
 
     async fn apply_locked(
@@ -464,15 +475,12 @@ impl UfmSm {
         }
         self.save_ledger(ledger, saved).await?;
         if let Some((key, left)) = wrong.first() {
-            let more = match wrong.len() {
-                1 => String::new(),
-                n => format!(" (and {} more key(s) not as asked)", n - 1),
-            };
-            return Err(Failure::Unavailable(format!(
-                "UFM accepted the change to {key} but reading it back shows {} GUID(s) still to add and {} to remove{more}",
-                left.add.len(),
-                left.remove.len()
-            )));
+            return Err(Failure::NoAnswer(UfmError::NotApplied {
+                key: *key,
+                to_add: left.add.len(),
+                to_remove: left.remove.len(),
+                other_keys: wrong.len() - 1,
+            }));
         }
         // Only a write-free apply's stamp vouches for every key it read (module docs).
         if plans.is_empty() {
@@ -508,17 +516,17 @@ impl UfmSm {
         let store = self.ledger_store.clone();
         let bytes = tokio::task::spawn_blocking(move || store.load())
             .await
-            .map_err(|e| SmError::Unreachable(format!("reading the UFM ledger: {e}")))?
             .map_err(|e| {
-                SmError::Unreachable(format!("cannot read the UFM ledger from the store: {e}"))
-            })?;
+                SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerTask {
+                    saving: false,
+                    source: Arc::new(e),
+                }))
+            })?
+            .map_err(|e| SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerLoad(e))))?;
         let ledger = match bytes {
             None => UfmLedger::default(),
-            Some(bytes) => UfmLedger::decode(&bytes).map_err(|why| {
-                SmError::Refused(format!(
-                    "the UFM ledger in the store cannot be read ({why}); without it the GUIDs this node put in partitions are unknown"
-                ))
-            })?,
+            Some(bytes) => UfmLedger::decode(&bytes)
+                .map_err(|why| refused(UfmError::LedgerDecode(Arc::new(why))))?,
         };
         state.saved = ledger.clone();
         state.ledger = Some(ledger);
@@ -534,12 +542,13 @@ impl UfmSm {
         let store = self.ledger_store.clone();
         tokio::task::spawn_blocking(move || store.save(&bytes))
             .await
-            .map_err(|e| Failure::Unavailable(format!("recording the UFM ledger: {e}")))?
             .map_err(|e| {
-                Failure::Unavailable(format!(
-                    "cannot record the UFM ledger in the store ({e}); nothing more is sent to UFM until it can"
-                ))
-            })?;
+                Failure::NoAnswer(UfmError::LedgerTask {
+                    saving: true,
+                    source: Arc::new(e),
+                })
+            })?
+            .map_err(|e| Failure::NoAnswer(UfmError::LedgerSave(e)))?;
         *saved = ledger.clone();
         Ok(())
     }
@@ -550,11 +559,7 @@ impl UfmSm {
         if !answer.status.is_success() {
             return Err(self.refusal(ex, &answer, "listing partitions"));
         }
-        wire::parse_all(&answer.body).map_err(|why| {
-            Failure::Refused(format!(
-                "UFM's answer to GET {path} is not understood: {why}"
-            ))
-        })
+        wire::parse_all(&answer.body).map_err(|why| not_understood(path, why))
     }
 
     /// Reads `keys`: through the whole list when it is in use and `whole` is set or two or more
@@ -575,7 +580,9 @@ impl UfmSm {
                     let picked = keys.iter().map(|k| (*k, all.get(k).cloned())).collect();
                     return Ok((picked, Some(all)));
                 }
-                Err(Failure::TooLarge(why)) => list_failure = Some(why),
+                Err(Failure::NoAnswer(UfmError::NoAnswer(why @ NoAnswer::TooLarge { .. }))) => {
+                    list_failure = Some(why)
+                }
                 Err(other) => return Err(other),
             }
         }
@@ -632,11 +639,9 @@ impl UfmSm {
         let answer = ex.call(Method::GET, &path, None).await?;
         match answer.status {
             StatusCode::NOT_FOUND => Ok(None),
-            s if s.is_success() => wire::parse_partition(&answer.body).map_err(|why| {
-                Failure::Refused(format!(
-                    "UFM's answer to GET {path} is not understood: {why}"
-                ))
-            }),
+            s if s.is_success() => {
+                wire::parse_partition(&answer.body).map_err(|why| not_understood(&path, why))
+            }
             _ => Err(self.refusal(ex, &answer, &format!("reading {key}"))),
         }
     }
@@ -732,8 +737,20 @@ impl UfmSm {
         if text.is_empty() {
             text = "no details".into();
         }
-        Failure::Refused(format!("UFM refused {what} ({}): {text}", answer.status))
+        Failure::Refused(UfmError::Refused {
+            what: what.to_owned(),
+            status: answer.status,
+            text,
+        })
     }
+}
+
+/// A read's answer that does not parse: a refusal (asking again gets the same answer).
+fn not_understood(path: &str, why: WireError) -> Failure {
+    Failure::Refused(UfmError::NotUnderstood {
+        path: path.to_owned(),
+        source: Arc::new(why),
+    })
 }
 
 /// The states of the keys asked for, and the whole list when it was read.
@@ -769,9 +786,7 @@ impl SubnetManager for UfmSm {
     ) -> Result<ApplyOutcome, SmError> {
         let ports: BTreeSet<Guid> = desired.port_guids.iter().copied().collect();
         if ports.is_empty() && !desired.keys.is_empty() {
-            return Err(SmError::Refused(
-                "no InfiniBand port GUIDs on this node to program keys for".into(),
-            ));
+            return Err(refused(UfmError::NoPorts));
         }
         let mut state = self.state.lock().await;
         self.load_ledger(&mut state).await?;
@@ -784,7 +799,7 @@ impl SubnetManager for UfmSm {
         let loaded = auth::load(&self.auth).await?;
         if let Some((fingerprint, status)) = state.rejected {
             if fingerprint == loaded.fingerprint {
-                return Err(SmError::Refused(Self::rejected_message(&loaded, status)));
+                return Err(refused(Self::rejected(&loaded, status)));
             }
         }
         self.refresh_identity(&mut state, &loaded)?;
@@ -820,14 +835,12 @@ impl SubnetManager for UfmSm {
             }
             Err(Failure::Rejected(status)) => {
                 state.rejected = Some((loaded.fingerprint, status));
-                let message = Self::rejected_message(&loaded, status);
-                tracing::warn!(%message, "UFM apply refused");
-                Err(SmError::Refused(message))
+                let e = Self::rejected(&loaded, status);
+                tracing::warn!(error = %e, "UFM apply refused");
+                Err(refused(e))
             }
-            Err(Failure::Refused(message)) => Err(SmError::Refused(message)),
-            Err(Failure::Unavailable(message) | Failure::TooLarge(message)) => {
-                Err(SmError::Unreachable(message))
-            }
+            Err(Failure::Refused(e)) => Err(refused(e)),
+            Err(Failure::NoAnswer(e)) => Err(SmError::Unreachable(SmFailure::Ufm(e))),
         }
     }
 }

@@ -58,26 +58,37 @@ pub(crate) struct PartitionState {
 
 /// A UFM answer this backend does not understand.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum WireError {
+pub enum WireError {
+    /// A partition answer is not JSON.
     #[error("partition is not JSON: {0}")]
     PartitionJson(#[source] serde_json::Error),
+    /// The partition list is not JSON.
     #[error("partition list is not JSON: {0}")]
     ListJson(#[source] serde_json::Error),
+    /// The partition list is not an object.
     #[error("partition list is not a JSON object")]
     ListNotObject,
+    /// The partition list has a name that is not a P_Key (UFM's text).
     #[error("partition list has a non-P_Key entry {0:?}")]
     ListEntry(String),
+    /// A partition is not an object.
     #[error("partition is not a JSON object")]
     PartitionNotObject,
+    /// A partition's `guids` is not a list.
     #[error("partition's \"guids\" is not a list")]
     GuidsNotList,
+    /// A member has no `guid` string.
     #[error("partition member without a \"guid\" string")]
     MemberWithoutGuid,
+    /// A member's GUID is not hex (UFM's text).
     #[error("partition member GUID {0:?} is not hex")]
     MemberGuid(String),
+    /// A member's membership is neither full nor limited.
     #[error("partition member {guid} has membership {membership:?}, expected full or limited")]
     MemberMembership {
+        /// The member.
         guid: Guid,
+        /// UFM's membership text, if any.
         membership: Option<String>,
     },
 }

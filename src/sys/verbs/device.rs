@@ -238,7 +238,7 @@ impl Device {
     }
 
     /// `ibv_query_port`, done as verbs.h's inline `___ibv_query_port` does, corrected (see
-    /// [`query_port_raw`]).
+    /// `query_port_raw`).
     pub fn query_port(&self, port: u8) -> Result<PortAttributes, VerbsError> {
         // SAFETY: `ctx` is an open context for the lifetime of `self`.
         let (rc, attr) = unsafe { query_port_raw(self.ctx.as_ptr(), port) };
