@@ -75,11 +75,13 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         partitions,
         stopped.clone(),
     ));
+    tracing::info!(node = %config.node_id, fabric = %config.fabric.as_str(), socket = %config.listen.unix_socket.display(), "ready");
+    systemd::ready(&agent.status_line());
+    // The pets start after READY=1: the watchdog's first tick is immediate, and a pet sent
+    // before READY tells systemd nothing it can use.
     if let Some(interval) = systemd::watchdog_interval() {
         tokio::spawn(systemd::watchdog(agent.clone(), interval, stopped.clone()));
     }
-    tracing::info!(node = %config.node_id, fabric = %config.fabric.as_str(), socket = %config.listen.unix_socket.display(), "ready");
-    systemd::ready(&agent.status_line());
     let reload = Reload {
         config_path,
         log: &log,
