@@ -43,15 +43,13 @@ struct RedbLedger(Store);
 
 impl UfmLedgerStore for RedbLedger {
     fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
-        self.0
-            .meta("ufm_ledger")
-            .map_err(|e| LedgerStoreError(e.to_string()))
+        self.0.meta("ufm_ledger").map_err(LedgerStoreError::new)
     }
 
     fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
         self.0
             .set_meta("ufm_ledger", bytes)
-            .map_err(|e| LedgerStoreError(e.to_string()))
+            .map_err(LedgerStoreError::new)
     }
 }
 

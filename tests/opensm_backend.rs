@@ -843,7 +843,7 @@ impl NodeMembershipStore for FlakyStore {
         commit: Option<&fabric_agent::sm::opensm::CommitState>,
     ) -> Result<(), fabric_agent::sm::opensm::NodeStoreError> {
         if self.broken.load(Ordering::SeqCst) {
-            return Err(fabric_agent::sm::opensm::NodeStoreError("disk full".into()));
+            return Err(fabric_agent::sm::opensm::NodeStoreError::new("disk full"));
         }
         self.inner.put_group(nodes, commit)
     }

@@ -8,6 +8,16 @@ use crate::store::Store;
 use std::sync::Arc;
 
 const SIM_TABLES: &str = "sim_tables";
+
+/// A stored record that does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("stored record {key}: {source}")]
+struct RecordError {
+    /// The record's key (a node id or a meta key).
+    key: String,
+    /// Why it does not decode.
+    source: serde_json::Error,
+}
 /// Store meta key of the OpenSM backend's commit state (unconfirmed write, rejected file).
 const OPENSM_COMMIT: &str = "opensm_commit_state";
 /// Store meta key of the UFM backend's ledger (GUIDs this node put in partitions).
@@ -25,14 +35,15 @@ struct StoredSmNode {
 
 impl NodeMembershipStore for StoredSmNodes {
     fn load_all(&self) -> Result<Vec<StoredNode>, NodeStoreError> {
-        let rows = self
-            .0
-            .sm_nodes()
-            .map_err(|e| NodeStoreError(e.to_string()))?;
+        let rows = self.0.sm_nodes().map_err(NodeStoreError::new)?;
         rows.into_iter()
             .map(|(id, bytes)| {
-                let n: StoredSmNode = serde_json::from_slice(&bytes)
-                    .map_err(|e| NodeStoreError(format!("node {id}: {e}")))?;
+                let n: StoredSmNode = serde_json::from_slice(&bytes).map_err(|source| {
+                    NodeStoreError::new(RecordError {
+                        key: id.clone(),
+                        source,
+                    })
+                })?;
                 Ok(StoredNode {
                     memberships: n.memberships,
                     generation: n.generation,
@@ -56,24 +67,24 @@ impl NodeMembershipStore for StoredSmNodes {
                 Ok((n.memberships.node_id.to_string(), bytes))
             })
             .collect::<Result<Vec<_>, serde_json::Error>>()
-            .map_err(|e| NodeStoreError(e.to_string()))?;
+            .map_err(NodeStoreError::new)?;
         let state = commit
             .map(serde_json::to_vec)
             .transpose()
-            .map_err(|e| NodeStoreError(e.to_string()))?;
+            .map_err(NodeStoreError::new)?;
         self.0
             .put_sm_nodes(&rows, state.as_deref().map(|s| (OPENSM_COMMIT, s)))
-            .map_err(|e| NodeStoreError(e.to_string()))
+            .map_err(NodeStoreError::new)
     }
 
     fn load_commit_state(&self) -> Result<CommitState, NodeStoreError> {
-        match self
-            .0
-            .meta(OPENSM_COMMIT)
-            .map_err(|e| NodeStoreError(e.to_string()))?
-        {
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| NodeStoreError(format!("{OPENSM_COMMIT}: {e}"))),
+        match self.0.meta(OPENSM_COMMIT).map_err(NodeStoreError::new)? {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| {
+                NodeStoreError::new(RecordError {
+                    key: OPENSM_COMMIT.to_owned(),
+                    source,
+                })
+            }),
             None => Ok(CommitState::default()),
         }
     }
@@ -99,14 +110,12 @@ pub(super) struct StoredUfmLedger(pub(super) Arc<Store>);
 
 impl UfmLedgerStore for StoredUfmLedger {
     fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
-        self.0
-            .meta(UFM_LEDGER)
-            .map_err(|e| LedgerStoreError(e.to_string()))
+        self.0.meta(UFM_LEDGER).map_err(LedgerStoreError::new)
     }
 
     fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
         self.0
             .set_meta(UFM_LEDGER, bytes)
-            .map_err(|e| LedgerStoreError(e.to_string()))
+            .map_err(LedgerStoreError::new)
     }
 }

@@ -10,7 +10,7 @@
 use crate::domain::NodeMemberships;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 /// A node's latest accepted desired set.
@@ -35,10 +35,17 @@ pub struct CommitState {
     pub rejected: Option<String>,
 }
 
-/// The store failed.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+/// The store failed; its cause is kept as the source.
+#[derive(Debug, Clone, Error)]
 #[error("node membership store: {0}")]
-pub struct NodeStoreError(pub String);
+pub struct NodeStoreError(#[source] pub Arc<dyn std::error::Error + Send + Sync>);
+
+impl NodeStoreError {
+    /// A store failure caused by `cause` (an error value, or a text for a store without one).
+    pub fn new(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        NodeStoreError(Arc::from(cause.into()))
+    }
+}
 
 /// Durable storage of [`StoredNode`]s keyed by node id.
 pub trait NodeMembershipStore: Send + Sync + 'static {
@@ -85,7 +92,7 @@ impl NodeMembershipStore for InMemoryNodeStore {
         let nodes = self
             .nodes
             .lock()
-            .map_err(|_| NodeStoreError("poisoned".into()))?;
+            .map_err(|_| NodeStoreError::new("lock poisoned"))?;
         Ok(nodes.values().cloned().collect())
     }
 
@@ -97,11 +104,11 @@ impl NodeMembershipStore for InMemoryNodeStore {
         let mut stored = self
             .nodes
             .lock()
-            .map_err(|_| NodeStoreError("poisoned".into()))?;
+            .map_err(|_| NodeStoreError::new("lock poisoned"))?;
         let mut state = self
             .commit
             .lock()
-            .map_err(|_| NodeStoreError("poisoned".into()))?;
+            .map_err(|_| NodeStoreError::new("lock poisoned"))?;
         for node in nodes {
             stored.insert(node.memberships.node_id.to_string(), node.clone());
         }
@@ -119,7 +126,7 @@ impl NodeMembershipStore for InMemoryNodeStore {
         Ok(self
             .commit
             .lock()
-            .map_err(|_| NodeStoreError("poisoned".into()))?
+            .map_err(|_| NodeStoreError::new("lock poisoned"))?
             .clone())
     }
 }

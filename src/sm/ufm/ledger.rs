@@ -20,10 +20,18 @@ use thiserror::Error;
 
 const VERSION: u32 = 1;
 
-/// The ledger could not be read or written.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+/// The ledger could not be read or written; its cause is kept as the source.
+#[derive(Debug, Clone, Error)]
 #[error("{0}")]
-pub struct LedgerStoreError(pub String);
+pub struct LedgerStoreError(#[source] pub Arc<dyn std::error::Error + Send + Sync>);
+
+impl LedgerStoreError {
+    /// A ledger store failure caused by `cause` (an error value, or a text for a store without
+    /// one).
+    pub fn new(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        LedgerStoreError(Arc::from(cause.into()))
+    }
+}
 
 /// Where the ledger is kept: one opaque value, read once and replaced whole.
 pub trait UfmLedgerStore: Send + Sync + 'static {
@@ -85,7 +93,7 @@ impl UfmLedgerStore for MemoryLedgerStore {
     fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
         self.with(|i| {
             if i.refuse_saves {
-                return Err(LedgerStoreError("the store refuses writes".into()));
+                return Err(LedgerStoreError::new("the store refuses writes"));
             }
             i.value = Some(bytes.to_vec());
             i.saves += 1;
