@@ -17,5 +17,13 @@ for target in $(cargo +nightly fuzz list); do
   corpus="corpus/$target"
   mkdir -p "$corpus"
   echo "fuzz-smoke: $target for ${seconds}s"
-  cargo +nightly fuzz run "$target" "$corpus" -- -max_total_time="$seconds" -rss_limit_mb=2048 2>&1 | tail -n 3
+  out="$(mktemp)"
+  if ! cargo +nightly fuzz run "$target" "$corpus" -- -max_total_time="$seconds" -rss_limit_mb=2048 > "$out" 2>&1; then
+    # A build error or a crash: show enough of it to act on.
+    grep -v '^#' "$out" | tail -n 60
+    rm -f "$out"
+    exit 1
+  fi
+  tail -n 3 "$out"
+  rm -f "$out"
 done

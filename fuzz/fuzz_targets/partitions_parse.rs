@@ -5,7 +5,8 @@
 
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::region::split_region;
-use fabric_agent::sm::opensm::render::{is_safe_name, render_entry, EntrySpec};
+use fabric_agent::domain::is_safe_key_name;
+use fabric_agent::sm::opensm::render::{render_entry, EntrySpec};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let _ = split_region(data);
@@ -15,7 +16,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         render_entry(
             &mut text,
             &EntrySpec {
-                name: e.name.clone().filter(|n| is_safe_name(n)),
+                name: e.name.clone().filter(|n| is_safe_key_name(n)),
                 pkey: e.pkey,
                 flags: Vec::new(),
                 members: e.members.iter().map(|m| (m.ports, m.kind)).collect(),
