@@ -246,16 +246,8 @@ async fn shared_partition_connects_two_nodes_isolates_the_third_and_release_drop
         logs.push(check_history(agent).await);
     }
     assert_released_after_drop(&logs[0], "i-1", 0x8a12);
-    for agent in agents.iter_mut().chain([&mut sm]) {
-        let status = agent.stop();
-        assert!(status.success(), "{} exited with {status}", agent.node);
-    }
-    assert_eq!(
-        fabric.shim_litter().len(),
-        1,
-        "only OpenSM's: {:?}",
-        fabric.shim_litter()
-    );
+    stop_all(&mut agents, &mut sm);
+    assert_only_opensm_litter(&fabric);
     eprintln!("scenarios 1-3 took {:?}", started.elapsed());
 }
 
@@ -370,10 +362,7 @@ async fn agents_and_opensm_killed_mid_flow_converge_without_losing_events() {
     let text = std::fs::read_to_string(fabric.partitions_path()).unwrap();
     assert_eq!(operator_parts(&text).0, OPERATOR, "{text}");
     assert_opensm_never_rejected(&fabric);
-    for agent in agents.iter_mut().chain([&mut sm]) {
-        let status = agent.stop();
-        assert!(status.success(), "{} exited with {status}", agent.node);
-    }
+    stop_all(&mut agents, &mut sm);
     // Litter: the running OpenSM's, the crashed OpenSM's and the two crashed agents'.
     let litter = fabric.shim_litter();
     assert!(
@@ -653,18 +642,24 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
     for agent in agents.iter().chain([&sm]) {
         check_history(agent).await;
     }
-    for agent in agents.iter_mut().chain([&mut sm]) {
-        let status = agent.stop();
-        assert!(status.success(), "{} exited with {status}", agent.node);
-    }
-    assert_eq!(
-        fabric.shim_litter().len(),
-        1,
-        "only OpenSM's: {:?}",
-        fabric.shim_litter()
-    );
+    stop_all(&mut agents, &mut sm);
+    assert_only_opensm_litter(&fabric);
     eprintln!(
         "scenarios 5-6 took {:?} (200 Partitions edits: {edit_time:?})",
         started.elapsed()
     );
+}
+
+/// Stops every node agent and then the SM host's, each of which must exit cleanly.
+fn stop_all(agents: &mut [Agent], sm: &mut Agent) {
+    for agent in agents.iter_mut().chain([sm]) {
+        let status = agent.stop();
+        assert!(status.success(), "{} exited with {status}", agent.node);
+    }
+}
+
+/// After every agent stopped cleanly, only the running OpenSM's shim directory is left.
+fn assert_only_opensm_litter(fabric: &Fabric) {
+    let litter = fabric.shim_litter();
+    assert_eq!(litter.len(), 1, "only OpenSM's: {litter:?}");
 }
