@@ -197,6 +197,26 @@ enum Ask {
     Block(u16),
 }
 
+impl Ask {
+    /// The LID-routed Get that asks this, with transaction id `tid`.
+    fn request(self, tid: u32) -> SmpRepr {
+        let (attribute_id, attribute_modifier) = match self {
+            Ask::NodeInfo => (attribute::NODE_INFO, 0),
+            Ask::Block(b) => (attribute::PKEY_TABLE, pkey_table::attribute_modifier(1, b)),
+        };
+        SmpRepr {
+            routing: SmpRouting::LidRouted,
+            method: method::GET,
+            status: 0,
+            transaction_id: u64::from(tid),
+            attribute_id,
+            attribute_modifier,
+            m_key: 0,
+            data: [0; fabric_agent::mad::smp::DATA_LEN],
+        }
+    }
+}
+
 /// One request in flight.
 struct Sent {
     lid: u16,
@@ -255,7 +275,7 @@ impl Reads {
                         self.retry(&mut queue, &mut failed, sent, "no answer".into());
                         continue;
                     }
-                    match answer(&received.mad, sent.ask) {
+                    match answer(&received.mad, sent.ask, tid) {
                         Ok(Answered::Cap(cap)) => {
                             self.partition_cap.insert(sent.lid, cap);
                             self.queue_blocks(&mut queue, &mut blocks, sent.lid, cap);
@@ -327,20 +347,7 @@ impl Reads {
     /// Sends one LID-routed Get; returns its transaction id.
     fn send(&mut self, lid: u16, ask: Ask) -> Result<u32, String> {
         self.next_tid = self.next_tid.wrapping_add(1);
-        let (attribute_id, attribute_modifier) = match ask {
-            Ask::NodeInfo => (attribute::NODE_INFO, 0),
-            Ask::Block(b) => (attribute::PKEY_TABLE, pkey_table::attribute_modifier(1, b)),
-        };
-        let request = SmpRepr {
-            routing: SmpRouting::LidRouted,
-            method: method::GET,
-            status: 0,
-            transaction_id: u64::from(self.next_tid),
-            attribute_id,
-            attribute_modifier,
-            m_key: 0,
-            data: [0; fabric_agent::mad::smp::DATA_LEN],
-        };
+        let request = ask.request(self.next_tid);
         let mut mad = [0u8; MAD_LEN];
         request.emit(&mut Smp::new_unchecked(&mut mad[..]));
         let address = MadAddress {
@@ -360,9 +367,16 @@ enum Answered {
     Block(usize, [u16; 32]),
 }
 
-fn answer(mad: &[u8; MAD_LEN], ask: Ask) -> Result<Answered, String> {
+/// Reads the answer to `ask` sent with transaction id `tid`; anything else is an error.
+fn answer(mad: &[u8; MAD_LEN], ask: Ask, tid: u32) -> Result<Answered, String> {
     let smp = Smp::new_checked(&mad[..]).map_err(|e| e.to_string())?;
     let reply = SmpRepr::parse(&smp).map_err(|e| e.to_string())?;
+    if !reply.answers(&ask.request(tid)) {
+        return Err(format!(
+            "not an answer to {ask:?}: method {:#04x}, attribute {:#06x}/{:#x}",
+            reply.method, reply.attribute_id, reply.attribute_modifier
+        ));
+    }
     if reply.status != 0 {
         return Err(format!("status {:#06x}", reply.status));
     }
