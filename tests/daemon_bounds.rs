@@ -280,24 +280,36 @@ async fn requests_beyond_the_in_flight_limit_get_resource_exhausted() {
         "",
         "[limits]\nmax_in_flight_requests = 1\n",
     );
-    let mut waiting = d.client().await;
-    // The subnet manager is unreachable: this attach waits its full 6 s in the handler (long
-    // enough that, on a loaded machine, it is surely in progress while GetNode is tried).
-    let started = Instant::now();
-    let held = tokio::spawn(async move {
-        waiting
+    // The subnet manager is unreachable: an attach waits its full 6 s in the handler. With one
+    // slot, the attach itself may be the one refused if it arrives while a GetNode is being
+    // served; it is idempotent, so it is sent again until it holds the slot.
+    let send_attach = |socket: std::path::PathBuf| async move {
+        let mut waiting = process::client(&socket).await;
+        let started = Instant::now();
+        let answer = waiting
             .attach_partition(attach("i-1", partition("ibpart_a", 0x12), Some(6000)))
-            .await
-    });
+            .await;
+        (started, answer)
+    };
+    let mut held = tokio::spawn(send_attach(d.socket.clone()));
     let mut c = d.client().await;
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let refused = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no request was refused while an attach was in progress"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if held.is_finished() {
+            let (_, answer) = held.await.unwrap();
+            let e = answer.expect_err("the attach cannot finish before its 6 s wait");
+            assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+            held = tokio::spawn(send_attach(d.socket.clone()));
+            continue;
+        }
         match c.get_node(pb::GetNodeRequest {}).await {
             Err(e) => break e,
-            Ok(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            Ok(_) => panic!("a second request was served while the first was in progress"),
+            Ok(_) => continue,
         }
     };
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
@@ -306,7 +318,8 @@ async fn requests_beyond_the_in_flight_limit_get_resource_exhausted() {
         "{}",
         refused.message()
     );
-    let a = held.await.unwrap().expect("the waiting attach is answered");
+    let (started, a) = held.await.unwrap();
+    let a = a.expect("the waiting attach is answered");
     assert!(started.elapsed() >= Duration::from_secs(6));
     assert_eq!(
         state(&a.into_inner().attachment.unwrap()),
