@@ -718,10 +718,8 @@ async fn concurrent_readers_never_see_a_partial_file() {
     );
 }
 
-async fn burst(group_commit: bool, nodes: u64) -> (usize, Duration) {
-    let s = setup(b"", Duration::from_millis(20), |c| {
-        c.group_commit = group_commit
-    });
+async fn burst(tweak: impl FnOnce(&mut OpenSmConfig), nodes: u64) -> (usize, Duration) {
+    let s = setup(b"", Duration::from_millis(20), tweak);
     let start = Instant::now();
     let tasks: Vec<_> = (0..nodes)
         .map(|n| {
@@ -754,10 +752,52 @@ async fn burst(group_commit: bool, nodes: u64) -> (usize, Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_commit_merges_a_burst_into_few_sweeps() {
-    let (sweeps, _) = burst(true, 200).await;
+    // Without the linger the first request goes out alone and the rest share later writes.
+    let (sweeps, _) = burst(|c| c.commit_linger_ms = 0, 200).await;
     assert!(sweeps <= 10, "{sweeps} sweeps for 200 nodes");
-    let (sweeps_off, _) = burst(false, 50).await;
+    let (sweeps_off, _) = burst(|c| c.group_commit = false, 50).await;
     assert_eq!(sweeps_off, 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_within_the_commit_linger_shares_one_sweep() {
+    // Every request of the burst arrives within 100 ms of the one before (200 tasks on an
+    // idle runtime), so the first group waits for all of them.
+    let (sweeps, _) = burst(
+        |c| {
+            c.commit_linger_ms = 100;
+            c.commit_linger_max_ms = 10_000;
+        },
+        200,
+    )
+    .await;
+    assert_eq!(sweeps, 1);
+    // The linger is bounded: a burst that keeps arriving is written at the maximum.
+    let s = setup(b"", Duration::from_millis(20), |c| {
+        c.commit_linger_ms = 50;
+        c.commit_linger_max_ms = 100;
+    });
+    let start = Instant::now();
+    let feeder = {
+        let b = s.backend.clone();
+        tokio::spawn(async move {
+            for n in 0..30u64 {
+                let set = node(&format!("n{n}"), &[0x1000 + n], &[(1, Membership::Full)]);
+                let b = b.clone();
+                tokio::spawn(async move { b.set_node(set, 1).await });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    s.set_ok(node("a", &[0x10], &[(2, Membership::Full)]), 1)
+        .await;
+    let first = start.elapsed();
+    assert!(
+        first < Duration::from_millis(450),
+        "the first group waited {first:?} for a burst that kept arriving (max 100 ms)"
+    );
+    assert!(s.reloader.calls() >= 1);
+    feeder.await.unwrap();
 }
 
 #[tokio::test]

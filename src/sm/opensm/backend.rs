@@ -47,7 +47,7 @@ use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use thiserror::Error;
@@ -306,6 +306,27 @@ struct Inner {
     serial: tokio::sync::Mutex<()>,
     sweeps: AtomicU64,
     writes: AtomicU64,
+    /// `set_node` calls entered since start: the commit linger watches it for a burst.
+    arrivals: AtomicU64,
+    /// `set_node` calls between entry and their place in a commit group (or their refusal).
+    admitting: AtomicUsize,
+}
+
+/// Counts one `set_node` call as admitting until dropped.
+struct Admitting<'a>(&'a AtomicUsize);
+
+impl<'a> Admitting<'a> {
+    fn enter(arrivals: &AtomicU64, admitting: &'a AtomicUsize) -> Admitting<'a> {
+        admitting.fetch_add(1, Ordering::SeqCst);
+        arrivals.fetch_add(1, Ordering::SeqCst);
+        Admitting(admitting)
+    }
+}
+
+impl Drop for Admitting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The OpenSM backend. Cheap to clone (shared state).
@@ -393,6 +414,8 @@ impl OpenSmBackend {
                 serial: tokio::sync::Mutex::new(()),
                 sweeps: AtomicU64::new(0),
                 writes: AtomicU64::new(0),
+                arrivals: AtomicU64::new(0),
+                admitting: AtomicUsize::new(0),
             }),
         };
         if !watch.is_zero() && tokio::runtime::Handle::try_current().is_ok() {
@@ -451,6 +474,7 @@ impl OpenSmBackend {
         generation: u64,
         check_ports: bool,
     ) -> Result<SetOutcome, OpenSmError> {
+        let admitting = Admitting::enter(&self.inner.arrivals, &self.inner.admitting);
         validate(&desired, self.inner.config.pkey_table_size)?;
         let evidence = match (&self.inner.directory, check_ports) {
             (Some(directory), true) => Some(
@@ -498,6 +522,7 @@ impl OpenSmBackend {
                 self.admit(desired, generation, moves);
             }
         }
+        drop(admitting);
         let detail = self.commit().await?;
         Ok(SetOutcome {
             sweeps: self.sweeps(),
@@ -735,6 +760,7 @@ impl Inner {
 
     async fn commit_loop(self: Arc<Self>) {
         loop {
+            self.linger().await;
             let (waiters, (snapshot, unsaved)) = {
                 let mut st = self.lock();
                 if st.pending.is_empty() {
@@ -747,6 +773,30 @@ impl Inner {
             for w in waiters {
                 let _ = w.send(result.clone());
             }
+        }
+    }
+
+    /// Before a group is taken: while `set_node` calls keep arriving (one within every
+    /// `commit_linger_ms`) or are still being admitted, waits for them, up to
+    /// `commit_linger_max_ms`, so a burst shares one write + sweep instead of its first request
+    /// going out alone. A lone request waits one `commit_linger_ms`.
+    async fn linger(&self) {
+        let gap = Duration::from_millis(self.config.commit_linger_ms);
+        if gap.is_zero() {
+            return;
+        }
+        let until =
+            tokio::time::Instant::now() + Duration::from_millis(self.config.commit_linger_max_ms);
+        let mut seen = self.arrivals.load(Ordering::SeqCst);
+        loop {
+            let wake = (tokio::time::Instant::now() + gap).min(until);
+            tokio::time::sleep_until(wake).await;
+            let now = self.arrivals.load(Ordering::SeqCst);
+            let quiet = now == seen && self.admitting.load(Ordering::SeqCst) == 0;
+            if quiet || wake >= until {
+                return;
+            }
+            seen = now;
         }
     }
 

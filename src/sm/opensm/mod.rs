@@ -84,6 +84,15 @@ pub struct OpenSmConfig {
     /// sweep per request, for comparison).
     #[serde(default = "default_true")]
     pub group_commit: bool,
+    /// Group commit: how long a commit group waits for the next request of a burst before it
+    /// is written, milliseconds. The group is written once no request arrived (and none is
+    /// still being admitted) for this long, or at `commit_linger_max_ms`. 0: written at once.
+    /// Default 5 (a lone request's write + heavy sweep takes 100 ms or more).
+    #[serde(default = "default_commit_linger_ms")]
+    pub commit_linger_ms: u64,
+    /// The longest a commit group waits for a burst to end, milliseconds. Default 200.
+    #[serde(default = "default_commit_linger_max_ms")]
+    pub commit_linger_max_ms: u64,
     /// How often to look at OpenSM's log for a file it rejected on a sweep the agent did not
     /// trigger (an operator's edit that breaks the file), milliseconds; such a rejection is
     /// repaired at once (last accepted file restored, OpenSM signalled). 0: only at the next
@@ -120,6 +129,12 @@ fn default_membership() -> Membership {
 fn default_true() -> bool {
     true
 }
+fn default_commit_linger_ms() -> u64 {
+    5
+}
+fn default_commit_linger_max_ms() -> u64 {
+    200
+}
 fn default_watch_ms() -> u64 {
     2000
 }
@@ -138,6 +153,8 @@ impl Default for OpenSmConfig {
             allow_both_pkeys: false,
             default_membership: default_membership(),
             group_commit: true,
+            commit_linger_ms: default_commit_linger_ms(),
+            commit_linger_max_ms: default_commit_linger_max_ms(),
             watch_ms: default_watch_ms(),
             ownership: OwnershipConfig::default(),
             allow_full_default: false,
@@ -160,6 +177,9 @@ impl OpenSmConfig {
         if self.reload_check_ms > 60_000 {
             return Err(OpenSmConfigError::ReloadCheck);
         }
+        if self.commit_linger_max_ms > 10_000 || self.commit_linger_ms > self.commit_linger_max_ms {
+            return Err(OpenSmConfigError::CommitLinger);
+        }
         Ok(self.ownership.validate()?)
     }
 }
@@ -179,6 +199,9 @@ pub enum OpenSmConfigError {
     /// `reload_check_ms` too long.
     #[error("reload_check_ms must be at most 60000")]
     ReloadCheck,
+    /// `commit_linger_ms` above `commit_linger_max_ms`, or the maximum above 10 s.
+    #[error("commit_linger_ms must be at most commit_linger_max_ms, and that at most 10000")]
+    CommitLinger,
     /// The `ownership` table is refused.
     #[error(transparent)]
     Ownership(#[from] ownership::OwnershipConfigError),
@@ -199,5 +222,20 @@ mod tests {
         assert_eq!(c.default_membership, Membership::Limited);
         assert!(OpenSmConfig::default().validate().is_err());
         assert!(toml::from_str::<OpenSmConfig>("bogus = 1").is_err());
+        assert_eq!((c.commit_linger_ms, c.commit_linger_max_ms), (5, 200));
+        for (linger, max, ok) in [
+            (0, 0, true),
+            (200, 200, true),
+            (201, 200, false),
+            (5, 10_001, false),
+        ] {
+            let c = OpenSmConfig {
+                commit_linger_ms: linger,
+                commit_linger_max_ms: max,
+                pid: Some(2),
+                ..OpenSmConfig::default()
+            };
+            assert_eq!(c.validate().is_ok(), ok, "{linger} {max}");
+        }
     }
 }
