@@ -16,7 +16,8 @@ use support::{ms, percentile};
 
 fn main() {
     let cycles = usize::try_from(support::arg("--cycles", 100)).expect("--cycles");
-    let Some(fabric) = rig::Fabric::start(&rig::FabricSpec::new(2, 4), rig::DEFAULT_PARTITIONS)
+    let Some(fabric) =
+        rig::Fabric::start(&rig::FabricSpec::new(2, 4), rig::LIMITED_DEFAULT_PARTITIONS)
     else {
         eprintln!("ibsim/OpenSM not installed: nothing measured");
         return;

@@ -1,8 +1,10 @@
 //! UFM backend cost: HTTP requests per apply and apply latency against the in-process fake UFM
-//! (loopback, no TLS). Prints a table; run with `cargo bench --bench ufm`.
+//! (loopback, no TLS). Prints a table; run with `cargo bench --bench ufm` (`-- --applies N` per
+//! latency row, default 200).
 
 #[path = "../tests/fake_ufm/mod.rs"]
 mod fake_ufm;
+mod support;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::sm::ufm::{
@@ -15,7 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PORTS: u64 = 8;
-const RUNS: usize = 200;
+/// The request budget the bench's backends get: high enough never to pace an apply.
+const UNPACED: u32 = 1_000_000;
 
 fn node(keys: impl IntoIterator<Item = u16>) -> NodeMemberships {
     NodeMemberships {
@@ -56,7 +59,12 @@ impl UfmLedgerStore for RedbLedger {
 async fn backend(dir: &std::path::Path, fake: &FakeUfm, ledger: Arc<dyn UfmLedgerStore>) -> UfmSm {
     let cred = dir.join("ufm.cred");
     std::fs::write(&cred, "admin:123456\n").expect("write credentials");
-    UfmSm::new(&UfmConfig::with_credentials_file(fake.url(), cred), ledger).expect("backend")
+    let mut config = UfmConfig::with_credentials_file(fake.url(), cred);
+    // The per-agent budget (default 20 requests/s after a burst of 64) would pace these
+    // back-to-back applies: lifted, so the rows measure the backend and UFM.
+    config.max_requests_per_sec = UNPACED;
+    config.request_burst = UNPACED;
+    UfmSm::new(&config, ledger).expect("backend")
 }
 
 async fn requests_of(fake: &FakeUfm, sm: &UfmSm, desired: &NodeMemberships) -> usize {
@@ -65,21 +73,22 @@ async fn requests_of(fake: &FakeUfm, sm: &UfmSm, desired: &NodeMemberships) -> u
     fake.request_count()
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx]
+/// Applies per latency row (`--applies`, default 200).
+fn applies() -> usize {
+    usize::try_from(support::arg("--applies", 200).max(1)).expect("--applies")
 }
 
 async fn latency(sm: &UfmSm, desired: &[NodeMemberships]) -> (Duration, Duration) {
-    let mut times = Vec::with_capacity(RUNS);
-    for i in 0..RUNS {
+    let runs = applies();
+    let mut times = Vec::with_capacity(runs);
+    for i in 0..runs {
         let d = &desired[i % desired.len()];
         let t = Instant::now();
         sm.apply(d, 0).await.expect("apply");
         times.push(t.elapsed());
     }
-    times.sort();
-    (percentile(&times, 0.5), percentile(&times, 0.99))
+    let p = |q| support::percentile(&times, q).expect("at least one apply");
+    (p(0.5), p(0.99))
 }
 
 fn ms(d: Duration) -> String {
@@ -89,7 +98,7 @@ fn ms(d: Duration) -> String {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
-    println!("UFM backend, {PORTS} port GUIDs per node, fake UFM on loopback ({RUNS} applies per latency row)");
+    println!("UFM backend, {PORTS} port GUIDs per node, fake UFM on loopback ({} applies per latency row, request budget lifted to {UNPACED}/s)", applies());
     println!();
     println!("| keys | first apply | no-change re-apply | release all | re-apply p50 / p99 ms | one-key change p50 / p99 ms | one-key change, ledger in a store file, p50 / p99 ms | re-apply p50 / p99 ms, UFM +2 ms/request |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");

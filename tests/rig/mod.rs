@@ -37,6 +37,9 @@ use std::time::{Duration, Instant};
 pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
 /// A partitions file with only the default partition, everyone a full member.
 pub const DEFAULT_PARTITIONS: &str = "Default=0x7fff : ALL=full ;\n";
+/// A partitions file an SM-host agent serves tenant keys with: ports are limited members of the
+/// default partition (the SM's own port full), so tenants cannot reach each other through it.
+pub const LIMITED_DEFAULT_PARTITIONS: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
 /// Name of the node OpenSM runs on (the first node of the net file).
 pub const SM_HOST: &str = "smhost";
 
