@@ -99,6 +99,7 @@ fn main() {
     // `cargo bench` passes `--bench`; nothing else is understood.
     let Some(fabric) = rig::Fabric::start(&rig::FabricSpec::new(2, 4), rig::DEFAULT_PARTITIONS)
     else {
+        eprintln!("ibsim/OpenSM not installed: nothing measured");
         return;
     };
     let status = fabric

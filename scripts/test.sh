@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: set-up, formatting, lints, unit + integration tests (including the
-# ibsim + OpenSM fabric tests), and a short run of every fuzz target. Ends with one summary line.
+# ibsim + OpenSM fabric tests), a short run of every fuzz target and of every benchmark program.
+# Ends with one summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,6 +15,7 @@ cargo test 2>&1 | tee "$log"
 # The reconciler's deterministic simulation, long run (docs/SIMULATION.md).
 cargo run --release --example simulate -- --seeds 20000
 scripts/fuzz-smoke.sh
+scripts/bench-smoke.sh
 
 # Totals over every test binary's "test result:" line.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
