@@ -1,9 +1,12 @@
 //! Soak: attach -> ACTIVE -> release -> RELEASED cycles against one daemon (embedded fabric,
 //! release build) for a fixed time, with one WatchEvents follower reading every event, and
 //! RELEASED attachments kept listed for `--retain-secs`. Prints, per interval: cycles done,
-//! cycles/s, the attach -> ACTIVE p50/p99 of that interval, the daemon's RSS, and how many
-//! attachments are stored. A node whose cost grows with its history shows falling cycles/s and
-//! rising RSS; a healthy one stays flat within noise once the first retention period is over.
+//! cycles/s, the attach -> ACTIVE p50/p99 of that interval, the daemon's RSS, how many
+//! attachments are stored, and the cost of one cycle: the daemon's CPU milliseconds and the
+//! kilobytes it wrote to storage (`/proc/<pid>/io`), with the store's size. A node whose cost
+//! grows with its history shows falling cycles/s, rising RSS and a rising cost per cycle; a
+//! healthy one stays flat within noise once the first retention period is over (cycles/s also
+//! moves with the disk's fsync latency, which the cost per cycle does not).
 //!
 //! Run: `cargo bench --bench soak` (options: `-- --minutes N --interval-secs N --retain-secs N`;
 //! defaults 10 minutes, 60 s intervals, 60 s retention).
@@ -16,7 +19,9 @@ use futures::StreamExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{arg, cycle, memory, ms, percentile, BenchDaemon};
+use support::{
+    arg, cpu_seconds, cycle, dir_bytes, memory, ms, percentile, written_bytes, BenchDaemon,
+};
 
 fn partition(i: u64) -> pb::Partition {
     pb::Partition {
@@ -36,6 +41,7 @@ fn main() {
     let total = Duration::from_secs(minutes * 60);
     let daemon = BenchDaemon::start(&format!("[events]\nreleased_retain_secs = {retain}\n"));
     let pid = daemon.pid();
+    let state_dir = daemon.state_dir();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -66,15 +72,27 @@ fn main() {
             "soak: {minutes} min of attach+release cycles, one follower, released_retain_secs = {retain}"
         );
         println!(
-            "{:>7} {:>8} {:>9} {:>11} {:>11} {:>8} {:>8} {:>9}",
-            "t(s)", "cycles", "cycles/s", "attach p50", "attach p99", "RSS MB", "stored", "followed"
+            "{:>7} {:>8} {:>9} {:>11} {:>11} {:>8} {:>8} {:>9} {:>12} {:>11} {:>9}",
+            "t(s)",
+            "cycles",
+            "cycles/s",
+            "attach p50",
+            "attach p99",
+            "RSS MB",
+            "stored",
+            "followed",
+            "CPU ms/cyc",
+            "KB wr/cyc",
+            "store MB"
         );
         let start = Instant::now();
         let mut i = 0u64;
         let mut rates = Vec::new();
         let mut rss = Vec::new();
+        let mut costs = Vec::new();
         while start.elapsed() < total {
             let window = Instant::now();
+            let (cpu0, written0) = (cpu_seconds(pid), written_bytes(pid));
             let mut lat = Vec::new();
             while window.elapsed() < interval && start.elapsed() < total {
                 let (attached, _) = cycle(
@@ -99,8 +117,12 @@ fn main() {
             let rate = lat.len() as f64 / secs;
             rates.push(rate);
             rss.push(kb as f64 / 1024.0);
+            let n = lat.len().max(1) as f64;
+            let cpu_ms = (cpu_seconds(pid) - cpu0) * 1e3 / n;
+            let written_kb = written_bytes(pid).saturating_sub(written0) as f64 / 1024.0 / n;
+            costs.push((cpu_ms, written_kb));
             println!(
-                "{:>7.0} {:>8} {:>9.1} {:>11} {:>11} {:>8.1} {:>8} {:>9}",
+                "{:>7.0} {:>8} {:>9.1} {:>11} {:>11} {:>8.1} {:>8} {:>9} {:>12.2} {:>11.1} {:>9.1}",
                 start.elapsed().as_secs_f64(),
                 lat.len(),
                 rate,
@@ -109,6 +131,9 @@ fn main() {
                 kb as f64 / 1024.0,
                 stored,
                 followed.load(Ordering::Relaxed),
+                cpu_ms,
+                written_kb,
+                dir_bytes(&state_dir) as f64 / 1e6,
             );
         }
         follower.abort();
@@ -121,8 +146,12 @@ fn main() {
         let steady = if rates.len() > 2 { &rates[1..] } else { &rates[..] };
         let (lo, hi) = spread(steady);
         let (rlo, rhi) = spread(if rss.len() > 2 { &rss[1..] } else { &rss[..] });
+        let steady_costs = if costs.len() > 2 { &costs[1..] } else { &costs[..] };
+        let cpu: Vec<f64> = steady_costs.iter().map(|c| c.0).collect();
+        let wr: Vec<f64> = steady_costs.iter().map(|c| c.1).collect();
+        let ((clo, chi), (wlo, whi)) = (spread(&cpu), spread(&wr));
         println!(
-            "total {i} cycles; cycles/s over intervals 2..: min {lo:.1} max {hi:.1}; RSS MB: min {rlo:.1} max {rhi:.1}"
+            "total {i} cycles; over intervals 2..: cycles/s min {lo:.1} max {hi:.1}; RSS MB min {rlo:.1} max {rhi:.1}; daemon CPU ms per cycle min {clo:.2} max {chi:.2}; KB written per cycle min {wlo:.1} max {whi:.1}"
         );
     });
 }

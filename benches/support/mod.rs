@@ -42,7 +42,7 @@ pub struct BenchDaemon {
     child: Child,
     /// Its unix socket.
     pub socket: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl BenchDaemon {
@@ -70,11 +70,7 @@ impl BenchDaemon {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start fabric-agent");
-        let d = BenchDaemon {
-            child,
-            socket,
-            _dir: dir,
-        };
+        let d = BenchDaemon { child, socket, dir };
         wait_for_socket(&d.socket);
         d
     }
@@ -82,6 +78,11 @@ impl BenchDaemon {
     /// The daemon's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Its state directory (the store).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
     }
 }
 
@@ -122,6 +123,32 @@ pub fn try_memory(pid: u32) -> Option<(u64, u64)> {
 /// (VmRSS, VmHWM) of a running process in kB.
 pub fn memory(pid: u32) -> (u64, u64) {
     try_memory(pid).expect("the process's /proc status")
+}
+
+/// Bytes a process has caused to be written to storage (`write_bytes` of `/proc/<pid>/io`:
+/// the store's pages and its fsyncs, not socket traffic).
+pub fn written_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("write_bytes:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Total size of the files directly in `dir`, bytes.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// CPU seconds (user + system) a process has used.
