@@ -111,7 +111,7 @@ pub fn status_of(e: &OpenSmError) -> Status {
         | OpenSmError::PortNotShown(_) => Status::failed_precondition(msg),
         OpenSmError::PortForbidden(_) => Status::permission_denied(msg),
         OpenSmError::Unreachable { .. }
-        | OpenSmError::Unconfirmed(_)
+        | OpenSmError::Unconfirmed { .. }
         | OpenSmError::Io(_)
         | OpenSmError::Store(_)
         | OpenSmError::Task { .. }
@@ -229,6 +229,7 @@ mod tests {
     };
     use crate::sm::opensm::region::{OperatorFileProblem, RegionError};
     use crate::sm::opensm::reload::Unsignalled;
+    use crate::sm::opensm::FullDefault;
     use crate::sm::opensm::TableOverflow;
 
     fn request(keys: Vec<pb::KeyMembership>, guids: Vec<&str>) -> pb::NodeMemberships {
@@ -325,9 +326,15 @@ mod tests {
                 },
                 Code::Unavailable,
             ),
-            (OpenSmError::Unconfirmed("x".into()), Code::Unavailable),
             (
-                OpenSmError::InsecureDefault("x".into()),
+                OpenSmError::Unconfirmed {
+                    written_keys: 1,
+                    waited_ms: 300,
+                },
+                Code::Unavailable,
+            ),
+            (
+                OpenSmError::InsecureDefault(FullDefault::Configured),
                 Code::FailedPrecondition,
             ),
             (

@@ -33,8 +33,8 @@ use super::ownership::{
 };
 use super::region::{
     check_composed, check_operator_keys, check_operator_unchanged, compose,
-    default_grants_all_full, render_region, split_region, tenant_entry_name, RegionError,
-    RegionPlan, TableLimits, TableOverflow, TenantEntry,
+    default_grants_all_full, render_region, split_region, tenant_entry_name, FullDefault,
+    RegionError, RegionPlan, TableLimits, TableOverflow, TenantEntry,
 };
 use super::reload::{OpenSmReloader, ReloadError, Reloader, Unsignalled};
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
@@ -131,12 +131,17 @@ pub enum OpenSmError {
     },
     /// The file was written but OpenSM was not seen re-reading it: the outcome is unknown and
     /// the next attempt writes, signals and checks again.
-    #[error("{0}")]
-    Unconfirmed(String),
+    #[error("partitions file written ({written_keys} keys) and a heavy sweep requested, but OpenSM was not seen re-reading it within {waited_ms} ms (is OpenSM running and sweeping?); the write is re-checked on the next attempt")]
+    Unconfirmed {
+        /// Tenant keys in the written file.
+        written_keys: usize,
+        /// How long OpenSM's log and the file were watched (`reload_check_ms`).
+        waited_ms: u64,
+    },
     /// The Default entry gives every port full membership of the default partition and the
     /// config does not acknowledge it: tenant keys are not served.
-    #[error("{0}")]
-    InsecureDefault(String),
+    #[error("{0}; the SM host serves tenant keys only when its config acknowledges this with allow_full_default = true (an empty set is always served)")]
+    InsecureDefault(FullDefault),
     /// A claimed port never enters a tenant's set (the SM's port, a switch's, a router's), or
     /// another node holds it and the fabric does not show it in the claiming node.
     #[error("port ownership: {0}")]
@@ -184,7 +189,7 @@ impl From<OpenSmError> for SmError {
                 SmError::StaleGeneration { sent, stored }
             }
             OpenSmError::Unreachable { .. }
-            | OpenSmError::Unconfirmed(_)
+            | OpenSmError::Unconfirmed { .. }
             | OpenSmError::Io(_)
             | OpenSmError::Store(_)
             | OpenSmError::Task { .. }
@@ -242,7 +247,7 @@ struct Health {
     /// Persisted: unconfirmed write, rejected file.
     commit: CommitState,
     /// Where the Default entry grants `ALL=full`, as of the last read of the operator's part.
-    all_full: Option<String>,
+    all_full: Option<FullDefault>,
     /// The last file OpenSM rejected: never written again.
     rejected_bytes: Option<Vec<u8>>,
     /// OpenSM's log was checked for rejections up to here.
@@ -695,10 +700,8 @@ impl OpenSmBackend {
             }
         }
         if !desired.keys.is_empty() && !self.inner.config.allow_full_default {
-            if let Some(why) = &st.health.all_full {
-                return Err(OpenSmError::InsecureDefault(format!(
-                    "{why}; the SM host serves tenant keys only when its config acknowledges this with allow_full_default = true (an empty set is always served)"
-                )));
+            if let Some(why) = st.health.all_full {
+                return Err(OpenSmError::InsecureDefault(why));
             }
         }
         check_operator_keys(&st.operator, desired.keys.keys())?;
@@ -1056,14 +1059,13 @@ impl Inner {
                 ))
             }
             Ok(false) => {
-                let why = format!(
-                    "partitions file written ({} keys) and a heavy sweep requested, but OpenSM was not seen re-reading it within {} ms (is OpenSM running and sweeping?); the write is re-checked on the next attempt",
-                    plan.tenants.len(),
-                    self.config.reload_check_ms
-                );
-                self.save_commit(|c| c.unconfirmed = Some(why.clone()))
-                    .await?;
-                Err(OpenSmError::Unconfirmed(why))
+                let e = OpenSmError::Unconfirmed {
+                    written_keys: plan.tenants.len(),
+                    waited_ms: self.config.reload_check_ms,
+                };
+                let why = e.to_string();
+                self.save_commit(|c| c.unconfirmed = Some(why)).await?;
+                Err(e)
             }
             Err(ReloadError::Unreachable(source)) => {
                 let e = OpenSmError::Unreachable {
@@ -1101,11 +1103,11 @@ impl Inner {
 
 /// Where the Default entry (the operator's, or the region's when the operator has none) grants
 /// every port full membership.
-fn all_full_of(config: &OpenSmConfig, operator: &PartitionsConf) -> Option<String> {
+fn all_full_of(config: &OpenSmConfig, operator: &PartitionsConf) -> Option<FullDefault> {
     if operator.has_explicit_default() {
         default_grants_all_full(operator)
     } else if config.default_membership == Membership::Full {
-        Some("default_membership = \"full\" makes the region's Default entry ALL=full: every tenant port can reach every other through the default partition".into())
+        Some(FullDefault::Configured)
     } else {
         None
     }

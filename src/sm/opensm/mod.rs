@@ -25,7 +25,7 @@ pub mod store;
 
 pub use backend::{OpenSmBackend, OpenSmError, SetOutcome};
 pub use ownership::OwnershipConfig;
-pub use region::TableOverflow;
+pub use region::{FullDefault, TableOverflow};
 pub use store::{CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode};
 
 use crate::domain::Membership;

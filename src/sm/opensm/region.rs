@@ -46,7 +46,7 @@ pub fn tenant_entry_name(key: PKey, requested: &str) -> String {
 /// Where the operator's part gives every port full membership of the default partition
 /// (`Default=0x7fff : ALL=full`, also written `A=f`, `ALL_CAS=full`, `both`, or through
 /// `defmember=full`): every tenant could reach every other through it. `None` when it does not.
-pub fn default_grants_all_full(conf: &PartitionsConf) -> Option<String> {
+pub fn default_grants_all_full(conf: &PartitionsConf) -> Option<FullDefault> {
     conf.entries
         .iter()
         .filter(|e| e.pkey == DEFAULT_BASE)
@@ -55,12 +55,30 @@ pub fn default_grants_all_full(conf: &PartitionsConf) -> Option<String> {
             matches!(m.ports, PortSet::All | PortSet::AllCas)
                 && matches!(m.kind, MemberKind::Full | MemberKind::Both)
         })
-        .map(|m| {
-            format!(
-                "line {} of the partitions file makes {} a {} member of the default partition (0x7fff): every tenant port can reach every other through it",
-                m.line, m.ports, m.kind
-            )
+        .map(|m| FullDefault::Operator {
+            line: m.line,
+            ports: m.ports,
+            kind: m.kind,
         })
+}
+
+/// A Default entry that makes every port a full member of the default partition, so every
+/// tenant port can reach every other through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum FullDefault {
+    /// The operator's entry, at `line` of the file.
+    #[error("line {line} of the partitions file makes {ports} a {kind} member of the default partition (0x7fff): every tenant port can reach every other through it")]
+    Operator {
+        /// Its line in the file.
+        line: u32,
+        /// The member token's ports (`ALL` or `ALL_CAS`).
+        ports: PortSet,
+        /// Its membership (`full` or `both`).
+        kind: MemberKind,
+    },
+    /// The region's own entry, because the config says `default_membership = "full"`.
+    #[error("default_membership = \"full\" makes the region's Default entry ALL=full: every tenant port can reach every other through the default partition")]
+    Configured,
 }
 /// First line of the agent's region.
 pub const BEGIN_MARKER: &str = "# BEGIN fabric-agent managed region: do not edit";
