@@ -2,8 +2,9 @@
 //! release build) for a fixed time, with one WatchEvents follower reading every event, and
 //! RELEASED attachments kept listed for `--retain-secs`. Prints, per interval: cycles done,
 //! cycles/s, the attach -> ACTIVE p50/p99 of that interval, the daemon's RSS, how many
-//! attachments are stored, and the cost of one cycle: the daemon's CPU milliseconds and the
-//! kilobytes it wrote to storage (`/proc/<pid>/io`), with the store's size. A node whose cost
+//! attachments are stored, and the cost of one cycle: the daemon's CPU milliseconds (user and
+//! system apart: system time includes waiting out page-cache writeback) and the kilobytes it
+//! wrote to storage (`/proc/<pid>/io`), with the store's size. A node whose cost
 //! grows with its history shows falling cycles/s, rising RSS and a rising cost per cycle; a
 //! healthy one stays flat within noise once the first retention period is over (cycles/s also
 //! moves with the disk's fsync latency, which the cost per cycle does not).
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::{
-    arg, cpu_seconds, cycle, dir_bytes, memory, ms, percentile, written_bytes, BenchDaemon,
+    arg, cpu_split, cycle, dir_bytes, memory, ms, percentile, written_bytes, BenchDaemon,
 };
 
 fn partition(i: u64) -> pb::Partition {
@@ -72,7 +73,7 @@ fn main() {
             "soak: {minutes} min of attach+release cycles, one follower, released_retain_secs = {retain}"
         );
         println!(
-            "{:>7} {:>8} {:>9} {:>11} {:>11} {:>8} {:>8} {:>9} {:>12} {:>11} {:>9}",
+            "{:>7} {:>8} {:>9} {:>11} {:>11} {:>8} {:>8} {:>9} {:>12} {:>11} {:>10} {:>9}",
             "t(s)",
             "cycles",
             "cycles/s",
@@ -81,7 +82,8 @@ fn main() {
             "RSS MB",
             "stored",
             "followed",
-            "CPU ms/cyc",
+            "user ms/cyc",
+            "sys ms/cyc",
             "KB wr/cyc",
             "store MB"
         );
@@ -92,7 +94,7 @@ fn main() {
         let mut costs = Vec::new();
         while start.elapsed() < total {
             let window = Instant::now();
-            let (cpu0, written0) = (cpu_seconds(pid), written_bytes(pid));
+            let (cpu0, written0) = (cpu_split(pid), written_bytes(pid));
             let mut lat = Vec::new();
             while window.elapsed() < interval && start.elapsed() < total {
                 let (attached, _) = cycle(
@@ -118,11 +120,13 @@ fn main() {
             rates.push(rate);
             rss.push(kb as f64 / 1024.0);
             let n = lat.len().max(1) as f64;
-            let cpu_ms = (cpu_seconds(pid) - cpu0) * 1e3 / n;
+            let cpu1 = cpu_split(pid);
+            let user_ms = (cpu1.0 - cpu0.0) * 1e3 / n;
+            let sys_ms = (cpu1.1 - cpu0.1) * 1e3 / n;
             let written_kb = written_bytes(pid).saturating_sub(written0) as f64 / 1024.0 / n;
-            costs.push((cpu_ms, written_kb));
+            costs.push((user_ms + sys_ms, written_kb));
             println!(
-                "{:>7.0} {:>8} {:>9.1} {:>11} {:>11} {:>8.1} {:>8} {:>9} {:>12.2} {:>11.1} {:>9.1}",
+                "{:>7.0} {:>8} {:>9.1} {:>11} {:>11} {:>8.1} {:>8} {:>9} {:>12.2} {:>11.2} {:>10.1} {:>9.1}",
                 start.elapsed().as_secs_f64(),
                 lat.len(),
                 rate,
@@ -131,7 +135,8 @@ fn main() {
                 kb as f64 / 1024.0,
                 stored,
                 followed.load(Ordering::Relaxed),
-                cpu_ms,
+                user_ms,
+                sys_ms,
                 written_kb,
                 dir_bytes(&state_dir) as f64 / 1e6,
             );

@@ -158,19 +158,29 @@ pub fn cpu_seconds(pid: u32) -> f64 {
 
 /// CPU seconds (user + system) of `/proc/<which>`: a pid, or "self" for this process.
 pub fn cpu_seconds_of(which: &str) -> f64 {
+    let (user, system) = cpu_split_of(which);
+    user + system
+}
+
+/// CPU seconds of a process, (user, system). System time includes the kernel's work done on
+/// the process's behalf, such as waiting out page-cache writeback while it writes.
+pub fn cpu_split(pid: u32) -> (f64, f64) {
+    cpu_split_of(&pid.to_string())
+}
+
+fn cpu_split_of(which: &str) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{which}/stat")).unwrap_or_default();
     let Some(end) = stat.rfind(')') else {
-        return 0.0;
+        return (0.0, 0.0);
     };
     // utime and stime are fields 14 and 15 overall, 11 and 12 after the comm.
     let f: Vec<&str> = stat[end + 2..].split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let ticks = |i: usize| -> u64 { f.get(i).and_then(|v| v.parse().ok()).unwrap_or(0) };
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
         .unwrap_or(100) as f64;
-    ticks as f64 / hz
+    (ticks(11) as f64 / hz, ticks(12) as f64 / hz)
 }
 
 /// One cycle: attach `instance` to `partition` waiting (up to `wait`) for ACTIVE, then release
