@@ -13,6 +13,8 @@
 //!
 //! Run: `cargo bench --bench opensm_commit` (needs ibsim-utils, opensm, infiniband-diags);
 //! the largest fabric ibsim accepts: `NODES=2000 PER_LEAF=47 cargo bench --bench opensm_commit`.
+//! `SPREAD_MS=N` spreads each storm's calls evenly over N milliseconds instead of sending them
+//! all at once.
 
 mod opensm_support;
 #[path = "../tests/rig/mod.rs"]
@@ -72,7 +74,8 @@ fn storm_line(
     let sweeps_before = b.sweeps();
     let usage = Usage::start(fabric.opensm_pid());
     let t = Instant::now();
-    let (replied, failed, first) = storm(rt, b, sets, generation, DEADLINE)?;
+    let spread = Duration::from_millis(env_usize("SPREAD_MS", 0) as u64);
+    let (replied, failed, first) = storm(rt, b, sets, generation, DEADLINE, spread)?;
     let sweeps = b.sweeps() - sweeps_before;
     if failed > 0 {
         return Err(format!(
@@ -81,8 +84,13 @@ fn storm_line(
         ));
     }
     let (right, polls) = wait_tables(reader, wants, t, DEADLINE)?;
+    let arrival = if spread.is_zero() {
+        String::new()
+    } else {
+        format!(", calls spread over {}", secs(spread))
+    };
     println!(
-        "{label}: {n} nodes, sweeps {sweeps}, all replies after {}, every table right after {} ({polls} polls; {:.1}x one heavy sweep); {}",
+        "{label}: {n} nodes{arrival}, sweeps {sweeps}, all replies after {}, every table right after {} ({polls} polls; {:.1}x one heavy sweep); {}",
         secs(replied),
         secs(right),
         right.as_secs_f64() / sweep.as_secs_f64(),
@@ -133,8 +141,14 @@ fn run(
     let (name, guid, lid) = &ports[0];
     let key = PKey::new(0x7000 + r as u32).expect("key");
     let t = Instant::now();
-    let (replied, failed, first) =
-        storm(rt, &b, vec![set_of(name, *guid, Some(key))], 1, DEADLINE)?;
+    let (replied, failed, first) = storm(
+        rt,
+        &b,
+        vec![set_of(name, *guid, Some(key))],
+        1,
+        DEADLINE,
+        Duration::ZERO,
+    )?;
     if failed > 0 {
         return Err(format!("FAILED: single change: {first:?}"));
     }
@@ -197,7 +211,7 @@ fn run(
             .map(|(n, g, _)| set_of(n, *g, with.then_some(key)))
             .collect();
         let sweeps_before = b.sweeps();
-        let (replied, failed, first) = storm(rt, &b, sets, generation, DEADLINE)?;
+        let (replied, failed, first) = storm(rt, &b, sets, generation, DEADLINE, Duration::ZERO)?;
         if failed > 0 {
             return Err(format!("FAILED: group commit off, {what}: {first:?}"));
         }

@@ -49,7 +49,14 @@ fn restart(
     let first = &stored[0].memberships;
     let key = PKey::new(0x0800 + r as u32).expect("key");
     let set = set_of(first.node_id.as_str(), first.port_guids[0].0, Some(key));
-    let (_, failed, err) = storm(rt, &b, vec![set], 1 + r as u64, Duration::from_secs(120))?;
+    let (_, failed, err) = storm(
+        rt,
+        &b,
+        vec![set],
+        1 + r as u64,
+        Duration::from_secs(120),
+        Duration::ZERO,
+    )?;
     if failed > 0 {
         return Err(format!("FAILED: first write after restart: {err:?}"));
     }

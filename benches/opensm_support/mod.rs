@@ -126,23 +126,32 @@ impl Want {
     }
 }
 
-/// Sends every set at once (one task each) and waits for every answer, up to `deadline`.
-/// Returns the time until the last answer and the failures (count, first error).
+/// Sends every set (one task each) and waits for every answer, up to `deadline`: all at once,
+/// or with the calls' starts spread evenly over `spread` (call i starts at i * spread / n), as
+/// calls from many nodes arrive. Returns the time until the last answer and the failures
+/// (count, first error).
 pub fn storm(
     rt: &tokio::runtime::Runtime,
     backend: &OpenSmBackend,
     sets: Vec<NodeMemberships>,
     generation: u64,
     deadline: Duration,
+    spread: Duration,
 ) -> Check<(Duration, usize, Option<String>)> {
     let n = sets.len();
     let start = Instant::now();
     let results = rt.block_on(async {
+        let begin = tokio::time::Instant::now();
         let tasks: Vec<_> = sets
             .into_iter()
-            .map(|m| {
+            .enumerate()
+            .map(|(i, m)| {
                 let b = backend.clone();
-                tokio::spawn(async move { b.set_node(m, generation).await })
+                let at = begin + spread.mul_f64(i as f64 / n.max(1) as f64);
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(at).await;
+                    b.set_node(m, generation).await
+                })
             })
             .collect();
         tokio::time::timeout(deadline, async {
