@@ -17,7 +17,7 @@ use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader, Unsi
 use fabric_agent::sm::opensm::OwnershipConfig;
 use fabric_agent::sm::opensm::{
     FullDefault, InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
-    TableOverflow,
+    Rejection, Restored, TableOverflow,
 };
 use fabric_agent::sm::{SmError, SubnetManager};
 use std::path::{Path, PathBuf};
@@ -482,8 +482,16 @@ async fn a_rejected_file_is_replaced_by_the_last_accepted_one() {
         &[(7, Membership::Full), (8, Membership::Full)],
     );
     let err = s.backend.set_node(bad.clone(), 2).await.unwrap_err();
-    assert!(matches!(err, OpenSmError::Rejected(_)), "{err}");
-    assert!(err.to_string().contains("restored"), "{err}");
+    assert!(
+        matches!(
+            err,
+            OpenSmError::Rejected(Rejection::Written {
+                restored: Restored::Reread,
+                ..
+            })
+        ),
+        "{err}"
+    );
     // Written, rejected, the accepted file put back and OpenSM signalled again.
     let seen = s.reloader.seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 3);
@@ -497,7 +505,10 @@ async fn a_rejected_file_is_replaced_by_the_last_accepted_one() {
     assert!(s.store.load_commit_state().unwrap().rejected.is_some());
     // The same file is never written again.
     let err = s.backend.set_node(bad, 2).await.unwrap_err();
-    assert!(matches!(err, OpenSmError::Rejected(_)), "{err}");
+    assert!(
+        matches!(err, OpenSmError::Rejected(Rejection::Repeated { .. })),
+        "{err}"
+    );
     assert_eq!(s.reloader.calls(), 3);
     assert_eq!(std::fs::read(&s.path).unwrap(), good);
     // A later write OpenSM accepts clears the condition.

@@ -36,6 +36,7 @@ use super::region::{
     default_grants_all_full, render_region, split_region, tenant_entry_name, FullDefault,
     RegionError, RegionPlan, TableLimits, TableOverflow, TenantEntry,
 };
+use super::rejection::{Rejection, Restored};
 use super::reload::{OpenSmReloader, ReloadError, Reloader, Unsignalled};
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use super::OpenSmConfig;
@@ -88,9 +89,9 @@ pub enum OpenSmError {
     /// The composed file failed the final check: nothing was written.
     #[error("{0}")]
     Composed(#[source] RegionError),
-    /// OpenSM's log shows it rejected the written file.
+    /// OpenSM's log shows it rejected the file.
     #[error("{0}")]
-    Rejected(String),
+    Rejected(Rejection),
     /// OpenSM could not be signalled; `written_keys`: after the file was written (with that
     /// many tenant keys), so the write is re-checked on the next attempt.
     #[error("{}", match .written_keys {
@@ -177,7 +178,7 @@ impl From<ReloadError> for OpenSmError {
                 written_keys: None,
                 source,
             },
-            e @ ReloadError::Rejected(_) => OpenSmError::Rejected(e.to_string()),
+            ReloadError::Rejected(lines) => OpenSmError::Rejected(Rejection::Reread { lines }),
         }
     }
 }
@@ -887,21 +888,14 @@ impl Inner {
 
     /// Puts the last accepted file back after OpenSM rejected one, and signals OpenSM again.
     /// Returns whether OpenSM was seen re-reading it, and what happened for humans.
-    async fn restore(&self, good: Vec<u8>) -> (bool, String) {
+    async fn restore(&self, good: Vec<u8>) -> Restored {
         match self.write_and_reload(good).await {
-            Ok(Ok(true)) => (
-                true,
-                "the last accepted file was restored and OpenSM re-read it".into(),
-            ),
-            Ok(Ok(false)) => (
-                false,
-                format!(
-                    "the last accepted file was restored; OpenSM was not seen re-reading it within {} ms",
-                    self.config.reload_check_ms
-                ),
-            ),
-            Ok(Err(e)) => (false, format!("the last accepted file was restored; {e}")),
-            Err(e) => (false, format!("the last accepted file could not be restored: {e}")),
+            Ok(Ok(true)) => Restored::Reread,
+            Ok(Ok(false)) => Restored::Unseen {
+                waited_ms: self.config.reload_check_ms,
+            },
+            Ok(Err(e)) => Restored::NotReread(e),
+            Err(e) => Restored::Failed(Box::new(e)),
         }
     }
 
@@ -934,7 +928,7 @@ impl Inner {
                 let shown = kept.display().to_string();
                 let copy = current.clone();
                 let saved = blocking(move || replace_atomically(&kept, &copy)).await;
-                let (_, restored) = self.restore(good).await;
+                let restored = self.restore(good).await;
                 let kept = match saved {
                     Ok(()) => format!("the rejected file was kept as {shown}"),
                     Err(e) => format!("the rejected file could not be kept ({e})"),
@@ -1031,9 +1025,7 @@ impl Inner {
                 .rejected
                 .clone()
                 .unwrap_or_default();
-            return Err(OpenSmError::Rejected(format!(
-                "OpenSM rejected this exact partitions file before; it is not written again ({why})"
-            )));
+            return Err(OpenSmError::Rejected(Rejection::Repeated { earlier: why }));
         }
         self.save_group(
             unsaved,
@@ -1084,18 +1076,20 @@ impl Inner {
                 self.save_commit(|c| c.rejected = Some(first.clone()))
                     .await?;
                 let fallback = accepted.or_else(|| (current != bytes).then_some(current));
-                let (reread, restored) = match fallback {
+                let restored = match fallback {
                     Some(good) => self.restore(good).await,
-                    None => (false, "no accepted file is kept to restore".into()),
+                    None => Restored::NothingKept,
                 };
-                let why = format!("{first}; {restored}");
+                let reread = restored.reread();
+                let rejection = Rejection::Written { lines, restored };
+                let why = rejection.to_string();
                 tracing::error!(detail = %why, "partitions file rejected");
                 self.save_commit(|c| {
                     c.rejected = Some(why.clone());
                     c.unconfirmed = (!reread).then(|| why.clone());
                 })
                 .await?;
-                Err(OpenSmError::Rejected(why))
+                Err(OpenSmError::Rejected(rejection))
             }
         }
     }

@@ -18,6 +18,7 @@ pub mod model;
 pub mod ownership;
 pub mod parse;
 pub mod region;
+pub mod rejection;
 pub mod reload;
 pub mod render;
 pub mod sa_client;
@@ -26,6 +27,7 @@ pub mod store;
 pub use backend::{OpenSmBackend, OpenSmError, SetOutcome};
 pub use ownership::OwnershipConfig;
 pub use region::{FullDefault, TableOverflow};
+pub use rejection::{Rejection, Restored};
 pub use store::{CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode};
 
 use crate::domain::Membership;
