@@ -12,30 +12,14 @@ use fabric_agent::config::ObserverConfig;
 use fabric_agent::observe::smp::SmpObserver;
 use fabric_agent::observe::PortObserver;
 use std::time::{Duration, Instant};
-use support::{ms, percentile};
+use support::{cpu_seconds_of, ms, percentile};
 
 const CHILD_ENV: &str = "FABRIC_AGENT_SMP_BENCH_CHILD";
 const GETS: usize = 1000;
 const IDLE: Duration = Duration::from_secs(10);
 
-/// utime + stime of this process, in clock ticks.
-fn cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
-fn ticks_per_second() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64
-}
-
 async fn idle_cpu(observer: &SmpObserver, pending: bool) -> (f64, usize) {
-    let start_cpu = cpu_ticks();
+    let start_cpu = cpu_seconds_of("self");
     let start = Instant::now();
     let mut polls = 0;
     while start.elapsed() < IDLE {
@@ -46,7 +30,7 @@ async fn idle_cpu(observer: &SmpObserver, pending: bool) -> (f64, usize) {
             _ = tokio::time::sleep(IDLE.saturating_sub(start.elapsed())) => {}
         }
     }
-    let cpu = (cpu_ticks() - start_cpu) as f64 / ticks_per_second();
+    let cpu = cpu_seconds_of("self") - start_cpu;
     (100.0 * cpu / start.elapsed().as_secs_f64(), polls)
 }
 

@@ -887,7 +887,7 @@ impl Inner {
     }
 
     /// Puts the last accepted file back after OpenSM rejected one, and signals OpenSM again.
-    /// Returns whether OpenSM was seen re-reading it, and what happened for humans.
+    /// Returns what that achieved ([`Restored::reread`]: OpenSM was seen re-reading it).
     async fn restore(&self, good: Vec<u8>) -> Restored {
         match self.write_and_reload(good).await {
             Ok(Ok(true)) => Restored::Reread,
@@ -1071,8 +1071,7 @@ impl Inner {
             Err(ReloadError::Rejected(lines)) => {
                 self.lock().health.rejected_bytes = Some(bytes.clone());
                 // Raised before anything is restored: whoever sees the restored file sees why.
-                let first =
-                    format!("OpenSM rejected the partitions file the agent wrote ({lines})");
+                let first = Rejection::written_before_restore(&lines);
                 self.save_commit(|c| c.rejected = Some(first.clone()))
                     .await?;
                 let fallback = accepted.or_else(|| (current != bytes).then_some(current));

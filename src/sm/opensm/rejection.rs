@@ -9,7 +9,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, Error)]
 pub enum Rejection {
     /// OpenSM rejected the file the agent had just written; `restored`: what was put back.
-    #[error("OpenSM rejected the partitions file the agent wrote ({lines}); {restored}")]
+    #[error("{}; {restored}", Rejection::written_before_restore(.lines))]
     Written {
         /// OpenSM's error lines.
         lines: String,
@@ -30,6 +30,14 @@ pub enum Rejection {
         /// OpenSM's error lines.
         lines: String,
     },
+}
+
+impl Rejection {
+    /// How a rejection of the agent's write is recorded before anything is restored: the start
+    /// of [`Rejection::Written`]'s text.
+    pub fn written_before_restore(lines: &str) -> String {
+        format!("OpenSM rejected the partitions file the agent wrote ({lines})")
+    }
 }
 
 /// What putting the last accepted file back achieved.
