@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proves the README's first command on a truly fresh Debian 12 (bookworm) root, as root:
+# Proves the README's two commands on a truly fresh Debian 12 (bookworm) root, as root:
 #
 #   1. debootstrap a minimal bookworm root (variant minbase) from deb.debian.org in a temp dir
 #      (or unpack a base saved earlier with --base-cache);
@@ -8,19 +8,22 @@
 #   3. `git clone` the checkout's HEAD into the root (uncommitted changes are NOT included);
 #   4. copy the host's local CA certificates (/usr/local/share/ca-certificates: a site's own
 #      trust anchors, e.g. for a TLS-inspecting proxy) and resolv.conf into the root;
-#   5. chroot in and run `scripts/run.sh [ARGS]` exactly as the README says;
-#   6. print the Debian packages setup installed (dpkg list before/after), the time taken and
-#      whether the build and the demo completed.
+#   5. chroot in and run `scripts/run.sh [ARGS]`, then `scripts/test.sh`, exactly as the README
+#      says (--run-only: the first command alone);
+#   6. print the Debian packages setup installed (dpkg list before/after), the time taken,
+#      whether the build and the demo completed, and the test command's totals.
 #
 # Everything runs in a private mount namespace (unshare), so no mount outlives the script even
 # if it is killed; on a normal exit the trap stops what was started inside the root (by pid),
 # unmounts and deletes the temp dir (only once nothing is mounted under it).
 #
-# Not part of scripts/test.sh: it downloads a base system and every crate (~ 10-20 min).
+# Not part of scripts/test.sh: it downloads a base system and every crate, and runs the whole
+# test suite in the root (~ 60-90 min on 2 cores).
 #
-#   scripts/fresh-check.sh [--keep] [--base-cache FILE] [--mirror URL] [-- RUN_ARGS...]
+#   scripts/fresh-check.sh [--keep] [--run-only] [--base-cache FILE] [--mirror URL] [-- RUN_ARGS...]
 #   scripts/fresh-check.sh --deb FILE [--keep] [--base-cache FILE] [--mirror URL]
 #     --keep             keep the root (printed) for inspection instead of deleting it
+#     --run-only         run the first command (scripts/run.sh) only, not scripts/test.sh
 #     --base-cache FILE  a tar of the debootstrapped base: created when missing, reused after
 #     --mirror URL       Debian mirror (default http://deb.debian.org/debian)
 #     --deb FILE         instead of run.sh: `apt install` the package (scripts/package.sh) in
@@ -32,6 +35,7 @@ set -euo pipefail
 die() { echo "fresh-check: $*" >&2; exit 1; }
 
 keep=0
+run_only=0
 base_cache=""
 mirror="http://deb.debian.org/debian"
 run_args=()
@@ -39,6 +43,7 @@ deb=""
 while (($#)); do
   case "$1" in
     --keep) keep=1 ;;
+    --run-only) run_only=1 ;;
     --base-cache) base_cache="$(realpath -m "$2")"; shift ;;
     --mirror) mirror="$2"; shift ;;
     --deb) deb="$(realpath "$2")"; shift ;;
@@ -61,6 +66,7 @@ if [ -z "${FRESH_CHECK_IN_NS:-}" ]; then
   command -v unshare >/dev/null || die "unshare (util-linux) is required"
   args=()
   ((keep)) && args+=(--keep)
+  ((run_only)) && args+=(--run-only)
   [ -n "$base_cache" ] && args+=(--base-cache "$base_cache")
   [ -n "$deb" ] && args+=(--deb "$deb")
   exec env FRESH_CHECK_IN_NS=1 unshare --mount --propagation private \
@@ -206,13 +212,27 @@ t1=$SECONDS
 set +e
 chroot "$root" /usr/bin/env -i \
   HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
-  PATH=/opt/rust/cargo-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  PATH=/opt/rust/cargo-bin:/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   RUSTUP_HOME=/opt/rust/rustup CARGO_HOME=/root/.cargo \
   FABRIC_DEMO_SM_PORT="$demo_port" \
   /bin/bash -c 'cd /src/fabric-agent && exec scripts/run.sh "$@"' run.sh "${run_args[@]}" 2>&1 | tee "$log"
 run_rc=${PIPESTATUS[0]}
-set -e
 t_run=$((SECONDS - t1))
+test_rc=-
+t_test=0
+if ((!run_only)); then
+  echo "fresh-check: chroot $root: scripts/test.sh (commit $commit)"
+  t2=$SECONDS
+  chroot "$root" /usr/bin/env -i \
+    HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
+    PATH=/opt/rust/cargo-bin:/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    RUSTUP_HOME=/opt/rust/rustup CARGO_HOME=/root/.cargo \
+    /bin/bash -c 'cd /src/fabric-agent && exec scripts/test.sh' 2>&1 | tee "$work/test.log"
+  test_rc=${PIPESTATUS[0]}
+  t_test=$((SECONDS - t2))
+  cp "$work/test.log" /var/tmp/fresh-check-last-test.log 2>/dev/null || true
+fi
+set -e
 pkgs > "$work/after"
 
 built=no
@@ -235,5 +255,6 @@ setup installed $(printf '%s\n' "$installed" | grep -c . || true) packages:
 $(printf '%s\n' "$installed" | fmt -w 96 | sed 's/^/  /')
 build:      $built
 demo:       $demo
+$( ((run_only)) && echo "test:       not run (--run-only)" || echo "test:       scripts/test.sh (exit $test_rc, ${t_test}s): $(grep -E '^tests: ' "$work/test.log" | tail -1)")
 SUMMARY
-[ "$demo" = completed ]
+[ "$demo" = completed ] && { ((run_only)) || [ "$test_rc" = 0 ]; }

@@ -2,15 +2,18 @@
 # Installs what fabric-agent needs to build, test and run its demo on Debian 12, as root:
 # a C compiler and CA certificates (the linker, ring's C code, crates.io over https; a bare
 # Debian has neither), libibverbs + libclang (rdma-sys), ibsim + OpenSM + infiniband-diags
-# (the userspace InfiniBand test fabric), systemd (systemd-analyze verify). Idempotent.
+# (the userspace InfiniBand test fabric), systemd (systemd-analyze verify), g++ (libFuzzer's C++
+# sources, built by the fuzz smoke run), python3 + venv (the stock grpcio client test and the
+# journald test). Idempotent.
 set -euo pipefail
 
 packages=(
-  gcc libc6-dev ca-certificates
+  gcc g++ libc6-dev ca-certificates
   pkg-config libclang-dev
   libibverbs-dev librdmacm-dev ibverbs-providers
   ibsim-utils opensm infiniband-diags
   systemd
+  python3 python3-venv
 )
 
 missing=()

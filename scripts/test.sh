@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# A test that cannot run here fails instead of skipping (tests/common/skip.rs); so does a
+# fuzz or bench smoke run that finds a tool missing.
+export FABRIC_TEST_STRICT=1
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
@@ -17,6 +20,8 @@ cargo run --release --example simulate -- --seeds 20000
 scripts/fuzz-smoke.sh
 scripts/bench-smoke.sh
 
-# Totals over every test binary's "test result:" line.
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+# Totals over every test binary's "test result:" line. No test can have skipped: under this
+# command a skip is a failure (FABRIC_TEST_STRICT above).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i;
+                                                  if ($(i+1) ~ /^ignored/) g += $i } }
+     END { printf "tests: %d passed, %d failed, %d ignored, 0 skipped\n", p, f, g }' "$log"

@@ -6,6 +6,10 @@
 //! systemd helpers act on the running system, so the test stops at unpack.) Skips without dpkg or cargo-deb (and no way to install it),
 //! except in CI (`CI` set), where that is a failure.
 
+#[path = "common/skip.rs"]
+mod skip;
+
+use skip::skip;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -25,14 +29,6 @@ fn run(cmd: &mut Command) -> Output {
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn skip(why: &str) {
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "the .deb test cannot run in CI: {why}"
-    );
-    eprintln!("skipping: {why}");
 }
 
 fn has_cargo_deb() -> bool {

@@ -7,6 +7,10 @@
 //! tmpfs covers /run and a small Python listener binds /run/systemd/journal/socket and decodes
 //! the native protocol. Skips without root, unshare or python3.
 
+#[path = "common/skip.rs"]
+mod skip;
+
+use skip::skip;
 use std::path::Path;
 use std::process::Command;
 
@@ -105,7 +109,7 @@ fn can_run() -> bool {
             .is_ok_and(|o| o.status.success())
     });
     if !(root && tools) {
-        eprintln!("skipping: needs root, unshare and python3 (a private mount namespace)");
+        skip("needs root, unshare and python3 (a private mount namespace)");
     }
     root && tools
 }

@@ -186,7 +186,7 @@ async fn mutual_tls() {
     let host = sm_host("", Some(tls)).await;
     let dir = tempfile::tempdir().unwrap();
     let config = RemoteConfig {
-        endpoint: format!("https://localhost:{}", host.addr.port()),
+        endpoint: format!("https://{}", host.addr),
         ca: Some(write(dir.path(), "ca.pem", &ca)),
         cert: Some(write(dir.path(), "cert.pem", &client.0)),
         key: Some(write(dir.path(), "key.pem", &client.1)),

@@ -14,12 +14,7 @@ fn unit_file_passes_systemd_analyze_verify() {
         .arg("--version")
         .output()
     else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "systemd-analyze missing in CI"
-        );
-        eprintln!("skipping: systemd-analyze not installed");
-        return;
+        return skip("systemd-analyze not installed");
     };
     assert!(out.status.success());
     let dir = tempfile::tempdir().unwrap();

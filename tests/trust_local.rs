@@ -45,7 +45,7 @@ const ATTACH: &[&str] = &[
 fn can_switch_uid() -> bool {
     let root = nix::unistd::geteuid().is_root();
     if !root {
-        eprintln!("skipped: running the CLI as another uid needs root");
+        skip("running the CLI as another uid needs root");
     }
     root
 }

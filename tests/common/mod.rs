@@ -2,8 +2,8 @@
 //! ([`daemon`]), the one process guard ([`process`]), request builders ([`requests`]), the CLI ([`cli`]), one-line
 //! API calls ([`calls`]), the event log ([`events`]), waits with deadlines ([`wait`]), loopback
 //! ports ([`net`]), a test CA ([`pki`]), an in-process SM host's parts ([`sm_host`]), `fabric.sm.v1` requests ([`sm_requests`]), a
-//! node's desired memberships ([`memberships`]), a UFM credential file ([`cred`]) and fixture
-//! trees ([`fixtures`]).
+//! node's desired memberships ([`memberships`]), a UFM credential file ([`cred`]), fixture
+//! trees ([`fixtures`]) and the one way to skip ([`skip`]).
 
 #![allow(dead_code, unused_imports)]
 
@@ -18,6 +18,7 @@ pub mod net;
 pub mod pki;
 pub mod process;
 pub mod requests;
+pub mod skip;
 pub mod sm_host;
 pub mod sm_requests;
 pub mod wait;
@@ -31,4 +32,5 @@ pub use memberships::memberships;
 pub use net::*;
 pub use process::BIN;
 pub use requests::*;
+pub use skip::skip;
 pub use wait::*;
