@@ -8,6 +8,7 @@ use prost::Message;
 const PROTOS: &[&str] = &[
     "proto/fabric/agent/v1/agent.proto",
     "proto/fabric/sm/v1/partitions.proto",
+    "proto/fabric/grant/v1/grant.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

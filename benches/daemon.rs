@@ -81,6 +81,7 @@ fn main() {
                     instance_id: format!("vm-{i}"),
                     membership: pb::Membership::Full as i32,
                     wait_ms: Some(10_000),
+                    grant: None,
                 })
                 .await
                 .unwrap()

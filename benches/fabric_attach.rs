@@ -52,6 +52,7 @@ fn main() {
                     instance_id: instance.clone(),
                     membership: pb::Membership::Full as i32,
                     wait_ms: Some(30_000),
+                    grant: None,
                 })
                 .await
                 .unwrap()

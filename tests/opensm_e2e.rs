@@ -473,6 +473,7 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
                     port_guids: vec![node4.clone()],
                     keys: keys_of(g),
                     generation: g,
+                    grants: Vec::new(),
                 }),
             })
             .await

@@ -144,6 +144,7 @@ fn set(node: &str, guid: &str, pkey: u32, generation: u64) -> pb::SetNodeMembers
                 name: format!("t{pkey:x}"),
             }],
             generation,
+            grants: Vec::new(),
         }),
     }
 }

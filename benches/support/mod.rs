@@ -199,6 +199,7 @@ pub async fn cycle(
             instance_id: instance.to_owned(),
             membership: pb::Membership::Full as i32,
             wait_ms,
+            grant: None,
         })
         .await
         .expect("attach")

@@ -559,6 +559,7 @@ mod tests {
             instance_id: "i-1".into(),
             membership: 0,
             wait_ms: None,
+            grant: None,
         }
     }
 

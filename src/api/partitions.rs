@@ -209,4 +209,20 @@ impl Partitions for PartitionsService {
             .map(|n| Response::new(stored_to_proto(&n)))
             .ok_or_else(|| status_of_refusal(&PartitionsRefusal::NotStored(id)))
     }
+
+    async fn revoke_instance(
+        &self,
+        _request: Request<pb::RevokeInstanceRequest>,
+    ) -> Result<Response<pb::RevokeInstanceResponse>, Status> {
+        Err(Status::unimplemented("RevokeInstance is not served yet"))
+    }
+
+    async fn list_partition_members(
+        &self,
+        _request: Request<pb::ListPartitionMembersRequest>,
+    ) -> Result<Response<pb::ListPartitionMembersResponse>, Status> {
+        Err(Status::unimplemented(
+            "ListPartitionMembers is not served yet",
+        ))
+    }
 }

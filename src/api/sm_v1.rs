@@ -30,6 +30,7 @@ pub fn memberships_to_proto(desired: &NodeMemberships, generation: u64) -> pb::N
             })
             .collect(),
         generation,
+        grants: Vec::new(),
     }
 }
 
@@ -238,6 +239,7 @@ mod tests {
             port_guids: guids.into_iter().map(str::to_owned).collect(),
             keys,
             generation: 3,
+            grants: Vec::new(),
         }
     }
 

@@ -64,6 +64,7 @@ async fn attach(c: &mut AgentClient, a: AttachArgs, json: bool) -> Result<Outcom
                 pb::Membership::Full
             } as i32,
             wait_ms: a.wait.map(|s| s.saturating_mul(1000)),
+            grant: None,
         })
         .await?;
     Ok(answered(

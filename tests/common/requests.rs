@@ -25,6 +25,7 @@ pub fn attach(
         instance_id: instance.into(),
         membership: pb::Membership::Full as i32,
         wait_ms,
+        grant: None,
     }
 }
 

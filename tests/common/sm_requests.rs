@@ -23,6 +23,7 @@ pub fn set_memberships(
                 })
                 .collect(),
             generation,
+            grants: Vec::new(),
         }),
     }
 }
