@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod dirwatch;
+pub mod fs_flags;
 pub mod host;
 pub mod process;
 pub mod umad;

@@ -1,6 +1,6 @@
 //! Signals to other processes, and facts about this process's own file descriptors.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 /// Sends SIGHUP to process `pid` (must be > 0). The error is the kernel's (`ESRCH`: no such
 /// process, `EPERM`: not allowed).
@@ -10,6 +10,91 @@ pub fn send_sighup(pid: i32) -> std::io::Result<()> {
         nix::sys::signal::Signal::SIGHUP,
     )
     .map_err(std::io::Error::from)
+}
+
+/// Why a signal to a named process was not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum NamedSignalError {
+    /// The process could not be opened or signalled (ESRCH: gone; EPERM: not allowed).
+    #[error("{0}")]
+    Kernel(#[source] std::io::Error),
+    /// `/proc/PID/comm` could not be read, so what runs under the pid is unknown. Under
+    /// systemd's `ProtectProc=invisible` another user's process is hidden this way.
+    #[error(
+        "cannot tell what pid {pid} runs (/proc/{pid}/comm: {source}); a service with \
+         ProtectProc=invisible cannot see another user's processes"
+    )]
+    Unverifiable {
+        /// The pid.
+        pid: i32,
+        /// Why `/proc/PID/comm` was unreadable.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another program runs under the pid (a stale pid file, a recycled pid).
+    #[error("pid {pid} is {found:?}, not {expected:?}: no signal sent")]
+    NotTheProgram {
+        /// The pid.
+        pid: i32,
+        /// The process's name (`/proc/PID/comm`).
+        found: String,
+        /// The name that was expected.
+        expected: String,
+    },
+}
+
+/// Sends SIGHUP to process `pid` only if its name (`/proc/PID/comm`, at most 15 bytes of the
+/// executable's name) is `expected`. The process is pinned with a pidfd before its name is
+/// read and signalled through that pidfd, so a pid recycled in between is never signalled: if
+/// the checked process exits, the signal fails with ESRCH instead of reaching a newcomer.
+pub fn send_sighup_if_named(pid: i32, expected: &str) -> Result<(), NamedSignalError> {
+    let pidfd = pidfd_open(pid).map_err(NamedSignalError::Kernel)?;
+    let found = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map_err(|source| NamedSignalError::Unverifiable { pid, source })?;
+    let found = found.trim_end_matches('\n');
+    // comm is the executable's name cut to 15 bytes.
+    let want: String = expected.chars().take(15).collect();
+    if found != want {
+        return Err(NamedSignalError::NotTheProgram {
+            pid,
+            found: found.to_owned(),
+            expected: expected.to_owned(),
+        });
+    }
+    pidfd_send_sighup(&pidfd).map_err(NamedSignalError::Kernel)
+}
+
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    if pid <= 0 {
+        return Err(std::io::Error::from_raw_os_error(nix::libc::EINVAL));
+    }
+    // SAFETY: pidfd_open(2) takes a pid and flags (0) and returns a new file descriptor or -1;
+    // no memory is passed.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| std::io::Error::from_raw_os_error(nix::libc::EBADF))?;
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn pidfd_send_sighup(pidfd: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: pidfd_send_signal(2) with a live pidfd we own, SIGHUP, a null siginfo (the kernel
+    // fills it as kill(2) would) and flags 0; no memory is passed besides the null pointer.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            nix::libc::SIGHUP,
+            std::ptr::null::<nix::libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The device and inode of what a file descriptor refers to (`fstat`'s `st_dev`, `st_ino`).
@@ -27,6 +112,40 @@ mod tests {
         // Pids above the kernel's pid_max (at most 2^22) never exist.
         let e = send_sighup(i32::MAX).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(nix::libc::ESRCH));
+    }
+
+    #[test]
+    fn a_named_sighup_reaches_only_the_named_program() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // spawn may return before the child has exec'd: wait until it is `sleep`.
+        let comm = format!("/proc/{pid}/comm");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_to_string(&comm).unwrap() != "sleep\n" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never became sleep"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        match send_sighup_if_named(pid, "opensm") {
+            Err(NamedSignalError::NotTheProgram { found, .. }) => assert_eq!(found, "sleep"),
+            other => panic!("{other:?}"),
+        }
+        // Still alive: nothing was sent.
+        assert!(child.try_wait().unwrap().is_none());
+        send_sighup_if_named(pid, "sleep").unwrap();
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(nix::libc::SIGHUP));
+        // The pid is gone now: the kernel says so.
+        assert!(matches!(
+            send_sighup_if_named(pid, "sleep"),
+            Err(NamedSignalError::Kernel(_))
+        ));
     }
 
     #[test]

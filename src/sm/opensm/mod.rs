@@ -64,6 +64,10 @@ pub struct OpenSmConfig {
     /// OpenSM's pid, when there is no pid file.
     #[serde(default)]
     pub pid: Option<i32>,
+    /// The process name (`/proc/PID/comm`) the pid must have before it is sent SIGHUP (default
+    /// `opensm`): a stale pid file or a recycled pid never gets a signal meant for OpenSM.
+    #[serde(default = "default_process_name")]
+    pub process_name: String,
     /// OpenSM's loopback console port (`reload = "console"`).
     #[serde(default = "default_console_port")]
     pub console_port: u16,
@@ -116,6 +120,9 @@ fn default_partitions_file() -> PathBuf {
 fn default_log_file() -> PathBuf {
     PathBuf::from("/var/log/opensm.log")
 }
+fn default_process_name() -> String {
+    "opensm".into()
+}
 fn default_console_port() -> u16 {
     10000
 }
@@ -149,6 +156,7 @@ impl Default for OpenSmConfig {
             reload: ReloadMethod::default(),
             pid_file: None,
             pid: None,
+            process_name: default_process_name(),
             console_port: default_console_port(),
             reload_check_ms: default_reload_check_ms(),
             pkey_table_size: default_table_size(),
@@ -176,6 +184,9 @@ impl OpenSmConfig {
         if matches!(self.pid, Some(p) if p <= 1) {
             return Err(OpenSmConfigError::Pid);
         }
+        if self.process_name.is_empty() || self.process_name.contains(['/', '\n']) {
+            return Err(OpenSmConfigError::ProcessName);
+        }
         if self.reload_check_ms > 60_000 {
             return Err(OpenSmConfigError::ReloadCheck);
         }
@@ -192,6 +203,9 @@ pub enum OpenSmConfigError {
     /// `pkey_table_size` out of range.
     #[error("pkey_table_size must be 2-512")]
     TableSize,
+    /// `process_name` empty or not a bare name.
+    #[error("process_name must be a program's name (as in /proc/PID/comm), without '/'")]
+    ProcessName,
     /// SIGHUP reload without a way to find OpenSM's pid.
     #[error("reload = \"sighup\" needs pid_file or pid")]
     SighupWithoutPid,

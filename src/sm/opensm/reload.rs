@@ -65,6 +65,10 @@ pub enum Unsignalled {
         #[source]
         source: Arc<std::io::Error>,
     },
+    /// The pid does not run OpenSM (a stale pid file, a recycled pid), or what it runs cannot
+    /// be seen: no signal was sent.
+    #[error("{0}")]
+    NotOpenSm(#[source] Arc<crate::sys::process::NamedSignalError>),
     /// The console did not take the command.
     #[error("console 127.0.0.1:{port}: {step} {}", .source.as_ref().map_or_else(|| "timed out".to_owned(), ToString::to_string))]
     Console {
@@ -106,6 +110,7 @@ pub struct OpenSmReloader {
     method: ReloadMethod,
     pid_file: Option<PathBuf>,
     pid: Option<i32>,
+    process_name: String,
     console_port: u16,
     log_file: PathBuf,
     partitions_file: PathBuf,
@@ -126,6 +131,7 @@ impl OpenSmReloader {
             method: config.reload,
             pid_file: config.pid_file.clone(),
             pid: config.pid,
+            process_name: config.process_name.clone(),
             console_port: config.console_port,
             log_file: config.log_file.clone(),
             partitions_file: config.partitions_file.clone(),
@@ -157,11 +163,15 @@ impl OpenSmReloader {
     }
 
     fn sighup(&self) -> Result<(), ReloadError> {
+        use crate::sys::process::{send_sighup_if_named, NamedSignalError};
         let pid = self.opensm_pid()?;
-        crate::sys::process::send_sighup(pid).map_err(|e| {
-            ReloadError::Unreachable(Unsignalled::Signal {
-                pid,
-                source: Arc::new(e),
+        send_sighup_if_named(pid, &self.process_name).map_err(|e| {
+            ReloadError::Unreachable(match e {
+                NamedSignalError::Kernel(e) => Unsignalled::Signal {
+                    pid,
+                    source: Arc::new(e),
+                },
+                other => Unsignalled::NotOpenSm(Arc::new(other)),
             })
         })
     }
@@ -380,5 +390,31 @@ mod tests {
             r.reload(0).await,
             Err(ReloadError::Unreachable(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_stale_pid_file_naming_another_program_gets_no_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid_file = dir.path().join("opensm.pid");
+        std::fs::write(&pid_file, format!("{}\n", other.id())).unwrap();
+        let config = OpenSmConfig {
+            pid_file: Some(pid_file),
+            log_file: dir.path().join("opensm.log"),
+            ..OpenSmConfig::default()
+        };
+        let e = OpenSmReloader::new(&config).reload(0).await.unwrap_err();
+        assert!(
+            matches!(e, ReloadError::Unreachable(Unsignalled::NotOpenSm(_))),
+            "{e}"
+        );
+        assert!(e.to_string().contains("not \"opensm\""), "{e}");
+        // Not signalled: still running.
+        assert!(other.try_wait().unwrap().is_none());
+        other.kill().unwrap();
+        other.wait().unwrap();
     }
 }
