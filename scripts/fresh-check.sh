@@ -155,6 +155,9 @@ fi
 printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
 
+# The root is a mount point, as / is on any machine (a test that makes its own private mount
+# namespace with `unshare --propagation private` needs that).
+mount_bind "$root" "$root"
 mount_bind /proc "$root/proc"
 mount_bind /sys "$root/sys" ro
 mount_bind /dev "$root/dev"
