@@ -92,7 +92,14 @@ impl SmHost {
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let incoming = tokio_stream::wrappers::ReceiverStream::new(reloader.incoming(listener));
+        let limits = fabric_agent::api::conn_limits::ConnLimits::new(
+            64,
+            16,
+            std::time::Duration::from_secs(10),
+            std::time::Duration::from_secs(3600),
+        );
+        let incoming =
+            tokio_stream::wrappers::ReceiverStream::new(reloader.incoming(listener, limits));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = Server::builder().add_service(Guarded::new(
             PartitionsService::new(backend)

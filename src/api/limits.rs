@@ -3,6 +3,7 @@
 //! (slots held by the open streams), and the HTTP/2 settings that bound time and idleness.
 
 use crate::config::LimitsConfig;
+use http_body_util::BodyExt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -68,23 +69,48 @@ impl StreamSlots {
 }
 
 /// Refuses requests beyond `max` in progress on one listener with RESOURCE_EXHAUSTED. A
-/// request counts until its handler has answered (for a stream: until the stream starts).
+/// request counts from the moment its whole body has arrived until its handler has answered
+/// (for a stream: until the stream starts); a body must arrive within `body_timeout`, so one
+/// that trickles in holds no slot and is cut off. Health.Watch and reflection streams take a
+/// [`StreamSlots`] slot instead, held for the stream's whole life.
 #[derive(Clone)]
 pub struct InFlightLimitLayer {
     permits: Arc<Semaphore>,
     max: usize,
     listener: Arc<str>,
+    body_timeout: Duration,
+    streams: StreamSlots,
 }
 
 impl InFlightLimitLayer {
-    /// At most `max` requests in progress on the listener named `listener`.
-    pub fn new(max: usize, listener: &str) -> InFlightLimitLayer {
+    /// At most `max` requests in progress on the listener named `listener`; bodies within
+    /// `body_timeout`; long-lived health and reflection streams in `streams`.
+    pub fn new(
+        max: usize,
+        listener: &str,
+        body_timeout: Duration,
+        streams: StreamSlots,
+    ) -> InFlightLimitLayer {
         InFlightLimitLayer {
             permits: Arc::new(Semaphore::new(max)),
             max,
             listener: listener.into(),
+            body_timeout,
+            streams,
         }
     }
+}
+
+/// The largest request body read before a call: tonic's default decoding limit (4 MiB) plus
+/// the gRPC frame header.
+const MAX_BODY: usize = 4 * 1024 * 1024 + 5;
+
+/// Methods whose responses stream for as long as the client likes and are not the agent's own
+/// (WatchEvents takes its slot in its handler).
+fn is_open_ended_stream(path: &str) -> bool {
+    path == "/grpc.health.v1.Health/Watch"
+        || path == "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+        || path == "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 }
 
 impl<S> tower::Layer<S> for InFlightLimitLayer {
@@ -107,10 +133,14 @@ pub struct InFlightLimit<S> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, B> tower::Service<http::Request<B>> for InFlightLimit<S>
+impl<S> tower::Service<http::Request<Body>> for InFlightLimit<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
@@ -120,25 +150,82 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        match self.limit.permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let answer = self.inner.call(request);
-                Box::pin(async move {
-                    let response = answer.await;
-                    drop(permit);
-                    response
-                })
-            }
-            Err(_) => {
-                let status = Status::resource_exhausted(format!(
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        // The readied service answers this call; a clone is left for the next one.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limit = self.limit.clone();
+        if is_open_ended_stream(request.uri().path()) {
+            let slot = match limit.streams.acquire() {
+                Ok(slot) => slot,
+                Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
+            };
+            let answer = inner.call(request);
+            return Box::pin(async move {
+                let response = answer.await?;
+                Ok(response.map(|body| Body::new(SlotBody { body, _slot: slot })))
+            });
+        }
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let limited = http_body_util::Limited::new(body, MAX_BODY);
+            let bytes = match tokio::time::timeout(limit.body_timeout, limited.collect()).await {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                Ok(Err(e)) => {
+                    return Ok(Status::invalid_argument(format!(
+                        "the request body could not be read: {e}"
+                    ))
+                    .into_http())
+                }
+                Err(_) => {
+                    return Ok(Status::deadline_exceeded(format!(
+                        "the request body did not arrive within {} s ([limits] \
+                         request_body_secs)",
+                        limit.body_timeout.as_secs()
+                    ))
+                    .into_http())
+                }
+            };
+            let Ok(permit) = limit.permits.clone().try_acquire_owned() else {
+                return Ok(Status::resource_exhausted(format!(
                     "{} already has its maximum of {} requests in progress ([limits] \
                      max_in_flight_requests); retry later",
-                    self.limit.listener, self.limit.max
-                ));
-                Box::pin(async move { Ok(status.into_http()) })
-            }
-        }
+                    limit.listener, limit.max
+                ))
+                .into_http());
+            };
+            let request =
+                http::Request::from_parts(parts, Body::new(http_body_util::Full::new(bytes)));
+            let response = inner.call(request).await;
+            drop(permit);
+            response
+        })
+    }
+}
+
+/// A response body that holds a stream slot until the stream ends or is dropped.
+struct SlotBody {
+    body: Body,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl http_body::Body for SlotBody {
+    type Data = <Body as http_body::Body>::Data;
+    type Error = <Body as http_body::Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -147,12 +234,32 @@ mod tests {
     use super::*;
     use tower::{Service, ServiceExt};
 
+    fn request(path: &str) -> http::Request<Body> {
+        http::Request::builder()
+            .uri(path)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    fn layer(max: usize, streams: usize) -> InFlightLimitLayer {
+        InFlightLimitLayer::new(
+            max,
+            "the unix socket",
+            Duration::from_secs(10),
+            StreamSlots::new(streams),
+        )
+    }
+
+    fn code(r: &http::Response<Body>) -> Option<tonic::Code> {
+        Status::from_header_map(r.headers()).map(|s| s.code())
+    }
+
     #[tokio::test]
     async fn requests_beyond_the_limit_are_refused_and_slots_come_back() {
         let gate = Arc::new(tokio::sync::Notify::new());
         let inner = {
             let gate = gate.clone();
-            tower::service_fn(move |_: http::Request<()>| {
+            tower::service_fn(move |_: http::Request<Body>| {
                 let gate = gate.clone();
                 async move {
                     gate.notified().await;
@@ -160,14 +267,15 @@ mod tests {
                 }
             })
         };
-        let mut svc = tower::Layer::layer(&InFlightLimitLayer::new(1, "the unix socket"), inner);
-        let first = svc.ready().await.unwrap().call(http::Request::new(()));
+        let mut svc = tower::Layer::layer(&layer(1, 4), inner);
+        let first = svc.ready().await.unwrap().call(request("/a/B"));
         let first = tokio::spawn(first);
+        tokio::task::yield_now().await;
         let refused = svc
             .ready()
             .await
             .unwrap()
-            .call(http::Request::new(()))
+            .call(request("/a/B"))
             .await
             .unwrap();
         let status = Status::from_header_map(refused.headers()).expect("grpc-status");
@@ -177,11 +285,101 @@ mod tests {
         let ok = first.await.unwrap().unwrap();
         assert!(Status::from_header_map(ok.headers()).is_none());
         // The slot is free again.
-        let again = tokio::spawn(svc.ready().await.unwrap().call(http::Request::new(())));
+        let again = tokio::spawn(svc.ready().await.unwrap().call(request("/a/B")));
         tokio::task::yield_now().await;
         gate.notify_one();
         let again = again.await.unwrap().unwrap();
         assert!(Status::from_header_map(again.headers()).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickling_body_holds_no_slot_and_is_cut_off() {
+        let inner = tower::service_fn(|_: http::Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let mut svc = tower::Layer::layer(&layer(1, 4), inner);
+        // A body that never ends.
+        let (_sender, body) = {
+            let (tx, rx) = tokio::sync::mpsc::channel::<
+                Result<http_body::Frame<<Body as http_body::Body>::Data>, Status>,
+            >(1);
+            (
+                tx,
+                http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            )
+        };
+        let slow = http::Request::builder()
+            .uri("/a/B")
+            .body(Body::new(body))
+            .unwrap();
+        let slow = tokio::spawn(svc.ready().await.unwrap().call(slow));
+        tokio::task::yield_now().await;
+        // Meanwhile a whole request is served: the trickling one holds no slot.
+        let ok = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request("/a/B"))
+            .await
+            .unwrap();
+        assert_eq!(code(&ok), None);
+        let cut = slow.await.unwrap().unwrap();
+        assert_eq!(code(&cut), Some(tonic::Code::DeadlineExceeded));
+    }
+
+    type Frames = tokio::sync::mpsc::Sender<
+        Result<http_body::Frame<<Body as http_body::Body>::Data>, Status>,
+    >;
+
+    /// A body that stays open while its sender lives.
+    fn open_body() -> (Frames, Body) {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        (tx, Body::new(body))
+    }
+
+    #[tokio::test]
+    async fn health_watch_and_reflection_streams_hold_a_stream_slot_for_their_life() {
+        let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let inner = {
+            let senders = senders.clone();
+            tower::service_fn(move |_: http::Request<Body>| {
+                let (tx, body) = open_body();
+                senders.lock().unwrap().push(tx);
+                async move { Ok::<_, std::convert::Infallible>(http::Response::new(body)) }
+            })
+        };
+        let mut svc = tower::Layer::layer(&layer(8, 1), inner);
+        let watch = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request("/grpc.health.v1.Health/Watch"))
+            .await
+            .unwrap();
+        assert_eq!(code(&watch), None);
+        let refused = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request(
+                "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            ))
+            .await
+            .unwrap();
+        assert_eq!(code(&refused), Some(tonic::Code::ResourceExhausted));
+        // The stream ends: its slot comes back.
+        drop(watch);
+        let again = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request(
+                "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            ))
+            .await
+            .unwrap();
+        assert_eq!(code(&again), None);
     }
 
     #[test]

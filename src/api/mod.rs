@@ -10,6 +10,7 @@ mod audit;
 mod auth;
 mod caller;
 pub mod client;
+pub mod conn_limits;
 pub mod convert;
 pub mod limits;
 pub mod metrics;

@@ -4,6 +4,7 @@
 
 use super::auth::ClientAllowlist;
 use super::caller::{Guarded, LocalPolicy, Policy};
+use super::conn_limits::ConnLimits;
 use super::limits::{self, InFlightLimitLayer};
 use super::node_identity::NodeMapping;
 use super::partitions::PartitionsService;
@@ -14,6 +15,7 @@ use crate::config::ListenConfig;
 use crate::proto::agent::fabric_agent_server::FabricAgentServer;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
@@ -251,6 +253,15 @@ pub async fn serve(
     let signal = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    let streams = agent.stream_slots();
+    let in_flight = |listener: &str| {
+        InFlightLimitLayer::new(
+            bounds.max_in_flight_requests,
+            listener,
+            Duration::from_secs(bounds.request_body_secs),
+            streams.clone(),
+        )
+    };
     let owned = socket_guard::OwnedSocket::default();
     let unix_incoming = socket_guard::incoming(
         listeners.unix,
@@ -260,23 +271,31 @@ pub async fn serve(
         owned.clone(),
     );
     let unix = limits::builder(&bounds)
-        .layer(InFlightLimitLayer::new(
-            bounds.max_in_flight_requests,
-            "the unix socket",
-        ))
+        .layer(in_flight("the unix socket"))
         .add_routes(routes(Policies::same(Policy::Local(listeners.local))))
         .serve_with_incoming_shutdown(unix_incoming, signal(shutdown.clone()));
     let tcp = async {
         match listeners.tcp {
             None => Ok(()),
             Some((listener, TcpMode::Tls(reloader, lists))) => {
+                let conns = ConnLimits::new(
+                    bounds.max_connections,
+                    bounds.max_unauthenticated_per_address,
+                    Duration::from_secs(bounds.unauthenticated_secs),
+                    Duration::from_secs(
+                        bounds
+                            .max_connection_age_secs
+                            .saturating_add(bounds.request_timeout_secs),
+                    ),
+                );
                 let incoming =
-                    tokio_stream::wrappers::ReceiverStream::new(reloader.incoming(listener));
+                    tokio_stream::wrappers::ReceiverStream::new(reloader.incoming(listener, conns));
                 limits::builder(&bounds)
-                    .layer(InFlightLimitLayer::new(
-                        bounds.max_in_flight_requests,
-                        "the TCP listener",
-                    ))
+                    // GOAWAY at the age; the connection's own deadline (age + the request
+                    // timeout) ends it if a stream outlives that. (tonic's grace setting would
+                    // skip the GOAWAY and only cut the connection at age + grace.)
+                    .max_connection_age(Duration::from_secs(bounds.max_connection_age_secs))
+                    .layer(in_flight("the TCP listener"))
                     .add_routes(routes(Policies::tls(&lists)))
                     .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))
                     .await
@@ -284,10 +303,7 @@ pub async fn serve(
             Some((listener, TcpMode::InsecureTest)) => {
                 let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
                 limits::builder(&bounds)
-                    .layer(InFlightLimitLayer::new(
-                        bounds.max_in_flight_requests,
-                        "the TCP listener",
-                    ))
+                    .layer(in_flight("the TCP listener"))
                     .add_routes(routes(Policies::same(Policy::InsecureTest)))
                     .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))
                     .await

@@ -8,6 +8,7 @@
 //! its validity period is let through the handshake so that every call on it is refused with
 //! UNAUTHENTICATED and the reason (see [`super::caller::Policy`]) instead of a bare TLS alert.
 
+use super::conn_limits::{BoundedConn, ConnLimits, Refused};
 use crate::config::TlsConfig;
 use crate::sys::dirwatch::{Change, DirWatch};
 use rustls::client::danger::HandshakeSignatureValid;
@@ -22,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -40,11 +41,6 @@ fn touches(change: &Change, names: &[std::ffi::OsString]) -> bool {
     };
     names.contains(name) || name.as_encoded_bytes().starts_with(b"..")
 }
-
-/// Handshakes running at once; more connections wait in the kernel's backlog.
-const MAX_HANDSHAKES: usize = 256;
-/// A client that does not finish its handshake in this time is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a load or reload read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,16 +177,21 @@ impl TlsReloader {
             .clone()
     }
 
-    /// Accepts TCP connections and completes TLS handshakes with the material current at
-    /// accept time; the stream ends when the consumer (the server) is dropped.
+    /// Accepts TCP connections within `limits` and completes TLS handshakes with the material
+    /// current at accept time; the stream ends when the consumer (the server) is dropped. A
+    /// connection beyond the limits is closed as soon as it is accepted; one whose handshake
+    /// does not finish within the unauthenticated deadline is dropped; one that completes it
+    /// without a client certificate is served (each call is refused UNAUTHENTICATED with the
+    /// reason) until that deadline.
     pub fn incoming(
         &self,
         listener: TcpListener,
-    ) -> mpsc::Receiver<std::io::Result<TlsStream<TcpStream>>> {
+        limits: ConnLimits,
+    ) -> mpsc::Receiver<std::io::Result<BoundedConn<TlsStream<TcpStream>>>> {
         let (tx, rx) = mpsc::channel(64);
         let me = self.clone();
         tokio::spawn(async move {
-            let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+            let mut refused = RefusalLog::default();
             loop {
                 let accepted = tokio::select! {
                     r = listener.accept() => r,
@@ -205,17 +206,26 @@ impl TlsReloader {
                         continue;
                     }
                 };
-                let _ = tcp.set_nodelay(true);
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    break;
+                let admitted = match limits.admit(peer.ip()) {
+                    Ok(a) => a,
+                    Err(why) => {
+                        refused.note(why, peer);
+                        drop(tcp);
+                        continue;
+                    }
                 };
+                let _ = tcp.set_nodelay(true);
                 let acceptor = TlsAcceptor::from(me.current());
                 let tx = tx.clone();
+                let limits = limits.clone();
                 tokio::spawn(async move {
-                    let _permit = permit;
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout(limits.unauthenticated_for(), acceptor.accept(tcp))
+                        .await
+                    {
                         Ok(Ok(stream)) => {
-                            let _ = tx.send(Ok(stream)).await;
+                            let authenticated = stream.get_ref().1.peer_certificates().is_some();
+                            let conn = admitted.into_conn(stream, authenticated, &limits);
+                            let _ = tx.send(Ok(conn)).await;
                         }
                         Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake refused"),
                         Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
@@ -224,6 +234,36 @@ impl TlsReloader {
             }
         });
         rx
+    }
+}
+
+/// Logs connections closed at accept at most once a second, with how many were closed since.
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<tokio::time::Instant>,
+    since: u64,
+}
+
+impl RefusalLog {
+    fn note(&mut self, why: Refused, peer: std::net::SocketAddr) {
+        self.since += 1;
+        let now = tokio::time::Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            return;
+        }
+        let reason = match why {
+            Refused::TooManyConnections => "[limits] max_connections are open",
+            Refused::TooManyFromAddress => {
+                "its address holds [limits] max_unauthenticated_per_address connections that \
+                 have not authenticated"
+            }
+        };
+        tracing::warn!(%peer, closed = self.since, "closed TCP connections at accept: {reason}");
+        self.last = Some(now);
+        self.since = 0;
     }
 }
 

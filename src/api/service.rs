@@ -41,6 +41,12 @@ impl AgentService {
     pub fn limits(&self) -> &LimitsConfig {
         &self.limits
     }
+
+    /// The slots of long-lived streams (WatchEvents here; the server adds Health.Watch and
+    /// reflection streams to the same count).
+    pub fn stream_slots(&self) -> StreamSlots {
+        self.streams.clone()
+    }
 }
 
 /// The membership as the audit trail names it (UNSPECIFIED is treated as, and named, FULL).

@@ -45,6 +45,30 @@ pub struct LimitsConfig {
     /// The largest ListAttachments page_size accepted (default 5000).
     #[serde(default = "default_list_max_page_size")]
     pub list_max_page_size: u32,
+    /// TCP connections open at once (default 1024); more are closed as soon as they are
+    /// accepted. The unit's `LimitNOFILE` leaves room above this.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// TCP connections from one address that are still in their TLS handshake or completed it
+    /// without a client certificate (default 16); more from that address are closed at once,
+    /// so a flood from one host cannot take the slots other hosts need.
+    #[serde(default = "default_max_unauthenticated_per_address")]
+    pub max_unauthenticated_per_address: usize,
+    /// A TLS handshake must finish, and a connection without a client certificate is closed,
+    /// within this many seconds (default 10): long enough to be told UNAUTHENTICATED and why.
+    #[serde(default = "default_unauthenticated_secs")]
+    pub unauthenticated_secs: u64,
+    /// A TCP connection is asked to go away (HTTP/2 GOAWAY) after this many seconds (default
+    /// 3600), so a rotated CA or a revoked client certificate stops working on live
+    /// connections too: the client reconnects and handshakes with the current material. Calls
+    /// in progress get `request_timeout_secs` more to finish; then the connection is closed,
+    /// ending any stream still open (a WatchEvents client resumes from its last seq). At least 1.
+    #[serde(default = "default_max_connection_age")]
+    pub max_connection_age_secs: u64,
+    /// A unary request's body must arrive within this many seconds (default 10); it is read
+    /// before the request takes an in-flight slot, so a body that trickles in holds none.
+    #[serde(default = "default_request_body_secs")]
+    pub request_body_secs: u64,
 }
 
 fn default_max_watch_streams() -> usize {
@@ -71,6 +95,21 @@ fn default_list_page_size() -> u32 {
 fn default_list_max_page_size() -> u32 {
     5000
 }
+fn default_max_connections() -> usize {
+    1024
+}
+fn default_max_unauthenticated_per_address() -> usize {
+    16
+}
+fn default_unauthenticated_secs() -> u64 {
+    10
+}
+fn default_max_connection_age() -> u64 {
+    3600
+}
+fn default_request_body_secs() -> u64 {
+    10
+}
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -84,6 +123,11 @@ impl Default for LimitsConfig {
             watch_batch: default_watch_batch(),
             list_default_page_size: default_list_page_size(),
             list_max_page_size: default_list_max_page_size(),
+            max_connections: default_max_connections(),
+            max_unauthenticated_per_address: default_max_unauthenticated_per_address(),
+            unauthenticated_secs: default_unauthenticated_secs(),
+            max_connection_age_secs: default_max_connection_age(),
+            request_body_secs: default_request_body_secs(),
         }
     }
 }
@@ -127,6 +171,26 @@ impl LimitsConfig {
             return Err(invalid(
                 "limits.list_default_page_size",
                 "page sizes must be > 0 and list_default_page_size <= list_max_page_size",
+            ));
+        }
+        if self.max_connections == 0 || self.max_unauthenticated_per_address == 0 {
+            return Err(invalid(
+                "limits.max_connections",
+                "max_connections and max_unauthenticated_per_address must be at least 1",
+            ));
+        }
+        if !(1..=300).contains(&self.unauthenticated_secs)
+            || !(1..=300).contains(&self.request_body_secs)
+        {
+            return Err(invalid(
+                "limits.unauthenticated_secs",
+                "unauthenticated_secs and request_body_secs must be 1-300",
+            ));
+        }
+        if self.max_connection_age_secs == 0 {
+            return Err(invalid(
+                "limits.max_connection_age_secs",
+                "must be at least 1 (an hour or so in production)",
             ));
         }
         Ok(())
