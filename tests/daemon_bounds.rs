@@ -429,3 +429,42 @@ fn reason(e: &tonic::Status) -> Option<&str> {
         .get("fabric-error-reason")
         .and_then(|v| v.to_str().ok())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_before_it_answers_is_audited_as_admitted_then_abandoned() {
+    // The SM never answers, so the attach waits; the client gives up after 300 ms.
+    let d = Daemon::start_with_fault(Some("unreachable"), "", "");
+    let mut c = d.client().await;
+    let mut request = tonic::Request::new(attach(
+        "vm-abandoned",
+        partition("ibpart_ab", 0x0a31),
+        Some(10_000),
+    ));
+    request.set_timeout(Duration::from_millis(300));
+    let e = c
+        .attach_partition(request)
+        .await
+        .expect_err("client deadline");
+    assert!(
+        matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{e:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = d.log();
+        let lines: Vec<_> = log
+            .lines()
+            .filter(|l| l.contains("fabric_agent::audit") && l.contains("vm-abandoned"))
+            .collect();
+        let admitted = lines.iter().any(|l| l.contains("phase=\"admitted\""));
+        let abandoned = lines.iter().any(|l| l.contains("Abandoned"));
+        if admitted && abandoned {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{lines:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The attach itself was stored before the client gave up: the admitted line is what says so.
+    let a = get(&mut c, "vm-abandoned").await;
+    assert_eq!(a.instance_id, "vm-abandoned");
+}

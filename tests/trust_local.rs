@@ -127,9 +127,19 @@ fn a_non_root_unlisted_user_may_read_but_not_change() {
     let audit = audit_lines(&log);
     let root: Vec<_> = audit
         .iter()
-        .filter(|l| l.contains("caller=unix uid=0") && l.contains("AttachPartition"))
+        .filter(|l| {
+            l.contains("caller=unix uid=0")
+                && l.contains("AttachPartition")
+                && l.contains("result=")
+        })
         .collect();
     assert_eq!(root.len(), 1, "{audit:#?}");
+    assert!(
+        audit.iter().any(|l| l.contains("caller=unix uid=0")
+            && l.contains("AttachPartition")
+            && l.contains("phase=\"admitted\"")),
+        "{audit:#?}"
+    );
     for field in [
         "instance=\"vm-1\"",
         "partition=\"ibpart_a1\"",

@@ -185,9 +185,18 @@ async fn typed_identities_validity_and_the_audit_line() {
         .collect();
     let ok: Vec<_> = audit
         .iter()
-        .filter(|l| l.contains("caller=cert dns:control-plane.example"))
+        .filter(|l| l.contains("caller=cert dns:control-plane.example") && l.contains("result="))
         .collect();
     assert_eq!(ok.len(), 1, "{audit:#?}");
+    // The call was recorded when it was admitted, before it could change anything.
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("caller=cert dns:control-plane.example")
+                && l.contains("phase=\"admitted\"")
+                && l.contains("instance=\"vm-7\"")),
+        "{audit:#?}"
+    );
     for field in [
         "method=\"AttachPartition\"",
         "instance=\"vm-7\"",

@@ -1,7 +1,10 @@
-//! The audit trail: one line (tracing target `fabric_agent::audit`, message `audit`) per
-//! mutating call, whatever its outcome, naming the verified caller, the method, what it asked
-//! for and the gRPC code it got. Calls the call gate refuses get a line too (with the peer as
-//! the connection shows it). The target sits under `fabric_agent` so that any filter that keeps
+//! The audit trail (tracing target `fabric_agent::audit`, message `audit`): for every mutating
+//! call, one line when it is admitted, before it can change anything (`phase="admitted"`), and
+//! one when it answers, naming the verified caller, the method, what it asked for and the gRPC
+//! code it got (`result=`). A call dropped before it answered (a client deadline, RST_STREAM,
+//! a lost connection) gets `result=Abandoned` instead: its effect is unknown, and the admitted
+//! line already names it. Calls the call gate refuses get one line (with the peer as the
+//! connection shows it). The target sits under `fabric_agent` so that any filter that keeps
 //! the agent's own lines keeps the audit trail; `fabric_agent::audit=info` selects it alone.
 //! Client-supplied strings are logged in their quoted (escaped) form so they cannot forge lines.
 
@@ -39,8 +42,63 @@ pub struct Subject<'a> {
     pub membership: &'a str,
 }
 
-/// Records one FabricAgent mutating call.
-pub fn agent_call(caller: Option<&Caller>, method: &str, s: &Subject<'_>, code: tonic::Code) {
+/// Records the admission of one FabricAgent mutating call, before its handler runs, and
+/// returns the guard that records its outcome ([`Admitted::answered`]) or, when dropped
+/// unanswered, that it was abandoned.
+pub fn agent_admitted(caller: Option<&Caller>, method: &'static str, s: &Subject<'_>) -> Admitted {
+    tracing::info!(
+        target: TARGET,
+        caller = %who(caller),
+        method,
+        instance = ?s.instance,
+        partition = ?s.partition,
+        pkey = %format_args!("{:#06x}", s.pkey),
+        membership = s.membership,
+        phase = "admitted",
+        "audit"
+    );
+    Admitted {
+        caller: who(caller),
+        method,
+        instance: s.instance.to_owned(),
+        answered: false,
+    }
+}
+
+/// An admitted call whose outcome is not recorded yet.
+#[must_use = "record the call's outcome with answered()"]
+pub struct Admitted {
+    caller: String,
+    method: &'static str,
+    instance: String,
+    answered: bool,
+}
+
+impl Admitted {
+    /// Records the outcome line of an agent call.
+    pub fn answered(mut self, caller: Option<&Caller>, s: &Subject<'_>, code: tonic::Code) {
+        self.answered = true;
+        agent_call(caller, self.method, s, code);
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if !self.answered {
+            tracing::warn!(
+                target: TARGET,
+                caller = %self.caller,
+                method = self.method,
+                instance = ?self.instance,
+                result = "Abandoned",
+                "audit: the call was dropped before it answered; its effect is unknown"
+            );
+        }
+    }
+}
+
+/// Records one FabricAgent mutating call's outcome.
+fn agent_call(caller: Option<&Caller>, method: &str, s: &Subject<'_>, code: tonic::Code) {
     tracing::info!(
         target: TARGET,
         caller = %who(caller),

@@ -116,18 +116,15 @@ impl FabricAgent for AgentService {
             r.partition.clone().unwrap_or_default(),
         );
         let membership = membership_name(r.membership).unwrap_or("INVALID");
+        let subject = Subject {
+            instance: &instance,
+            partition: &partition.id,
+            pkey: partition.pkey,
+            membership,
+        };
+        let admitted = audit::agent_admitted(caller.as_ref(), "AttachPartition", &subject);
         let result = self.attach(r).await;
-        audit::agent_call(
-            caller.as_ref(),
-            "AttachPartition",
-            &Subject {
-                instance: &instance,
-                partition: &partition.id,
-                pkey: partition.pkey,
-                membership,
-            },
-            audit::code_of(&result),
-        );
+        admitted.answered(caller.as_ref(), &subject, audit::code_of(&result));
         result
     }
 
@@ -178,6 +175,14 @@ impl FabricAgent for AgentService {
         let caller = Caller::of(&request).cloned();
         let r = request.into_inner();
         let instance = r.instance_id.clone();
+        let admitted = audit::agent_admitted(
+            caller.as_ref(),
+            "ReleaseInstance",
+            &Subject {
+                instance: &instance,
+                ..Subject::default()
+            },
+        );
         let result = self.release(r).await;
         let released = result
             .as_ref()
@@ -186,9 +191,8 @@ impl FabricAgent for AgentService {
             .unwrap_or_default();
         let partition = released.partition.unwrap_or_default();
         let membership = membership_name(released.membership).unwrap_or("");
-        audit::agent_call(
+        admitted.answered(
             caller.as_ref(),
-            "ReleaseInstance",
             &Subject {
                 instance: &instance,
                 partition: &partition.id,
