@@ -76,6 +76,12 @@ fn a_non_root_unlisted_user_may_read_but_not_change() {
     let tmp = tempfile::tempdir().unwrap();
     let mut d = open_to_all(tmp.path(), &format!("read_group = \"{NOBODY}\"\n"));
     d.spawn(&[("FABRIC_AGENT_LOG", "fabric_agent=debug")]);
+    // The socket file belongs to the read group.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(&d.socket).unwrap().gid().to_string(),
+        NOBODY
+    );
 
     let read = as_nobody(&d, &["node"]);
     assert!(
@@ -165,7 +171,7 @@ fn a_user_outside_the_read_group_may_not_read() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    // read_group defaults to the agent's own group (root here).
+    // No read_group: nobody but root, the agent's user and allowed_uids may call at all.
     let mut d = open_to_all(tmp.path(), "");
     d.spawn(&[]);
     let read = as_nobody(&d, &["node"]);

@@ -83,20 +83,25 @@ pub fn is_read_only(path: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct LocalPolicy {
     own_uid: u32,
-    read_gid: u32,
+    read_gid: Option<u32>,
     readers: Arc<BTreeSet<u32>>,
     mutators: Arc<BTreeSet<u32>>,
 }
 
 impl LocalPolicy {
-    /// From `[listen]`: resolves `read_group` (default: the agent's own group).
+    /// From `[listen]`: resolves `read_group`. Without one, only root, the agent's own user
+    /// and `allowed_uids` may call at all: the agent's own group is never a read group by
+    /// default, since it may read the agent's configuration and keys.
     pub fn from_config(listen: &ListenConfig) -> Result<LocalPolicy, GroupError> {
-        let (own_uid, own_gid) = crate::sys::users::own_ids();
+        let (own_uid, _) = crate::sys::users::own_ids();
         let read_gid = match &listen.read_group {
-            Some(g) => crate::sys::users::group_id(g)?,
-            None => own_gid,
+            Some(g) => Some(crate::sys::users::group_id(g)?),
+            None => None,
         };
-        let readers = crate::sys::users::group_member_uids(read_gid)?;
+        let readers = match read_gid {
+            Some(gid) => crate::sys::users::group_member_uids(gid)?,
+            None => Vec::new(),
+        };
         Ok(LocalPolicy {
             own_uid,
             read_gid,
@@ -105,21 +110,29 @@ impl LocalPolicy {
         })
     }
 
+    /// The read group's gid, if one is configured (the socket file is given that group).
+    pub fn read_gid(&self) -> Option<u32> {
+        self.read_gid
+    }
+
     fn may_mutate(&self, uid: u32) -> bool {
         uid == 0 || uid == self.own_uid || self.mutators.contains(&uid)
     }
 
     fn admit(&self, uid: u32, gid: u32, read_only: bool, path: &str) -> Result<Caller, Status> {
         let privileged = self.may_mutate(uid);
-        let reader = gid == self.read_gid || self.readers.contains(&uid);
+        let reader = Some(gid) == self.read_gid || self.readers.contains(&uid);
         if privileged || (read_only && reader) {
             return Ok(Caller::Local { uid, privileged });
         }
         Err(Status::permission_denied(if read_only {
             format!(
                 "unix uid={uid} may not call {path}: reading needs root, the agent's user, \
-                 listen.allowed_uids or membership of the read group (gid {})",
-                self.read_gid
+                 listen.allowed_uids or membership of the read group ({})",
+                self.read_gid.map_or_else(
+                    || "none is configured: listen.read_group".to_owned(),
+                    |g| format!("gid {g}")
+                )
             )
         } else {
             format!(
@@ -288,7 +301,7 @@ mod tests {
     fn local_policy() {
         let p = LocalPolicy {
             own_uid: 990,
-            read_gid: 990,
+            read_gid: Some(990),
             readers: Arc::new([1002].into()),
             mutators: Arc::new([1000].into()),
         };

@@ -78,7 +78,7 @@ enum TcpMode {
 pub struct Listeners {
     unix: UnixListener,
     unix_path: PathBuf,
-    unix_mode: u32,
+    unix_access: socket_guard::SocketAccess,
     local: LocalPolicy,
     nodes: NodeMapping,
     tcp: Option<(TcpListener, TcpMode)>,
@@ -132,8 +132,11 @@ impl Listeners {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(bind_err(e)),
         }
-        let mode = config.socket_mode();
-        let unix = socket_guard::bind(&path, mode).map_err(bind_err)?;
+        let access = socket_guard::SocketAccess {
+            mode: config.socket_mode(),
+            group: local.read_gid(),
+        };
+        let unix = socket_guard::bind(&path, access).map_err(bind_err)?;
         let tcp = match config.tcp {
             None => None,
             Some(addr) => {
@@ -158,7 +161,7 @@ impl Listeners {
         Ok(Listeners {
             unix,
             unix_path: path,
-            unix_mode: mode,
+            unix_access: access,
             local,
             nodes,
             tcp,
@@ -266,7 +269,7 @@ pub async fn serve(
     let unix_incoming = socket_guard::incoming(
         listeners.unix,
         listeners.unix_path.clone(),
-        listeners.unix_mode,
+        listeners.unix_access,
         shutdown.clone(),
         owned.clone(),
     );

@@ -28,10 +28,23 @@ fn inode(path: &Path) -> Option<u64> {
     std::fs::symlink_metadata(path).ok().map(|m| m.ino())
 }
 
-/// Binds `path` with `mode`, the caller having checked that no live agent answers there.
-pub fn bind(path: &Path, mode: u32) -> io::Result<UnixListener> {
+/// Who may open the socket file: its mode, and the group it is given (the read group; `None`
+/// keeps the agent's own group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// The file mode, e.g. 0o660.
+    pub mode: u32,
+    /// The file's group.
+    pub group: Option<u32>,
+}
+
+/// Binds `path` with `access`, the caller having checked that no live agent answers there.
+pub fn bind(path: &Path, access: SocketAccess) -> io::Result<UnixListener> {
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if let Some(gid) = access.group {
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))?;
     Ok(listener)
 }
 
@@ -40,20 +53,20 @@ pub fn bind(path: &Path, mode: u32) -> io::Result<UnixListener> {
 pub fn incoming(
     listener: UnixListener,
     path: PathBuf,
-    mode: u32,
+    access: SocketAccess,
     shutdown: watch::Receiver<bool>,
     owned: OwnedSocket,
 ) -> ReceiverStream<io::Result<UnixStream>> {
     let (tx, rx) = mpsc::channel(64);
     owned.0.store(inode(&path).unwrap_or(0), Ordering::Relaxed);
-    tokio::spawn(guard(listener, path, mode, shutdown, owned, tx));
+    tokio::spawn(guard(listener, path, access, shutdown, owned, tx));
     ReceiverStream::new(rx)
 }
 
 async fn guard(
     mut listener: UnixListener,
     path: PathBuf,
-    mode: u32,
+    access: SocketAccess,
     mut shutdown: watch::Receiver<bool>,
     owned: OwnedSocket,
     tx: mpsc::Sender<io::Result<UnixStream>>,
@@ -102,7 +115,7 @@ async fn guard(
                     }
                     // The daemon removes its own socket as it stops: never bring it back then.
                     None if *shutdown.borrow() => return,
-                    None => match rebind(&path, mode) {
+                    None => match rebind(&path, access) {
                         Ok(l) => {
                             listener = l;
                             owned.0.store(inode(&path).unwrap_or(0), Ordering::Relaxed);
@@ -124,11 +137,11 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|s| *s).await;
 }
 
-fn rebind(path: &Path, mode: u32) -> io::Result<UnixListener> {
+fn rebind(path: &Path, access: SocketAccess) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    bind(path, mode)
+    bind(path, access)
 }
 
 fn watch_dir(dir: &Path) -> Option<DirWatch> {

@@ -99,6 +99,15 @@ impl Store {
             }
             other => StoreError::from(other),
         })?;
+        // The agent's alone, whatever the umask (the unit's UMask=0007 would leave it
+        // group-writable).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(
+            |source| StoreError::Io {
+                path: path.to_owned(),
+                source,
+            },
+        )?;
         Store::init(db, retain)
     }
 

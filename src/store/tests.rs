@@ -39,7 +39,12 @@ fn commit_is_atomic_and_sequence_survives_reopen() {
         let ev = store.commit(batch, 5).unwrap();
         assert_eq!(ev[0].seq, 1);
     }
+    // A file created under a permissive umask is still the agent's alone.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o664)).unwrap();
     let store = Store::open(&path, 1000).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "state.redb is {mode:o}");
     assert_eq!(store.attachments().unwrap().len(), 1);
     let batch = Batch {
         events: vec![
