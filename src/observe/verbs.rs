@@ -3,8 +3,13 @@
 //! re-register, device fatal), with a slow safety poll and a fast poll while a transition is
 //! pending. Works on real HCAs and soft-RoCE (rxe) devices.
 //!
-//! Devices are opened once, at construction: a device added later (hot plug, a new rxe link)
-//! needs an agent restart, and so does a device that reported DEVICE_FATAL.
+//! The device list is not fixed at open: every inventory first lists the devices libibverbs
+//! sees, and the observer reopens them all when that list changed (a device removed, added, or
+//! re-registered under the same name: an rxe link deleted and added back, a hot-plugged HCA), when
+//! a read on an open context failed (a context of a removed device answers every call with an
+//! error, forever), or after a DEVICE_FATAL event. The reopened set is read at once; a vanished
+//! device's ports are simply absent from that inventory (the agent treats a covered port that is
+//! missing as blocking both ACTIVE and RELEASED).
 
 use super::{poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, ReadError};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
@@ -12,16 +17,55 @@ use crate::observe::ObserverConfig;
 use crate::sys::verbs::{AsyncEvent, AsyncEventKind, AsyncEvents, Device, DeviceList};
 use async_trait::async_trait;
 use futures::future::{select_all, FutureExt};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Observer over libibverbs.
 pub struct VerbsObserver {
+    /// The devices open now; replaced whole when they are reopened.
+    open: Mutex<Arc<OpenDevices>>,
+    /// Set by a DEVICE_FATAL event or a failed event read: the next inventory reopens.
+    stale: AtomicBool,
+    fast_poll: Duration,
+    slow_poll: Duration,
+}
+
+/// One generation of open devices and their event channels.
+struct OpenDevices {
     // Dropped before `devices` (field order), though each AsyncEvents also holds its device.
     events: Vec<AsyncEvents>,
     devices: Vec<Arc<Device>>,
-    fast_poll: Duration,
-    slow_poll: Duration,
+}
+
+impl OpenDevices {
+    /// Subscribes to every device's async events (inside a tokio runtime). A device whose
+    /// event fd cannot be registered is still observed, by polling only (logged).
+    fn new(devices: Vec<Arc<Device>>) -> OpenDevices {
+        let mut events = Vec::with_capacity(devices.len());
+        for device in &devices {
+            match AsyncEvents::new(Arc::clone(device)) {
+                Ok(e) => events.push(e),
+                Err(e) => tracing::warn!(
+                    device = device.name(),
+                    error = %e,
+                    "async events unavailable; this device is observed by polling only"
+                ),
+            }
+        }
+        OpenDevices { events, devices }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.devices.iter().map(|d| d.name().to_owned()).collect()
+    }
+}
+
+/// What one blocking read produced: an inventory of the devices already open, or of a freshly
+/// opened set that replaces them.
+enum Read {
+    Current(Inventory),
+    Reopened(Vec<Arc<Device>>, Inventory),
 }
 
 impl VerbsObserver {
@@ -52,21 +96,10 @@ impl VerbsObserver {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(ReadError::NoRuntime.into());
         }
-        let devices: Vec<Arc<Device>> = devices.into_iter().map(Arc::new).collect();
-        let mut events = Vec::with_capacity(devices.len());
-        for device in &devices {
-            match AsyncEvents::new(Arc::clone(device)) {
-                Ok(e) => events.push(e),
-                Err(e) => tracing::warn!(
-                    device = device.name(),
-                    error = %e,
-                    "async events unavailable; this device is observed by polling only"
-                ),
-            }
-        }
+        let devices = devices.into_iter().map(Arc::new).collect();
         Ok(VerbsObserver {
-            events,
-            devices,
+            open: Mutex::new(Arc::new(OpenDevices::new(devices))),
+            stale: AtomicBool::new(false),
             fast_poll: config.fast_poll(),
             slow_poll: config.slow_poll(),
         })
@@ -74,14 +107,44 @@ impl VerbsObserver {
 
     /// The observed devices' names, in libibverbs order.
     pub fn device_names(&self) -> Vec<String> {
-        self.devices.iter().map(|d| d.name().to_owned()).collect()
+        self.current().names()
     }
 
-    /// Reads every port now, blocking (the async [`PortObserver::inventory`] runs this on the
-    /// blocking pool).
+    /// Reads every port now, blocking, through the devices open now (no reopening; the async
+    /// [`PortObserver::inventory`] reopens when needed).
     pub fn read_inventory(&self) -> Result<Inventory, ObserveError> {
-        read_inventory(&self.devices)
+        read_inventory(&self.current().devices)
     }
+
+    fn current(&self) -> Arc<OpenDevices> {
+        Arc::clone(&self.open.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Reads the open devices if libibverbs still lists exactly them and the read succeeds;
+/// otherwise opens the listed devices afresh and reads those. Blocking.
+fn read_or_reopen(open: &OpenDevices, stale: bool) -> Result<Read, ObserveError> {
+    let list = DeviceList::get().map_err(verbs_failed)?;
+    let listed = list.names();
+    let before = open.names();
+    if !stale && listed == before {
+        match read_inventory(&open.devices) {
+            Ok(inventory) => return Ok(Read::Current(inventory)),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "verbs read failed; reopening the device list (a device may have been removed)"
+            ),
+        }
+    }
+    let devices: Vec<Arc<Device>> = list
+        .open_all()
+        .map_err(verbs_failed)?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let inventory = read_inventory(&devices)?;
+    tracing::info!(?before, now = ?listed, "verbs: devices reopened");
+    Ok(Read::Reopened(devices, inventory))
 }
 
 /// One unreadable port fails the whole inventory: leaving it out could make a key look absent
@@ -132,19 +195,22 @@ fn link_layer(code: u8) -> LinkLayer {
     }
 }
 
-fn log_events(device: &str, events: &[AsyncEvent]) {
+/// Logs the events; true when one says the device must be reopened (DEVICE_FATAL).
+fn log_events(device: &str, events: &[AsyncEvent]) -> bool {
+    let mut fatal = false;
     for event in events {
         match event.kind {
-            AsyncEventKind::DeviceFatal => tracing::warn!(
-                device,
-                "DEVICE_FATAL: the device must be reopened (restart the agent)"
-            ),
+            AsyncEventKind::DeviceFatal => {
+                tracing::warn!(device, "DEVICE_FATAL: the devices are reopened");
+                fatal = true;
+            }
             kind if kind.affects_ports() => {
                 tracing::debug!(device, ?kind, port = event.port, "port event")
             }
             kind => tracing::trace!(device, ?kind, "async event ignored"),
         }
     }
+    fatal
 }
 
 #[async_trait]
@@ -154,30 +220,55 @@ impl PortObserver for VerbsObserver {
     }
 
     async fn inventory(&self) -> Result<Inventory, ObserveError> {
-        let devices = self.devices.clone();
-        read_blocking("verbs", move || read_inventory(&devices)).await
+        let open = self.current();
+        let stale = self.stale.swap(false, Ordering::SeqCst);
+        let read = read_blocking("verbs", move || read_or_reopen(&open, stale)).await;
+        match read {
+            Ok(Read::Current(inventory)) => Ok(inventory),
+            Ok(Read::Reopened(devices, inventory)) => {
+                // Registered here, on the runtime: the event fds join its reactor.
+                let reopened = Arc::new(OpenDevices::new(devices));
+                *self.open.lock().unwrap_or_else(|p| p.into_inner()) = reopened;
+                Ok(inventory)
+            }
+            Err(e) => {
+                // Try again from a fresh list next time, whatever failed.
+                self.stale.store(true, Ordering::SeqCst);
+                Err(e)
+            }
+        }
     }
 
     async fn changed(&self, pending: bool) {
         let interval = poll_interval(pending, self.fast_poll, self.slow_poll);
-        if self.events.is_empty() {
+        let open = self.current();
+        if open.events.is_empty() {
             tokio::time::sleep(interval).await;
             return;
         }
         let deadline = tokio::time::Instant::now() + interval;
         // Waiting is cancel-safe: an event is only taken (and acknowledged) after its fd
         // became readable, and returned without another await.
-        let waits = self
+        let waits = open
             .events
             .iter()
             .map(|e| e.next_batch().map(move |r| (e.device().name(), r)).boxed());
-        match tokio::time::timeout_at(deadline, select_all(waits)).await {
-            Err(_) => {}
+        let failed = match tokio::time::timeout_at(deadline, select_all(waits)).await {
+            Err(_) => false,
             Ok(((device, Ok(events)), _, _)) => log_events(device, &events),
             Ok(((device, Err(e)), _, _)) => {
-                tracing::warn!(device, error = %e, "reading async events failed; polling");
-                tokio::time::sleep_until(deadline).await;
+                // A removed device's context fails here; the next inventory reopens.
+                tracing::warn!(device, error = %e, "reading async events failed; reopening");
+                // Not at once: a fd that keeps failing must not turn this into a busy loop.
+                tokio::time::sleep_until(
+                    deadline.min(tokio::time::Instant::now() + self.fast_poll),
+                )
+                .await;
+                true
             }
+        };
+        if failed {
+            self.stale.store(true, Ordering::SeqCst);
         }
     }
 }
