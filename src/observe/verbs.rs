@@ -7,7 +7,8 @@
 //! sees, and the observer reopens them all when that list changed (a device removed, added, or
 //! re-registered under the same name: an rxe link deleted and added back, a hot-plugged HCA), when
 //! a read on an open context failed (a context of a removed device answers every call with an
-//! error, forever), or after a DEVICE_FATAL event. The reopened set is read at once; a vanished
+//! error, forever), or after a DEVICE_FATAL event. While waiting for changes it lists the devices
+//! every second, so a removal that sends no event (rxe) wakes it. The reopened set is read at once; a vanished
 //! device's ports are simply absent from that inventory (the agent treats a covered port that is
 //! missing as blocking both ACTIVE and RELEASED).
 
@@ -242,33 +243,61 @@ impl PortObserver for VerbsObserver {
     async fn changed(&self, pending: bool) {
         let interval = poll_interval(pending, self.fast_poll, self.slow_poll);
         let open = self.current();
-        if open.events.is_empty() {
-            tokio::time::sleep(interval).await;
-            return;
-        }
         let deadline = tokio::time::Instant::now() + interval;
         // Waiting is cancel-safe: an event is only taken (and acknowledged) after its fd
         // became readable, and returned without another await.
-        let waits = open
-            .events
-            .iter()
-            .map(|e| e.next_batch().map(move |r| (e.device().name(), r)).boxed());
-        let failed = match tokio::time::timeout_at(deadline, select_all(waits)).await {
-            Err(_) => false,
-            Ok(((device, Ok(events)), _, _)) => log_events(device, &events),
-            Ok(((device, Err(e)), _, _)) => {
-                // A removed device's context fails here; the next inventory reopens.
-                tracing::warn!(device, error = %e, "reading async events failed; reopening");
-                // Not at once: a fd that keeps failing must not turn this into a busy loop.
-                tokio::time::sleep_until(
-                    deadline.min(tokio::time::Instant::now() + self.fast_poll),
-                )
-                .await;
+        let events = async {
+            if open.events.is_empty() {
+                return std::future::pending().await;
+            }
+            let waits = open
+                .events
+                .iter()
+                .map(|e| e.next_batch().map(move |r| (e.device().name(), r)).boxed());
+            select_all(waits).await.0
+        };
+        let reopen = tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => false,
+            () = list_changed(&open) => {
+                tracing::info!("verbs: the device list changed; reopening");
                 true
             }
+            (device, read) = events => match read {
+                Ok(events) => log_events(device, &events),
+                Err(e) => {
+                    // A removed device's context fails here; the next inventory reopens.
+                    tracing::warn!(device, error = %e, "reading async events failed; reopening");
+                    // Not at once: a fd that keeps failing must not turn this into a busy loop.
+                    tokio::time::sleep_until(
+                        deadline.min(tokio::time::Instant::now() + self.fast_poll),
+                    )
+                    .await;
+                    true
+                }
+            },
         };
-        if failed {
+        if reopen {
             self.stale.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// How often a waiting observer lists the devices. A device whose driver cannot disassociate
+/// its users (rxe) tells them nothing when it is removed: `rdma link delete` just waits until
+/// every open context is closed. Listing notices it, and the reopen closes the old contexts.
+const DEVICE_LIST_POLL: Duration = Duration::from_secs(1);
+
+/// Resolves when libibverbs lists other devices than `open` (or cannot list them).
+async fn list_changed(open: &OpenDevices) {
+    let names = open.names();
+    loop {
+        tokio::time::sleep(DEVICE_LIST_POLL).await;
+        let listed = read_blocking("verbs", || {
+            DeviceList::get().map(|l| l.names()).map_err(verbs_failed)
+        })
+        .await;
+        if !matches!(listed, Ok(ref l) if *l == names) {
+            return;
         }
     }
 }
