@@ -12,9 +12,9 @@
 #                                      its pid. Exit: guest.sh's own code, 124 on timeout.
 #
 # Environment: FABRIC_VM_CACHE (default /var/cache/fabric-agent-vm), FABRIC_VM_MIRROR,
-# FABRIC_VM_MEM (MiB, default 1024). Needs root (debootstrap), /dev/kvm, qemu-system-x86,
-# debootstrap, e2fsprogs (scripts/setup.sh installs them); /dev/kvm when it can (see pick_accel).
-# Exit 77 when a tool is missing.
+# FABRIC_VM_MEM (MiB, default 1024), FABRIC_VM_ACCEL (auto|kvm|tcg, see pick_accel). Needs root
+# (debootstrap), qemu-system-x86, debootstrap, e2fsprogs (scripts/setup.sh installs them); uses
+# /dev/kvm when hardware KVM backs it, else emulates. Exit 77 when a tool is missing.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${FABRIC_VM_CACHE:-/var/cache/fabric-agent-vm}"
