@@ -248,13 +248,15 @@ fn verbs_observer_recovers_when_rxe_is_removed_and_added_back() {
                     tokio::time::timeout(Duration::from_millis(500), observer.changed(false))
                         .await
                         .ok();
-                    // Either the read fails or it shows no rxe0 port, never a stale one.
+                    // The ports of a device that went away are unknown, not absent: the read
+                    // fails, naming it (never a stale read, never an inventory without it).
                     match observer.inventory().await {
-                        Ok(inventory) if inventory.ports.is_empty() => gone = Some(inventory),
+                        Err(e) if e.to_string().contains("rxe0 gone") => gone = Some(e),
                         other => eprintln!("rxe0 not gone yet: {other:?}"),
                     }
                 }
-                assert!(gone.is_some(), "the observer kept reading a removed device");
+                let gone = gone.expect("the observer kept reading a removed device");
+                eprintln!("read with rxe0 removed: {gone}");
                 let deleted = tokio::task::spawn_blocking(move || {
                     common::process::wait_timeout(&mut delete, EVENT_BOUND)
                 })

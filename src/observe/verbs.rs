@@ -8,9 +8,11 @@
 //! re-registered under the same name: an rxe link deleted and added back, a hot-plugged HCA), when
 //! a read on an open context failed (a context of a removed device answers every call with an
 //! error, forever), or after a DEVICE_FATAL event. While waiting for changes it lists the devices
-//! every second, so a removal that sends no event (rxe) wakes it. The reopened set is read at once; a vanished
-//! device's ports are simply absent from that inventory (the agent treats a covered port that is
-//! missing as blocking both ACTIVE and RELEASED).
+//! every second, so a removal that sends no event (rxe) wakes it. The reopen closes the old
+//! contexts (a driver that cannot disassociate them, like rxe, waits for that before the device
+//! can go). A device read before that is no longer listed fails the inventory
+//! ([`ReadError::DevicesGone`]) until it returns: its ports are unknown, and leaving them out
+//! could make a key look absent from every fabric port (a false RELEASED).
 
 use super::{poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, ReadError};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
@@ -37,12 +39,15 @@ struct OpenDevices {
     // Dropped before `devices` (field order), though each AsyncEvents also holds its device.
     events: Vec<AsyncEvents>,
     devices: Vec<Arc<Device>>,
+    /// Every device name observed since the observer was opened: each must be listed again
+    /// for an inventory to succeed.
+    expected: Vec<String>,
 }
 
 impl OpenDevices {
     /// Subscribes to every device's async events (inside a tokio runtime). A device whose
     /// event fd cannot be registered is still observed, by polling only (logged).
-    fn new(devices: Vec<Arc<Device>>) -> OpenDevices {
+    fn new(devices: Vec<Arc<Device>>, expected: Vec<String>) -> OpenDevices {
         let mut events = Vec::with_capacity(devices.len());
         for device in &devices {
             match AsyncEvents::new(Arc::clone(device)) {
@@ -54,7 +59,11 @@ impl OpenDevices {
                 ),
             }
         }
-        OpenDevices { events, devices }
+        OpenDevices {
+            events,
+            devices,
+            expected,
+        }
     }
 
     fn names(&self) -> Vec<String> {
@@ -66,7 +75,11 @@ impl OpenDevices {
 /// opened set that replaces them.
 enum Read {
     Current(Inventory),
-    Reopened(Vec<Arc<Device>>, Inventory),
+    Reopened {
+        devices: Vec<Arc<Device>>,
+        expected: Vec<String>,
+        inventory: Result<Inventory, ObserveError>,
+    },
 }
 
 impl VerbsObserver {
@@ -97,9 +110,10 @@ impl VerbsObserver {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(ReadError::NoRuntime.into());
         }
-        let devices = devices.into_iter().map(Arc::new).collect();
+        let devices: Vec<Arc<Device>> = devices.into_iter().map(Arc::new).collect();
+        let expected = devices.iter().map(|d| d.name().to_owned()).collect();
         Ok(VerbsObserver {
-            open: Mutex::new(Arc::new(OpenDevices::new(devices))),
+            open: Mutex::new(Arc::new(OpenDevices::new(devices, expected))),
             stale: AtomicBool::new(false),
             fast_poll: config.fast_poll(),
             slow_poll: config.slow_poll(),
@@ -128,7 +142,18 @@ fn read_or_reopen(open: &OpenDevices, stale: bool) -> Result<Read, ObserveError>
     let list = DeviceList::get().map_err(verbs_failed)?;
     let listed = list.names();
     let before = open.names();
+    let gone = || -> Vec<String> {
+        open.expected
+            .iter()
+            .filter(|name| !listed.contains(name))
+            .cloned()
+            .collect()
+    };
     if !stale && listed == before {
+        let gone = gone();
+        if !gone.is_empty() {
+            return Err(ReadError::DevicesGone { devices: gone }.into());
+        }
         match read_inventory(&open.devices) {
             Ok(inventory) => return Ok(Read::Current(inventory)),
             Err(e) => tracing::warn!(
@@ -143,9 +168,25 @@ fn read_or_reopen(open: &OpenDevices, stale: bool) -> Result<Read, ObserveError>
         .into_iter()
         .map(Arc::new)
         .collect();
-    let inventory = read_inventory(&devices)?;
-    tracing::info!(?before, now = ?listed, "verbs: devices reopened");
-    Ok(Read::Reopened(devices, inventory))
+    let gone = gone();
+    let mut expected = open.expected.clone();
+    expected.extend(
+        listed
+            .iter()
+            .filter(|n| !open.expected.contains(n))
+            .cloned(),
+    );
+    tracing::info!(?before, now = ?listed, ?gone, "verbs: devices reopened");
+    let inventory = if gone.is_empty() {
+        read_inventory(&devices)
+    } else {
+        Err(ReadError::DevicesGone { devices: gone }.into())
+    };
+    Ok(Read::Reopened {
+        devices,
+        expected,
+        inventory,
+    })
 }
 
 /// One unreadable port fails the whole inventory: leaving it out could make a key look absent
@@ -226,15 +267,23 @@ impl PortObserver for VerbsObserver {
         let read = read_blocking("verbs", move || read_or_reopen(&open, stale)).await;
         match read {
             Ok(Read::Current(inventory)) => Ok(inventory),
-            Ok(Read::Reopened(devices, inventory)) => {
-                // Registered here, on the runtime: the event fds join its reactor.
-                let reopened = Arc::new(OpenDevices::new(devices));
+            Ok(Read::Reopened {
+                devices,
+                expected,
+                inventory,
+            }) => {
+                // Registered here, on the runtime: the event fds join its reactor. The old
+                // contexts close when the last reference to their generation goes.
+                let reopened = Arc::new(OpenDevices::new(devices, expected));
                 *self.open.lock().unwrap_or_else(|p| p.into_inner()) = reopened;
-                Ok(inventory)
+                inventory
             }
             Err(e) => {
-                // Try again from a fresh list next time, whatever failed.
-                self.stale.store(true, Ordering::SeqCst);
+                // Try again from a fresh list next time, unless the open set is already the
+                // listed one and only waits for a device to return.
+                if !matches!(e, ObserveError::Read(ReadError::DevicesGone { .. })) {
+                    self.stale.store(true, Ordering::SeqCst);
+                }
                 Err(e)
             }
         }
