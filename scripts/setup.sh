@@ -4,7 +4,9 @@
 # Debian has neither), libibverbs + libclang (rdma-sys), ibsim + OpenSM + infiniband-diags
 # (the userspace InfiniBand test fabric), systemd (systemd-analyze verify), g++ (libFuzzer's C++
 # sources, built by the fuzz smoke run), python3 + venv (the stock grpcio client test and the
-# journald test). Idempotent.
+# journald test), qemu-system-x86 + debootstrap + e2fsprogs (scripts/vm-rig.sh: the Debian 12
+# guest with a real kernel that tests/vm_rxe.rs boots; the guest's kernel comes from inside its
+# own root, so the host installs no kernel package). Idempotent.
 set -euo pipefail
 
 packages=(
@@ -14,6 +16,7 @@ packages=(
   ibsim-utils opensm infiniband-diags
   systemd
   python3 python3-venv
+  qemu-system-x86 debootstrap e2fsprogs
 )
 
 missing=()

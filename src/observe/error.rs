@@ -41,6 +41,14 @@ pub enum ReadError {
     /// A libibverbs call failed.
     #[error(transparent)]
     Verbs(Arc<VerbsError>),
+    /// Devices the verbs observer read before are no longer listed by libibverbs. Their ports
+    /// are unknown, not absent: leaving them out could make a key look released. Clears when
+    /// they come back; a device removed for good needs an agent restart.
+    #[error("RDMA device(s) {} gone (removed or being re-registered); their ports are unknown until they return", devices.join(", "))]
+    DevicesGone {
+        /// The missing device names.
+        devices: Vec<String>,
+    },
     /// The verbs observer was created outside a tokio runtime.
     #[error("the verbs observer must be created inside a tokio runtime")]
     NoRuntime,
