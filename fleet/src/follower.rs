@@ -66,10 +66,8 @@ pub(crate) async fn run(
             End::Resync(why) => {
                 tracing::info!(node = %node_id, %why, "resynchronising");
                 // A node that keeps refusing the fresh cursor must not be hammered.
-                if force_resync {
-                    if sleep_or_stop(backoff.next_delay(), &mut stop).await {
-                        return;
-                    }
+                if force_resync && sleep_or_stop(backoff.next_delay(), &mut stop).await {
+                    return;
                 }
                 force_resync = true;
             }
