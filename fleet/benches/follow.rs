@@ -51,7 +51,10 @@ fn args() -> Args {
             other => panic!("unknown argument {other} (--agents, --seconds, --rate, --limit-secs)"),
         }
     }
-    assert!(a.agents > 0 && a.seconds > 0, "--agents and --seconds must be above 0");
+    assert!(
+        a.agents > 0 && a.seconds > 0,
+        "--agents and --seconds must be above 0"
+    );
     a
 }
 
@@ -122,16 +125,26 @@ async fn run(args: Args) {
     for i in 0..args.agents {
         let a = FakeAgentState::new(&format!("node-{i:05}"), &format!("0x{:016x}", 0xa000 + i));
         for k in 0..2 {
-            a.transition(&format!("i-{i}-{k}"), &partition(i), AttachmentState::Active);
+            a.transition(
+                &format!("i-{i}-{k}"),
+                &partition(i),
+                AttachmentState::Active,
+            );
         }
         let url = fake_agent::serve(a.clone(), std::future::pending()).await;
-        text.push_str(&format!("[[node]]\nid = \"{}\"\nendpoint = \"{url}\"\n", a.node_id));
+        text.push_str(&format!(
+            "[[node]]\nid = \"{}\"\nendpoint = \"{url}\"\n",
+            a.node_id
+        ));
         agents.push(a);
     }
     let agents = Arc::new(agents);
     let registry = Registry::parse(&text).expect("nodes file");
     let store = dir.path().join("fleet.redb");
-    println!("agents: {} (in-process fakes, one loopback server each)", args.agents);
+    println!(
+        "agents: {} (in-process fakes, one loopback server each)",
+        args.agents
+    );
     let rss_before = proc_status("VmRSS:");
 
     // Cold start: every node resynchronised and following.
@@ -196,7 +209,10 @@ async fn run(args: Args) {
         cpu_load,
         100.0 * cpu_load / args.seconds as f64
     );
-    let drain = wait_until("the backlog to drain", args.limit, || caught_up(&fleet, &agents)).await;
+    let drain = wait_until("the backlog to drain", args.limit, || {
+        caught_up(&fleet, &agents)
+    })
+    .await;
     println!("drain after load: {:.2} s", drain.as_secs_f64());
     let rss = proc_status("VmRSS:");
     println!(
@@ -210,14 +226,21 @@ async fn run(args: Args) {
     // logging, start again from the store.
     fleet.shutdown().await;
     for (i, a) in agents.iter().enumerate() {
-        a.transition(&format!("i-{i}-1"), &partition(i), AttachmentState::Releasing);
+        a.transition(
+            &format!("i-{i}-1"),
+            &partition(i),
+            AttachmentState::Releasing,
+        );
         a.port_flap();
     }
     let t = Instant::now();
     fleet = Fleet::open(registry, &store).expect("reopen fleet");
     let loaded = t.elapsed();
     fleet.follow();
-    let resume = wait_until("the restart's catch-up", args.limit, || caught_up(&fleet, &agents)).await;
+    let resume = wait_until("the restart's catch-up", args.limit, || {
+        caught_up(&fleet, &agents)
+    })
+    .await;
     let resyncs = fleet.with_view(|v| v.nodes.values().map(|n| n.live.resyncs).sum::<u64>());
     println!(
         "restart: store loaded in {:.3} s, every node caught up {:.2} s later \

@@ -237,6 +237,15 @@ impl Fleet {
             issued_at_unix_ms: issued,
         };
         let signed = signer.sign(&grant)?;
+        let released_before = self.with_view(|v| {
+            let i = v
+                .nodes
+                .get(&spec.node_id)?
+                .durable
+                .instances
+                .get(&spec.instance_id)?;
+            i.released().then(|| (i.epoch.clone(), i.seq))
+        });
         self.store.record_attach(&AttachRecord {
             node_id: spec.node_id.clone(),
             instance_id: spec.instance_id.clone(),
@@ -245,6 +254,7 @@ impl Fleet {
             pkey: spec.partition.pkey,
             grant_id: grant.grant_id.clone(),
             recorded_at_ms: issued,
+            released_before,
         })?;
         let request = AttachPartitionRequest {
             partition: Some(spec.partition),

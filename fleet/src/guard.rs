@@ -21,7 +21,8 @@ pub enum Blocker {
         instance_id: String,
         /// Its node.
         node_id: String,
-        /// The node's last reported state (`ACTIVE`, ...), or `UNKNOWN` when the node never
+        /// The node's last reported state (`ACTIVE`, ...); `RE-ATTACHED (not seen since)` when
+        /// the only RELEASED known predates the attach; or `UNKNOWN` when the node never
         /// reported this instance (attach not seen yet, or its state directory was wiped).
         state: String,
         /// When the node reported that state (ms since the Unix epoch).
@@ -149,15 +150,20 @@ pub fn node_side(attaches: &[AttachRecord], view: &View) -> (Vec<Blocker>, Fabri
             }
         }
         let instance = node.and_then(|n| n.durable.instances.get(&a.instance_id));
-        if instance.is_some_and(|i| i.released()) {
+        let stale = |i: &crate::view::InstanceView| {
+            a.released_before.as_ref() == Some(&(i.epoch.clone(), i.seq))
+        };
+        if instance.is_some_and(|i| i.released() && !stale(i)) {
             continue;
         }
         blockers.push(Blocker::Instance {
             instance_id: a.instance_id.clone(),
             node_id: a.node_id.clone(),
-            state: instance
-                .map_or("UNKNOWN", |i| state_name(i.state))
-                .to_owned(),
+            state: match instance {
+                Some(i) if stale(i) => "RE-ATTACHED (not seen since)".to_owned(),
+                Some(i) => state_name(i.state).to_owned(),
+                None => "UNKNOWN".to_owned(),
+            },
             since_ms: instance.map(|i| i.since_ms),
             last_error: instance.map(|i| i.last_error.clone()).unwrap_or_default(),
             unreachable_since_ms: node.and_then(|n| n.live.unreachable_since_ms),
@@ -207,6 +213,7 @@ mod tests {
             pkey: 0x10,
             grant_id: "g".into(),
             recorded_at_ms: 0,
+            released_before: None,
         }
     }
 
@@ -223,6 +230,7 @@ mod tests {
                 since_ms: 5,
                 last_error: "sm down".into(),
                 epoch: "e".into(),
+                seq: 4,
             },
         );
         n
@@ -263,5 +271,20 @@ mod tests {
         assert!(f[0]
             .to_string()
             .contains("still holds port 0x1 (node n1) in 0x0010"));
+    }
+
+    #[test]
+    fn a_release_seen_before_a_re_attach_does_not_count_for_it() {
+        let mut view = View::default();
+        view.nodes
+            .insert("n1".into(), node("i1", AttachmentState::Released, "0x1"));
+        let mut again = attach("n1", "i1");
+        again.released_before = Some(("e".into(), 4));
+        let (b, _) = node_side(std::slice::from_ref(&again), &view);
+        assert!(b[0].to_string().contains("RE-ATTACHED"), "{}", b[0]);
+        // A newer RELEASED (another seq) counts.
+        let n1 = view.nodes.get_mut("n1").unwrap();
+        n1.durable.instances.get_mut("i1").unwrap().seq = 9;
+        assert!(node_side(&[again], &view).0.is_empty());
     }
 }

@@ -61,6 +61,11 @@ pub struct AttachRecord {
     pub grant_id: String,
     /// When it was recorded (ms since the Unix epoch).
     pub recorded_at_ms: u64,
+    /// When the view already showed this instance RELEASED on this node at attach time (a
+    /// re-attach after the node's state directory was wiped): that record's (epoch, seq). The
+    /// guard does not count that old RELEASED for this attach; only a newer one.
+    #[serde(default)]
+    pub released_before: Option<(String, u64)>,
 }
 
 fn attach_key(node_id: &str, instance_id: &str) -> String {
@@ -175,6 +180,7 @@ mod tests {
             pkey: 0x10,
             grant_id: "g".into(),
             recorded_at_ms: 1,
+            released_before: Some(("e".into(), 3)),
         };
         {
             let s = Store::open(&path).unwrap();

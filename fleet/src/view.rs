@@ -50,6 +50,9 @@ pub struct InstanceView {
     pub last_error: String,
     /// The log epoch this record comes from.
     pub epoch: String,
+    /// The seq of the event that set this state (for a listed record: the resync's cursor).
+    #[serde(default)]
+    pub seq: u64,
 }
 
 impl InstanceView {
@@ -108,12 +111,14 @@ impl NodeDurable {
                     since_ms: since,
                     last_error: String::new(),
                     epoch: ev.log_epoch.clone(),
+                    seq: ev.seq,
                 });
             entry.partition_id.clone_from(&c.partition_id);
             entry.pkey_value = c.pkey_value;
             entry.state = c.to;
             entry.since_ms = since;
             entry.epoch.clone_from(&ev.log_epoch);
+            entry.seq = ev.seq;
             if !c.reason.is_empty() {
                 entry.last_error.clone_from(&c.reason);
             }
@@ -149,6 +154,7 @@ impl NodeDurable {
                     since_ms: ts_ms(&a.updated),
                     last_error: a.reason.clone(),
                     epoch: epoch.to_owned(),
+                    seq,
                 },
             );
         }

@@ -98,3 +98,63 @@ async fn an_unreachable_node_blocks_with_since_when_and_no_fabric_view_means_no_
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_re_attach_after_a_wipe_is_not_covered_by_the_old_released() {
+    let node = FakeAgentState::new("again", "0x00000000000000c3");
+    let url = fake_agent::serve(node.clone(), std::future::pending()).await;
+    let (_sm, sm_url) = fake_sm::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = fleet(
+        &nodes_file(&[("again", url)], &sm_url),
+        &dir.path().join("s.redb"),
+    );
+    let p = partition("ibpart_again", 0x33);
+    attach(&f, "again", "i-a", &p).await;
+    f.release("again", "i-a", None).await.unwrap();
+    wait_for("RELEASED", WAIT, || {
+        (state_of(&f, "again", "i-a").as_deref() == Some("RELEASED")).then_some(())
+    })
+    .await;
+    assert_eq!(f.may_delete("ibpart_again").await.unwrap(), Decision::Yes);
+    // The node's state directory is wiped (new epoch): the follower resyncs and keeps the
+    // final RELEASED.
+    let old = node.epoch();
+    node.set_down(true);
+    wait_for("unreachable", WAIT, || {
+        f.with_view(|v| v.nodes["again"].live.unreachable_since_ms)
+    })
+    .await;
+    node.wipe();
+    node.set_down(false);
+    wait_for("resync into the new epoch", WAIT, || {
+        f.with_view(|v| (v.nodes["again"].durable.epoch != old).then_some(()))
+    })
+    .await;
+    assert_eq!(state_of(&f, "again", "i-a").as_deref(), Some("RELEASED"));
+    // The control plane attaches the instance there again while the follower cannot see it.
+    node.set_down(true);
+    wait_for("unreachable", WAIT, || {
+        f.with_view(|v| v.nodes["again"].live.unreachable_since_ms)
+    })
+    .await;
+    attach(&f, "again", "i-a", &p).await;
+    let Decision::No(b) = f.may_delete("ibpart_again").await.unwrap() else {
+        panic!("yes on a RELEASED older than the attach");
+    };
+    assert!(
+        matches!(&b[..], [Blocker::Instance { state, .. }] if state.starts_with("RE-ATTACHED")),
+        "{b:#?}"
+    );
+    node.set_down(false);
+    wait_for("ACTIVE seen", WAIT, || {
+        (state_of(&f, "again", "i-a").as_deref() == Some("ACTIVE")).then_some(())
+    })
+    .await;
+    f.release("again", "i-a", None).await.unwrap();
+    wait_for("RELEASED again", WAIT, || {
+        (state_of(&f, "again", "i-a").as_deref() == Some("RELEASED")).then_some(())
+    })
+    .await;
+    assert_eq!(f.may_delete("ibpart_again").await.unwrap(), Decision::Yes);
+}
