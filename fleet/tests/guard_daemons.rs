@@ -158,6 +158,16 @@ async fn may_delete_waits_for_every_node_released_and_the_fabric_empty() {
         stdout.contains(&format!("still holds port {} (node node-a)", ports[0])),
         "{stdout}"
     );
+    let out = tokio::task::block_in_place(|| cli(&["status"]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for a in &agents {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{}\t", a.node_id)))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        assert!(line.contains("\tyes\t"), "{line}");
+    }
     let out = tokio::task::block_in_place(|| cli(&["partition", "ibpart_del"]));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.matches("RELEASED").count(), 3, "{stdout}");
@@ -229,19 +239,23 @@ async fn a_wiped_node_is_resynced_and_the_guard_never_says_yes_early() {
     assert_eq!(state_of(&f, "wipe-1", "i-1").as_deref(), Some("RELEASED"));
     assert_eq!(f.with_view(|v| v.nodes["wipe-1"].live.resyncs), 1);
 
-    // The control plane re-attaches on the wiped node, then releases: only now yes.
+    // The control plane re-attaches on the wiped node; until it releases there, never yes.
     attach(&f, "wipe-2", "i-2", &p).await;
-    f.release("wipe-2", "i-2", Some(10_000)).await.unwrap();
-    wait_for("i-2 RELEASED", WAIT, || {
-        (state_of(&f, "wipe-2", "i-2").as_deref() == Some("RELEASED")).then_some(())
+    wait_for("i-2 ACTIVE again", WAIT, || {
+        (state_of(&f, "wipe-2", "i-2").as_deref() == Some("ACTIVE")).then_some(())
     })
     .await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let asked = poller
         .await
         .unwrap()
-        .unwrap_or_else(|n| panic!("yes after {n} questions, too early"));
+        .unwrap_or_else(|n| panic!("yes after {n} questions, before the wiped node released"));
     assert!(asked > 0);
+    f.release("wipe-2", "i-2", Some(10_000)).await.unwrap();
+    wait_for("i-2 RELEASED", WAIT, || {
+        (state_of(&f, "wipe-2", "i-2").as_deref() == Some("RELEASED")).then_some(())
+    })
+    .await;
     assert_eq!(f.may_delete("ibpart_wipe").await.unwrap(), Decision::Yes);
 }
 
