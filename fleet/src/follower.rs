@@ -58,7 +58,7 @@ pub(crate) async fn run(
             return;
         }
         let end = tokio::select! {
-            end = round(&node_id, &mut client, &shared, force_resync, &mut backoff) => end,
+            end = round(&node_id, &mut client, &shared, &mut force_resync, &mut backoff) => end,
             _ = stop.changed() => End::Stop,
         };
         match end {
@@ -96,21 +96,23 @@ async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
     }
 }
 
-/// One connection: sync, open the stream, consume it until it ends.
+/// One connection: sync, open the stream, consume it until it ends. A forced resync is done
+/// once: the flag is cleared when the stream opened from the fresh cursor.
 async fn round(
     node_id: &str,
     client: &mut FabricAgentClient<Channel>,
     shared: &Shared,
-    force_resync: bool,
+    force_resync: &mut bool,
     backoff: &mut Backoff,
 ) -> End {
     let stream = {
         let _permit = shared.permits.acquire().await.expect("semaphore open");
-        match open(node_id, client, shared, force_resync).await {
+        match open(node_id, client, shared, *force_resync).await {
             Ok(s) => s,
             Err(end) => return end,
         }
     };
+    *force_resync = false;
     backoff.reset();
     consume(node_id, stream, shared).await
 }

@@ -261,7 +261,7 @@ async fn a_wiped_node_is_resynced_and_the_guard_never_says_yes_early() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_follower_resumes_from_its_persisted_cursor() {
-    let agent = Agent::start("resume-1");
+    let mut agent = Agent::start("resume-1");
     let (_sm, sm_url) = fake_sm::start().await;
     let dir = tempfile::tempdir().unwrap();
     let text = nodes_file(&[("resume-1", agent.endpoint())], &sm_url);
@@ -318,4 +318,19 @@ async fn a_restarted_follower_resumes_from_its_persisted_cursor() {
         assert!(n.live.events > 0);
     });
     assert_eq!(f.may_delete("ibpart_resume").await.unwrap(), Decision::Yes);
+
+    // The agent crashes and restarts on the same state (same epoch): the follower reconnects
+    // from its cursor, again without a resync.
+    agent.crash();
+    wait_for("unreachable", WAIT, || {
+        f.with_view(|v| v.nodes["resume-1"].live.unreachable_since_ms)
+    })
+    .await;
+    agent.spawn();
+    attach(&f, "resume-1", "i-t", &p).await;
+    wait_for("i-t ACTIVE after the agent's restart", WAIT, || {
+        (state_of(&f, "resume-1", "i-t").as_deref() == Some("ACTIVE")).then_some(())
+    })
+    .await;
+    f.with_view(|v| assert_eq!(v.nodes["resume-1"].live.resyncs, 0));
 }
