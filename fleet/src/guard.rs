@@ -50,10 +50,7 @@ pub enum Blocker {
 }
 
 fn ms(v: Option<u64>) -> String {
-    v.map_or_else(
-        || "-".into(),
-        |ms| format!("{}.{:03}", ms / 1000, ms % 1000),
-    )
+    crate::view::time_text(v)
 }
 
 impl fmt::Display for Blocker {

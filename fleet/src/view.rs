@@ -19,6 +19,17 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A time in milliseconds since the Unix epoch as RFC 3339 UTC (`-` for none).
+pub fn time_text(ms: Option<u64>) -> String {
+    match ms {
+        Some(ms) if ms > 0 => {
+            humantime::format_rfc3339_millis(UNIX_EPOCH + std::time::Duration::from_millis(ms))
+                .to_string()
+        }
+        _ => "-".to_owned(),
+    }
+}
+
 fn ts_ms(t: &Option<prost_types::Timestamp>) -> u64 {
     t.as_ref().map_or(0, |t| {
         (t.seconds.max(0) as u64) * 1000 + (t.nanos.max(0) as u64) / 1_000_000

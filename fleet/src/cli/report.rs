@@ -1,9 +1,10 @@
 //! Text shapes of the CLI's output.
 
+use crate::proto::agent::PortState;
 use crate::proto::agent::{event, Attachment, Event};
 use crate::registry::Registry;
 use crate::store::AttachRecord;
-use crate::view::{state_name, View};
+use crate::view::{state_name, time_text, View};
 use std::fmt::Write;
 
 /// `status`: one line per node.
@@ -15,9 +16,8 @@ pub fn status(registry: &Registry, view: &View) -> String {
             "yes".to_owned()
         } else if let Some(since) = v.live.unreachable_since_ms {
             format!(
-                "no since {}.{:03} ({})",
-                since / 1000,
-                since % 1000,
+                "no since {} ({})",
+                time_text(Some(since)),
                 v.live.last_error
             )
         } else {
@@ -58,11 +58,10 @@ pub fn partition(partition_id: &str, ledger: &[AttachRecord], view: &View) -> St
     for (node, i) in &listed {
         let _ = writeln!(
             out,
-            "{node}\t{}\t{}\t{}.{:03}\t{:#06x}\t{}",
+            "{node}\t{}\t{}\t{}\t{:#06x}\t{}",
             i.instance_id,
             state_name(i.state),
-            i.since_ms / 1000,
-            i.since_ms % 1000,
+            time_text(Some(i.since_ms)),
             i.pkey_value,
             if i.last_error.is_empty() {
                 "-"
@@ -114,11 +113,22 @@ pub fn event_line(node: &str, ev: &Event) -> String {
             }
         ),
         Some(event::Kind::PkeyTableChanged(p)) => format!(
-            "pkey table {} added {:x?} removed {:x?}",
+            "pkey table {} added {:#06x?} removed {:#06x?}",
             p.port_guid, p.added, p.removed
         ),
         Some(event::Kind::PortStateChanged(p)) => {
-            format!("port {} state {} -> {}", p.port_guid, p.from, p.to)
+            let name = |s: i32| {
+                PortState::try_from(s)
+                    .unwrap_or(PortState::Unspecified)
+                    .as_str_name()
+                    .trim_start_matches("PORT_STATE_")
+            };
+            format!(
+                "port {} state {} -> {}",
+                p.port_guid,
+                name(p.from),
+                name(p.to)
+            )
         }
         Some(event::Kind::SubnetManagerChanged(s)) => format!(
             "subnet manager {} reachable={} {}",
