@@ -37,15 +37,22 @@ impl Agent {
     /// Starts a daemon for `node_id` on fabric `fab1`; its embedded SM reads faults from
     /// [`Agent::fault_file`].
     pub fn start(node_id: &str) -> Agent {
+        Agent::start_with(node_id, |_| String::new())
+    }
+
+    /// Starts as [`Agent::start`] with `listen(dir)` appended to the `[listen]` table (e.g. a
+    /// TCP listener with TLS material written into the agent's temp dir).
+    pub fn start_with(node_id: &str, listen: impl FnOnce(&Path) -> String) -> Agent {
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("agent.sock");
         let config = format!(
             "node_id = \"{node_id}\"\nfabric = \"fab1\"\nstate_dir = \"{}\"\n\
              [subnet_manager.embedded]\nfault_file = \"{}\"\n\
-             [listen]\nunix_socket = \"{}\"\n",
+             [listen]\nunix_socket = \"{}\"\n{}",
             dir.path().join("state").display(),
             dir.path().join("fault").display(),
-            socket.display()
+            socket.display(),
+            listen(dir.path())
         );
         std::fs::write(dir.path().join("config.toml"), config).expect("write config");
         let mut a = Agent {
