@@ -158,3 +158,56 @@ async fn a_re_attach_after_a_wipe_is_not_covered_by_the_old_released() {
     .await;
     assert_eq!(f.may_delete("ibpart_again").await.unwrap(), Decision::Yes);
 }
+
+#[tokio::test]
+async fn a_pruned_cursor_is_refused_and_resynced_once() {
+    let node = FakeAgentState::new("pruned", "0x00000000000000d4");
+    let url = fake_agent::serve(node.clone(), std::future::pending()).await;
+    let (_sm, sm_url) = fake_sm::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = fleet(
+        &nodes_file(&[("pruned", url)], &sm_url),
+        &dir.path().join("s.redb"),
+    );
+    let p = partition("ibpart_pruned", 0x34);
+    attach(&f, "pruned", "i-p", &p).await;
+    wait_for("ACTIVE", WAIT, || {
+        (state_of(&f, "pruned", "i-p").as_deref() == Some("ACTIVE")).then_some(())
+    })
+    .await;
+    let resyncs = || f.with_view(|v| v.nodes["pruned"].live.resyncs);
+    assert_eq!(resyncs(), 1, "the first sync");
+    // While the follower is away, the instance is released and the log pruned past its cursor.
+    node.set_down(true);
+    wait_for("unreachable", WAIT, || {
+        f.with_view(|v| v.nodes["pruned"].live.unreachable_since_ms)
+    })
+    .await;
+    node.transition(
+        "i-p",
+        &p,
+        fabric_fleet::proto::agent::AttachmentState::Released,
+    );
+    node.prune_all();
+    node.set_down(false);
+    wait_for("RELEASED through a resync", WAIT, || {
+        (state_of(&f, "pruned", "i-p").as_deref() == Some("RELEASED")).then_some(())
+    })
+    .await;
+    assert_eq!(resyncs(), 2, "OUT_OF_RANGE made one full resync");
+    assert_eq!(f.with_view(|v| v.nodes["pruned"].durable.seq), node.head());
+    // A later reconnect resumes from the fresh cursor: no further resync.
+    node.set_down(true);
+    wait_for("unreachable again", WAIT, || {
+        f.with_view(|v| v.nodes["pruned"].live.unreachable_since_ms)
+    })
+    .await;
+    node.set_down(false);
+    node.port_flap();
+    wait_for("the next event", WAIT, || {
+        f.with_view(|v| (v.nodes["pruned"].durable.seq == node.head()).then_some(()))
+    })
+    .await;
+    assert_eq!(resyncs(), 2);
+    assert_eq!(f.may_delete("ibpart_pruned").await.unwrap(), Decision::Yes);
+}

@@ -27,6 +27,8 @@ struct Inner {
     epoch: String,
     log: Vec<Event>,
     attachments: BTreeMap<String, Attachment>,
+    /// Events up to this seq are no longer retained (WatchEvents from before: OUT_OF_RANGE).
+    pruned_through: u64,
 }
 
 fn now() -> prost_types::Timestamp {
@@ -47,6 +49,7 @@ impl FakeAgentState {
                 epoch: format!("{:032x}", rand::random::<u128>()),
                 log: Vec::new(),
                 attachments: BTreeMap::new(),
+                pruned_through: 0,
             }),
             live: broadcast::channel(1024).0,
             down: tokio::sync::watch::channel(false).0,
@@ -75,12 +78,19 @@ impl FakeAgentState {
         self.inner.lock().unwrap().epoch.clone()
     }
 
+    /// Stops retaining every event logged so far (retention pruned them).
+    pub fn prune_all(&self) {
+        let mut i = self.inner.lock().unwrap();
+        i.pruned_through = i.log.len() as u64;
+    }
+
     /// Forgets everything and starts a new epoch (a wiped state directory).
     pub fn wipe(&self) {
         let mut i = self.inner.lock().unwrap();
         i.epoch = format!("{:032x}", rand::random::<u128>());
         i.log.clear();
         i.attachments.clear();
+        i.pruned_through = 0;
     }
 
     /// Sets an attachment's state and appends the event, as the agent does.
@@ -287,6 +297,13 @@ impl FabricAgent for Fake {
                     "log epoch is {}, last seq {}",
                     i.epoch,
                     i.log.len()
+                )));
+            }
+            if r.after_seq < i.pruned_through {
+                return Err(Status::out_of_range(format!(
+                    "after_seq {} was pruned; oldest retained is {}",
+                    r.after_seq,
+                    i.pruned_through + 1
                 )));
             }
             if r.after_seq > i.log.len() as u64 {
