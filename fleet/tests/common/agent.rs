@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 /// The agent binary of this workspace, built first when missing.
 pub fn agent_bin() -> PathBuf {
+    // A relative CARGO_TARGET_DIR is relative to where cargo ran: the workspace root here.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+        .map(|t| root.join(t))
+        .unwrap_or_else(|| root.join("target"));
     let bin = target.join("debug/fabric-agent");
     if !bin.exists() {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
