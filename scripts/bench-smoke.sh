@@ -18,16 +18,18 @@ benches=(
   "opensm_restart|NODES=50 PER_LEAF=10 RUNS=1|"
   "streams||--streams 50 --cycles 5 --stalled 10"
   "soak||--minutes 1 --interval-secs 20"
+  "follow||--agents 100 --seconds 2 --rate 2000"
 )
 
-cargo test --benches --no-run -q
+# --workspace: the fleet client crate's bench (follow) too.
+cargo test --workspace --benches --no-run -q
 for entry in "${benches[@]}"; do
   IFS='|' read -r name vars args <<< "$entry"
   out="$(mktemp)"
   start=$(date +%s)
   # shellcheck disable=SC2086 # vars and args are word lists
   if ! env $vars timeout --signal=TERM --kill-after=10 "$limit" \
-      cargo test -q --bench "$name" -- $args > "$out" 2>&1; then
+      cargo test --workspace -q --bench "$name" -- $args > "$out" 2>&1; then
     echo "bench-smoke: $name failed or ran past ${limit}s:" >&2
     tail -n 60 "$out" >&2
     rm -f "$out"

@@ -9,12 +9,13 @@ scripts/setup.sh
 # fuzz or bench smoke run that finds a tool missing.
 export FABRIC_TEST_STRICT=1
 
-cargo fmt --check
-cargo clippy --all-targets -- -D warnings
+# --workspace / --all: the agent crate and the fleet client crate (fleet/).
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-cargo test 2>&1 | tee "$log"
+cargo test --workspace 2>&1 | tee "$log"
 # The reconciler's deterministic simulation, long run (docs/SIMULATION.md).
 cargo run --release --example simulate -- --seeds 20000
 scripts/fuzz-smoke.sh

@@ -1,0 +1,92 @@
+//! A fake SM host serving `fabric.sm.v1.Partitions` on loopback: ListPartitionMembers answers
+//! what the test sets; every other RPC is UNIMPLEMENTED.
+
+use fabric_fleet::proto::sm::partitions_server::{Partitions, PartitionsServer};
+use fabric_fleet::proto::sm::*;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tonic::{Request, Response, Status};
+
+/// The fake's state: members by P_Key base, and whether it answers at all.
+#[derive(Default)]
+pub struct FakeSmState {
+    pub members: Mutex<BTreeMap<u32, Vec<PartitionMember>>>,
+    pub calls: Mutex<u64>,
+}
+
+impl FakeSmState {
+    /// Sets the ports the "fabric" holds in `pkey`.
+    pub fn hold(&self, pkey: u32, ports: &[&str]) {
+        self.members.lock().unwrap().insert(
+            pkey,
+            ports
+                .iter()
+                .map(|p| PartitionMember {
+                    port_guid: (*p).into(),
+                    node_id: String::new(),
+                    full: true,
+                })
+                .collect(),
+        );
+    }
+}
+
+#[derive(Clone)]
+struct Fake(Arc<FakeSmState>);
+
+#[tonic::async_trait]
+impl Partitions for Fake {
+    async fn set_node_memberships(
+        &self,
+        _: Request<SetNodeMembershipsRequest>,
+    ) -> Result<Response<SetNodeMembershipsResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn get_node_memberships(
+        &self,
+        _: Request<GetNodeMembershipsRequest>,
+    ) -> Result<Response<NodeMemberships>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn revoke_instance(
+        &self,
+        _: Request<RevokeInstanceRequest>,
+    ) -> Result<Response<RevokeInstanceResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn list_partition_members(
+        &self,
+        r: Request<ListPartitionMembersRequest>,
+    ) -> Result<Response<ListPartitionMembersResponse>, Status> {
+        *self.0.calls.lock().unwrap() += 1;
+        let pkey = r.into_inner().pkey;
+        let members = self
+            .0
+            .members
+            .lock()
+            .unwrap()
+            .get(&pkey)
+            .cloned()
+            .unwrap_or_default();
+        Ok(Response::new(ListPartitionMembersResponse {
+            members,
+            source: "fake".into(),
+            read_at_unix_ms: fabric_fleet::view::now_ms(),
+        }))
+    }
+}
+
+/// Serves the fake on 127.0.0.1 (a free port); returns its state and URL. It stops with the
+/// test's runtime.
+pub async fn start() -> (Arc<FakeSmState>, String) {
+    let state = Arc::new(FakeSmState::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let svc = PartitionsServer::new(Fake(state.clone()));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (state, url)
+}
