@@ -11,6 +11,7 @@ mod auth;
 mod caller;
 pub mod client;
 pub mod convert;
+pub mod grant_v1;
 pub mod limits;
 pub mod metrics;
 mod node_identity;

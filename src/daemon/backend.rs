@@ -54,6 +54,14 @@ pub(super) fn build(
                 .clone()
                 .expect("validated: [subnet_manager.opensm] present");
             cfg.allow_full_default = config.allow_full_default;
+            cfg.grants = Some(config.grants.clone());
+            if !config.grants.require {
+                tracing::warn!(
+                    "GRANTS NOT REQUIRED: [grants] require = false on this SM host, so any node may \
+                     put its ports in any partition by naming the key (a rooted node joins every \
+                     tenant's partition); set require = true with the control plane's keys"
+                );
+            }
             let backend = OpenSmBackend::new(
                 cfg,
                 node_id.as_str().to_owned(),

@@ -19,8 +19,8 @@ pub use condition::{Condition, ConditionKind};
 pub use error::DomainError;
 pub use event::{Event, EventKind, Evidence, PortReading};
 pub use grant::{
-    is_grant_id, signed_message, Grant, GrantError, GrantKey, GrantKeys, GrantUse, SignedGrant,
-    SIGNING_CONTEXT,
+    is_grant_id, signed_message, Grant, GrantError, GrantKey, GrantKeys, GrantPolicy, GrantUse,
+    SignedGrant, SIGNING_CONTEXT,
 };
 pub use guid::Guid;
 pub use ident::{validate_label, LabelRules};

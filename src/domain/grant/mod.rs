@@ -351,5 +351,27 @@ impl GrantKeys {
     }
 }
 
+/// The `[grants]` policy: the switch, the fabric grants must name and the key set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantPolicy {
+    /// Whether grants are required.
+    pub require: bool,
+    /// The fabric grants must name.
+    pub fabric: FabricName,
+    /// The control plane's public keys.
+    pub keys: GrantKeys,
+}
+
+impl GrantPolicy {
+    /// Grants not required, no keys (tests and labs).
+    pub fn off(fabric: FabricName) -> GrantPolicy {
+        GrantPolicy {
+            require: false,
+            fabric,
+            keys: GrantKeys::default(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
