@@ -39,6 +39,7 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
     let built = backend::build(config, &config.node_id, &store)?;
     let (observer, observer_reason) = observer::build(config, built.sim)?;
     let agent = Agent::new(AgentParts {
+        grants: config.grants.clone(),
         node_id: config.node_id.clone(),
         fabric: config.fabric.clone(),
         store: store.clone(),
