@@ -8,21 +8,23 @@
 //! partitions file byte-identical, the stored generation unchanged and an audit line naming the
 //! caller. `RevokeInstance` (operators only) removes node1's port from the key while node1 keeps
 //! sending it; `ListPartitionMembers` matches `smpquery`; a case variant of the node id is
-//! refused. One fabric serves every case. Skipped (with a message) when ibsim/OpenSM are missing.
+//! refused. node2's agent refuses an attach without a grant and carries its grant to ACTIVE and
+//! RELEASED. One fabric serves every case. Skipped (with a message) when ibsim/OpenSM are missing.
 
 mod common;
 #[path = "rig/mod.rs"]
 mod rig;
 
-use common::free_port;
 use common::grants::{grant, GrantSigner};
 use common::pki::Pki;
+use common::{attach, attach_now, free_port, partition, release_request, state};
 use fabric_agent::api::client::{tcp, ClientTls};
 use fabric_agent::domain::Membership;
+use fabric_agent::proto::agent as pb_agent;
 use fabric_agent::proto::grant as gpb;
 use fabric_agent::proto::sm as pb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
-use rig::agents::{sm_config, Agent};
+use rig::agents::{node_config, sm_config, Agent};
 use rig::{Fabric, FabricSpec};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -372,6 +374,59 @@ async fn grants_decide_which_partitions_a_node_joins() {
         .unwrap();
     std::thread::sleep(Duration::from_secs(1));
     assert!(holders(&fabric, TENANT_A).is_empty());
+
+    // A node agent carries its grants: node2's agent (remote backend, its own certificate)
+    // refuses an attach without a grant and reaches ACTIVE with one.
+    let (n2_crt, n2_key) = pki.issue(&dir, "node2", &["node2.nodes.fab1.example"], "node2");
+    let node2_conf = node_config(&fabric, "node2", port).replace(
+        &format!("endpoint = \"http://127.0.0.1:{port}\"\n"),
+        &format!(
+            "endpoint = \"https://127.0.0.1:{port}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\ndomain_name = \"localhost\"\n",
+            dir.join("ca.pem").display(),
+            n2_crt.display(),
+            n2_key.display()
+        ),
+    ) + &format!("[grants]\nrequire = true\n{}", control_plane.config_entry(""));
+    let agent2 = Agent::start(&fabric, "node2", &node2_conf);
+    let mut c2 = agent2.client().await;
+    let mut request = attach("vm-b", partition("ibpart_b", TENANT_B), Some(20_000));
+    let s = c2.attach_partition(request.clone()).await.unwrap_err();
+    assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
+    assert!(s.message().contains("grant"), "{s:?}");
+    let mut gb = grant("g-b-2", "fab1", "node2", "vm-b", TENANT_B, Membership::Full);
+    gb.partition_id = "ibpart_b".into();
+    request.grant = Some(control_plane.sign(&gb));
+    let a = attach_now(&mut c2, request).await;
+    assert_eq!(
+        state(&a),
+        pb_agent::AttachmentState::Active,
+        "{a:?}\n{}\n{}",
+        agent2.log_text(),
+        sm.log_text()
+    );
+    wait_holders(&fabric, TENANT_B, &["node2"], "node2's granted attach");
+    let view = ops
+        .list_partition_members(list(TENANT_B))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed: Vec<(String, String)> = view
+        .members
+        .iter()
+        .map(|m| (m.port_guid.clone(), m.node_id.clone()))
+        .collect();
+    assert_eq!(listed, vec![(guid2.clone(), "node2".to_owned())]);
+    let r = c2
+        .release_instance(release_request("vm-b", Some(20_000)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        state(r.attachment.as_ref().unwrap()),
+        pb_agent::AttachmentState::Released,
+        "{r:?}"
+    );
+    assert!(holders(&fabric, TENANT_B).is_empty());
 
     // Every refused set left an audit line naming node1's certificate.
     let log = sm.log_text();
