@@ -64,7 +64,10 @@ impl Preflight {
     /// `[grants]`: loaded (keys parsed at validation); not requiring them is a loud warning on
     /// the SM host and on a node.
     fn grants(&mut self, config: &Config) {
-        let g = &config.grants;
+        let g = match config.grants.load() {
+            Ok(g) => g,
+            Err(e) => return self.fail("grants.keys", e.to_string()),
+        };
         if g.require {
             self.pass(
                 "grants",

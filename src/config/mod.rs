@@ -19,7 +19,7 @@ pub use crate::domain::GrantPolicy;
 pub use crate::observe::{ObserverConfig, ObserverKind};
 pub use error::ConfigError;
 pub use events::EventsConfig;
-pub use grants::{decode_public_key, GrantKeyConfig, GrantsConfig};
+pub use grants::{decode_public_key, GrantKeyConfig, GrantsConfig, GrantsSettings};
 pub use limits::LimitsConfig;
 pub use listen::{BadSocketMode, ListenConfig, SocketMode, TlsConfig, DEFAULT_SOCKET};
 pub use log::LogConfig;
@@ -66,7 +66,7 @@ pub struct Config {
     /// Resource bounds of the gRPC listeners.
     pub limits: LimitsConfig,
     /// The control plane's grants: required or not, and its public keys.
-    pub grants: GrantPolicy,
+    pub grants: GrantsSettings,
 }
 
 /// The configuration file as written; [`ConfigFile::validate`] turns it into a [`Config`].
