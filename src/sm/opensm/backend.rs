@@ -174,7 +174,7 @@ pub enum OpenSmError {
         /// The key the refused grant was for (or the key without a grant).
         pkey: PKey,
         /// What is wrong.
-        error: GrantError,
+        error: Box<GrantError>,
     },
     /// A revocation on an SM host that does not require grants: no grant was ever recorded.
     #[error("this SM host does not require grants ([grants] require = false), so it records none to revoke")]
@@ -686,7 +686,7 @@ impl OpenSmBackend {
             let e = OpenSmError::GrantRefused {
                 node: desired.node_id.clone(),
                 pkey,
-                error,
+                error: Box::new(error),
             };
             tracing::warn!(node_id = %desired.node_id, error = %e, "set refused: grant");
             e
