@@ -117,7 +117,7 @@ async fn grants_are_consumed_durably_and_revocation_keeps_other_grants() {
     drop(sm);
     let sm = backend(&file, store.clone(), &cp, true);
     let e = sm
-        .set_node_granted(set("node1", 1, &full), &[g2.clone()], 4)
+        .set_node_granted(set("node1", 1, &full), std::slice::from_ref(&g2), 4)
         .await
         .unwrap_err();
     assert!(consumed(e));
