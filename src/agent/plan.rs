@@ -250,5 +250,26 @@ pub fn desired(
     set
 }
 
+/// The grants that justify `desired` on a fabric side that requires grants: those of the
+/// attachments that want their key, whose key and membership the set carries exactly (when two
+/// instances share a key with different memberships the set carries full, and only the full
+/// grant justifies it). Releasing attachments carry none: releases need no grant.
+pub fn grants(
+    desired: &NodeMemberships,
+    attachments: &[Attachment],
+) -> Vec<crate::domain::SignedGrant> {
+    attachments
+        .iter()
+        .filter(|a| a.state.wants_key())
+        .filter_map(|a| a.grant.clone())
+        .filter(|g| {
+            desired
+                .keys
+                .get(&g.grant.pkey)
+                .is_some_and(|k| k.membership == g.grant.membership)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

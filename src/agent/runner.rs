@@ -207,7 +207,9 @@ impl Loop {
             self.force_apply || self.unacked || self.ack.as_ref().map(|a| &a.set) != Some(&desired);
         let due = self.retry_at.is_none_or(|t| Instant::now() >= t);
         if needed && due && reading.inventory.is_some() {
-            match self.apply(desired).await? {
+            // The grants come from the same snapshot as the set: never one for a key it lacks.
+            let grants = plan::grants(&desired, &attachments);
+            match self.apply(desired, grants).await? {
                 Applied::Acknowledged => {
                     // The evidence for ACTIVE and RELEASED must come from a read that started
                     // after the acknowledgement.
@@ -280,7 +282,11 @@ impl Loop {
     }
 
     /// Sends the desired set with a new generation, after the ledger durably covers it.
-    async fn apply(&mut self, desired: NodeMemberships) -> Result<Applied, super::AgentError> {
+    async fn apply(
+        &mut self,
+        desired: NodeMemberships,
+        grants: Vec<crate::domain::SignedGrant>,
+    ) -> Result<Applied, super::AgentError> {
         let generation = self.next_generation;
         self.next_generation = generation.saturating_add(1);
         {
@@ -304,7 +310,11 @@ impl Loop {
         let sm = self.agent.shared.parts.sm.clone();
         self.agent.set_applying(true);
         let sent = Instant::now();
-        let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, generation)).await
+        let result = match tokio::time::timeout(
+            APPLY_TIMEOUT,
+            sm.apply_granted(&desired, &grants, generation),
+        )
+        .await
         {
             Ok(r) => r,
             Err(_) => Err(SmError::Unreachable(SmFailure::TimedOut(APPLY_TIMEOUT))),

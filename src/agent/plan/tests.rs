@@ -7,6 +7,7 @@ use AttachmentState::*;
 
 fn att(state: AttachmentState, membership: Membership) -> Attachment {
     Attachment {
+        grant: None,
         instance_id: InstanceId::parse("i1").unwrap(),
         partition: Partition::new("ibpart_a", "a", "ws", "acct", "fab1", 0x12).unwrap(),
         membership,
@@ -268,4 +269,42 @@ fn an_insecure_posture_blocks_active_until_accepted() {
 
 fn n() -> crate::domain::NodeId {
     crate::domain::NodeId::parse("n").unwrap()
+}
+
+#[test]
+fn the_set_carries_the_grants_of_the_keys_it_holds() {
+    let with_grant = |state, membership, id: &str| {
+        let mut a = att(state, membership);
+        a.instance_id = InstanceId::parse(id).unwrap();
+        a.grant = Some(crate::domain::SignedGrant {
+            bytes: id.as_bytes().to_vec(),
+            key_id: "cp".into(),
+            signature: Vec::new(),
+            grant: crate::domain::Grant {
+                grant_id: format!("g-{id}"),
+                fabric: "fab1".into(),
+                node_id: "n1".into(),
+                instance_id: id.into(),
+                partition_id: "ibpart_a".into(),
+                pkey: PKey::new(0x12).unwrap(),
+                membership,
+                issued_at_unix_ms: 0,
+            },
+        });
+        a
+    };
+    let node = NodeId::parse("n1").unwrap();
+    let atts = [
+        with_grant(Active, Membership::Full, "i1"),
+        with_grant(Pending, Membership::Limited, "i2"),
+        with_grant(Releasing, Membership::Full, "i3"),
+    ];
+    let desired = desired(&node, vec![Guid(1)], &atts);
+    let ids: Vec<String> = grants(&desired, &atts)
+        .into_iter()
+        .map(|g| g.grant.grant_id)
+        .collect();
+    // Full wins for the shared key: the limited grant does not justify it; a releasing
+    // attachment carries none.
+    assert_eq!(ids, vec!["g-i1".to_owned()]);
 }
