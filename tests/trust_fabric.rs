@@ -102,7 +102,11 @@ async fn a_node_certificate_cannot_program_another_node() {
     let audit: Vec<_> = sm
         .log_text()
         .lines()
-        .filter(|l| l.contains("fabric_agent::audit") && l.contains("node=\"node2\""))
+        .filter(|l| {
+            l.contains("fabric_agent::audit")
+                && l.contains("node=\"node2\"")
+                && l.contains("result=")
+        })
         .map(str::to_owned)
         .collect();
     assert!(

@@ -233,13 +233,20 @@ async fn a_node_certificate_speaks_only_for_its_node() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert_eq!(host.file(), after);
 
-    // One audit line per SetNodeMemberships: 2 served, 3 refused (the CN-only one at the gate).
+    // One outcome line per SetNodeMemberships: 2 served, 3 refused (the operator's and the
+    // CN-only one at the gate); each of the 3 calls that reached the handler was recorded when
+    // admitted, before anything.
     let audit = log.audit();
     let sets: Vec<_> = audit
         .iter()
-        .filter(|l| l.contains("SetNodeMemberships"))
+        .filter(|l| l.contains("SetNodeMemberships") && l.contains("result="))
         .collect();
     assert_eq!(sets.len(), 5, "{audit:#?}");
+    let admitted = audit
+        .iter()
+        .filter(|l| l.contains("SetNodeMemberships") && l.contains("phase=\"admitted\""))
+        .count();
+    assert_eq!(admitted, 3, "{audit:#?}");
     let denied = sets
         .iter()
         .find(|l| l.contains("node=\"node2\"") && l.contains("PermissionDenied"))

@@ -43,8 +43,8 @@ pub struct Subject<'a> {
 }
 
 /// Records the admission of one FabricAgent mutating call, before its handler runs, and
-/// returns the guard that records its outcome ([`Admitted::answered`]) or, when dropped
-/// unanswered, that it was abandoned.
+/// returns the guard that is told when the call answered ([`Admitted::answered`], then the
+/// outcome line) or, when dropped unanswered, records that it was abandoned.
 pub fn agent_admitted(caller: Option<&Caller>, method: &'static str, s: &Subject<'_>) -> Admitted {
     tracing::info!(
         target: TARGET,
@@ -60,25 +60,49 @@ pub fn agent_admitted(caller: Option<&Caller>, method: &'static str, s: &Subject
     Admitted {
         caller: who(caller),
         method,
-        instance: s.instance.to_owned(),
+        subject: format!("instance {:?}", s.instance),
+        answered: false,
+    }
+}
+
+/// Records the admission of one `fabric.sm.v1` mutating call on the SM host (`what`: the keys
+/// asked for, or the instance revoked), before its handler runs; see [`agent_admitted`].
+pub fn sm_admitted(
+    caller: Option<&Caller>,
+    method: &'static str,
+    node: &str,
+    what: &str,
+) -> Admitted {
+    tracing::info!(
+        target: TARGET,
+        caller = %who(caller),
+        method,
+        node = ?node,
+        what,
+        phase = "admitted",
+        "audit"
+    );
+    Admitted {
+        caller: who(caller),
+        method,
+        subject: format!("node {node:?}"),
         answered: false,
     }
 }
 
 /// An admitted call whose outcome is not recorded yet.
-#[must_use = "record the call's outcome with answered()"]
+#[must_use = "say when the call answered with answered()"]
 pub struct Admitted {
     caller: String,
     method: &'static str,
-    instance: String,
+    subject: String,
     answered: bool,
 }
 
 impl Admitted {
-    /// Records the outcome line of an agent call.
-    pub fn answered(mut self, caller: Option<&Caller>, s: &Subject<'_>, code: tonic::Code) {
+    /// The call answered: its outcome line follows, no abandoned line is written.
+    pub fn answered(mut self) {
         self.answered = true;
-        agent_call(caller, self.method, s, code);
     }
 }
 
@@ -89,7 +113,7 @@ impl Drop for Admitted {
                 target: TARGET,
                 caller = %self.caller,
                 method = self.method,
-                instance = ?self.instance,
+                subject = %self.subject,
                 result = "Abandoned",
                 "audit: the call was dropped before it answered; its effect is unknown"
             );
@@ -98,7 +122,7 @@ impl Drop for Admitted {
 }
 
 /// Records one FabricAgent mutating call's outcome.
-fn agent_call(caller: Option<&Caller>, method: &str, s: &Subject<'_>, code: tonic::Code) {
+pub fn agent_call(caller: Option<&Caller>, method: &str, s: &Subject<'_>, code: tonic::Code) {
     tracing::info!(
         target: TARGET,
         caller = %who(caller),

@@ -281,7 +281,14 @@ impl Partitions for PartitionsService {
             m.port_guids.len(),
             m.generation,
         );
+        let admitted = audit::sm_admitted(
+            caller.as_ref(),
+            "SetNodeMemberships",
+            &node,
+            &format!("keys {keys} on {ports} port(s), generation {generation}"),
+        );
         let result = self.set(caller.as_ref(), m).await;
+        admitted.answered();
         audit::set_node_memberships(
             caller.as_ref(),
             &node,
@@ -316,7 +323,14 @@ impl Partitions for PartitionsService {
         let caller = Caller::of(&request).cloned();
         let r = request.into_inner();
         tracing::Span::current().record("node_id", r.node_id.as_str());
+        let admitted = audit::sm_admitted(
+            caller.as_ref(),
+            "RevokeInstance",
+            &r.node_id,
+            &format!("instance {:?}", r.instance_id),
+        );
         let result = self.revoke(caller.as_ref(), &r).await;
+        admitted.answered();
         audit::revoke_instance(
             caller.as_ref(),
             &r.node_id,

@@ -124,7 +124,13 @@ impl FabricAgent for AgentService {
         };
         let admitted = audit::agent_admitted(caller.as_ref(), "AttachPartition", &subject);
         let result = self.attach(r).await;
-        admitted.answered(caller.as_ref(), &subject, audit::code_of(&result));
+        admitted.answered();
+        audit::agent_call(
+            caller.as_ref(),
+            "AttachPartition",
+            &subject,
+            audit::code_of(&result),
+        );
         result
     }
 
@@ -191,8 +197,10 @@ impl FabricAgent for AgentService {
             .unwrap_or_default();
         let partition = released.partition.unwrap_or_default();
         let membership = membership_name(released.membership).unwrap_or("");
-        admitted.answered(
+        admitted.answered();
+        audit::agent_call(
             caller.as_ref(),
+            "ReleaseInstance",
             &Subject {
                 instance: &instance,
                 partition: &partition.id,
