@@ -82,13 +82,15 @@ fn main() {
         .hcas()
         .iter()
         .enumerate()
-        .map(|(i, n)| StoredNode {
-            memberships: set_of(
-                n,
-                ports[n].0,
-                Some(PKey::new(0x0100 + (i / 8) as u32).expect("key")),
-            ),
-            generation: 1,
+        .map(|(i, n)| {
+            StoredNode::new(
+                set_of(
+                    n,
+                    ports[n].0,
+                    Some(PKey::new(0x0100 + (i / 8) as u32).expect("key")),
+                ),
+                1,
+            )
         })
         .collect();
     let dir = tempfile::Builder::new()

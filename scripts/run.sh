@@ -39,11 +39,14 @@ if [ "$mode" = ibsim ]; then
   step "start the agents: smhost (opensm backend) and node1, node2 (remote backend, SMP observer)"
   start_agents
   cli_at "$work/node1.sock" node
+  step "the control plane signs a grant per instance; the SM host refuses keys without one"
+  grant_for node1 vm-1
+  grant_for node2 vm-2
   step "attach vm-1 on node1 and vm-2 on node2 to partition train-a (P_Key 0x0a12); wait for ACTIVE"
   cli_at "$work/node1.sock" attach --instance vm-1 --partition ibpart_7f3k2 --name train-a \
-    --workspace ml-team --account acme --pkey 0x0a12 --wait 60
+    --workspace ml-team --account acme --pkey 0x0a12 --wait 60 --grant "@$work/vm-1.grant"
   cli_at "$work/node2.sock" attach --instance vm-2 --partition ibpart_7f3k2 --name train-a \
-    --workspace ml-team --account acme --pkey 0x0a12 --wait 60
+    --workspace ml-team --account acme --pkey 0x0a12 --wait 60 --grant "@$work/vm-2.grant"
   cli_at "$work/node1.sock" node
   echo "smpquery pkeys on node1: $(smp_pkeys node1)"
   echo "OpenSM's partitions file now:"

@@ -12,10 +12,10 @@
 //! observers. `config` composes the settings structs that `agent`, `sm`, `observe` and `api`
 //! own; nothing below `daemon`/`cli` reads the whole [`config::Config`].
 //!
-//! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`, `doctor`; the client ones (`remote`) call the daemon through `api::agent_client`
+//! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`, `doctor`, `grant` (keygen/sign, local); the client ones (`remote`) call the daemon through `api::agent_client`
 //! - [`daemon`]   — the composition root: builds store, SM backend, observer, agent and listeners from a validated config; `StartError`
-//! - [`config`]   — the TOML configuration, parsed strictly and validated once into typed values (node id, fabric, port GUIDs, socket mode); one file per section (listen + TLS, limits, log, metrics, events, ports, subnet_manager), `mod.rs` composes them
-//! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; one boundary module per protocol (`convert` for fabric.agent.v1, `sm_v1` for fabric.sm.v1: conversion and the one error <-> status mapping each), `sm_client` the remote SM backend's gRPC client; `client` channels; `agent_client` the typed fabric.agent.v1 client the CLI uses (no tonic type above `api`); the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the audit trail
+//! - [`config`]   — the TOML configuration, parsed strictly and validated once into typed values (node id, fabric, port GUIDs, socket mode); one file per section (listen + TLS, limits, log, metrics, events, ports, subnet_manager, grants), `mod.rs` composes them
+//! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; one boundary module per protocol (`convert` for fabric.agent.v1, `sm_v1` for fabric.sm.v1, `grant_v1` for fabric.grant.v1 (decode once, keep the signed bytes): conversion and the one error <-> status mapping each), `sm_client` the remote SM backend's gRPC client; `client` channels; `agent_client` the typed fabric.agent.v1 client the CLI uses (no tonic type above `api`); the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the audit trail
 //! - [`agent`]    — command handling, the reconciler (pure `plan` + `runner`), event publishing
 //! - [`store`]    — durable desired state and the ordered event log (redb)
 //! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm
@@ -23,7 +23,7 @@
 //! - [`sim`]      — the embedded simulated fabric's port tables
 //! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O
 //! - [`sys`]      — the only unsafe code and the only `nix`/`libc` use: umad device I/O, libibverbs wrappers, user/group lookups, host name, signals (through pidfds to a named process), open flags
-//! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events: pure types
+//! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events, grants (Ed25519 verification, rotating key sets, typed refusals): pure types
 //! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG, STOPPING
 //! - [`tls`]      — the process-wide rustls crypto provider
 //! - [`proto`]    — generated gRPC code (lives in `api/`, re-exported)

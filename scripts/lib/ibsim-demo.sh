@@ -87,6 +87,9 @@ start_agent() { # node config
 }
 
 start_agents() {
+  # The control plane's grant-signing key: the SM host accepts a key in a node's set only with a
+  # grant signed by it ([grants] require = true), exactly as in production.
+  "$bin" grant keygen --out "$work" > /dev/null
   agent_config smhost "tcp = \"127.0.0.1:$sm_port\"
 insecure_plaintext_for_tests = true
 
@@ -103,7 +106,14 @@ pid_file = \"$work/opensm.pid\"
 # management class to one device), so the demo turns the check off. tests/opensm_ownership.rs
 # exercises it on ibsim with the SM host observing through a fixture instead.
 [subnet_manager.opensm.ownership]
-enabled = false" > "$work/smhost.toml"
+enabled = false
+
+[grants]
+require = true
+
+[[grants.keys]]
+id = \"demo-control-plane\"
+public_key_file = \"$work/grant-signing.pub\"" > "$work/smhost.toml"
   start_agent smhost "$work/smhost.toml"
   for n in node1 node2; do
     agent_config "$n" "
@@ -115,6 +125,13 @@ endpoint = \"http://127.0.0.1:$sm_port\"" > "$work/$n.toml"
     start_agent "$n" "$work/$n.toml"
   done
   echo "agents up: smhost (opensm backend, serves fabric.sm.v1.Partitions), node1 and node2 (remote backend)"
+}
+
+grant_for() { # node instance: a grant for partition train-a (0x0a12), signed as the control plane
+  "$bin" grant sign --key "$work/grant-signing.key" --key-id demo-control-plane \
+    --fabric europe-north1-a.fab2 --node "$1" --instance "$2" --partition ibpart_7f3k2 --pkey 0x0a12 \
+    > "$work/$2.grant"
+  echo "signed a grant for $2 on $1 (partition ibpart_7f3k2, P_Key 0x0a12, full) -> $work/$2.grant"
 }
 
 smp_pkeys() { # node: the port's non-empty P_Key entries as OpenSM programmed them (smpquery)

@@ -2,7 +2,10 @@
 //! node already has. Checked before anything is persisted, so a refusal changes nothing.
 
 use super::Refusal;
-use crate::domain::{Attachment, AttachmentState, FabricName, InstanceId, Membership, Partition};
+use crate::domain::{
+    Attachment, AttachmentState, FabricName, GrantError, GrantPolicy, GrantUse, InstanceId,
+    Membership, NodeId, Partition, SignedGrant,
+};
 use std::collections::BTreeSet;
 
 /// An attach request after field validation.
@@ -14,6 +17,61 @@ pub struct AttachRequest {
     pub partition: Partition,
     /// Full or limited.
     pub membership: Membership,
+    /// The control plane's grant for exactly this attachment, when the request carries one.
+    pub grant: Option<SignedGrant>,
+}
+
+/// Checks an attach's grant against the request and this node (node id exact, fabric,
+/// instance, partition, key, membership) and, when keys are configured, its signature. With
+/// `policy.require`, an attach without a grant is refused. Nothing is stored on a refusal.
+pub fn check_grant(
+    request: &AttachRequest,
+    node: &NodeId,
+    policy: &GrantPolicy,
+) -> Result<(), Refusal> {
+    let Some(signed) = &request.grant else {
+        return if policy.require {
+            Err(Refusal::GrantRequired)
+        } else {
+            Ok(())
+        };
+    };
+    let g = if policy.keys.is_empty() {
+        &signed.grant
+    } else {
+        policy.keys.verify(signed)?
+    };
+    g.check(&GrantUse {
+        fabric: &request.partition.fabric,
+        node_id: node,
+        pkey: request.partition.pkey,
+        membership: request.membership,
+    })?;
+    for (field, granted, expected) in [
+        ("instance_id", &g.instance_id, request.instance_id.as_str()),
+        (
+            "partition_id",
+            &g.partition_id,
+            request.partition.id.as_str(),
+        ),
+    ] {
+        if granted != expected {
+            return Err(Refusal::Grant(GrantError::WrongSubject {
+                grant_id: g.grant_id.clone(),
+                field,
+                granted: granted.clone(),
+                expected: expected.to_owned(),
+            }));
+        }
+    }
+    if g.fabric != policy.fabric.as_str() {
+        return Err(Refusal::Grant(GrantError::WrongFabric {
+            grant_id: g.grant_id.clone(),
+            granted: g.fabric.clone(),
+            expected: policy.fabric.as_str().to_owned(),
+        }));
+    }
+    Ok(())
 }
 
 /// What an admitted attach does.
@@ -133,8 +191,83 @@ fn same_instance(request: &AttachRequest, existing: &Attachment) -> Result<Admis
 mod tests {
     use super::*;
 
+    mod grants {
+        use super::*;
+        use crate::domain::{signed_message, Grant, GrantKey, GrantKeys, PKey};
+        use ed25519_dalek::{Signer, SigningKey};
+
+        fn signed(g: Grant, key: &SigningKey) -> SignedGrant {
+            let bytes = format!("{g:?}").into_bytes();
+            SignedGrant {
+                signature: key.sign(&signed_message(&bytes)).to_bytes().to_vec(),
+                bytes,
+                key_id: "cp".into(),
+                grant: g,
+            }
+        }
+
+        fn grant() -> Grant {
+            Grant {
+                grant_id: "g1".into(),
+                fabric: "fab1".into(),
+                node_id: "node1".into(),
+                instance_id: "i-1".into(),
+                partition_id: "ibpart_a".into(),
+                pkey: PKey::new(0x0a11).unwrap(),
+                membership: Membership::Full,
+                issued_at_unix_ms: 1,
+            }
+        }
+
+        #[test]
+        fn an_attach_grant_must_match_the_request_and_this_node() {
+            let key = SigningKey::from_bytes(&[9; 32]);
+            let fabric = FabricName::parse("fab1").unwrap();
+            let node = NodeId::parse("node1").unwrap();
+            let mut policy = GrantPolicy {
+                require: true,
+                fabric: fabric.clone(),
+                keys: GrantKeys::new([
+                    GrantKey::from_bytes("cp", key.verifying_key().as_bytes()).unwrap()
+                ])
+                .unwrap(),
+            };
+            let mut r = req("i-1", "ibpart_a", 0x0a11);
+            assert_eq!(check_grant(&r, &node, &policy), Err(Refusal::GrantRequired));
+            r.grant = Some(signed(grant(), &key));
+            assert_eq!(check_grant(&r, &node, &policy), Ok(()));
+            let other = NodeId::parse("NODE1").unwrap();
+            assert!(matches!(
+                check_grant(&r, &other, &policy),
+                Err(Refusal::Grant(GrantError::WrongNode { .. }))
+            ));
+            let mut g = grant();
+            g.instance_id = "i-2".into();
+            r.grant = Some(signed(g, &key));
+            assert!(matches!(
+                check_grant(&r, &node, &policy),
+                Err(Refusal::Grant(GrantError::WrongSubject {
+                    field: "instance_id",
+                    ..
+                }))
+            ));
+            r.grant = Some(signed(grant(), &SigningKey::from_bytes(&[8; 32])));
+            assert!(matches!(
+                check_grant(&r, &node, &policy),
+                Err(Refusal::Grant(GrantError::BadSignature { .. }))
+            ));
+            // Without keys the node checks the fields only; without require, no grant is fine.
+            policy.keys = GrantKeys::default();
+            assert_eq!(check_grant(&r, &node, &policy), Ok(()));
+            policy.require = false;
+            r.grant = None;
+            assert_eq!(check_grant(&r, &node, &policy), Ok(()));
+        }
+    }
+
     fn req(instance: &str, id: &str, pkey: u32) -> AttachRequest {
         AttachRequest {
+            grant: None,
             instance_id: InstanceId::parse(instance).unwrap(),
             partition: Partition::new(id, "p", "ws", "acct", "fab1", pkey).unwrap(),
             membership: Membership::Full,
@@ -143,6 +276,7 @@ mod tests {
 
     fn existing(r: &AttachRequest, state: AttachmentState) -> Attachment {
         Attachment {
+            grant: None,
             instance_id: r.instance_id.clone(),
             partition: r.partition.clone(),
             membership: r.membership,

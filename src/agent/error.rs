@@ -2,7 +2,7 @@
 //! The wire codes are chosen in one place per service (`api::convert` for `fabric.agent.v1`).
 
 use crate::domain::{
-    AttachmentState, DomainError, FabricName, InstanceId, Membership, PKey, PartitionId,
+    AttachmentState, DomainError, FabricName, GrantError, InstanceId, Membership, PKey, PartitionId,
 };
 use crate::observe::ObserveError;
 use crate::store::{LogEpoch, StoreError};
@@ -62,6 +62,13 @@ pub enum AgentError {
 /// changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum Refusal {
+    /// This node requires a grant with every attach (`[grants] require = true`) and the request
+    /// carries none.
+    #[error("this node requires the control plane's grant with every attach ([grants] require = true); the request carries none")]
+    GrantRequired,
+    /// The attach's grant does not match the request or this node, or does not verify.
+    #[error("grant refused: {0}")]
+    Grant(#[from] GrantError),
     /// The partition is on another fabric than this node.
     #[error("partition {} is on fabric {:?} but this node is on fabric {:?}", .partition.as_str(), .partition_fabric.as_str(), .node.as_str())]
     WrongFabric {

@@ -84,6 +84,8 @@ pub struct AgentParts {
     pub released_retain: Duration,
     /// The operator accepted fabric ports that are full members of the default partition.
     pub allow_full_default: bool,
+    /// `[grants]`: whether an attach needs the control plane's grant, and its keys.
+    pub grants: crate::domain::GrantPolicy,
 }
 
 /// A cheap handle to the running agent.
@@ -178,6 +180,11 @@ impl Agent {
                     attachments.push(own);
                 }
             }
+            admission::check_grant(
+                &request,
+                &self.shared.parts.node_id,
+                &self.shared.parts.grants,
+            )?;
             let capacity = self
                 .status()
                 .inventory
@@ -196,6 +203,7 @@ impl Agent {
                         reason: String::new(),
                         created_unix_ns: now,
                         updated_unix_ns: now,
+                        grant: request.grant,
                     };
                     let event = changed_event(&a, None, "attach requested");
                     // The key will be sent soon: cover it in the ledger now, in the same commit,

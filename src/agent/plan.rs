@@ -250,5 +250,15 @@ pub fn desired(
     set
 }
 
+/// The grants of the attachments whose keys `desired` carries: what justifies the set on a
+/// fabric side that requires grants (releasing attachments carry none: releases need no grant).
+pub fn grants(attachments: &[Attachment]) -> Vec<crate::domain::SignedGrant> {
+    attachments
+        .iter()
+        .filter(|a| a.state.wants_key())
+        .filter_map(|a| a.grant.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

@@ -304,7 +304,12 @@ impl Loop {
         let sm = self.agent.shared.parts.sm.clone();
         self.agent.set_applying(true);
         let sent = Instant::now();
-        let result = match tokio::time::timeout(APPLY_TIMEOUT, sm.apply(&desired, generation)).await
+        let grants = plan::grants(&self.agent.store().live_attachments()?);
+        let result = match tokio::time::timeout(
+            APPLY_TIMEOUT,
+            sm.apply_granted(&desired, &grants, generation),
+        )
+        .await
         {
             Ok(r) => r,
             Err(_) => Err(SmError::Unreachable(SmFailure::TimedOut(APPLY_TIMEOUT))),

@@ -134,6 +134,19 @@ pub fn set_node_memberships(
     );
 }
 
+/// Records one `Partitions.RevokeInstance` call on the SM host.
+pub fn revoke_instance(caller: Option<&Caller>, node: &str, instance: &str, code: tonic::Code) {
+    tracing::info!(
+        target: TARGET,
+        caller = %who(caller),
+        method = "RevokeInstance",
+        node = ?node,
+        instance = ?instance,
+        result = ?code,
+        "audit"
+    );
+}
+
 /// Records a mutating call the call gate refused before any handler ran.
 pub fn refused(peer: &str, path: &str, code: tonic::Code) {
     let method = path.rsplit('/').next().unwrap_or(path);

@@ -112,6 +112,8 @@ impl fmt::Display for ClientId {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertIdentity {
     names: Vec<ClientId>,
+    /// The DNS SANs exactly as written (not case-folded): node ids are case-sensitive.
+    dns_as_written: Vec<String>,
 }
 
 impl CertIdentity {
@@ -125,6 +127,7 @@ impl CertIdentity {
         let at = ASN1Time::from_timestamp(now)
             .map_err(|_| Status::internal("the system clock is out of range"))?;
         let mut names = Vec::new();
+        let mut dns_as_written = Vec::new();
         for (i, der) in chain.iter().enumerate() {
             let (_, cert) = X509Certificate::from_der(der.as_ref())
                 .map_err(|_| Status::unauthenticated("client certificate does not parse"))?;
@@ -155,9 +158,13 @@ impl CertIdentity {
                     }
                 }
                 names = names_of(&cert);
+                dns_as_written = dns_of(&cert);
             }
         }
-        Ok(CertIdentity { names })
+        Ok(CertIdentity {
+            names,
+            dns_as_written,
+        })
     }
 
     /// The names of a certificate without any check (to describe a refused peer in logs).
@@ -179,6 +186,24 @@ impl CertIdentity {
             _ => None,
         })
     }
+
+    /// Its DNS SANs exactly as the certificate writes them (for node ids, which are
+    /// case-sensitive: `NODE1` is not `node1`).
+    pub fn dns_names_as_written(&self) -> impl Iterator<Item = &str> {
+        self.dns_as_written.iter().map(String::as_str)
+    }
+}
+
+fn dns_of(cert: &X509Certificate<'_>) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let GeneralName::DNSName(s) = name {
+                out.push((*s).to_owned());
+            }
+        }
+    }
+    out
 }
 
 fn names_of(cert: &X509Certificate<'_>) -> Vec<ClientId> {

@@ -66,11 +66,16 @@ const READ_ONLY: &[&str] = &[
     "/fabric.agent.v1.FabricAgent/ListAttachments",
     "/fabric.agent.v1.FabricAgent/WatchEvents",
     "/fabric.sm.v1.Partitions/GetNodeMemberships",
+    "/fabric.sm.v1.Partitions/ListPartitionMembers",
     "/grpc.health.v1.Health/Check",
     "/grpc.health.v1.Health/Watch",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 ];
+
+/// Mutating methods that callers on the operator list may call too (the handler then admits
+/// only operators): the control plane's revocation on the fabric side.
+const OPERATOR_MUTATIONS: &[&str] = &["/fabric.sm.v1.Partitions/RevokeInstance"];
 
 /// Whether a gRPC path names a read-only method.
 pub fn is_read_only(path: &str) -> bool {
@@ -193,7 +198,9 @@ impl Policy {
                 let operator = operators.matching(&identity);
                 let matched = match (allowed.matching(&identity), &operator) {
                     (Some(m), _) => m,
-                    (None, Some(op)) if read_only => op.clone(),
+                    (None, Some(op)) if read_only || OPERATOR_MUTATIONS.contains(&path) => {
+                        op.clone()
+                    }
                     (None, Some(op)) => {
                         return Err(Status::permission_denied(format!(
                             "operator identity {op} may only read here, not call {path}"

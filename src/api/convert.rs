@@ -40,6 +40,8 @@ pub fn reason(e: &AgentError) -> &'static str {
             Refusal::MembershipConflict { .. } => "MEMBERSHIP_CONFLICT",
             Refusal::KeyHeldByOtherPartition { .. } => "KEY_HELD_BY_OTHER_PARTITION",
             Refusal::TableFull { .. } => "TABLE_FULL",
+            Refusal::GrantRequired => "GRANT_REQUIRED",
+            Refusal::Grant(_) => "GRANT_REFUSED",
         },
         AgentError::AttachmentNotFound(_) => "ATTACHMENT_NOT_FOUND",
         AgentError::PortsNotRead => "PORTS_NOT_READ",
@@ -81,6 +83,7 @@ fn refusal_code(r: &Refusal) -> Code {
         | Refusal::InstanceMembershipDiffers { .. }
         | Refusal::PartitionKeyDiffers { .. } => Code::AlreadyExists,
         Refusal::TableFull { .. } => Code::ResourceExhausted,
+        Refusal::GrantRequired | Refusal::Grant(_) => Code::FailedPrecondition,
     }
 }
 
@@ -101,11 +104,18 @@ pub fn attach_request(
         Ok(pb::Membership::Limited) => Membership::Limited,
         Err(_) => return Err(invalid("membership", "unknown value")),
     };
+    let grant = r
+        .grant
+        .as_ref()
+        .map(super::grant_v1::signed_grant_from_proto)
+        .transpose()
+        .map_err(|e| invalid("grant", &e.to_string()))?;
     Ok((
         AttachRequest {
             instance_id: InstanceId::parse(&r.instance_id)?,
             partition,
             membership,
+            grant,
         },
         wait(r.wait_ms)?,
     ))

@@ -12,6 +12,7 @@ mod caller;
 pub mod client;
 pub mod conn_limits;
 pub mod convert;
+pub mod grant_v1;
 pub mod limits;
 pub mod metrics;
 mod node_identity;

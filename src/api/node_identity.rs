@@ -78,30 +78,43 @@ impl NodeMapping {
                     return Err(NodeMappingError::Template(t.to_owned()));
                 }
                 Ok(NodeMapping::Names {
-                    template: Some(t.to_ascii_lowercase()),
+                    template: Some(t.to_owned()),
                 })
             }
         }
     }
 
-    /// Whether `identity` speaks for `node`.
+    /// Whether `identity` speaks for `node`. Node ids are case-sensitive, so the node's part of
+    /// a DNS SAN must equal it exactly (`NODE1` never speaks for `node1`, nor the reverse);
+    /// only a template's fixed DNS labels compare case-insensitively.
     pub fn maps(&self, identity: &CertIdentity, node: &str) -> bool {
         match self {
-            NodeMapping::Names { template } => {
-                let expected = template
-                    .as_ref()
-                    .map(|t| t.replacen(NODE_PLACEHOLDER, node, 1));
-                identity.dns_names().any(|d| {
-                    d.eq_ignore_ascii_case(node)
-                        || expected.as_ref().is_some_and(|e| d.eq_ignore_ascii_case(e))
-                })
-            }
+            NodeMapping::Names { template } => identity.dns_names_as_written().any(|d| {
+                d == node
+                    || template
+                        .as_deref()
+                        .is_some_and(|t| matches_template(t, d, node))
+            }),
             NodeMapping::Table(table) => identity
                 .names()
                 .iter()
                 .any(|n| table.get(n).is_some_and(|mapped| mapped == node)),
         }
     }
+}
+
+/// Whether DNS name `d` is template `t` with `{node}` replaced by exactly `node`: the fixed
+/// parts compare as DNS does (case-insensitively), the node's part byte for byte.
+fn matches_template(t: &str, d: &str, node: &str) -> bool {
+    let Some((pre, post)) = t.split_once(NODE_PLACEHOLDER) else {
+        return false;
+    };
+    let mid = pre.len() + node.len();
+    d.len() == mid + post.len()
+        && d.get(..pre.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(pre))
+        && d.get(pre.len()..mid) == Some(node)
+        && d.get(mid..).is_some_and(|p| p.eq_ignore_ascii_case(post))
 }
 
 #[cfg(test)]
@@ -131,6 +144,12 @@ mod tests {
         assert!(t.maps(&identity(&["node1"]), "node1"));
         assert!(!t.maps(&identity(&["node1.nodes.fab2.example"]), "node2"));
         assert!(!t.maps(&identity(&["node1.nodes.fab2.example"]), "node1.nodes"));
+        // Node ids are case-sensitive: a case variant never maps, either way round.
+        assert!(!plain.maps(&identity(&["node1"]), "NODE1"));
+        assert!(!plain.maps(&identity(&["NODE1"]), "node1"));
+        assert!(plain.maps(&identity(&["NODE1"]), "NODE1"));
+        assert!(!t.maps(&identity(&["node1.nodes.fab2.example"]), "NODE1"));
+        assert!(t.maps(&identity(&["node1.NODES.fab2.example"]), "node1"));
         for bad in ["nodes.example", "{node}.{node}.x", "*.{node}.x", "{node} x"] {
             assert_eq!(
                 NodeMapping::from_config(Some(bad), &BTreeMap::new()).err(),

@@ -11,11 +11,12 @@
 use super::audit;
 use super::auth::ClientId;
 use super::caller::Caller;
+use super::grant_v1::signed_grant_from_proto;
 use super::node_identity::NodeMapping;
 use super::sm_v1::{
     memberships_from_proto, node_id, status_of, status_of_refusal, stored_to_proto,
 };
-use crate::domain::NodeId;
+use crate::domain::{NodeId, PKey};
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_server::{Partitions, PartitionsServer};
 use crate::sm::OpenSmBackend;
@@ -49,20 +50,84 @@ impl PartitionsService {
     }
 }
 
+/// Where `ListPartitionMembers` reads today: OpenSM's last accepted partitions file (what the SM
+/// programs from), not yet the SA's P_KeyTableRecords.
+pub const MEMBERS_SOURCE: &str = "partitions-file";
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 impl PartitionsService {
+    /// Authorises (operators only) and revokes one instance's grants on one node.
+    async fn revoke(
+        &self,
+        caller: Option<&Caller>,
+        r: &pb::RevokeInstanceRequest,
+    ) -> Result<Response<pb::RevokeInstanceResponse>, Status> {
+        authorise_operator(caller, "RevokeInstance", true).map_err(|r| status_of_refusal(&r))?;
+        let node = node_id(&r.node_id)?;
+        if !crate::domain::is_grant_id(&r.instance_id) {
+            return Err(Status::invalid_argument(format!(
+                "instance_id {:?} is not 1-128 characters [A-Za-z0-9._:-]",
+                r.instance_id
+            )));
+        }
+        match self.backend.revoke_instance(&node, &r.instance_id).await {
+            Ok(out) => Ok(Response::new(pb::RevokeInstanceResponse {
+                revoked_grant_ids: out.revoked_grant_ids,
+                removed_pkeys: out
+                    .removed_pkeys
+                    .iter()
+                    .map(|k| u32::from(k.base()))
+                    .collect(),
+            })),
+            Err(e) => {
+                tracing::warn!(error = %e, "revocation not confirmed");
+                Err(status_of(&e))
+            }
+        }
+    }
+
     /// Validates, authorises (before anything is written) and applies one node's set.
     async fn set(
         &self,
         caller: Option<&Caller>,
-        m: pb::NodeMemberships,
+        mut m: pb::NodeMemberships,
     ) -> Result<Response<pb::SetNodeMembershipsResponse>, Status> {
         if m.node_id.is_empty() && m.keys.is_empty() && m.port_guids.is_empty() {
             return Err(status_of_refusal(&PartitionsRefusal::MembershipsMissing));
         }
+        let carried = std::mem::take(&mut m.grants);
         let (desired, generation) = memberships_from_proto(m)?;
         authorise(caller, &self.nodes, &desired.node_id, Access::Write)
             .map_err(|r| status_of_refusal(&r))?;
-        match self.backend.set_node(desired, generation).await {
+        // Grants are decoded only where they are enforced; a grant that does not decode refuses
+        // the set like any other refused grant.
+        let grants = if self.backend.requires_grants() {
+            carried
+                .iter()
+                .map(signed_grant_from_proto)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    let r = PartitionsRefusal::Grant(format!(
+                        "node {:?}: {e}",
+                        desired.node_id.as_str()
+                    ));
+                    tracing::warn!(node_id = %desired.node_id, error = %r, "set refused: grant");
+                    status_of_refusal(&r)
+                })?
+        } else {
+            Vec::new()
+        };
+        match self
+            .backend
+            .set_node_granted(desired, &grants, generation)
+            .await
+        {
             Ok(out) => Ok(Response::new(pb::SetNodeMembershipsResponse {
                 sweeps: out.sweeps,
             })),
@@ -116,6 +181,39 @@ pub enum PartitionsRefusal {
     /// The SM host stores no memberships for the node.
     #[error("no memberships stored for node \"{0}\"")]
     NotStored(NodeId),
+    /// A call only the control plane or an operator may make (`operator_clients`).
+    #[error(
+        "{caller} may not call {method}: only operator_clients (the control plane, operators) may"
+    )]
+    NotOperator {
+        /// The caller as the audit names it.
+        caller: String,
+        /// The method.
+        method: &'static str,
+    },
+    /// A carried grant does not decode.
+    #[error("{0}")]
+    Grant(String),
+}
+
+/// Whether `caller` may call an operator-only method (`RevokeInstance`, `ListPartitionMembers`):
+/// a certificate on `operator_clients`, a privileged local caller (root, the agent's user), or
+/// the plaintext test rig. A node's certificate is refused.
+pub fn authorise_operator(
+    caller: Option<&Caller>,
+    method: &'static str,
+    write: bool,
+) -> Result<(), PartitionsRefusal> {
+    match caller {
+        None => Err(PartitionsRefusal::NoVerifiedCaller),
+        Some(Caller::InsecureTest) => Ok(()),
+        Some(Caller::Local { privileged, .. }) if *privileged || !write => Ok(()),
+        Some(Caller::Cert { operator: true, .. }) => Ok(()),
+        Some(c) => Err(PartitionsRefusal::NotOperator {
+            caller: c.to_string(),
+            method,
+        }),
+    }
 }
 
 /// Whether `caller` may write (or read) `node`'s memberships.
@@ -210,19 +308,51 @@ impl Partitions for PartitionsService {
             .ok_or_else(|| status_of_refusal(&PartitionsRefusal::NotStored(id)))
     }
 
+    #[tracing::instrument(skip_all, fields(node_id))]
     async fn revoke_instance(
         &self,
-        _request: Request<pb::RevokeInstanceRequest>,
+        request: Request<pb::RevokeInstanceRequest>,
     ) -> Result<Response<pb::RevokeInstanceResponse>, Status> {
-        Err(Status::unimplemented("RevokeInstance is not served yet"))
+        let caller = Caller::of(&request).cloned();
+        let r = request.into_inner();
+        tracing::Span::current().record("node_id", r.node_id.as_str());
+        let result = self.revoke(caller.as_ref(), &r).await;
+        audit::revoke_instance(
+            caller.as_ref(),
+            &r.node_id,
+            &r.instance_id,
+            audit::code_of(&result),
+        );
+        result
     }
 
+    #[tracing::instrument(skip_all)]
     async fn list_partition_members(
         &self,
-        _request: Request<pb::ListPartitionMembersRequest>,
+        request: Request<pb::ListPartitionMembersRequest>,
     ) -> Result<Response<pb::ListPartitionMembersResponse>, Status> {
-        Err(Status::unimplemented(
-            "ListPartitionMembers is not served yet",
-        ))
+        let caller = Caller::of(&request).cloned();
+        authorise_operator(caller.as_ref(), "ListPartitionMembers", false)
+            .map_err(|r| status_of_refusal(&r))?;
+        let pkey = PKey::new(request.into_inner().pkey)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let read_at_unix_ms = now_unix_ms();
+        let members = self
+            .backend
+            .partition_members(pkey)
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::ListPartitionMembersResponse {
+            members: members
+                .into_iter()
+                .map(|(m, node)| pb::PartitionMember {
+                    port_guid: m.guid.to_string(),
+                    node_id: node.map(String::from).unwrap_or_default(),
+                    full: m.full,
+                })
+                .collect(),
+            source: MEMBERS_SOURCE.into(),
+            read_at_unix_ms,
+        }))
     }
 }

@@ -2,8 +2,9 @@
 //! agent (`fabric.sm.v1.Partitions`) over mTLS, or plaintext to a loopback address. Settings
 //! and their rules are `sm::remote`'s; conversion and error mapping are [`super::sm_v1`]'s.
 
+use super::grant_v1::signed_grant_to_proto;
 use super::sm_v1::{memberships_to_proto, sm_error_of};
-use crate::domain::NodeMemberships;
+use crate::domain::{NodeMemberships, SignedGrant};
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_client::PartitionsClient;
 use crate::sm::remote::{RemoteConfig, RemoteConfigError};
@@ -81,8 +82,21 @@ impl SubnetManager for RemoteSm {
         desired: &NodeMemberships,
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
+        self.apply_granted(desired, &[], generation).await
+    }
+
+    /// Sends the set with the grants of every desired attachment: the SM host refuses keys
+    /// without one when it requires grants.
+    async fn apply_granted(
+        &self,
+        desired: &NodeMemberships,
+        grants: &[SignedGrant],
+        generation: u64,
+    ) -> Result<ApplyOutcome, SmError> {
+        let mut memberships = memberships_to_proto(desired, generation);
+        memberships.grants = grants.iter().map(signed_grant_to_proto).collect();
         let request = pb::SetNodeMembershipsRequest {
-            memberships: Some(memberships_to_proto(desired, generation)),
+            memberships: Some(memberships),
         };
         let mut client = self.client.clone();
         let reply = client

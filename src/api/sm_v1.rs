@@ -110,7 +110,11 @@ pub fn status_of(e: &OpenSmError) -> Status {
         | OpenSmError::Rejected(_)
         | OpenSmError::InsecureDefault(_)
         | OpenSmError::PortNotShown(_) => Status::failed_precondition(msg),
-        OpenSmError::PortForbidden(_) => Status::permission_denied(msg),
+        OpenSmError::PortForbidden(_) | OpenSmError::GrantRefused { .. } => {
+            Status::permission_denied(msg)
+        }
+        OpenSmError::GrantsNotRequired => Status::failed_precondition(msg),
+        OpenSmError::NodeNotStored(_) => Status::not_found(msg),
         OpenSmError::Unreachable { .. }
         | OpenSmError::Unconfirmed { .. }
         | OpenSmError::Io(_)
@@ -128,7 +132,9 @@ pub fn status_of_refusal(r: &PartitionsRefusal) -> Status {
         PartitionsRefusal::MembershipsMissing => Status::invalid_argument(msg),
         PartitionsRefusal::NoVerifiedCaller
         | PartitionsRefusal::UidMayNotWrite { .. }
-        | PartitionsRefusal::NodeNotMapped { .. } => Status::permission_denied(msg),
+        | PartitionsRefusal::NodeNotMapped { .. }
+        | PartitionsRefusal::NotOperator { .. }
+        | PartitionsRefusal::Grant(_) => Status::permission_denied(msg),
         PartitionsRefusal::NotStored(_) => Status::not_found(msg),
     }
 }
@@ -263,10 +269,7 @@ mod tests {
             m.keys[&PKey::new(0x0a12).unwrap()].membership,
             Membership::Full
         );
-        let back = stored_to_proto(&StoredNode {
-            memberships: m.clone(),
-            generation: 3,
-        });
+        let back = stored_to_proto(&StoredNode::new(m.clone(), 3));
         assert_eq!(back.port_guids, vec!["0x0002c903000e0b72".to_owned()]);
         assert_eq!(memberships_from_proto(back).unwrap(), (m, 3));
         let one = "0x0000000000000001";

@@ -39,6 +39,10 @@ pub struct AttachArgs {
     /// Wait up to this many seconds (at most 600) for ACTIVE; exit 75 if it is not reached.
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=600))]
     pub wait: Option<u32>,
+    /// The control plane's signed grant for this attachment: the base64 `fabric-agent grant
+    /// sign` prints, or @FILE holding it.
+    #[arg(long)]
+    pub grant: Option<String>,
 }
 
 /// `release` arguments.

@@ -56,6 +56,7 @@ pub async fn doctor(config_path: &Path, json: bool) -> ExitCode {
     );
     clock(&mut checks);
     store(&mut checks, &config.state_dir);
+    grants(&mut checks, &config);
     let daemon = daemon(&mut checks, &config).await;
     let ports = ports(&mut checks, &config, daemon.as_ref()).await;
     if let Some(ports) = ports {
@@ -88,6 +89,29 @@ pub async fn doctor(config_path: &Path, json: bool) -> ExitCode {
         ExitCode::from(exit::REFUSED)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// `[grants]`: the keys load; not requiring grants is a WARN (on the SM host it lets any node
+/// join any partition).
+fn grants(checks: &mut Checks, config: &Config) {
+    match config.grants.load() {
+        Err(e) => checks.add(Verdict::Fail, "grants", e.to_string()),
+        Ok(g) if g.require => checks.add(
+            Verdict::Ok,
+            "grants",
+            format!("required; {} key(s) {}", g.keys.len(), g.keys),
+        ),
+        Ok(_) if config.subnet_manager.backend == crate::config::Backend::Opensm => checks.add(
+            Verdict::Warn,
+            "grants",
+            "not required ([grants] require = false): this SM host accepts any key a node names, so a rooted node joins every tenant's partition",
+        ),
+        Ok(_) => checks.add(
+            Verdict::Warn,
+            "grants",
+            "not required ([grants] require = false): attaches without the control plane's grant are accepted",
+        ),
     }
 }
 

@@ -6,6 +6,7 @@ mod commands;
 mod doctor;
 pub mod exit;
 mod generate;
+mod grant;
 mod loaded;
 mod output;
 pub mod preflight;
@@ -202,6 +203,16 @@ pub enum Command {
         fabric-agent events -o json | jq 'select(.kind == \"attachment\")'"
     )]
     Events(commands::EventsArgs),
+    /// Make a grant-signing key pair or sign a grant (the control plane's side, for labs and
+    /// demos; no daemon needed).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  fabric-agent grant keygen --out /etc/fabric-agent/grant-keys\n  \
+        fabric-agent grant sign --key grant-signing.key --key-id lab-1 --fabric fab1 \\\n      \
+        --node node1 --instance vm-42 --partition ibpart_7f3k2 --pkey 0a12 > vm-42.grant\n  \
+        fabric-agent attach ... --grant @vm-42.grant"
+    )]
+    Grant(grant::GrantCommand),
     /// Print the man page (roff), for packaging.
     #[command(hide = true)]
     Man,
@@ -218,6 +229,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
     match cli.command {
         Command::Man => return generate::man_page(),
         Command::Completions { shell } => return generate::completions(shell),
+        Command::Grant(g) => return grant::run(g),
         _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -57,7 +57,38 @@ impl Preflight {
             p.listen_tls(tls);
         }
         p.subnet_manager(&config.subnet_manager);
+        p.grants(config);
         p
+    }
+
+    /// `[grants]`: loaded (keys parsed at validation); not requiring them is a loud warning on
+    /// the SM host and on a node.
+    fn grants(&mut self, config: &Config) {
+        let g = match config.grants.load() {
+            Ok(g) => g,
+            Err(e) => return self.fail("grants.keys", e.to_string()),
+        };
+        if g.require {
+            self.pass(
+                "grants",
+                format!(
+                    "required: fabric {}, {} key(s) {}",
+                    g.fabric.as_str(),
+                    g.keys.len(),
+                    g.keys
+                ),
+            );
+        } else {
+            let what = if config.subnet_manager.backend == Backend::Opensm {
+                "this SM host accepts any key a node names (a rooted node joins every tenant's partition)"
+            } else {
+                "attaches without a grant are accepted"
+            };
+            self.pass(
+                "grants",
+                format!("WARNING: not required ([grants] require = false): {what}"),
+            );
+        }
     }
 
     /// The listener's PEM files parse, and make the TLS material the listener will build.

@@ -28,6 +28,7 @@ pub async fn run(command: Command, target: &Target, json: bool) -> ExitCode {
         | Command::Ports
         | Command::Doctor
         | Command::Man
+        | Command::Grant(_)
         | Command::Completions { .. } => {
             unreachable!("handled locally")
         }
@@ -43,6 +44,20 @@ async fn node(c: &mut AgentClient, json: bool) -> Result<Outcome, CallError> {
 
 /// `attach`: the partition's fabric defaults to the node's.
 async fn attach(c: &mut AgentClient, a: AttachArgs, json: bool) -> Result<Outcome, CallError> {
+    let grant = match a
+        .grant
+        .as_deref()
+        .map(super::grant::grant_argument)
+        .transpose()
+    {
+        Ok(g) => g,
+        Err(e) => {
+            return Err(CallError::local(
+                crate::api::agent_client::StatusCode::InvalidArgument,
+                format!("--grant: {e}"),
+            ))
+        }
+    };
     let fabric = match a.fabric {
         Some(f) => f,
         None => c.node().await?.fabric,
@@ -64,7 +79,7 @@ async fn attach(c: &mut AgentClient, a: AttachArgs, json: bool) -> Result<Outcom
                 pb::Membership::Full
             } as i32,
             wait_ms: a.wait.map(|s| s.saturating_mul(1000)),
-            grant: None,
+            grant,
         })
         .await?;
     Ok(answered(

@@ -4,6 +4,7 @@
 
 mod error;
 mod events;
+mod grants;
 mod limits;
 mod listen;
 mod log;
@@ -14,9 +15,11 @@ mod subnet_manager;
 mod tests;
 
 pub use crate::agent::ReconcilerConfig;
+pub use crate::domain::GrantPolicy;
 pub use crate::observe::{ObserverConfig, ObserverKind};
 pub use error::ConfigError;
 pub use events::EventsConfig;
+pub use grants::{decode_public_key, GrantKeyConfig, GrantsConfig, GrantsSettings};
 pub use limits::LimitsConfig;
 pub use listen::{BadSocketMode, ListenConfig, SocketMode, TlsConfig, DEFAULT_SOCKET};
 pub use log::LogConfig;
@@ -62,6 +65,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Resource bounds of the gRPC listeners.
     pub limits: LimitsConfig,
+    /// The control plane's grants: required or not, and its public keys.
+    pub grants: GrantsSettings,
 }
 
 /// The configuration file as written; [`ConfigFile::validate`] turns it into a [`Config`].
@@ -109,6 +114,9 @@ struct ConfigFile {
     /// Resource bounds of the gRPC listeners.
     #[serde(default)]
     limits: LimitsConfig,
+    /// The control plane's grants.
+    #[serde(default)]
+    grants: GrantsConfig,
 }
 
 fn default_state_dir() -> PathBuf {
@@ -165,6 +173,7 @@ impl ConfigFile {
         let ports = self.ports.selector()?;
         self.limits.validate()?;
         self.subnet_manager.validate(self.observer.kind)?;
+        let grants = self.grants.validate(&fabric)?;
         Ok(Config {
             node_id,
             fabric,
@@ -179,6 +188,7 @@ impl ConfigFile {
             metrics: self.metrics,
             log: self.log,
             limits: self.limits,
+            grants,
         })
     }
 }

@@ -185,3 +185,60 @@ fn allowlists_are_typed() {
         })
     ));
 }
+
+#[test]
+fn grants_section_is_checked_and_files_are_read_at_load() {
+    let c = parse("fabric = \"fab1\"\nnode_id = \"n1\"\n").unwrap();
+    assert!(
+        !c.grants.require,
+        "absent: not required (a loud warning at start)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let good = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        ed25519_dalek::SigningKey::from_bytes(&[5; 32])
+            .verifying_key()
+            .as_bytes(),
+    );
+    std::fs::write(dir.path().join("k.pub"), &good).unwrap();
+    let with = |keys: &str| {
+        parse(&format!(
+            "fabric = \"fab1\"\nnode_id = \"n1\"\n[grants]\nrequire = true\n{keys}"
+        ))
+    };
+    let c = with(&format!(
+        "[[grants.keys]]\nid = \"a\"\npublic_key = \"{good}\"\nnot_after = \"2027-01-01T00:00:00Z\"\n\
+         [[grants.keys]]\nid = \"b\"\npublic_key_file = \"{}\"\n",
+        dir.path().join("k.pub").display()
+    ))
+    .unwrap();
+    let policy = c.grants.load().unwrap();
+    assert_eq!((policy.require, policy.keys.len()), (true, 2));
+    assert_eq!(policy.fabric.as_str(), "fab1");
+    // A missing key file passes the syntax check and fails the load.
+    let c =
+        with("[[grants.keys]]\nid = \"a\"\npublic_key_file = \"/nonexistent/k.pub\"\n").unwrap();
+    assert!(c
+        .grants
+        .load()
+        .unwrap_err()
+        .to_string()
+        .contains("cannot read"));
+    for (keys, says) in [
+        ("", "at least one"),
+        ("[[grants.keys]]\nid = \"a\"\n", "exactly one of"),
+        ("[[grants.keys]]\nid = \"a\"\npublic_key = \"!!\"\n", "not base64"),
+        ("[[grants.keys]]\nid = \"a b\"\npublic_key = \"x\"\n", "key id"),
+        (
+            &format!("[[grants.keys]]\nid = \"a\"\npublic_key = \"{good}\"\nnot_before = \"soon\"\n"),
+            "RFC 3339",
+        ),
+        (
+            &format!("[[grants.keys]]\nid = \"a\"\npublic_key = \"{good}\"\n[[grants.keys]]\nid = \"a\"\npublic_key = \"{good}\"\n"),
+            "twice",
+        ),
+    ] {
+        let e = with(keys).unwrap_err().to_string();
+        assert!(e.contains(says), "{keys}: {e}");
+    }
+}

@@ -29,6 +29,7 @@ pub(super) fn build(
     config: &Config,
     node_id: &NodeId,
     store: &Arc<Store>,
+    grants: &crate::domain::GrantPolicy,
 ) -> Result<BuiltBackend, StartError> {
     let sm_cfg = &config.subnet_manager;
     let needs_sim =
@@ -54,6 +55,14 @@ pub(super) fn build(
                 .clone()
                 .expect("validated: [subnet_manager.opensm] present");
             cfg.allow_full_default = config.allow_full_default;
+            cfg.grants = Some(grants.clone());
+            if !grants.require {
+                tracing::warn!(
+                    "GRANTS NOT REQUIRED: [grants] require = false on this SM host, so any node may \
+                     put its ports in any partition by naming the key (a rooted node joins every \
+                     tenant's partition); set require = true with the control plane's keys"
+                );
+            }
             let backend = OpenSmBackend::new(
                 cfg,
                 node_id.as_str().to_owned(),

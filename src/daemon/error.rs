@@ -13,6 +13,9 @@ use thiserror::Error;
 /// A start-up failure of the daemon (or of a one-shot command that builds part of it).
 #[derive(Debug, Error)]
 pub enum StartError {
+    /// `[grants]`: a key file could not be read or does not hold a key.
+    #[error("cannot load the grant keys: {0}")]
+    Grants(#[source] crate::config::ConfigError),
     /// The durable store could not be opened.
     #[error("cannot open the store: {0}")]
     Store(#[source] StoreError),

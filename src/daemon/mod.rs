@@ -36,9 +36,11 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
         Store::open(&config.state_dir.join("state.redb"), config.events.retain)
             .map_err(StartError::Store)?,
     );
-    let built = backend::build(config, &config.node_id, &store)?;
+    let grants = config.grants.load().map_err(StartError::Grants)?;
+    let built = backend::build(config, &config.node_id, &store, &grants)?;
     let (observer, observer_reason) = observer::build(config, built.sim)?;
     let agent = Agent::new(AgentParts {
+        grants,
         node_id: config.node_id.clone(),
         fabric: config.fabric.clone(),
         store: store.clone(),

@@ -31,6 +31,13 @@ pub struct StoredSmNodes(pub Arc<Store>);
 struct StoredSmNode {
     memberships: crate::domain::NodeMemberships,
     generation: u64,
+    // Absent in records written before grants existed.
+    #[serde(default)]
+    grants: Vec<crate::sm::opensm::AcceptedGrant>,
+    #[serde(default)]
+    consumed: std::collections::BTreeSet<String>,
+    #[serde(default)]
+    revoked_instances: std::collections::BTreeSet<String>,
 }
 
 impl NodeMembershipStore for StoredSmNodes {
@@ -47,6 +54,9 @@ impl NodeMembershipStore for StoredSmNodes {
                 Ok(StoredNode {
                     memberships: n.memberships,
                     generation: n.generation,
+                    grants: n.grants,
+                    consumed: n.consumed,
+                    revoked_instances: n.revoked_instances,
                 })
             })
             .collect()
@@ -63,6 +73,9 @@ impl NodeMembershipStore for StoredSmNodes {
                 let bytes = serde_json::to_vec(&StoredSmNode {
                     memberships: n.memberships.clone(),
                     generation: n.generation,
+                    grants: n.grants.clone(),
+                    consumed: n.consumed.clone(),
+                    revoked_instances: n.revoked_instances.clone(),
                 })?;
                 Ok((n.memberships.node_id.to_string(), bytes))
             })

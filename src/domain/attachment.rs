@@ -115,6 +115,10 @@ pub struct Attachment {
     pub created_unix_ns: i64,
     /// Last state change, Unix nanoseconds.
     pub updated_unix_ns: i64,
+    /// The control plane's grant for this attachment, carried in every set the node sends to
+    /// the fabric side (absent in records stored before grants existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<super::SignedGrant>,
 }
 
 impl Attachment {

@@ -4,6 +4,7 @@ mod attachment;
 mod condition;
 mod error;
 mod event;
+mod grant;
 mod guid;
 mod ident;
 mod ledger;
@@ -17,6 +18,10 @@ pub use attachment::{Attachment, AttachmentState, InstanceId};
 pub use condition::{Condition, ConditionKind};
 pub use error::DomainError;
 pub use event::{Event, EventKind, Evidence, PortReading};
+pub use grant::{
+    is_grant_id, signed_message, Grant, GrantError, GrantKey, GrantKeys, GrantPolicy, GrantUse,
+    SignedGrant, SIGNING_CONTEXT,
+};
 pub use guid::Guid;
 pub use ident::{validate_label, LabelRules};
 pub use ledger::ApplyLedger;

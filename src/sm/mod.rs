@@ -8,6 +8,7 @@ pub mod opensm;
 pub mod remote;
 pub mod ufm;
 
+use crate::domain::SignedGrant;
 pub use opensm::{OpenSmBackend, OpenSmError, StoredNode};
 
 use crate::domain::{Condition, NodeMemberships};
@@ -127,6 +128,18 @@ pub trait SubnetManager: Send + Sync + 'static {
         generation: u64,
     ) -> Result<ApplyOutcome, SmError>;
 
+    /// [`SubnetManager::apply`] with the control plane's grants that justify `desired.keys`
+    /// (one per desired attachment that carries one). Backends that enforce or forward grants
+    /// (the SM host, the remote backend) override it; the others ignore the grants.
+    async fn apply_granted(
+        &self,
+        desired: &NodeMemberships,
+        grants: &[SignedGrant],
+        generation: u64,
+    ) -> Result<ApplyOutcome, SmError> {
+        let _ = grants;
+        self.apply(desired, generation).await
+    }
     /// Standing conditions the backend sees now (e.g. OpenSM rejected a file, the operator's
     /// Default grants full membership to all). The reconciler reads them after every apply and
     /// reports changes as events. Default: none.

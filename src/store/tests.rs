@@ -3,6 +3,7 @@ use crate::domain::{Membership, PKeyValue, Partition};
 
 fn attachment(id: &str, state: AttachmentState) -> Attachment {
     Attachment {
+        grant: None,
         instance_id: InstanceId::parse(id).unwrap(),
         partition: Partition::new("ibpart_a", "a", "ws", "acct", "fab1", 0x10).unwrap(),
         membership: Membership::Full,

@@ -2,7 +2,7 @@
 //! ([`daemon`]), the one process guard ([`process`]), request builders ([`requests`]), the CLI ([`cli`]), one-line
 //! API calls ([`calls`]), the event log ([`events`]), waits with deadlines ([`wait`]), loopback
 //! ports ([`net`]), a test CA ([`pki`]), an in-process SM host's parts ([`sm_host`]), `fabric.sm.v1` requests ([`sm_requests`]), a
-//! node's desired memberships ([`memberships`]), a UFM credential file ([`cred`]), fixture
+//! node's desired memberships ([`memberships`]), a UFM credential file ([`cred`]), signed grants ([`grants`]), fixture
 //! trees ([`fixtures`]) and the one way to skip ([`skip`]).
 
 #![allow(dead_code, unused_imports)]
@@ -13,6 +13,7 @@ pub mod cred;
 pub mod daemon;
 pub mod events;
 pub mod fixtures;
+pub mod grants;
 pub mod memberships;
 pub mod net;
 pub mod pki;

@@ -73,6 +73,9 @@ impl Parts {
         let agent = Agent::new(AgentParts {
             node_id: fabric_agent::domain::NodeId::parse("node-a").expect("node id"),
             fabric: FabricName::parse(FABRIC).expect("fabric name"),
+            grants: fabric_agent::domain::GrantPolicy::off(
+                FabricName::parse(FABRIC).expect("fabric name"),
+            ),
             store: self.store.clone(),
             sm: self.sm.clone(),
             observer: self.observer.clone(),
@@ -246,6 +249,7 @@ async fn attach(
         partition: Partition::new(id, pname, "ws", "acct", FABRIC, u32::from(base))
             .expect("partition"),
         membership,
+        grant: None,
     };
     let r = agent.attach(request, None).await;
     with(world, |w| match r {

@@ -7,6 +7,7 @@ use AttachmentState::*;
 
 fn att(state: AttachmentState, membership: Membership) -> Attachment {
     Attachment {
+        grant: None,
         instance_id: InstanceId::parse("i1").unwrap(),
         partition: Partition::new("ibpart_a", "a", "ws", "acct", "fab1", 0x12).unwrap(),
         membership,

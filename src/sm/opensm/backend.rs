@@ -38,11 +38,12 @@ use super::region::{
 };
 use super::rejection::{Rejection, Restored};
 use super::reload::{OpenSmReloader, ReloadError, Reloader, Unsignalled};
+use super::store::AcceptedGrant;
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use super::OpenSmConfig;
 use crate::domain::{
-    is_safe_key_name, Condition, ConditionKind, DomainError, Guid, Membership, NodeId,
-    NodeMemberships, PKey,
+    is_safe_key_name, Condition, ConditionKind, DomainError, GrantError, GrantPolicy, GrantUse,
+    Guid, Membership, NodeId, NodeMemberships, PKey, SignedGrant,
 };
 use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
@@ -53,6 +54,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::oneshot;
+
+/// Verifies a carried grant's signature and key window.
+fn verify_grant<'a>(
+    policy: &GrantPolicy,
+    signed: &'a SignedGrant,
+) -> Result<&'a crate::domain::Grant, GrantError> {
+    policy.keys.verify(signed)
+}
 
 /// Most fabric ports one node may list.
 pub const MAX_PORTS_PER_NODE: usize = NodeMemberships::MAX_PORTS;
@@ -156,6 +165,23 @@ pub enum OpenSmError {
     /// The operator's inventory of ports does not load: no new claim is accepted.
     #[error("port ownership: {0}; no claim is accepted until it is fixed")]
     Inventory(#[source] InventoryFileError),
+    /// Grants are required and a key of the node's set has no valid, unconsumed grant for this
+    /// node, key and membership (or a carried grant is refused): nothing was written.
+    #[error("node {node:?}: key {pkey} refused: {error}")]
+    GrantRefused {
+        /// The node whose set was refused.
+        node: NodeId,
+        /// The key the refused grant was for (or the key without a grant).
+        pkey: PKey,
+        /// What is wrong.
+        error: Box<GrantError>,
+    },
+    /// A revocation on an SM host that does not require grants: no grant was ever recorded.
+    #[error("this SM host does not require grants ([grants] require = false), so it records none to revoke")]
+    GrantsNotRequired,
+    /// A revocation for a node the SM host holds no set of.
+    #[error("no memberships stored for node {0:?}")]
+    NodeNotStored(NodeId),
 }
 
 impl From<RegionError> for OpenSmError {
@@ -200,6 +226,17 @@ impl From<OpenSmError> for SmError {
     }
 }
 
+/// What a revocation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Revocation {
+    /// Grant ids consumed by this call (empty on a repeat).
+    pub revoked_grant_ids: Vec<String>,
+    /// Keys removed from the node's programmed set.
+    pub removed_pkeys: Vec<PKey>,
+    /// Sweeps requested since the backend started.
+    pub sweeps: u64,
+}
+
 /// What a request achieved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetOutcome {
@@ -221,6 +258,8 @@ struct Evidence {
 
 struct State {
     nodes: BTreeMap<NodeId, StoredNode>,
+    /// Every consumed grant id (any node's): refused forever.
+    consumed: BTreeSet<String>,
     guid_owner: BTreeMap<Guid, NodeId>,
     operator: PartitionsConf,
     pending: Vec<oneshot::Sender<CommitResult>>,
@@ -380,7 +419,9 @@ impl OpenSmBackend {
         let stored = store.load_all().map_err(OpenSmError::Store)?;
         let mut nodes = BTreeMap::new();
         let mut guid_owner = BTreeMap::new();
+        let mut consumed = BTreeSet::new();
         for n in stored {
+            consumed.extend(n.consumed.iter().cloned());
             for g in &n.memberships.port_guids {
                 guid_owner.insert(*g, n.memberships.node_id.clone());
             }
@@ -409,6 +450,7 @@ impl OpenSmBackend {
                 directory,
                 state: Mutex::new(State {
                     nodes,
+                    consumed,
                     guid_owner,
                     operator,
                     pending: Vec::new(),
@@ -471,12 +513,31 @@ impl OpenSmBackend {
         desired: NodeMemberships,
         generation: u64,
     ) -> Result<SetOutcome, OpenSmError> {
-        self.set_node_checked(desired, generation, true).await
+        self.set_node_checked(desired, &[], generation, true).await
+    }
+
+    /// [`OpenSmBackend::set_node`] with the grants the node carries. When the SM host requires
+    /// grants (see [`OpenSmBackend::judge_grants`]) a key without a valid, unconsumed grant
+    /// refuses the whole set with [`OpenSmError::GrantRefused`] before anything is stored.
+    pub async fn set_node_granted(
+        &self,
+        desired: NodeMemberships,
+        grants: &[SignedGrant],
+        generation: u64,
+    ) -> Result<SetOutcome, OpenSmError> {
+        self.set_node_checked(desired, grants, generation, true)
+            .await
+    }
+
+    /// Whether this SM host requires grants.
+    pub fn requires_grants(&self) -> bool {
+        self.inner.config.grants.as_ref().is_some_and(|g| g.require)
     }
 
     async fn set_node_checked(
         &self,
         desired: NodeMemberships,
+        grants: &[SignedGrant],
         generation: u64,
         check_ports: bool,
     ) -> Result<SetOutcome, OpenSmError> {
@@ -495,6 +556,7 @@ impl OpenSmBackend {
         {
             let _admit = self.inner.admit.lock().await;
             let mut moves = BTreeMap::new();
+            let mut accepted = None;
             let retry = {
                 let st = self.inner.lock();
                 let retry = match st.nodes.get(&desired.node_id) {
@@ -516,6 +578,7 @@ impl OpenSmBackend {
                     _ => false,
                 };
                 if !retry {
+                    accepted = self.judge_grants(&st, &desired, grants)?;
                     moves = match &evidence {
                         Some(ev) => self.prove_claims(&st, &desired, ev)?,
                         None => BTreeMap::new(),
@@ -525,7 +588,7 @@ impl OpenSmBackend {
                 retry
             };
             if !retry {
-                self.admit(desired, generation, moves);
+                self.admit(desired, generation, moves, accepted);
             }
         }
         drop(admitting);
@@ -540,7 +603,13 @@ impl OpenSmBackend {
     /// move (`moves`: GUID -> the node that held it) leave their old node's set (same
     /// generation); both sets are stored in the same transaction, so the port is never stored
     /// in two.
-    fn admit(&self, desired: NodeMemberships, generation: u64, moves: BTreeMap<Guid, NodeId>) {
+    fn admit(
+        &self,
+        desired: NodeMemberships,
+        generation: u64,
+        moves: BTreeMap<Guid, NodeId>,
+        accepted: Option<Vec<AcceptedGrant>>,
+    ) {
         let mut st = self.inner.lock();
         let losers: BTreeSet<&NodeId> = moves.values().collect();
         for from in losers {
@@ -569,13 +638,212 @@ impl OpenSmBackend {
             st.guid_owner.insert(*g, desired.node_id.clone());
         }
         st.unsaved.insert(desired.node_id.clone());
-        st.nodes.insert(
-            desired.node_id.clone(),
-            StoredNode {
-                memberships: desired,
-                generation,
-            },
-        );
+        let mut record = st
+            .nodes
+            .remove(&desired.node_id)
+            .unwrap_or_else(|| StoredNode::new(desired.clone(), generation));
+        if let Some(accepted) = accepted {
+            // A grant of the previous accepted set that this one no longer carries is consumed:
+            // its instance was released. Stored in the same record, so in the same transaction.
+            let kept: BTreeSet<&str> = accepted.iter().map(|g| g.grant_id.as_str()).collect();
+            let gone: Vec<String> = record
+                .grants
+                .iter()
+                .filter(|g| !kept.contains(g.grant_id.as_str()))
+                .map(|g| g.grant_id.clone())
+                .collect();
+            for id in gone {
+                tracing::info!(node_id = %desired.node_id, grant_id = %id, "grant consumed: its key left the node's set");
+                st.consumed.insert(id.clone());
+                record.consumed.insert(id);
+            }
+            record.grants = accepted;
+        }
+        record.memberships = desired;
+        record.generation = generation;
+        st.nodes.insert(record.memberships.node_id.clone(), record);
+    }
+
+    /// With grants required: the grants that justify `desired.keys`, or the refusal naming the
+    /// key and the reason. `None` when grants are not required (nothing is recorded).
+    ///
+    /// Rules: every carried grant must verify (known key id, signature, the key's validity
+    /// window), name this node exactly, this fabric, a key of the set with exactly its
+    /// membership, an instance not revoked on this node, and not be consumed; a refused carried
+    /// grant refuses the whole set. Every key of the set needs a carried grant, except a key the
+    /// node's stored set already holds with the same membership: a set that only removes keys
+    /// (a release) needs no grant, and such a key keeps the grants stored for it.
+    fn judge_grants(
+        &self,
+        st: &State,
+        desired: &NodeMemberships,
+        grants: &[SignedGrant],
+    ) -> Result<Option<Vec<AcceptedGrant>>, OpenSmError> {
+        let Some(policy) = self.inner.config.grants.as_ref().filter(|g| g.require) else {
+            return Ok(None);
+        };
+        let refuse = |pkey: PKey, error: GrantError| {
+            let e = OpenSmError::GrantRefused {
+                node: desired.node_id.clone(),
+                pkey,
+                error: Box::new(error),
+            };
+            tracing::warn!(node_id = %desired.node_id, error = %e, "set refused: grant");
+            e
+        };
+        let stored = st.nodes.get(&desired.node_id);
+        let mut accepted: Vec<AcceptedGrant> = Vec::new();
+        for signed in grants {
+            let g = &signed.grant;
+            let granted_key = g.pkey;
+            let grant = verify_grant(policy, signed).map_err(|e| refuse(granted_key, e))?;
+            if st.consumed.contains(&grant.grant_id)
+                || stored.is_some_and(|s| s.revoked_instances.contains(&grant.instance_id))
+            {
+                return Err(refuse(
+                    grant.pkey,
+                    GrantError::Consumed {
+                        grant_id: grant.grant_id.clone(),
+                    },
+                ));
+            }
+            let setting = desired.keys.get(&grant.pkey).ok_or_else(|| {
+                refuse(
+                    grant.pkey,
+                    GrantError::Malformed(format!(
+                        "grant {:?} is for key {}, which the set does not hold",
+                        grant.grant_id, grant.pkey
+                    )),
+                )
+            })?;
+            grant
+                .check(&GrantUse {
+                    fabric: &policy.fabric,
+                    node_id: &desired.node_id,
+                    pkey: grant.pkey,
+                    membership: setting.membership,
+                })
+                .map_err(|e| refuse(grant.pkey, e))?;
+            if accepted.iter().any(|a| a.grant_id == grant.grant_id) {
+                continue;
+            }
+            accepted.push(AcceptedGrant {
+                grant_id: grant.grant_id.clone(),
+                instance_id: grant.instance_id.clone(),
+                pkey: grant.pkey,
+                membership: grant.membership,
+            });
+        }
+        for (key, setting) in &desired.keys {
+            if accepted.iter().any(|a| a.pkey == *key) {
+                continue;
+            }
+            let held = stored.and_then(|s| {
+                s.memberships
+                    .keys
+                    .get(key)
+                    .filter(|k| k.membership == setting.membership)
+                    .map(|_| s)
+            });
+            match held {
+                Some(s) => accepted.extend(s.grants.iter().filter(|g| g.pkey == *key).cloned()),
+                None => return Err(refuse(*key, GrantError::Missing { pkey: *key })),
+            }
+        }
+        Ok(Some(accepted))
+    }
+
+    /// Consumes every grant of `instance` on `node` the SM host holds, removes the keys no other
+    /// grant of the node justifies from its stored set (whatever the node keeps sending: its
+    /// later sets carrying a revoked grant are refused), then writes and confirms like a set.
+    /// Idempotent: a repeat consumes nothing and re-confirms the file.
+    pub async fn revoke_instance(
+        &self,
+        node: &NodeId,
+        instance: &str,
+    ) -> Result<Revocation, OpenSmError> {
+        if !self.requires_grants() {
+            return Err(OpenSmError::GrantsNotRequired);
+        }
+        let _alone = self.serial_unless_grouped().await;
+        let mut out = Revocation::default();
+        {
+            let _admit = self.inner.admit.lock().await;
+            let mut st = self.inner.lock();
+            let st = &mut *st;
+            let record = st
+                .nodes
+                .get_mut(node)
+                .ok_or_else(|| OpenSmError::NodeNotStored(node.clone()))?;
+            let (revoked, kept): (Vec<AcceptedGrant>, Vec<AcceptedGrant>) = record
+                .grants
+                .drain(..)
+                .partition(|g| g.instance_id == instance);
+            record.grants = kept;
+            record.revoked_instances.insert(instance.to_owned());
+            for g in &revoked {
+                record.consumed.insert(g.grant_id.clone());
+                st.consumed.insert(g.grant_id.clone());
+                out.revoked_grant_ids.push(g.grant_id.clone());
+            }
+            let justified: BTreeSet<PKey> = record.grants.iter().map(|g| g.pkey).collect();
+            let removed: Vec<PKey> = record
+                .memberships
+                .keys
+                .keys()
+                .filter(|k| !justified.contains(k))
+                .copied()
+                .collect();
+            for k in &removed {
+                record.memberships.keys.remove(k);
+            }
+            out.removed_pkeys = removed;
+            st.unsaved.insert(node.clone());
+            tracing::warn!(node_id = %node, instance, revoked = ?out.revoked_grant_ids, removed = ?out.removed_pkeys.iter().map(ToString::to_string).collect::<Vec<_>>(), "instance revoked on the fabric side");
+        }
+        self.commit().await?;
+        out.sweeps = self.sweeps();
+        Ok(out)
+    }
+
+    /// The ports OpenSM's last accepted partitions file puts in `pkey` (the copy kept beside
+    /// the file; the file itself before any write was accepted), with the node each belongs to
+    /// as the stored sets say.
+    pub async fn partition_members(
+        &self,
+        pkey: PKey,
+    ) -> Result<Vec<(super::members::FileMember, Option<NodeId>)>, OpenSmError> {
+        let file = self.inner.config.partitions_file.clone();
+        let bytes = blocking(move || {
+            Ok(match read_optional(&accepted_copy_path(&file))? {
+                Some(b) => b,
+                None => read_or_empty(&file)?,
+            })
+        })
+        .await?;
+        let members = super::members::members_of(&bytes, pkey).ok_or_else(|| {
+            OpenSmError::Io(Arc::new(std::io::Error::other(
+                "the accepted partitions file does not parse",
+            )))
+        })?;
+        let st = self.inner.lock();
+        Ok(members
+            .into_iter()
+            .map(|m| {
+                let owner = st.guid_owner.get(&m.guid).cloned();
+                (m, owner)
+            })
+            .collect())
+    }
+
+    /// Every stored node's set (for the fabric's view of a partition).
+    pub fn nodes(&self) -> Vec<StoredNode> {
+        self.inner.lock().nodes.values().cloned().collect()
+    }
+
+    /// The node a port GUID belongs to, as the SM host's stored sets say.
+    pub fn owner_of(&self, guid: Guid) -> Option<NodeId> {
+        self.inner.lock().guid_owner.get(&guid).cloned()
     }
 
     /// Asks the fabric about every GUID of `desired` not already in the node's stored set
@@ -1163,7 +1431,23 @@ impl SubnetManager for OpenSmBackend {
         own.node_id = NodeId::parse(&self.inner.local_node_id).map_err(OpenSmError::Invalid)?;
         // The SM host's own ports, read by its own observer: not a claim by another node, so
         // the fabric is not asked (the other rules, including other nodes' ports, still hold).
-        let outcome = self.set_node_checked(own, generation, false).await?;
+        let outcome = self.set_node_checked(own, &[], generation, false).await?;
+        Ok(ApplyOutcome {
+            detail: outcome.detail,
+        })
+    }
+
+    async fn apply_granted(
+        &self,
+        desired: &NodeMemberships,
+        grants: &[SignedGrant],
+        generation: u64,
+    ) -> Result<ApplyOutcome, SmError> {
+        let mut own = desired.clone();
+        own.node_id = NodeId::parse(&self.inner.local_node_id).map_err(OpenSmError::Invalid)?;
+        let outcome = self
+            .set_node_checked(own, grants, generation, false)
+            .await?;
         Ok(ApplyOutcome {
             detail: outcome.detail,
         })

@@ -10,10 +10,12 @@
 //! - [`store`]   — persistence of every node's desired memberships
 //! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
 //! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
+//! - [`members`] — the ports the accepted partitions file puts in one key (`ListPartitionMembers`)
 //! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
 
 pub mod backend;
 pub mod file;
+pub mod members;
 pub mod model;
 pub mod ownership;
 pub mod parse;
@@ -24,11 +26,13 @@ pub mod render;
 pub mod sa_client;
 pub mod store;
 
-pub use backend::{OpenSmBackend, OpenSmError, SetOutcome};
+pub use backend::{OpenSmBackend, OpenSmError, Revocation, SetOutcome};
 pub use ownership::OwnershipConfig;
 pub use region::{FullDefault, TableOverflow};
 pub use rejection::{Rejection, Restored};
-pub use store::{CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode};
+pub use store::{
+    AcceptedGrant, CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode,
+};
 
 use crate::domain::Membership;
 use serde::Deserialize;
@@ -112,6 +116,11 @@ pub struct OpenSmConfig {
     /// this section: the daemon copies the top-level `allow_full_default` here.
     #[serde(skip)]
     pub allow_full_default: bool,
+    /// The grant policy (`[grants]`): when it requires grants, every key in a node's set needs a
+    /// valid, unconsumed grant. Not read from this section: the daemon copies `[grants]` here.
+    /// `None`: grants are not required.
+    #[serde(skip)]
+    pub grants: Option<crate::domain::GrantPolicy>,
 }
 
 fn default_partitions_file() -> PathBuf {
@@ -168,6 +177,7 @@ impl Default for OpenSmConfig {
             watch_ms: default_watch_ms(),
             ownership: OwnershipConfig::default(),
             allow_full_default: false,
+            grants: None,
         }
     }
 }

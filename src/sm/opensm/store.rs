@@ -7,8 +7,9 @@
 //! its write in progress, in one transaction ([`NodeMembershipStore::put_group`]): one fsync per
 //! group, not one per request.
 
-use crate::domain::NodeMemberships;
-use std::collections::BTreeMap;
+use crate::domain::{Membership, NodeMemberships, PKey};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
@@ -21,6 +22,40 @@ pub struct StoredNode {
     /// The node's generation for it: a request with a lower one, or with the same one and a
     /// different set, is refused.
     pub generation: u64,
+    /// The grants that justify the set's keys (empty when grants are not required). Stored
+    /// with the set, in the same transaction, so consumption is as durable as the set.
+    pub grants: Vec<AcceptedGrant>,
+    /// Grant ids consumed on this node (released: absent from a later accepted set; or
+    /// revoked): refused forever, for every node.
+    pub consumed: BTreeSet<String>,
+    /// Instances revoked on this node: grants naming them are refused.
+    pub revoked_instances: BTreeSet<String>,
+}
+
+impl StoredNode {
+    /// A set with no grant history.
+    pub fn new(memberships: NodeMemberships, generation: u64) -> StoredNode {
+        StoredNode {
+            memberships,
+            generation,
+            grants: Vec::new(),
+            consumed: BTreeSet::new(),
+            revoked_instances: BTreeSet::new(),
+        }
+    }
+}
+
+/// A grant the SM host accepted for one key of a node's set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcceptedGrant {
+    /// The grant's id.
+    pub grant_id: String,
+    /// The instance it was issued for.
+    pub instance_id: String,
+    /// The key it justifies.
+    pub pkey: PKey,
+    /// The membership it grants.
+    pub membership: Membership,
 }
 
 /// What the SM host knows about its last write of the partitions file, kept across restarts.
