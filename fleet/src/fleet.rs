@@ -4,18 +4,18 @@
 use crate::connect::{channel, ConnectError};
 use crate::follower::{self, Shared};
 use crate::grant::{GrantError, Signer};
-use crate::guard::{fabric_side, node_side, Decision, GuardError};
+use crate::guard::{fabric_side, node_side, Blocker, Decision, GuardError};
 use crate::proto::agent::fabric_agent_client::FabricAgentClient;
 use crate::proto::agent::{
-    AttachPartitionRequest, AttachPartitionResponse, Event, Membership, Partition,
-    ReleaseInstanceRequest, ReleaseInstanceResponse,
+    AttachPartitionRequest, AttachPartitionResponse, Event, GetAttachmentRequest, Membership,
+    Partition, ReleaseInstanceRequest, ReleaseInstanceResponse,
 };
 use crate::proto::grant::{self, Grant};
 use crate::proto::sm::partitions_client::PartitionsClient;
 use crate::proto::sm::ListPartitionMembersRequest;
 use crate::registry::{Endpoint, Registry};
 use crate::store::{AttachRecord, Store, StoreError};
-use crate::view::{now_ms, NodeDurable, View};
+use crate::view::{now_ms, state_name, NodeDurable, View};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -304,6 +304,7 @@ impl Fleet {
             }
             Ok(node_side(&attaches, v))
         })?;
+        self.refresh_last_errors(&mut blockers).await;
         let mut unanswered = None;
         for ((fabric, pkey), ports) in &questions {
             let hosts: Vec<_> = self.sm_hosts.iter().filter(|h| &h.0 == fabric).collect();
@@ -343,6 +344,47 @@ impl Fleet {
         match unanswered {
             Some(e) => Err(e),
             None => Ok(Decision::Yes),
+        }
+    }
+}
+
+impl Fleet {
+    /// Replaces each instance blocker's last error by what its node says now (GetAttachment's
+    /// `reason`), when the node still reports the blocker's state. An event carries a reason
+    /// only with a state change, so a retry failing in the same state (a release the SM host
+    /// does not answer) would otherwise reach the view only at the next resync, and the blocker
+    /// would show the reason of the last transition instead. Reachable nodes only, concurrently,
+    /// each within the call timeout; a call that fails leaves the view's reason. The decision
+    /// itself rests on the view alone.
+    async fn refresh_last_errors(&self, blockers: &mut [Blocker]) {
+        let limit = self.registry.follow.call_timeout();
+        let calls = blockers.iter().map(|b| async move {
+            let Blocker::Instance {
+                instance_id,
+                node_id,
+                state,
+                unreachable_since_ms: None,
+                ..
+            } = b
+            else {
+                return None;
+            };
+            let mut client = self.agent(node_id).ok()?;
+            let request = GetAttachmentRequest {
+                instance_id: instance_id.clone(),
+            };
+            let a = tokio::time::timeout(limit, client.get_attachment(request))
+                .await
+                .ok()?
+                .ok()?
+                .into_inner();
+            (state_name(a.state) == state).then_some(a.reason)
+        });
+        let reasons = futures::future::join_all(calls).await;
+        for (b, reason) in blockers.iter_mut().zip(reasons) {
+            if let (Blocker::Instance { last_error, .. }, Some(reason)) = (b, reason) {
+                *last_error = reason;
+            }
         }
     }
 }
