@@ -27,7 +27,7 @@ use fabric_fleet::proto::sm::ListPartitionMembersRequest;
 use fabric_fleet::registry::Registry;
 use fabric_fleet::view::state_name;
 use fabric_fleet::{AttachSpec, Blocker, Decision, Fleet};
-use rig::agents::{node_config, sm_config, Agent};
+use rig::agents::{node_config, sm_tls_config, Agent};
 use rig::{Fabric, FabricSpec};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -182,17 +182,13 @@ async fn fleet_client_guards_a_partition_on_the_ibsim_opensm_rig() {
 
     // The SM-host agent: OpenSM backend, mTLS, grants required, the control plane an operator.
     let (sm_crt, sm_key) = pki.issue_with(&dir, "smhost", &["localhost"], None, |_| {});
-    let sm_conf = sm_config(&fabric, port).replace(
-        "insecure_plaintext_for_tests = true\n",
-        &format!(
-            "[listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
-             partitions_clients = [\"dns:*.nodes.fab1.example\"]\n\
-             operator_clients = [\"dns:control-plane.fab1.example\"]\n\
-             node_name_template = \"{{node}}.nodes.fab1.example\"\n",
-            sm_crt.display(),
-            sm_key.display(),
-            ca.display()
-        ),
+    let sm_conf = sm_tls_config(
+        &fabric,
+        port,
+        &sm_crt,
+        &sm_key,
+        &ca,
+        &["dns:control-plane.fab1.example"],
     ) + &trust;
     let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_conf);
 

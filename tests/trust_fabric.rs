@@ -12,7 +12,7 @@ mod rig;
 use common::pki::Pki;
 use common::{attach, attach_now, free_port, get, has_base, partition, state};
 use fabric_agent::proto::agent as pb;
-use rig::agents::{node_config, sm_config, Agent};
+use rig::agents::{node_config, sm_tls_config, Agent};
 use rig::{Fabric, FabricSpec};
 use std::time::{Duration, Instant};
 
@@ -34,17 +34,7 @@ async fn a_node_certificate_cannot_program_another_node() {
         pki.issue_with(&dir, "node1", &["node1.nodes.fab1.example"], None, |_| {});
 
     let port = free_port();
-    let sm_conf = sm_config(&fabric, port).replace(
-        "insecure_plaintext_for_tests = true\n",
-        &format!(
-            "[listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
-             partitions_clients = [\"dns:*.nodes.fab1.example\"]\n\
-             node_name_template = \"{{node}}.nodes.fab1.example\"\n",
-            sm_crt.display(),
-            sm_key.display(),
-            ca_pem.display()
-        ),
-    );
+    let sm_conf = sm_tls_config(&fabric, port, &sm_crt, &sm_key, &ca_pem, &[]);
     assert!(sm_conf.contains("[listen.tls]"), "{sm_conf}");
     let sm = Agent::start(&fabric, rig::SM_HOST, &sm_conf);
     let node = |name: &str| {

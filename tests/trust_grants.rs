@@ -24,7 +24,7 @@ use fabric_agent::proto::agent as pb_agent;
 use fabric_agent::proto::grant as gpb;
 use fabric_agent::proto::sm as pb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
-use rig::agents::{node_config, sm_config, Agent};
+use rig::agents::{node_config, sm_tls_config, Agent};
 use rig::{Fabric, FabricSpec};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -125,17 +125,13 @@ async fn grants_decide_which_partitions_a_node_joins() {
     let expired = GrantSigner::new("cp-2024");
     let retired = GrantSigner::new("cp-2023");
     let port = free_port();
-    let sm_conf = sm_config(&fabric, port).replace(
-        "insecure_plaintext_for_tests = true\n",
-        &format!(
-            "[listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
-             partitions_clients = [\"dns:*.nodes.fab1.example\"]\n\
-             operator_clients = [\"dns:control-plane.fab1.example\"]\n\
-             node_name_template = \"{{node}}.nodes.fab1.example\"\n",
-            sm_crt.display(),
-            sm_key.display(),
-            dir.join("ca.pem").display()
-        ),
+    let sm_conf = sm_tls_config(
+        &fabric,
+        port,
+        &sm_crt,
+        &sm_key,
+        &dir.join("ca.pem"),
+        &["dns:control-plane.fab1.example"],
     ) + &format!(
         "[grants]\nrequire = true\n{}{}",
         control_plane.config_entry(""),

@@ -7,7 +7,7 @@ use super::Fabric;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use process::DaemonProcess;
 pub use process::BIN;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use tonic::transport::Channel;
 
@@ -117,6 +117,36 @@ pub fn sm_config_with(fabric: &Fabric, port: u16, ownership: &str, observer: &st
          [observer]\n{observer}",
         fabric.partitions_path().display(),
         fabric.opensm_pid_path().display(),
+    )
+}
+
+/// [`sm_config`] serving Partitions over mTLS instead of plaintext: `cert`/`key` the SM host's,
+/// `ca` the client CA; nodes are `dns:<node>.nodes.fab1.example`, and `operators` (allowlist
+/// entries, none: no `operator_clients` line) may revoke and list members.
+pub fn sm_tls_config(
+    fabric: &Fabric,
+    port: u16,
+    cert: &Path,
+    key: &Path,
+    ca: &Path,
+    operators: &[&str],
+) -> String {
+    let operators = if operators.is_empty() {
+        String::new()
+    } else {
+        let list: Vec<String> = operators.iter().map(|o| format!("\"{o}\"")).collect();
+        format!("operator_clients = [{}]\n", list.join(", "))
+    };
+    sm_config(fabric, port).replace(
+        "insecure_plaintext_for_tests = true\n",
+        &format!(
+            "[listen.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
+             partitions_clients = [\"dns:*.nodes.fab1.example\"]\n{operators}\
+             node_name_template = \"{{node}}.nodes.fab1.example\"\n",
+            cert.display(),
+            key.display(),
+            ca.display()
+        ),
     )
 }
 
