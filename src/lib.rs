@@ -17,7 +17,7 @@
 //! - [`config`]   — the TOML configuration, parsed strictly and validated once into typed values (node id, fabric, port GUIDs, socket mode); one file per section (listen + TLS, limits, log, metrics, events, ports, subnet_manager, grants), `mod.rs` composes them
 //! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; one boundary module per protocol (`convert` for fabric.agent.v1, `sm_v1` for fabric.sm.v1, `grant_v1` for fabric.grant.v1 (decode once, keep the signed bytes): conversion and the one error <-> status mapping each), `sm_client` the remote SM backend's gRPC client; `client` channels; `agent_client` the typed fabric.agent.v1 client the CLI uses (no tonic type above `api`); the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the TCP listener's connection bounds (`conn_limits`), the audit trail
 //! - [`agent`]    — command handling, the reconciler (pure `plan` + `runner`), event publishing
-//! - [`store`]    — durable desired state and the ordered event log (redb)
+//! - [`store`]    — durable desired state and the ordered event log (redb); its side-file mirror detects a restored database
 //! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm
 //! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined
 //! - [`sim`]      — the embedded simulated fabric's port tables

@@ -204,3 +204,149 @@ async fn kill_9_during_a_burst_loses_nothing_acknowledged() {
         }
     }
 }
+
+/// A WatchEvents call that must be refused with OUT_OF_RANGE.
+async fn assert_out_of_range(
+    c: &mut fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient<
+        tonic::transport::Channel,
+    >,
+    after_seq: u64,
+    log_epoch: Option<String>,
+) {
+    let r = c
+        .watch_events(pb::WatchEventsRequest {
+            after_seq,
+            no_follow: true,
+            log_epoch,
+        })
+        .await;
+    match r {
+        Err(s) => assert_eq!(s.code(), tonic::Code::OutOfRange, "{s:?}"),
+        Ok(_) => panic!("cursor {after_seq} of the old log was accepted"),
+    }
+}
+
+fn rolled_back_condition(n: &pb::GetNodeResponse) -> bool {
+    n.conditions.iter().any(|c| c.kind == "STORE_ROLLED_BACK")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_store_starts_a_new_epoch_and_never_reuses_a_seq() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (faults, fault) = fault_config(tmp.path(), None, "");
+    let mut d = Daemon::prepare(tmp.path(), &faults);
+    let state = tmp.path().join("state");
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let a = attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
+    assert_eq!(a.state, pb::AttachmentState::Active as i32);
+    assert!(d.stop().success());
+    // The copy an operator (or a VM snapshot of the data disk) will later put back.
+    let copy = tmp.path().join("copy");
+    copy_tree(&state, &copy);
+
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let r = release(&mut c, "i-1", Some(5000)).await;
+    assert_eq!(r.state, pb::AttachmentState::Released as i32);
+    let before = node(&mut c).await;
+    let old_events = events(&mut c, 0).await;
+    let old_last = old_events.last().unwrap().seq;
+    assert_eq!(before.last_event_seq, old_last);
+    assert!(!rolled_back_condition(&before));
+    assert!(d.stop().success());
+
+    // Put the old database back; its mirror beside it still names the newer one.
+    std::fs::copy(copy.join("state.redb"), state.join("state.redb")).unwrap();
+    // Hold the first apply after the start, so the condition is seen standing.
+    std::fs::write(&fault, "unreachable").unwrap();
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let after = node(&mut c).await;
+    assert_ne!(
+        after.log_epoch, before.log_epoch,
+        "a restored store gets a new epoch"
+    );
+    assert!(
+        rolled_back_condition(&after),
+        "STORE_ROLLED_BACK stands: {:?}",
+        after.conditions
+    );
+    assert!(
+        after.first_event_seq > old_last + 1,
+        "the new log starts above every old seq, one left out: first {} after old last {old_last}",
+        after.first_event_seq
+    );
+    // Every old cursor is out of range, with or without its epoch.
+    for seq in [0, 1, old_last / 2, old_last] {
+        assert_out_of_range(&mut c, seq, Some(before.log_epoch.clone())).await;
+        assert_out_of_range(&mut c, seq, None).await;
+    }
+    // The new log, read from its start, opens with the condition; no seq is reused.
+    let mut s = c
+        .watch_events(pb::WatchEventsRequest {
+            after_seq: after.first_event_seq - 1,
+            no_follow: false,
+            log_epoch: Some(after.log_epoch.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = s.next().await.unwrap().unwrap();
+    assert!(first.seq > old_last);
+    assert_eq!(first.log_epoch, after.log_epoch);
+    match &first.kind {
+        Some(pb::event::Kind::ConditionChanged(cc)) => {
+            let cond = cc.condition.as_ref().unwrap();
+            assert!(cc.active);
+            assert_eq!(cond.kind, "STORE_ROLLED_BACK");
+            assert!(cond.detail.contains("restored"), "{}", cond.detail);
+        }
+        other => panic!("the new log opens with the rollback: {other:?}"),
+    }
+    // Once the fabric side answers, the first acknowledged apply goes above every generation
+    // the old store may have sent, and the condition clears (an event, numbered on).
+    std::fs::write(&fault, "").unwrap();
+    let mut cleared = None;
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_secs(10), s.next()).await {
+        let e = e.unwrap();
+        assert!(e.seq > old_last);
+        if let Some(pb::event::Kind::ConditionChanged(cc)) = &e.kind {
+            if !cc.active && cc.condition.as_ref().unwrap().kind == "STORE_ROLLED_BACK" {
+                cleared = Some(e.seq);
+                break;
+            }
+        }
+    }
+    assert!(
+        cleared.is_some(),
+        "the condition clears after an acknowledged apply"
+    );
+    let now = node(&mut c).await;
+    assert!(!rolled_back_condition(&now));
+    let old_generation = before.subnet_manager.unwrap().generation;
+    let new_generation = now.subnet_manager.unwrap().generation;
+    assert!(
+        new_generation > old_generation,
+        "generation {new_generation} must be above the old store's {old_generation}"
+    );
+    assert!(d.stop().success());
+
+    // A restart neither raises it again nor reports it cleared again.
+    let last = now.last_event_seq;
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let again = node(&mut c).await;
+    assert_eq!(
+        again.log_epoch, after.log_epoch,
+        "a clean restart keeps the epoch"
+    );
+    let replayed = events(&mut c, last).await;
+    assert!(
+        replayed
+            .iter()
+            .all(|e| !matches!(&e.kind, Some(pb::event::Kind::ConditionChanged(_)))),
+        "{replayed:?}"
+    );
+    assert!(d.stop().success());
+}

@@ -126,7 +126,14 @@ impl Agent {
     /// Creates the agent from its parts, loading the apply ledger from the store. Call
     /// [`Agent::read_ports`] before serving and [`Agent::reconcile`] to start the reconciler.
     pub fn new(parts: AgentParts) -> Result<Agent, AgentError> {
-        let status = status::Status::new(parts.sm.backend());
+        let mut status = status::Status::new(parts.sm.backend());
+        // What the log last reported stands until the reconciler's first pass says otherwise.
+        status.conditions = parts
+            .store
+            .conditions()?
+            .into_iter()
+            .map(|(kind, detail)| crate::domain::Condition { kind, detail })
+            .collect();
         let ledger = parts.store.ledger()?;
         let metrics = metrics::Metrics::new(parts.sm.backend());
         Ok(Agent {
@@ -332,6 +339,17 @@ impl Agent {
     /// before the oldest retained one.
     pub fn watch(&self, from: WatchFrom) -> Result<watch::EventStream, AgentError> {
         watch::start(self.clone(), from)
+    }
+
+    /// The standing conditions the log last reported (raised, not cleared): the reconciler
+    /// starts from them, so a restart neither raises them again nor forgets to clear them.
+    fn reported_conditions(
+        &self,
+    ) -> std::collections::BTreeMap<crate::domain::ConditionKind, String> {
+        self.store().conditions().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading the reported conditions failed");
+            Default::default()
+        })
     }
 
     /// The event log's epoch (32 hex digits).

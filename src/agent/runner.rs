@@ -80,6 +80,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     // one; this process's generations all lie above it.
     let before = ledger.generation_reserved;
     let agent_node_id = agent.shared.parts.node_id.clone();
+    let conditions = agent.reported_conditions();
     let mut l = Loop {
         agent,
         ack: None,
@@ -97,7 +98,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         sm_error: None,
         prev_inventory,
         foreign_reported: BTreeSet::new(),
-        conditions: BTreeMap::new(),
+        conditions,
         prune_not_before: Instant::now(),
     };
     loop {
@@ -360,6 +361,23 @@ impl Loop {
                 self.stale_retries += 1;
                 self.next_generation = self.next_generation.max(stored.saturating_add(1));
                 self.retry_at = None;
+                // Before this process's first acknowledgement, a newer set on the fabric side is
+                // proof that the store lost writes (restored with its mirror, or replaced):
+                // raise it, never move on silently.
+                let kind = ConditionKind::StoreRolledBack;
+                if self.ack.is_none() && !self.conditions.contains_key(&kind) {
+                    let detail = format!("the subnet manager holds generation {stored} of this node, newer than any the store sent ({sent}): the store lost writes (restored or replaced), or another agent uses this node id");
+                    let _guard = self.agent.shared.write.lock().await;
+                    self.agent.commit(Batch {
+                        events: vec![EventKind::ConditionChanged {
+                            condition: kind,
+                            active: true,
+                            detail: detail.clone(),
+                        }],
+                        ..Default::default()
+                    })?;
+                    self.conditions.insert(kind, detail);
+                }
                 Applied::RetryNow
             }
             Err(e) => {
@@ -463,6 +481,13 @@ impl Loop {
                     now.insert(kind, d.clone());
                 }
             }
+        }
+        // A store rollback stands until this process's first acknowledged apply: its
+        // generations lie above the restored ledger's floor, so the fabric side then holds the
+        // node's current set again.
+        let rolled_back = ConditionKind::StoreRolledBack;
+        if let (None, Some(d)) = (&self.ack, self.conditions.get(&rolled_back)) {
+            now.insert(rolled_back, d.clone());
         }
         now
     }

@@ -21,6 +21,10 @@ pub enum ConditionKind {
     /// OpenSM was not yet seen re-reading the last file the agent wrote; the write is
     /// re-signalled and re-checked until it is.
     PartitionsFileUnconfirmed,
+    /// The store is not the one the agent last wrote (restored from a copy or replaced): the
+    /// event log got a new epoch and the apply generation moved above every one the old store
+    /// may have sent. Stands until an apply of the restarted agent was acknowledged.
+    StoreRolledBack,
 }
 
 impl ConditionKind {
@@ -31,6 +35,7 @@ impl ConditionKind {
             ConditionKind::OperatorDefaultAllFull => "OPERATOR_DEFAULT_ALL_FULL",
             ConditionKind::PartitionsFileRejected => "PARTITIONS_FILE_REJECTED",
             ConditionKind::PartitionsFileUnconfirmed => "PARTITIONS_FILE_UNCONFIRMED",
+            ConditionKind::StoreRolledBack => "STORE_ROLLED_BACK",
         }
     }
 }

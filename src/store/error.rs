@@ -17,6 +17,14 @@ pub enum StoreError {
     /// Another process (another fabric-agent) has the store open.
     #[error("another fabric-agent holds the state directory {} (its store is locked); stop it, or give this agent another state_dir", .0.display())]
     Locked(PathBuf),
+    /// The store's mirror (its side file, see `mirror.rs`) is unreadable.
+    #[error("store mirror {}: {why}", .path.display())]
+    Mirror {
+        /// The side file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// Creating the state directory failed.
     #[error("store directory: {}: {source}", .path.display())]
     Io {

@@ -8,23 +8,46 @@
 //! first open of a store that predates it) and never changed. Sequence numbers are only
 //! comparable within one epoch: a wiped state directory starts a new epoch at seq 1.
 //!
+//! Rollback: after every write a side file next to the database (`mirror.rs`) repeats the
+//! store's id and write counter. A database that is older than its mirror (restored from a copy)
+//! or not the one it names (replaced) gets, in the transaction that opens it, a new log epoch, an
+//! empty log that continues above every seq the mirror saw (with one seq left out, so every old
+//! cursor is out of range), an apply ledger whose reserved generation is at least the
+//! mirror's, and a raised `STORE_ROLLED_BACK` condition ([`Store::rolled_back`]).
+//!
+//! Conditions: the standing conditions are kept with the events that raise and clear them, in
+//! the same transaction ([`Store::conditions`]), so a restarted agent knows what it last
+//! reported.
+//!
 //! Retention: the log keeps the newest `events.retain` events (default 100,000); older ones are
 //! pruned in the transaction that appends new ones. RELEASED attachments are pruned once older
 //! than `events.released_retain_secs` (default 7 days).
 
 mod error;
+mod mirror;
 mod tables;
 
 pub use error::{Corruption, StoreError};
 
-use crate::domain::{ApplyLedger, Attachment, AttachmentState, Event, EventKind, InstanceId};
+use crate::domain::{
+    ApplyLedger, Attachment, AttachmentState, ConditionKind, Event, EventKind, InstanceId,
+};
+use mirror::{Mirror, MirrorState};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Mutex;
 use tables::{ATTACHMENTS, EVENTS, LIVE, META, RELEASED_AT};
 
 const LAST_SEQ: &str = "last_seq";
 const APPLY_LEDGER: &str = "apply_ledger";
 const LOG_EPOCH: &str = "log_epoch";
+/// The store's id (16 bytes), mirrored in the side file.
+const STORE_ID: &str = "store_id";
+/// Write transactions committed (8 bytes), mirrored in the side file.
+const COMMITS: &str = "commits";
+/// The standing conditions last reported (JSON: kind -> detail).
+const CONDITIONS: &str = "conditions";
 /// Present once the LIVE and RELEASED_AT indexes cover every attachment.
 const INDEXED: &str = "attachment_index_v1";
 
@@ -59,6 +82,13 @@ pub struct Store {
     db: Database,
     retain: u64,
     epoch: LogEpoch,
+    /// The side file (None for a store in memory).
+    mirror: Option<Mirror>,
+    /// What the last write left (and the mirror holds); held for the whole of each write so
+    /// the mirror never goes back.
+    written: Mutex<MirrorState>,
+    /// Why this open found a rolled-back store.
+    rollback: Option<String>,
 }
 
 /// A batch of changes committed atomically.
@@ -108,17 +138,18 @@ impl Store {
                 source,
             },
         )?;
-        Store::init(db, retain)
+        Store::init(db, retain, Some(Mirror::of(path)))
     }
 
     /// A store kept in memory only: nothing survives the process. For tests and the
     /// reconciler's simulation, where a "crash" drops everything but the store itself.
     pub fn in_memory(retain: u64) -> Result<Store, StoreError> {
         let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
-        Store::init(db, retain)
+        Store::init(db, retain, None)
     }
 
-    fn init(db: Database, retain: u64) -> Result<Store, StoreError> {
+    fn init(db: Database, retain: u64, mirror: Option<Mirror>) -> Result<Store, StoreError> {
+        let mirrored = mirror.as_ref().map(Mirror::read).transpose()?.flatten();
         let txn = db.begin_write()?;
         // Create every table so readers never meet a missing one.
         txn.open_table(ATTACHMENTS)?;
@@ -128,20 +159,120 @@ impl Store {
         txn.open_table(LIVE)?;
         txn.open_table(RELEASED_AT)?;
         build_index(&txn)?;
-        let epoch = {
+        let (epoch, written, rollback) = {
             let mut meta = txn.open_table(META)?;
             let stored = meta.get(LOG_EPOCH)?.map(|v| epoch_from(v.value()));
-            match stored {
+            let mut epoch = match stored {
                 Some(e) => e?,
                 None => {
                     let e = LogEpoch::generate();
                     meta.insert(LOG_EPOCH, e.0.to_be_bytes().as_slice())?;
                     e
                 }
+            };
+            let stored_id = meta.get(STORE_ID)?.map(|v| u128_from(v.value()));
+            let store_id = match stored_id {
+                Some(id) => id?,
+                None => {
+                    let id = rand::random::<u128>().max(1);
+                    meta.insert(STORE_ID, id.to_be_bytes().as_slice())?;
+                    id
+                }
+            };
+            let mut ledger: ApplyLedger = match meta.get(APPLY_LEDGER)? {
+                Some(v) => decode(v.value())?,
+                None => ApplyLedger::default(),
+            };
+            let mut state = MirrorState {
+                store_id,
+                commits: read_u64(&meta, COMMITS)?,
+                last_seq: read_u64(&meta, LAST_SEQ)?,
+                generation_reserved: ledger.generation_reserved,
+            };
+            let rollback = mirrored.and_then(|m| mirror::rolled_back(&state, &m).map(|w| (m, w)));
+            if let Some((m, why)) = &rollback {
+                tracing::error!(%why, "store rolled back: starting a new log epoch");
+                epoch = LogEpoch::generate();
+                meta.insert(LOG_EPOCH, epoch.0.to_be_bytes().as_slice())?;
+                if m.generation_reserved > ledger.generation_reserved {
+                    ledger.generation_reserved = m.generation_reserved;
+                    meta.insert(APPLY_LEDGER, encode(&ledger)?.as_slice())?;
+                }
+                // The old events go (they belong to the old epoch); the log continues above
+                // every seq handed out, with one left out so no old cursor is in range.
+                let mut events = txn.open_table(EVENTS)?;
+                events.retain(|_, _| false)?;
+                let skipped = state.last_seq.max(m.last_seq).saturating_add(1);
+                meta.insert(LAST_SEQ, skipped.to_be_bytes().as_slice())?;
+                let raised = EventKind::ConditionChanged {
+                    condition: ConditionKind::StoreRolledBack,
+                    active: true,
+                    detail: why.clone(),
+                };
+                state.last_seq = append(&mut meta, &mut events, vec![raised], now_ns(), retain)?
+                    .last()
+                    .map_or(skipped, |e| e.seq);
+                state.generation_reserved = ledger.generation_reserved;
+                state.commits = state.commits.max(m.commits);
             }
+            state.commits += 1;
+            meta.insert(COMMITS, state.commits.to_be_bytes().as_slice())?;
+            (epoch, state, rollback.map(|(_, why)| why))
         };
         txn.commit()?;
-        Ok(Store { db, retain, epoch })
+        if let Some(m) = &mirror {
+            m.write(&written).map_err(|source| StoreError::Io {
+                path: m.path().to_owned(),
+                source,
+            })?;
+        }
+        Ok(Store {
+            db,
+            retain,
+            epoch,
+            mirror,
+            written: Mutex::new(written),
+            rollback,
+        })
+    }
+
+    /// Why this store was found rolled back when it was opened (restored from a copy, or not
+    /// the database last written here), or None.
+    pub fn rolled_back(&self) -> Option<&str> {
+        self.rollback.as_deref()
+    }
+
+    /// The standing conditions as the log last reported them (raised and not cleared).
+    pub fn conditions(&self) -> Result<BTreeMap<ConditionKind, String>, StoreError> {
+        self.meta(CONDITIONS)?
+            .map(|b| decode(&b))
+            .transpose()
+            .map(Option::unwrap_or_default)
+    }
+
+    /// Runs one write transaction, counting it in the store and its mirror: the mirror is
+    /// rewritten after the commit, under the same lock, so it never goes back.
+    fn write<R>(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction, &mut MirrorState) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = *written;
+        next.commits += 1;
+        let txn = self.db.begin_write()?;
+        let out = f(&txn, &mut next)?;
+        txn.open_table(META)?
+            .insert(COMMITS, next.commits.to_be_bytes().as_slice())?;
+        txn.commit()?;
+        *written = next;
+        if let Some(m) = &self.mirror {
+            // The database is ahead of its mirror until the next write: never a false rollback,
+            // only a later one that may go unnoticed.
+            if let Err(e) = m.write(&next) {
+                tracing::warn!(path = %m.path().display(), error = %e, "writing the store mirror failed");
+            }
+        }
+        Ok(out)
     }
 
     /// The event log's epoch.
@@ -207,64 +338,50 @@ impl Store {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let txn = self.db.begin_write()?;
-        let mut appended = Vec::with_capacity(batch.events.len());
-        {
-            let mut attachments = txn.open_table(ATTACHMENTS)?;
-            let mut index = Index {
-                live: txn.open_table(LIVE)?,
-                released_at: txn.open_table(RELEASED_AT)?,
-            };
-            for a in &batch.upserts {
-                let old = attachments
-                    .insert(a.instance_id.as_str(), encode(a)?.as_slice())?
-                    .map(|v| decode::<Attachment>(v.value()))
-                    .transpose()?;
-                if let Some(old) = old {
-                    index.remove(&old)?;
-                }
-                index.add(a)?;
-            }
-            for id in &batch.deletes {
-                let old = attachments
-                    .remove(id.as_str())?
-                    .map(|v| decode::<Attachment>(v.value()))
-                    .transpose()?;
-                if let Some(old) = old {
-                    index.remove(&old)?;
-                }
-            }
-            let mut meta = txn.open_table(META)?;
-            if let Some(ledger) = &batch.ledger {
-                meta.insert(APPLY_LEDGER, encode(ledger)?.as_slice())?;
-            }
-            let mut seq = match meta.get(LAST_SEQ)? {
-                Some(v) => u64_from(v.value())?,
-                None => 0,
-            };
-            let mut events = txn.open_table(EVENTS)?;
-            for kind in batch.events {
-                seq = seq
-                    .checked_add(1)
-                    .ok_or(StoreError::Corrupt(Corruption::SequenceExhausted))?;
-                let event = Event {
-                    seq,
-                    time_unix_ns: now_unix_ns,
-                    kind,
+        self.write(|txn, next| {
+            let appended;
+            {
+                let mut attachments = txn.open_table(ATTACHMENTS)?;
+                let mut index = Index {
+                    live: txn.open_table(LIVE)?,
+                    released_at: txn.open_table(RELEASED_AT)?,
                 };
-                events.insert(seq, encode(&event)?.as_slice())?;
-                appended.push(event);
+                for a in &batch.upserts {
+                    let old = attachments
+                        .insert(a.instance_id.as_str(), encode(a)?.as_slice())?
+                        .map(|v| decode::<Attachment>(v.value()))
+                        .transpose()?;
+                    if let Some(old) = old {
+                        index.remove(&old)?;
+                    }
+                    index.add(a)?;
+                }
+                for id in &batch.deletes {
+                    let old = attachments
+                        .remove(id.as_str())?
+                        .map(|v| decode::<Attachment>(v.value()))
+                        .transpose()?;
+                    if let Some(old) = old {
+                        index.remove(&old)?;
+                    }
+                }
+                let mut meta = txn.open_table(META)?;
+                if let Some(ledger) = &batch.ledger {
+                    meta.insert(APPLY_LEDGER, encode(ledger)?.as_slice())?;
+                    next.generation_reserved = ledger.generation_reserved;
+                }
+                let mut events = txn.open_table(EVENTS)?;
+                appended = append(
+                    &mut meta,
+                    &mut events,
+                    batch.events,
+                    now_unix_ns,
+                    self.retain,
+                )?;
+                next.last_seq = read_u64(&meta, LAST_SEQ)?;
             }
-            meta.insert(LAST_SEQ, seq.to_be_bytes().as_slice())?;
-            // Prune the oldest events beyond retention.
-            let len = events.len()?;
-            if len > self.retain {
-                let cut = seq.saturating_sub(self.retain);
-                events.retain_in(..=cut, |_, _| false)?;
-            }
-        }
-        txn.commit()?;
-        Ok(appended)
+            Ok(appended)
+        })
     }
 
     /// Up to `limit` events with `seq > after`, oldest first.
@@ -314,10 +431,10 @@ impl Store {
 
     /// Writes an opaque value durably.
     pub fn set_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        let txn = self.db.begin_write()?;
-        txn.open_table(META)?.insert(key, value)?;
-        txn.commit()?;
-        Ok(())
+        self.write(|txn, _| {
+            txn.open_table(META)?.insert(key, value)?;
+            Ok(())
+        })
     }
 
     /// Every value of the SM-host node-membership table (node id -> JSON).
@@ -339,18 +456,18 @@ impl Store {
         nodes: &[(String, Vec<u8>)],
         meta: Option<(&str, &[u8])>,
     ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write()?;
-        {
-            let mut table = txn.open_table(tables::SM_NODES)?;
-            for (id, value) in nodes {
-                table.insert(id.as_str(), value.as_slice())?;
+        self.write(|txn, _| {
+            {
+                let mut table = txn.open_table(tables::SM_NODES)?;
+                for (id, value) in nodes {
+                    table.insert(id.as_str(), value.as_slice())?;
+                }
             }
-        }
-        if let Some((key, value)) = meta {
-            txn.open_table(META)?.insert(key, value)?;
-        }
-        txn.commit()?;
-        Ok(())
+            if let Some((key, value)) = meta {
+                txn.open_table(META)?.insert(key, value)?;
+            }
+            Ok(())
+        })
     }
 
     /// Instance ids of RELEASED attachments last updated before `cutoff_unix_ns`.
@@ -448,6 +565,84 @@ fn build_index(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
     }
     meta.insert(INDEXED, [1u8].as_slice())?;
     Ok(())
+}
+
+/// Appends events after the log's counter, keeps the standing conditions they raise and clear,
+/// and prunes the oldest events beyond `retain`. Returns the events with their seqs.
+fn append(
+    meta: &mut redb::Table<&str, &[u8]>,
+    events: &mut redb::Table<u64, &[u8]>,
+    kinds: Vec<EventKind>,
+    now_unix_ns: i64,
+    retain: u64,
+) -> Result<Vec<Event>, StoreError> {
+    let mut seq = read_u64(meta, LAST_SEQ)?;
+    let mut conditions: Option<BTreeMap<ConditionKind, String>> = None;
+    let mut appended = Vec::with_capacity(kinds.len());
+    for kind in kinds {
+        seq = seq
+            .checked_add(1)
+            .ok_or(StoreError::Corrupt(Corruption::SequenceExhausted))?;
+        if let EventKind::ConditionChanged {
+            condition,
+            active,
+            detail,
+        } = &kind
+        {
+            let map = match &mut conditions {
+                Some(m) => m,
+                None => conditions.insert(match meta.get(CONDITIONS)? {
+                    Some(v) => decode(v.value())?,
+                    None => BTreeMap::new(),
+                }),
+            };
+            if *active {
+                map.insert(*condition, detail.clone());
+            } else {
+                map.remove(condition);
+            }
+        }
+        let event = Event {
+            seq,
+            time_unix_ns: now_unix_ns,
+            kind,
+        };
+        events.insert(seq, encode(&event)?.as_slice())?;
+        appended.push(event);
+    }
+    if let Some(map) = conditions {
+        meta.insert(CONDITIONS, encode(&map)?.as_slice())?;
+    }
+    meta.insert(LAST_SEQ, seq.to_be_bytes().as_slice())?;
+    // Prune the oldest events beyond retention.
+    if events.len()? > retain {
+        let cut = seq.saturating_sub(retain);
+        events.retain_in(..=cut, |_, _| false)?;
+    }
+    Ok(appended)
+}
+
+fn read_u64(
+    meta: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<u64, StoreError> {
+    match meta.get(key)? {
+        Some(v) => u64_from(v.value()),
+        None => Ok(0),
+    }
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn u128_from(b: &[u8]) -> Result<u128, StoreError> {
+    b.try_into()
+        .map(u128::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt(Corruption::Width("store_id", 16)))
 }
 
 fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {

@@ -267,3 +267,80 @@ fn live_and_released_indexes_follow_every_change_and_are_built_for_old_stores() 
     assert_eq!(store.oldest_released().unwrap(), Some(200));
     assert_eq!(store.expired_released(301).unwrap().len(), 2);
 }
+
+#[test]
+fn a_restored_database_gets_a_new_epoch_a_higher_seq_and_the_generation_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let copy = dir.path().join("copy.redb");
+    let (old_epoch, old_last) = {
+        let store = Store::open(&path, 1000).unwrap();
+        store
+            .commit(
+                Batch {
+                    events: vec![changed("i1", AttachmentState::Pending)],
+                    ledger: ApplyLedger::default().covering(1, []),
+                    ..Default::default()
+                },
+                1,
+            )
+            .unwrap();
+        drop(store);
+        std::fs::copy(&path, &copy).unwrap();
+        let store = Store::open(&path, 1000).unwrap();
+        let ledger = store.ledger().unwrap().covering(5000, []);
+        for _ in 0..3 {
+            store
+                .commit(
+                    Batch {
+                        events: vec![changed("i1", AttachmentState::Active)],
+                        ledger: ledger.clone(),
+                        ..Default::default()
+                    },
+                    2,
+                )
+                .unwrap();
+        }
+        assert_eq!(store.rolled_back(), None);
+        (store.epoch(), store.last_seq().unwrap())
+    };
+    assert_eq!(old_last, 4);
+    std::fs::copy(&copy, &path).unwrap();
+    let store = Store::open(&path, 1000).unwrap();
+    assert!(store.rolled_back().unwrap().contains("restored"));
+    assert_ne!(store.epoch(), old_epoch);
+    let (first, last) = store.event_bounds().unwrap();
+    assert_eq!(
+        (first, last),
+        (old_last + 2, old_last + 2),
+        "one seq left out"
+    );
+    assert!(store.ledger().unwrap().generation_reserved >= 5000);
+    let conditions = store.conditions().unwrap();
+    assert!(conditions.contains_key(&ConditionKind::StoreRolledBack));
+    drop(store);
+    // The next open is of the store last written: nothing to report.
+    let store = Store::open(&path, 1000).unwrap();
+    assert_eq!(store.rolled_back(), None);
+    // A cleared condition is forgotten with the event that clears it.
+    store
+        .commit(
+            Batch {
+                events: vec![EventKind::ConditionChanged {
+                    condition: ConditionKind::StoreRolledBack,
+                    active: false,
+                    detail: String::new(),
+                }],
+                ..Default::default()
+            },
+            3,
+        )
+        .unwrap();
+    assert!(store.conditions().unwrap().is_empty());
+    drop(store);
+    // A database that is not the one the mirror names (deleted and created anew).
+    std::fs::remove_file(&path).unwrap();
+    let store = Store::open(&path, 1000).unwrap();
+    assert!(store.rolled_back().unwrap().contains("replaced"));
+    assert!(store.last_seq().unwrap() > old_last + 2);
+}
