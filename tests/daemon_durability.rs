@@ -350,3 +350,53 @@ async fn a_restored_store_starts_a_new_epoch_and_never_reuses_a_seq() {
     );
     assert!(d.stop().success());
 }
+
+fn condition_events(events: &[pb::Event], kind: &str) -> Vec<bool> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(pb::event::Kind::ConditionChanged(cc))
+                if cc.condition.as_ref().is_some_and(|c| c.kind == kind) =>
+            {
+                Some(cc.active)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_is_raised_once_across_restarts_and_cleared_after_one_gone_while_down() {
+    const KIND: &str = "FULL_DEFAULT_MEMBERSHIP";
+    let tmp = tempfile::tempdir().unwrap();
+    let full = "[subnet_manager.embedded]\ndefault_membership = \"full\"\n";
+    let mut d = Daemon::prepare(tmp.path(), full);
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    until_node(&mut c, Duration::from_secs(10), "the condition", |n| {
+        n.conditions.iter().any(|x| x.kind == KIND)
+    })
+    .await;
+    assert!(d.stop().success());
+
+    // Restarted with the same posture: the condition stands, no second raise.
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    assert!(node(&mut c).await.conditions.iter().any(|x| x.kind == KIND));
+    // One reconciler pass later the log still holds one raise.
+    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
+    assert_eq!(condition_events(&events(&mut c, 0).await, KIND), vec![true]);
+    assert!(d.stop().success());
+
+    // The cause went away while the agent was down: the first pass reports it cleared.
+    let mut d = Daemon::prepare(tmp.path(), "");
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    wait_until("the condition cleared", Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move { condition_events(&events(&mut c, 0).await, KIND) == vec![true, false] }
+    })
+    .await;
+    assert!(node(&mut c).await.conditions.is_empty());
+    assert!(d.stop().success());
+}

@@ -4,7 +4,8 @@
 //!
 //! A cursor from another log (another epoch) or beyond the newest event is refused with
 //! OUT_OF_RANGE, so a control plane whose cursor predates a wiped state directory resynchronises
-//! instead of waiting forever.
+//! instead of waiting forever. Every read from the log checks that its first event follows the
+//! last one handed out: a stream held behind retention pruning ends with OUT_OF_RANGE.
 //!
 //! Memory per stream is bounded whatever the consumer does: the stream is pulled by its gRPC
 //! response only when the client has flow-control room, and holds at most one replay batch
@@ -123,6 +124,23 @@ async fn next(mut c: Cursor) -> Option<(Result<Arc<Event>, AgentError>, Cursor)>
         if c.replaying {
             // Replay (or catch up after lagging) from the log.
             match c.agent.store().events_after(c.sent, c.batch) {
+                // The next event must follow the cursor: one pruned while this stream was held
+                // (or lagging) ends it with OUT_OF_RANGE, never a skip ahead.
+                Ok(page)
+                    if page
+                        .first()
+                        .is_some_and(|e| Some(e.seq) != c.sent.checked_add(1)) =>
+                {
+                    c.done = true;
+                    let first = page.first().map_or(0, |e| e.seq);
+                    let last = c.agent.store().last_seq().unwrap_or(first);
+                    let pruned = CursorError::Pruned {
+                        first,
+                        last,
+                        epoch: c.epoch,
+                    };
+                    return Some((Err(pruned.into()), c));
+                }
                 Ok(page) => {
                     c.replaying = page.len() == c.batch;
                     c.page = page.into();
@@ -175,5 +193,113 @@ async fn next(mut c: Cursor) -> Option<(Result<Arc<Event>, AgentError>, Cursor)>
             epoch: c.epoch,
         };
         return Some((Err(ended), c));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::{AgentParts, AttachRequest, ReconcilerConfig};
+    use crate::domain::{
+        FabricName, GrantPolicy, InstanceId, Membership, NodeId, PKeyValue, Partition, PortSelector,
+    };
+    use crate::observe::embedded::EmbeddedObserver;
+    use crate::sim::{PersistError, SimFabric, SimPersistence};
+    use crate::sm::embedded::{EmbeddedConfig, EmbeddedSm};
+    use crate::store::Store;
+    use futures::StreamExt;
+    use std::time::Duration;
+
+    struct Nowhere;
+    impl SimPersistence for Nowhere {
+        fn load(&self) -> Option<Vec<Vec<u16>>> {
+            None
+        }
+        fn save(&self, _: &[Vec<u16>]) -> Result<(), PersistError> {
+            Ok(())
+        }
+    }
+
+    async fn agent(retain: u64) -> Agent {
+        let fabric = Arc::new(SimFabric::new(
+            "node1",
+            2,
+            64,
+            PKeyValue::DEFAULT_LIMITED,
+            Box::new(Nowhere),
+        ));
+        let fab = FabricName::parse("fab1").unwrap();
+        let agent = Agent::new(AgentParts {
+            node_id: NodeId::parse("node1").unwrap(),
+            fabric: fab.clone(),
+            grants: GrantPolicy::off(fab),
+            store: Arc::new(Store::in_memory(retain).unwrap()),
+            sm: Arc::new(EmbeddedSm::new(fabric.clone(), &EmbeddedConfig::default())),
+            observer: Arc::new(EmbeddedObserver::new(fabric, Duration::from_secs(60))),
+            observer_reason: "test".into(),
+            selector: PortSelector::default(),
+            reconciler: ReconcilerConfig::default(),
+            released_retain: Duration::from_secs(3600),
+            allow_full_default: false,
+        })
+        .unwrap();
+        agent.read_ports().await.unwrap();
+        agent
+    }
+
+    async fn attach(agent: &Agent, n: u16) {
+        let request = AttachRequest {
+            instance_id: InstanceId::parse(&format!("i-{n}")).unwrap(),
+            partition: Partition::new(
+                &format!("ibpart_{n}"),
+                &format!("p{n}"),
+                "ws",
+                "acct",
+                "fab1",
+                0x100 + u32::from(n),
+            )
+            .unwrap(),
+            membership: Membership::Full,
+            grant: None,
+        };
+        agent.attach(request, None).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stream_held_behind_pruning_gets_out_of_range_never_a_skip() {
+        // Each attach appends one event (no reconciler runs); the log keeps the newest 3.
+        let agent = agent(3).await;
+        attach(&agent, 1).await;
+        let from = WatchFrom {
+            after: 0,
+            epoch: None,
+            follow: true,
+            batch: 1,
+            max_age: None,
+        };
+        let mut stream = agent.watch(from.clone()).unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap().seq, 1);
+        // The consumer stops reading; the log moves on past retention beneath it.
+        for n in 2..=8 {
+            attach(&agent, n).await;
+        }
+        assert_eq!(agent.store().event_bounds().unwrap(), (6, 8));
+        match stream.next().await {
+            Some(Err(AgentError::Cursor(CursorError::Pruned { first, last, .. }))) => {
+                assert_eq!((first, last), (6, 8));
+            }
+            other => panic!("held stream must end OUT_OF_RANGE, got {other:?}"),
+        }
+        assert!(
+            stream.next().await.is_none(),
+            "the stream ends after the error"
+        );
+        // A stream that keeps up is not affected: it reads 6..=8, then follows live.
+        let mut caught_up = agent.watch(WatchFrom { after: 5, ..from }).unwrap();
+        for seq in 6..=8 {
+            assert_eq!(caught_up.next().await.unwrap().unwrap().seq, seq);
+        }
+        attach(&agent, 9).await;
+        assert_eq!(caught_up.next().await.unwrap().unwrap().seq, 9);
     }
 }
