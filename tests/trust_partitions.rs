@@ -180,9 +180,10 @@ async fn a_node_certificate_speaks_only_for_its_node() {
     let before = host.file();
     assert!(before.contains(NODE2_PORT), "{before}");
 
-    // node1 overwriting node2's set (even with a huge generation) is refused, nothing written.
+    // node1 overwriting node2's set (even with the highest generation) is refused, nothing
+    // written.
     let e = node1
-        .set_node_memberships(set("node2", NODE1_PORT, 0x0c, u64::MAX - 1))
+        .set_node_memberships(set("node2", NODE1_PORT, 0x0c, 1 << 53))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
@@ -255,7 +256,7 @@ async fn a_node_certificate_speaks_only_for_its_node() {
         "caller=cert dns:node1.nodes.fab2.example",
         "keys=\"0x000c:full\"",
         "ports=1",
-        "generation=18446744073709551614",
+        "generation=9007199254740992",
     ] {
         assert!(denied.contains(field), "{field} in {denied}");
     }
@@ -265,4 +266,28 @@ async fn a_node_certificate_speaks_only_for_its_node() {
                 && l.contains("result=Ok")),
         "{audit:#?}"
     );
+
+    // A generation near u64::MAX would fence the node for good (no later set could be newer):
+    // above 2^53 it is refused from any caller, its own node included, and nothing is written.
+    let before = host.file();
+    for generation in [(1 << 53) + 1, u64::MAX - 1, u64::MAX] {
+        let e = node2
+            .set_node_memberships(set("node2", NODE2_PORT, 0x0c, generation))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("generation"), "{}", e.message());
+        assert_eq!(host.file(), before);
+    }
+    // The node goes on with its own counter.
+    node2
+        .set_node_memberships(set("node2", NODE2_PORT, 0x0c, 2))
+        .await
+        .unwrap();
+    let held = node2
+        .get_node_memberships(get("node2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(held.generation, 2);
 }

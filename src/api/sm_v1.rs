@@ -39,9 +39,23 @@ pub fn stored_to_proto(n: &StoredNode) -> pb::NodeMemberships {
     memberships_to_proto(&n.memberships, n.generation)
 }
 
+/// The highest generation the SM host accepts: 2^53. A node reserves generations in blocks of
+/// 1024 and sends one per apply; at a thousand applies a second it would take 285,000 years to
+/// get there, so a higher one is a mistake or an attack (one near `u64::MAX` would fence the
+/// node for good: no later set could be newer). Also the largest integer a JSON number keeps
+/// exactly, for the tools that read the SM host's records.
+pub const MAX_GENERATION: u64 = 1 << 53;
+
 /// Converts a request's memberships to the domain, with the node's generation; a set that
-/// fails [`NodeMemberships::validate`] is INVALID_ARGUMENT.
+/// fails [`NodeMemberships::validate`], or whose generation is 0 or above [`MAX_GENERATION`],
+/// is INVALID_ARGUMENT.
 pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships, u64), Status> {
+    if !(1..=MAX_GENERATION).contains(&m.generation) {
+        return Err(Status::invalid_argument(format!(
+            "generation {} is outside 1..={MAX_GENERATION}; a node's generations are a persisted counter starting at 1",
+            m.generation
+        )));
+    }
     let node_id = node_id(&m.node_id)?;
     let port_guids = m
         .port_guids
@@ -255,6 +269,20 @@ mod tests {
             full,
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn generations_outside_the_bound_are_invalid_arguments() {
+        for generation in [0, MAX_GENERATION + 1, u64::MAX - 1, u64::MAX] {
+            let mut r = request(vec![key(0x12, true, "")], vec!["0x0000000000000001"]);
+            r.generation = generation;
+            let e = memberships_from_proto(r).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{generation}");
+            assert!(e.message().contains(&generation.to_string()), "{e:?}");
+        }
+        let mut r = request(vec![key(0x12, true, "")], vec!["0x0000000000000001"]);
+        r.generation = MAX_GENERATION;
+        assert_eq!(memberships_from_proto(r).unwrap().1, MAX_GENERATION);
     }
 
     #[test]
