@@ -5,6 +5,13 @@
 //! `unreachable` fails the apply as unavailable, `slow <ms>` delays it, `refuse <text>` refuses
 //! it, `lose-reply` applies the set and then answers as unavailable (the reply was lost: the
 //! agent must treat the keys as in doubt); an absent or empty file means healthy.
+//!
+//! Fencing, like the real backends: an apply with a generation lower than the highest one
+//! accepted (or the same one with another set) is refused with [`SmError::StaleGeneration`].
+//! With `apply_delay_ms`, an accepted set lands on the tables later, in generation order: a
+//! delayed set never lands after a newer one did (it is dropped, as a real SM never programs a
+//! replaced set). The highest generation is held in memory: a restarted agent's generations lie
+//! above every one it sent before (its apply ledger reserves them).
 
 use super::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
 use crate::domain::{Membership, NodeMemberships, PKeyValue};
@@ -12,7 +19,7 @@ use crate::sim::SimFabric;
 use async_trait::async_trait;
 use serde::Deserialize;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// `[subnet_manager.embedded]` settings.
@@ -97,6 +104,48 @@ pub struct EmbeddedSm {
     fabric: Arc<SimFabric>,
     apply_delay: Duration,
     fault_file: Option<PathBuf>,
+    fence: Arc<Mutex<Fence>>,
+}
+
+/// The generations seen: what the fencing compares against.
+#[derive(Default)]
+struct Fence {
+    /// The highest generation accepted, and its keys.
+    accepted: Option<(u64, Vec<PKeyValue>)>,
+    /// The highest generation programmed onto the tables.
+    landed: u64,
+}
+
+impl Fence {
+    /// Accepts `keys` at `generation`, or refuses an older generation (or the same one with
+    /// other keys).
+    fn accept(&mut self, generation: u64, keys: &[PKeyValue]) -> Result<(), SmError> {
+        if let Some((stored, held)) = &self.accepted {
+            if generation < *stored || (generation == *stored && held != keys) {
+                return Err(SmError::StaleGeneration {
+                    sent: generation,
+                    stored: *stored,
+                });
+            }
+        }
+        self.accepted = Some((generation, keys.to_vec()));
+        Ok(())
+    }
+
+    /// Programs `keys` unless a newer generation already landed.
+    fn land(
+        &mut self,
+        fabric: &SimFabric,
+        generation: u64,
+        keys: &[PKeyValue],
+    ) -> Result<bool, crate::sim::SimError> {
+        if generation < self.landed {
+            return Ok(false);
+        }
+        fabric.program(keys)?;
+        self.landed = generation;
+        Ok(true)
+    }
 }
 
 impl EmbeddedSm {
@@ -106,6 +155,7 @@ impl EmbeddedSm {
             fabric,
             apply_delay: Duration::from_millis(config.apply_delay_ms),
             fault_file: config.fault_file.clone(),
+            fence: Arc::default(),
         }
     }
 
@@ -141,7 +191,7 @@ impl SubnetManager for EmbeddedSm {
     async fn apply(
         &self,
         desired: &NodeMemberships,
-        _generation: u64,
+        generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
         let lose_reply = self.injected_fault().await?;
         let keys: Vec<PKeyValue> = desired
@@ -150,18 +200,31 @@ impl SubnetManager for EmbeddedSm {
             .map(|(k, s)| k.value(s.membership))
             .collect();
         let detail = format!("{} keys programmed on the simulated ports", keys.len());
-        if self.apply_delay.is_zero() {
-            self.fabric
-                .program(&keys)
-                .map_err(|e| SmError::Refused(SmFailure::Sim(Arc::new(e))))?;
-        } else {
-            // Like a real SM: accept now, program the ports a little later.
+        {
+            let mut fence = self.fence.lock().unwrap_or_else(|p| p.into_inner());
+            fence.accept(generation, &keys)?;
+            if self.apply_delay.is_zero() {
+                fence
+                    .land(&self.fabric, generation, &keys)
+                    .map_err(|e| SmError::Refused(SmFailure::Sim(Arc::new(e))))?;
+            }
+        }
+        if !self.apply_delay.is_zero() {
+            // Like a real SM: accept now, program the ports a little later, never over a
+            // newer set.
             let fabric = self.fabric.clone();
+            let fence = self.fence.clone();
             let delay = self.apply_delay;
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                if let Err(e) = fabric.program(&keys) {
-                    tracing::warn!(error = %e, "embedded SM: programming tables failed");
+                let mut fence = fence.lock().unwrap_or_else(|p| p.into_inner());
+                match fence.land(&fabric, generation, &keys) {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!(
+                        generation,
+                        "embedded SM: a newer set landed first; dropped"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "embedded SM: programming tables failed"),
                 }
             });
         }
@@ -176,5 +239,117 @@ fn injected(fault: InjectedFault) -> SmFailure {
     SmFailure::Injected {
         backend: "embedded SM",
         fault,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{KeySetting, NodeId, PKey};
+    use crate::sim::{PersistError, SimPersistence};
+    use std::collections::BTreeMap;
+
+    struct Nowhere;
+    impl SimPersistence for Nowhere {
+        fn load(&self) -> Option<Vec<Vec<u16>>> {
+            None
+        }
+        fn save(&self, _: &[Vec<u16>]) -> Result<(), PersistError> {
+            Ok(())
+        }
+    }
+
+    fn set(fabric: &SimFabric, keys: &[u16]) -> NodeMemberships {
+        NodeMemberships {
+            node_id: NodeId::parse("node1").unwrap(),
+            port_guids: fabric.port_guids(),
+            keys: keys
+                .iter()
+                .map(|k| {
+                    let setting = KeySetting {
+                        membership: Membership::Full,
+                        name: String::new(),
+                    };
+                    (PKey::new(u32::from(*k)).unwrap(), setting)
+                })
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    fn holds(fabric: &SimFabric, key: u16) -> bool {
+        fabric
+            .inventory()
+            .ports
+            .iter()
+            .all(|p| p.pkeys.iter().any(|v| v.0 & 0x7fff == key))
+    }
+
+    fn sm(delay_ms: u64) -> (Arc<SimFabric>, EmbeddedSm) {
+        let fabric = Arc::new(SimFabric::new(
+            "node1",
+            2,
+            8,
+            PKeyValue::DEFAULT_LIMITED,
+            Box::new(Nowhere),
+        ));
+        let config = EmbeddedConfig {
+            apply_delay_ms: delay_ms,
+            ..EmbeddedConfig::default()
+        };
+        (fabric.clone(), EmbeddedSm::new(fabric, &config))
+    }
+
+    #[tokio::test]
+    async fn an_older_generation_is_refused_like_the_real_backends() {
+        let (fabric, sm) = sm(0);
+        sm.apply(&set(&fabric, &[0x12]), 5).await.unwrap();
+        assert!(holds(&fabric, 0x12));
+        // A retry of the same set at the same generation is fine; another set is not.
+        sm.apply(&set(&fabric, &[0x12]), 5).await.unwrap();
+        for (keys, generation) in [(&[][..], 4), (&[0x13][..], 5)] {
+            match sm.apply(&set(&fabric, keys), generation).await {
+                Err(SmError::StaleGeneration { sent, stored }) => {
+                    assert_eq!((sent, stored), (generation, 5));
+                }
+                other => panic!("generation {generation} must be refused: {other:?}"),
+            }
+        }
+        assert!(holds(&fabric, 0x12), "a refused set changes nothing");
+        sm.apply(&set(&fabric, &[]), 6).await.unwrap();
+        assert!(!holds(&fabric, 0x12));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delayed_stale_apply_never_lands_after_a_newer_one() {
+        let (fabric, sm) = sm(100);
+        // K at generation 7, then its release at 8: both accepted now, landing later.
+        sm.apply(&set(&fabric, &[0x12]), 7).await.unwrap();
+        sm.apply(&set(&fabric, &[]), 8).await.unwrap();
+        assert!(!holds(&fabric, 0x12), "nothing landed yet");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(
+            !holds(&fabric, 0x12),
+            "the newest set is what the tables hold"
+        );
+        assert_eq!(sm.fence.lock().unwrap().landed, 8);
+        // However the timers fire, generation 7 arriving after 8 landed programs nothing.
+        let landed = sm
+            .fence
+            .lock()
+            .unwrap()
+            .land(&fabric, 7, &[PKeyValue(0x8012)])
+            .unwrap();
+        assert!(!landed);
+        assert!(
+            !holds(&fabric, 0x12),
+            "a stale set never lands after a newer one"
+        );
+        // And a stale apply is refused before it is ever scheduled.
+        assert!(matches!(
+            sm.apply(&set(&fabric, &[0x12]), 7).await,
+            Err(SmError::StaleGeneration { sent: 7, stored: 8 })
+        ));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!holds(&fabric, 0x12));
     }
 }
