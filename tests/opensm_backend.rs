@@ -944,3 +944,89 @@ async fn a_set_that_cannot_be_stored_is_not_written_and_is_stored_on_the_retry()
     let text = String::from_utf8(std::fs::read(&s.path).unwrap()).unwrap();
     assert!(text.contains("0x0a12"), "{text}");
 }
+
+/// Runs one life of the SM host in its own runtime: dropping it ends the backend's tasks, so the
+/// store is closed for the next life.
+fn life(f: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f);
+}
+
+#[test]
+fn a_restored_store_never_puts_a_released_key_back_until_the_node_sends_again() {
+    use fabric_agent::daemon::StoredSmNodes;
+    use fabric_agent::store::Store;
+    let state = tempfile::tempdir().unwrap();
+    let db = state.path().join("state.redb");
+    let copy = state.path().join("copy.redb");
+    let open = |db: &Path| StoredSmNodes(Arc::new(Store::open(db, 1000).unwrap()));
+    let node1 = "0x0000000000000011";
+    let region = |s: &Setup<StoredSmNodes>| {
+        let bytes = std::fs::read(&s.path).unwrap();
+        String::from_utf8(bytes).unwrap()
+    };
+    life(async {
+        let s = setup_with(
+            open(&db),
+            with_region("").as_bytes(),
+            Duration::ZERO,
+            |_| {},
+        );
+        s.set_ok(node("node1", &[0x11], &[(0x0a12, Membership::Full)]), 5)
+            .await;
+        assert!(region(&s).contains(node1));
+    });
+    // The copy that will be put back, then the release it predates.
+    std::fs::copy(&db, &copy).unwrap();
+    life(async {
+        let s = setup_with(
+            open(&db),
+            with_region("").as_bytes(),
+            Duration::ZERO,
+            |_| {},
+        );
+        s.set_ok(node("node1", &[0x11], &[]), 6).await;
+        assert!(!region(&s).contains(node1));
+    });
+    std::fs::copy(&copy, &db).unwrap();
+    life(async {
+        let store = open(&db);
+        assert!(
+            store.0.rolled_back().is_some(),
+            "the mirror names a newer store"
+        );
+        let s = setup_with(store, with_region("").as_bytes(), Duration::ZERO, |_| {});
+        // Another node's commit renders the region: node1's restored key stays out of it.
+        s.set_ok(node("node2", &[0x22], &[(0x0a13, Membership::Full)]), 1)
+            .await;
+        let text = region(&s);
+        assert!(text.contains("0x0000000000000022"), "{text}");
+        assert!(!text.contains(node1), "restored set rendered: {text}");
+        // The restored generation still fences: node1's old set is not taken back either.
+        assert!(matches!(
+            s.backend
+                .set_node(node("node1", &[0x11], &[(0x0a12, Membership::Full)]), 5)
+                .await,
+            Err(OpenSmError::StaleGeneration { sent: 5, stored: 5 })
+        ));
+        assert!(!region(&s).contains(node1));
+    });
+    // Marked durably: a second restart (the mirror matches now) still keeps it out.
+    life(async {
+        let store = open(&db);
+        assert!(store.0.rolled_back().is_none());
+        let s = setup_with(store, with_region("").as_bytes(), Duration::ZERO, |_| {});
+        s.set_ok(node("node2", &[0x22], &[(0x0a14, Membership::Full)]), 2)
+            .await;
+        assert!(!region(&s).contains(node1));
+        // The node's next set is what counts again.
+        s.set_ok(node("node1", &[0x11], &[(0x0a15, Membership::Full)]), 9)
+            .await;
+        let text = region(&s);
+        assert!(text.contains(node1), "{text}");
+        assert!(!text.contains("0x0a12"), "{text}");
+    });
+}

@@ -20,6 +20,8 @@ struct RecordError {
 }
 /// Store meta key of the OpenSM backend's commit state (unconfirmed write, rejected file).
 const OPENSM_COMMIT: &str = "opensm_commit_state";
+/// Store meta key: the log epoch of the rollback whose node sets were marked unconfirmed.
+const SM_ROLLBACK_MARKED: &str = "sm_rollback_marked";
 /// Store meta key of the UFM backend's ledger (GUIDs this node put in partitions).
 const UFM_LEDGER: &str = "ufm_ledger";
 
@@ -38,12 +40,51 @@ struct StoredSmNode {
     consumed: std::collections::BTreeSet<String>,
     #[serde(default)]
     revoked_instances: std::collections::BTreeSet<String>,
+    /// Loaded from a store found restored from a copy, and not rewritten since: kept out of the
+    /// rendered region (see [`StoredNode::unconfirmed`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    unconfirmed: bool,
+}
+
+impl StoredSmNodes {
+    /// After a detected rollback (once per rollback), marks every stored set unconfirmed,
+    /// durably, so a second restart still keeps them out of the region.
+    fn mark_restored(&self, rows: &mut [(String, StoredSmNode)]) -> Result<(), NodeStoreError> {
+        let Some(why) = self.0.rolled_back() else {
+            return Ok(());
+        };
+        let epoch = self.0.epoch().to_string();
+        if self
+            .0
+            .meta(SM_ROLLBACK_MARKED)
+            .map_err(NodeStoreError::new)?
+            .as_deref()
+            == Some(epoch.as_bytes())
+        {
+            return Ok(());
+        }
+        tracing::error!(%why, nodes = rows.len(), "SM-host store rolled back: every stored node set stays out of the partitions file until that node sends its next set");
+        let mut bytes = Vec::with_capacity(rows.len());
+        for (id, n) in rows.iter_mut() {
+            n.unconfirmed = true;
+            bytes.push((
+                id.clone(),
+                serde_json::to_vec(n).map_err(NodeStoreError::new)?,
+            ));
+        }
+        self.0
+            .put_sm_nodes(&bytes, Some((SM_ROLLBACK_MARKED, epoch.as_bytes())))
+            .map_err(NodeStoreError::new)
+    }
 }
 
 impl NodeMembershipStore for StoredSmNodes {
     fn load_all(&self) -> Result<Vec<StoredNode>, NodeStoreError> {
-        let rows = self.0.sm_nodes().map_err(NodeStoreError::new)?;
-        rows.into_iter()
+        let mut rows = self
+            .0
+            .sm_nodes()
+            .map_err(NodeStoreError::new)?
+            .into_iter()
             .map(|(id, bytes)| {
                 let n: StoredSmNode = serde_json::from_slice(&bytes).map_err(|source| {
                     NodeStoreError::new(RecordError {
@@ -51,15 +92,27 @@ impl NodeMembershipStore for StoredSmNodes {
                         source,
                     })
                 })?;
-                Ok(StoredNode {
+                Ok((id, n))
+            })
+            .collect::<Result<Vec<_>, NodeStoreError>>()?;
+        self.mark_restored(&mut rows)?;
+        Ok(rows
+            .into_iter()
+            .map(|(_, n)| {
+                let node = StoredNode {
                     memberships: n.memberships,
                     generation: n.generation,
                     grants: n.grants,
                     consumed: n.consumed,
                     revoked_instances: n.revoked_instances,
-                })
+                };
+                if n.unconfirmed {
+                    node.unconfirmed()
+                } else {
+                    node
+                }
             })
-            .collect()
+            .collect())
     }
 
     fn put_group(
@@ -76,6 +129,7 @@ impl NodeMembershipStore for StoredSmNodes {
                     grants: n.grants.clone(),
                     consumed: n.consumed.clone(),
                     revoked_instances: n.revoked_instances.clone(),
+                    unconfirmed: false,
                 })?;
                 Ok((n.memberships.node_id.to_string(), bytes))
             })

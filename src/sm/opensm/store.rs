@@ -6,6 +6,9 @@
 //! The backend writes the node sets of a whole commit group, with the commit state that marks
 //! its write in progress, in one transaction ([`NodeMembershipStore::put_group`]): one fsync per
 //! group, not one per request.
+//!
+//! A store found restored from a copy at open: every stored set is marked unconfirmed and loads
+//! without its keys ([`StoredNode::unconfirmed`]) until that node's next set is stored.
 
 use crate::domain::{Membership, NodeMemberships, PKey};
 use serde::{Deserialize, Serialize};
@@ -33,6 +36,17 @@ pub struct StoredNode {
 }
 
 impl StoredNode {
+    /// What a restored store's record of a node becomes (fail closed): the store was found
+    /// older than the one last written, so the node may have sent newer sets since, releases
+    /// among them. The keys are kept out of the rendered region until the node's next set
+    /// arrives; the generation stays (an older set is still refused), and so do the port GUIDs
+    /// and the grant history. A node whose ports lose a key it still wants sees the drift and
+    /// re-applies with a newer generation.
+    pub fn unconfirmed(mut self) -> StoredNode {
+        self.memberships.keys.clear();
+        self
+    }
+
     /// A set with no grant history.
     pub fn new(memberships: NodeMemberships, generation: u64) -> StoredNode {
         StoredNode {
