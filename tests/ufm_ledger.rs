@@ -47,10 +47,12 @@ impl Rig {
         UfmSm::new(&self.config(), Arc::new(self.store.clone())).unwrap()
     }
 
-    /// A backend whose requests time out after 150 ms.
+    /// A backend whose requests time out after 150 ms, and whose unanswered adds stay watched
+    /// for 1 s (time-scaled: the default is 10 minutes).
     fn impatient_sm(&self) -> UfmSm {
         let mut c = self.config();
         c.request_timeout_ms = 150;
+        c.late_write_window_ms = 1_000;
         UfmSm::new(&c, Arc::new(self.store.clone())).unwrap()
     }
 
@@ -225,8 +227,20 @@ async fn an_add_that_failed_after_taking_effect_is_in_the_ledger() {
     );
     assert_eq!(rig.ledger().guids(pkey(K)), guids(&[G1, G2]));
 
-    // Restart with G2 hidden, and the attachment is withdrawn: both GUIDs leave K.
-    rig.sm().apply(&node(&[G1], &[]), 2).await.unwrap();
+    // Restart with G2 hidden, and the attachment is withdrawn: both GUIDs leave K at once,
+    // but the unanswered add could still land: not acknowledged until its window ended.
+    let sm = rig.sm();
+    let err = sm.apply(&node(&[G1], &[]), 2).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SmError::Unreachable(SmFailure::Ufm(UfmError::LateWriteWindow { .. }))
+        ),
+        "{err:?}"
+    );
+    assert!(rig.fake.members(K).is_empty());
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    sm.apply(&node(&[G1], &[]), 3).await.unwrap();
     assert!(rig.fake.members(K).is_empty());
     assert!(rig.ledger().is_empty());
 }
@@ -333,4 +347,82 @@ fn timed_out(err: &SmError) -> bool {
         SmError::Unreachable(SmFailure::Ufm(UfmError::NoAnswer(NoAnswer::Transport { source, .. })))
             if source.is_timeout()
     )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_ufm_executes_late_is_removed_and_the_key_released_only_after_the_window() {
+    let rig = Rig::new().await;
+    let mut config = rig.config();
+    // Time-scaled: the default window is 10 minutes; the late add lands 0.8 s after it was
+    // sent, well inside this 2 s window.
+    config.late_write_window_ms = 2_000;
+    let build = || UfmSm::new(&config, Arc::new(rig.store.clone())).unwrap();
+    let sm = build();
+    let key = PKey::new(u32::from(K)).unwrap();
+    rig.fake.execute_adds_late(1, Duration::from_millis(800));
+    let sent = std::time::Instant::now();
+    // The first attempt is answered 503 (and will still be executed); the retry lands.
+    sm.apply(&node(&[G1], &[K]), 1).await.unwrap();
+    assert!(rig.fake.members(K).contains_key(&G1));
+    assert!(
+        rig.ledger().watched_until(key).is_some(),
+        "a retried add is watched"
+    );
+
+    // Release: UFM shows the key clear, yet the first attempt can still land: no
+    // acknowledgement (so no RELEASED), and the key stays in the ledger.
+    let late_window = |r: Result<_, SmError>| match r {
+        Err(SmError::Unreachable(SmFailure::Ufm(UfmError::LateWriteWindow { key: k, .. }))) => {
+            assert_eq!(k, key)
+        }
+        other => panic!("a watched key must not be acknowledged as released: {other:?}"),
+    };
+    late_window(sm.apply(&node(&[G1], &[]), 2).await);
+    assert!(!rig.fake.members(K).contains_key(&G1));
+    assert!(rig.ledger().guids(key).contains(&Guid(G1)));
+    // A restarted agent's backend holds the same watch (it is durable).
+    late_window(build().apply(&node(&[G1], &[]), 3).await);
+
+    // UFM executes the stale add: the GUID is back in the released key.
+    let deadline = sent + Duration::from_millis(1_800);
+    while !rig.fake.members(K).contains_key(&G1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the late add never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The next apply removes it at once and reports the late write.
+    late_window(sm.apply(&node(&[G1], &[]), 4).await);
+    assert!(!rig.fake.members(K).contains_key(&G1), "removed at once");
+    let conditions = sm.conditions();
+    assert_eq!(conditions.len(), 1, "{conditions:?}");
+    assert_eq!(conditions[0].kind.name(), "UFM_LATE_WRITE");
+    assert!(
+        conditions[0].detail.contains("0x0a12"),
+        "{}",
+        conditions[0].detail
+    );
+
+    // Past the window, a read shows the key clear: acknowledged, forgotten, condition cleared.
+    tokio::time::sleep(
+        (sent + Duration::from_millis(2_100)).saturating_duration_since(std::time::Instant::now()),
+    )
+    .await;
+    sm.apply(&node(&[G1], &[]), 5).await.unwrap();
+    assert!(rig.ledger().is_empty(), "{:?}", rig.ledger());
+    assert!(sm.conditions().is_empty());
+    assert!(!rig.fake.members(K).contains_key(&G1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_answered_at_its_first_attempt_leaves_nothing_watched() {
+    let rig = Rig::new().await;
+    let sm = rig.sm();
+    let key = PKey::new(u32::from(K)).unwrap();
+    sm.apply(&node(&[G1], &[K]), 1).await.unwrap();
+    assert_eq!(rig.ledger().watched_until(key), None);
+    // Released at once, no window to wait out.
+    sm.apply(&node(&[G1], &[]), 2).await.unwrap();
+    assert!(rig.ledger().is_empty());
 }

@@ -25,6 +25,9 @@ pub enum ConditionKind {
     /// event log got a new epoch and the apply generation moved above every one the old store
     /// may have sent. Stands until an apply of the restarted agent was acknowledged.
     StoreRolledBack,
+    /// UFM executed an add of this node after the client had given up on it (a late write): a
+    /// GUID re-appeared in a released key. It was removed; stands until the key's watch ends.
+    UfmLateWrite,
 }
 
 impl ConditionKind {
@@ -36,6 +39,7 @@ impl ConditionKind {
             ConditionKind::PartitionsFileRejected => "PARTITIONS_FILE_REJECTED",
             ConditionKind::PartitionsFileUnconfirmed => "PARTITIONS_FILE_UNCONFIRMED",
             ConditionKind::StoreRolledBack => "STORE_ROLLED_BACK",
+            ConditionKind::UfmLateWrite => "UFM_LATE_WRITE",
         }
     }
 }

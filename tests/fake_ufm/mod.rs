@@ -92,6 +92,9 @@ struct Inner {
     inject: (usize, u16),
     /// The next `.0` writes (POST, DELETE) take effect, then answer only after `.1`.
     late_writes: (usize, Duration),
+    /// The next `.0` adds (POST …/resources/pkeys) answer 503 at once and take effect `.1`
+    /// later: UFM executing a request after the client gave up on it.
+    executed_late: (usize, Duration),
     outage_until: Option<Instant>,
     /// Injected answers quote the request's `Authorization` header (a careless server).
     echo_auth: bool,
@@ -174,6 +177,7 @@ impl FakeUfm {
                 delay: Duration::ZERO,
                 inject: (0, 503),
                 late_writes: (0, Duration::ZERO),
+                executed_late: (0, Duration::ZERO),
                 outage_until: None,
                 echo_auth: false,
                 log: Vec::new(),
@@ -257,6 +261,12 @@ impl FakeUfm {
     /// `delay`: with `delay` beyond the client's timeout, a change whose answer was lost.
     pub fn answer_writes_late(&self, n: usize, delay: Duration) {
         self.with(|i| i.late_writes = (n, delay));
+    }
+
+    /// The next `n` adds (`POST …/resources/pkeys`) are answered 503 at once and executed
+    /// `delay` later: a write UFM carries out after the client gave up on it.
+    pub fn execute_adds_late(&self, n: usize, delay: Duration) {
+        self.with(|i| i.executed_late = (n, delay));
     }
 
     /// Makes injected answers quote the request's `Authorization` header, like a careless
@@ -439,6 +449,35 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let add = method == Method::POST && uri.path().ends_with("/resources/pkeys");
+    let late_add = {
+        let mut i = shared.inner.lock().expect("fake UFM lock");
+        (add && i.executed_late.0 > 0 && authorised(&i.auth, &headers)).then(|| {
+            i.executed_late.0 -= 1;
+            i.executed_late.1
+        })
+    };
+    if let Some(late) = late_add {
+        let shared = shared.clone();
+        let (method, uri, body) = (method.clone(), uri.clone(), body.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(late).await;
+            let json: Option<Value> = serde_json::from_slice(&body).ok();
+            let changed = {
+                let mut i = shared.inner.lock().expect("fake UFM lock");
+                route(&mut i.model, &method, &uri, json.as_ref()).1
+            };
+            if let Some(pkey) = changed {
+                report(&shared, pkey, touched_guids(&uri, json.as_ref()));
+            }
+        });
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            json!({"error": "busy (the request will still be executed)"}).to_string(),
+        )
+            .into_response();
+    }
     let (delay, injected) = {
         let mut i = shared.inner.lock().expect("fake UFM lock");
         let down = i.outage_until.is_some_and(|t| Instant::now() < t);

@@ -76,6 +76,11 @@ pub struct UfmConfig {
     /// anyway. 0: never skip.
     #[serde(default = "default_max_skipped_rechecks")]
     pub max_skipped_rechecks: u32,
+    /// How long after an add was sent UFM may still execute it when no answer came (a timeout,
+    /// an error, a retry, a cancelled apply), milliseconds: the key stays watched that long (see
+    /// docs/UFM.md, late writes). Default 600,000 (10 minutes).
+    #[serde(default = "default_late_write_window_ms")]
+    pub late_write_window_ms: u64,
     /// Request budget: at most this many requests per second to UFM on average (retries
     /// included). Beyond it requests wait; they never fail because of the budget.
     #[serde(default = "default_max_requests_per_sec")]
@@ -114,6 +119,10 @@ fn default_backoff_max_ms() -> u64 {
 fn default_true() -> bool {
     true
 }
+fn default_late_write_window_ms() -> u64 {
+    600_000
+}
+
 fn default_max_skipped_rechecks() -> u32 {
     11
 }
@@ -222,6 +231,7 @@ impl UfmConfig {
             ip_over_ib: true,
             list_reads: true,
             max_skipped_rechecks: default_max_skipped_rechecks(),
+            late_write_window_ms: default_late_write_window_ms(),
             max_requests_per_sec: default_max_requests_per_sec(),
             request_burst: default_request_burst(),
         }

@@ -51,6 +51,15 @@ pub enum UfmError {
     /// The HTTP client could not be built.
     #[error("UFM HTTP client: {0}")]
     Client(#[source] Arc<reqwest::Error>),
+    /// A released key is still watched for a late add (one UFM may execute after the client
+    /// gave up): not acknowledged until a read after the watch ends shows it absent.
+    #[error("{key} is released at UFM, but an add this node sent may still land until {until_unix_ms} (unix ms); the key is watched and re-read until then")]
+    LateWriteWindow {
+        /// The watched key.
+        key: PKey,
+        /// When its watch ends.
+        until_unix_ms: i64,
+    },
     /// Keys are desired but the node has no InfiniBand port.
     #[error("no InfiniBand port GUIDs on this node to program keys for")]
     NoPorts,

@@ -8,8 +8,15 @@
 //! are ever removed from that key, so a GUID now owned by another node is never touched in a
 //! key this node did not put it in.
 //!
+//! Late writes: an add UFM may still execute after the client gave up (it failed, timed out,
+//! was retried or cancelled) puts its key under *watch* until the latest time it could land
+//! (`late_write_window_ms` after it was sent). While a key is watched its GUIDs stay here even
+//! when a read shows them gone, so every apply keeps reading the key and removes a
+//! re-appearance at once; only a read started after the watch ended may drop them.
+//!
 //! Format (JSON, one value): `{"version":1,"keys":{"0x0a12":["0002c903000e0b72", ...]}}`, keys
-//! and GUIDs spelled as UFM spells them.
+//! and GUIDs spelled as UFM spells them, plus `"watch":{"0x0a12":<unix ms>}` while a key is
+//! watched.
 
 use super::wire::{guid_text, parse_pkey, pkey_text};
 use crate::domain::{Guid, PKey};
@@ -106,6 +113,8 @@ impl UfmLedgerStore for MemoryLedgerStore {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UfmLedger {
     keys: BTreeMap<PKey, BTreeSet<Guid>>,
+    /// Key -> unix milliseconds until which an add carrying it may still land.
+    watch: BTreeMap<PKey, i64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -113,12 +122,38 @@ pub struct UfmLedger {
 struct LedgerFile {
     version: u32,
     keys: BTreeMap<String, Vec<String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    watch: BTreeMap<String, i64>,
 }
 
 impl UfmLedger {
-    /// Whether no key holds any GUID of this node.
+    /// Whether no key holds any GUID of this node and none is watched.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.watch.is_empty()
+    }
+
+    /// Until when (unix ms) `key` is watched for a late add, if it is.
+    pub fn watched_until(&self, key: PKey) -> Option<i64> {
+        self.watch.get(&key).copied()
+    }
+
+    /// Every watched key with the end of its watch.
+    pub fn watched(&self) -> impl Iterator<Item = (PKey, i64)> + '_ {
+        self.watch.iter().map(|(k, t)| (*k, *t))
+    }
+
+    /// Watches `key` until at least `until_ms`.
+    pub(crate) fn watch(&mut self, key: PKey, until_ms: i64) {
+        let e = self.watch.entry(key).or_insert(until_ms);
+        *e = (*e).max(until_ms);
+    }
+
+    /// Replaces the watch of `key` (None: not watched).
+    pub(crate) fn restore_watch(&mut self, key: PKey, until_ms: Option<i64>) {
+        self.watch.remove(&key);
+        if let Some(t) = until_ms {
+            self.watch.insert(key, t);
+        }
     }
 
     /// Every key with GUIDs recorded.
@@ -173,6 +208,11 @@ impl UfmLedger {
                 .iter()
                 .map(|(k, guids)| (pkey_text(*k), guids.iter().map(|g| guid_text(*g)).collect()))
                 .collect(),
+            watch: self
+                .watch
+                .iter()
+                .map(|(k, t)| (pkey_text(*k), *t))
+                .collect(),
         };
         serde_json::to_vec(&file).expect("the ledger serialises")
     }
@@ -197,6 +237,11 @@ impl UfmLedger {
                 })
                 .collect::<Result<_, _>>()?;
             ledger.record(key, guids);
+        }
+        for (key_text, until) in &file.watch {
+            let key =
+                parse_pkey(key_text).ok_or_else(|| LedgerDecodeError::Key(key_text.clone()))?;
+            ledger.watch.insert(key, *until);
         }
         Ok(ledger)
     }
@@ -248,6 +293,21 @@ mod tests {
             r#"{"version":1,"keys":{"0x0005":["0000000000000002"],"0x0a12":["0000000000000001","0002c903000e0b72"]}}"#
         );
         assert_eq!(UfmLedger::decode(&bytes).unwrap(), l);
+    }
+
+    #[test]
+    fn watches_round_trip_and_only_grow_until_restored() {
+        let mut l = UfmLedger::default();
+        l.record(key(0x0a12), set(&[1]));
+        l.watch(key(0x0a12), 2_000);
+        l.watch(key(0x0a12), 1_000);
+        assert_eq!(l.watched_until(key(0x0a12)), Some(2_000));
+        let bytes = l.encode();
+        assert!(String::from_utf8_lossy(&bytes).contains(r#""watch":{"0x0a12":2000}"#));
+        assert_eq!(UfmLedger::decode(&bytes).unwrap(), l);
+        l.restore_watch(key(0x0a12), None);
+        assert_eq!(l.watched_until(key(0x0a12)), None);
+        assert!(!String::from_utf8_lossy(&l.encode()).contains("watch"));
     }
 
     #[test]

@@ -113,6 +113,11 @@ pub struct UfmSm {
     max_skipped: u32,
     budget: Budget,
     state: tokio::sync::Mutex<State>,
+    /// `late_write_window_ms` as configured.
+    late_window_ms: i64,
+    /// Late writes seen (a watched key's GUIDs re-appeared after a read showed them gone),
+    /// reported as the `UFM_LATE_WRITE` condition until the key's watch ends.
+    late_writes: std::sync::Mutex<BTreeMap<PKey, String>>,
 }
 
 /// What every HTTP client this backend builds shares.
@@ -164,6 +169,9 @@ struct State {
     stamp_supported: bool,
     /// What the last confirming read showed, with the stamp read before it.
     confirmed: Option<Confirmed>,
+    /// Watched keys a read of this process showed without this node's GUIDs: a later read
+    /// that finds them again saw a late write.
+    seen_absent: BTreeSet<PKey>,
 }
 
 /// An apply that read the stamp, then read every key and found all right, and wrote nothing.
@@ -314,7 +322,10 @@ impl UfmSm {
                 list_usable: config.list_reads,
                 stamp_supported: true,
                 confirmed: None,
+                seen_absent: BTreeSet::new(),
             }),
+            late_window_ms: i64::try_from(config.late_write_window_ms).unwrap_or(i64::MAX),
+            late_writes: std::sync::Mutex::default(),
         })
     }
 
@@ -351,6 +362,7 @@ impl UfmSm {
             list_usable,
             stamp_supported,
             confirmed,
+            seen_absent,
             ..
         } = state;
         let ledger = ledger
@@ -385,6 +397,7 @@ impl UfmSm {
         *confirmed = None;
 
         // 1. Read first.
+        let read_ms = unix_ms();
         let current: BTreeMap<PKey, Option<PartitionState>> = if !*discovered {
             let keys = keys_of(desired, ledger);
             let (picked, all) = self.read_many(ex, list_usable, &keys, true).await?;
@@ -425,9 +438,12 @@ impl UfmSm {
         for (key, partition) in &current {
             let want = desired.keys.get(key).map(|s| s.membership);
             let plan = self.plan(ledger, partition.as_ref(), *key, want, ports);
+            if want.is_none() && !plan.remove.is_empty() && seen_absent.contains(key) {
+                self.late_write(ledger, *key, plan.remove.len());
+            }
             if plan.is_empty() {
                 summary.unchanged += 1;
-                confirm(ledger, *key, want, ports);
+                self.confirm_read(ledger, seen_absent, *key, want, ports, read_ms);
             } else {
                 plans.insert(*key, plan);
             }
@@ -435,8 +451,16 @@ impl UfmSm {
 
         // 3. Write ahead: every GUID about to be added is recorded durably before the request
         //    goes out (an add that fails or times out may still take effect).
+        //    The key is watched from now until the latest time the add could still land; an add
+        //    answered on its first attempt lifts that again (nothing of it is left to land).
+        let sent_ms = unix_ms();
+        let mut watched_before = BTreeMap::new();
         for (key, plan) in &plans {
             ledger.record(*key, plan.add.iter().copied());
+            if !plan.add.is_empty() {
+                watched_before.insert(*key, ledger.watched_until(*key));
+                ledger.watch(*key, sent_ms.saturating_add(self.late_window_ms));
+            }
         }
         self.save_ledger(ledger, saved).await?;
 
@@ -448,7 +472,11 @@ impl UfmSm {
         for (key, plan) in plans.iter().filter(|(k, _)| desired.keys.contains_key(k)) {
             let membership = desired.keys[key].membership;
             if !plan.add.is_empty() {
+                let before = ex.sent.load(Ordering::Relaxed);
                 self.add_guids(ex, *key, membership, &plan.add).await?;
+                if ex.sent.load(Ordering::Relaxed) == before + 1 {
+                    ledger.restore_watch(*key, watched_before.get(key).copied().flatten());
+                }
             }
             if !plan.remove.is_empty() {
                 self.remove_guids(ex, removal, *key, &plan.remove).await?;
@@ -458,6 +486,7 @@ impl UfmSm {
 
         // 5. Read back what changed. Entries leave the ledger only once a read showed them gone.
         let changed: BTreeSet<PKey> = plans.keys().copied().collect();
+        let read_ms = unix_ms();
         let after = if changed.is_empty() {
             BTreeMap::new()
         } else {
@@ -468,7 +497,7 @@ impl UfmSm {
             let want = desired.keys.get(key).map(|s| s.membership);
             let left = self.plan(ledger, partition.as_ref(), *key, want, ports);
             if left.is_empty() {
-                confirm(ledger, *key, want, ports);
+                self.confirm_read(ledger, seen_absent, *key, want, ports, read_ms);
             } else {
                 wrong.push((*key, left));
             }
@@ -492,6 +521,49 @@ impl UfmSm {
             });
         }
         Ok(summary)
+    }
+
+    /// Bookkeeping once a read started at `read_ms` showed `key` right. A key no longer
+    /// desired that is still watched keeps its GUIDs (later applies re-read it); once a read
+    /// started after its watch ended shows it clear, the watch, the GUIDs and any late-write
+    /// report go.
+    fn confirm_read(
+        &self,
+        ledger: &mut UfmLedger,
+        seen_absent: &mut BTreeSet<PKey>,
+        key: PKey,
+        want: Option<Membership>,
+        ports: &BTreeSet<Guid>,
+        read_ms: i64,
+    ) {
+        match (want, ledger.watched_until(key)) {
+            (None, Some(until)) if read_ms <= until => {
+                seen_absent.insert(key);
+            }
+            (None, _) => {
+                ledger.restore_watch(key, None);
+                seen_absent.remove(&key);
+                self.late_writes_mut().remove(&key);
+                confirm(ledger, key, want, ports);
+            }
+            (Some(_), _) => {
+                seen_absent.remove(&key);
+                confirm(ledger, key, want, ports);
+            }
+        }
+    }
+
+    /// Records a late write: `count` GUIDs of this node re-appeared in the released, watched
+    /// `key` after a read had shown them gone. The apply removes them now.
+    fn late_write(&self, ledger: &UfmLedger, key: PKey, count: usize) {
+        let until = ledger.watched_until(key).unwrap_or_default();
+        let detail = format!("{count} GUID(s) of this node re-appeared in released {key} at UFM (an add executed after the client gave up); removed, and watched until {until} (unix ms)");
+        tracing::error!(%key, count, "UFM late write: a released key came back; removing it");
+        self.late_writes_mut().insert(key, detail);
+    }
+
+    fn late_writes_mut(&self) -> std::sync::MutexGuard<'_, BTreeMap<PKey, String>> {
+        self.late_writes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What to change in `key` for this node: the visible ports and the ledger's GUIDs.
@@ -759,9 +831,22 @@ type PartitionReads = (
     Option<BTreeMap<PKey, PartitionState>>,
 );
 
-/// Every key to look at: the desired ones and every key the ledger holds GUIDs in.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Every key to look at: the desired ones and every key the ledger holds GUIDs in or watches.
 fn keys_of(desired: &NodeMemberships, ledger: &UfmLedger) -> BTreeSet<PKey> {
-    desired.keys.keys().copied().chain(ledger.keys()).collect()
+    desired
+        .keys
+        .keys()
+        .copied()
+        .chain(ledger.keys())
+        .chain(ledger.watched().map(|(k, _)| k))
+        .collect()
 }
 
 /// Bookkeeping once a read showed `key` right: the ledger keeps exactly the GUIDs now in it
@@ -777,6 +862,17 @@ fn confirm(ledger: &mut UfmLedger, key: PKey, want: Option<Membership>, ports: &
 impl SubnetManager for UfmSm {
     fn backend(&self) -> &'static str {
         "ufm"
+    }
+
+    fn conditions(&self) -> Vec<crate::domain::Condition> {
+        let late = self.late_writes_mut();
+        if late.is_empty() {
+            return Vec::new();
+        }
+        vec![crate::domain::Condition {
+            kind: crate::domain::ConditionKind::UfmLateWrite,
+            detail: late.values().cloned().collect::<Vec<_>>().join("; "),
+        }]
     }
 
     async fn apply(
@@ -812,7 +908,21 @@ impl SubnetManager for UfmSm {
             sent: AtomicUsize::new(0),
             budget: &self.budget,
         };
-        let result = self.apply_locked(&mut state, desired, &ports, &ex).await;
+        let mut result = self.apply_locked(&mut state, desired, &ports, &ex).await;
+        if result.is_ok() {
+            // A released key still watched for a late add is not acknowledged: the node says
+            // RELEASED only when nothing it sent can still land (module docs, late writes).
+            let ledger = state.ledger.as_ref().expect("the ledger is loaded");
+            if let Some((key, until)) = ledger
+                .watched()
+                .find(|(k, _)| !desired.keys.contains_key(k))
+            {
+                result = Err(Failure::NoAnswer(UfmError::LateWriteWindow {
+                    key,
+                    until_unix_ms: until,
+                }));
+            }
+        }
         let sent = ex.sent.load(Ordering::Relaxed);
         match result {
             Ok(s) if s.skipped => {
