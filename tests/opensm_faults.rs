@@ -4,7 +4,8 @@
 //! OpenSM killed mid-release gives a clear reason and RELEASED only once the key is gone; an
 //! operator's edit OpenSM rejects is undone; a tenant named like an operator's keyless entry
 //! changes no operator membership; a reply lost after OpenSM programmed the key never leads to
-//! RELEASED while the key is on the port. Skipped when ibsim/OpenSM are not installed.
+//! RELEASED while the key is on the port; a restored SM-host store never puts a released key
+//! back on a port. Skipped when ibsim/OpenSM are not installed.
 
 mod common;
 #[path = "rig/mod.rs"]
@@ -451,5 +452,84 @@ async fn a_lost_reply_then_a_release_is_never_released_while_the_key_is_on_the_p
     );
     assert!(fabric.pkeys("node1").contains(&0x8a70));
     assert!(n1.stop().success());
+    assert!(sm.stop().success());
+}
+
+/// A restored SM-host store (its database put back from a copy taken before a release) never
+/// puts the released key back on the node's port: the restored sets stay out of the region
+/// until each node sends again, while other nodes' sets are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_sm_host_store_never_puts_a_released_key_back_on_a_port() {
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
+        return;
+    };
+    let port = free_port();
+    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let connect = || async move {
+        PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("connect")
+    };
+    let mut client = connect().await;
+    let (g1, g2) = (
+        fabric.node_info("node1").port_guid,
+        fabric.node_info("node2").port_guid,
+    );
+    set_and_wait(&fabric, &mut client, "node1", g1, 0x0a41, 1).await;
+    assert!(sm.stop().success());
+    let db = fabric.dir().join("smstate/state.redb");
+    let copy = fabric.dir().join("smstate-copy.redb");
+    std::fs::copy(&db, &copy).unwrap();
+
+    // node1 releases the key.
+    sm.spawn(&fabric);
+    let mut client = connect().await;
+    client
+        .set_node_memberships(set_memberships("node1", &[g1], &[], 2))
+        .await
+        .expect("release");
+    wait_until("0x0a41 gone from node1", CONVERGE, || async {
+        !has_base(&fabric.pkeys("node1"), 0x0a41)
+    })
+    .await;
+    assert!(sm.stop().success());
+
+    // The database from before the release is put back; its mirror still names the newer one.
+    std::fs::copy(&copy, &db).unwrap();
+    sm.spawn(&fabric);
+    let mut client = connect().await;
+    // Another node's set makes the SM host write and OpenSM sweep: node1's key stays off.
+    set_and_wait(&fabric, &mut client, "node2", g2, 0x0a42, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keys = fabric.pkeys("node1");
+    assert!(
+        !has_base(&keys, 0x0a41),
+        "released key back on node1: {keys:x?}"
+    );
+    let held = client
+        .get_node_memberships(smpb::GetNodeMembershipsRequest {
+            node_id: "node1".into(),
+        })
+        .await
+        .expect("held")
+        .into_inner();
+    assert!(held.keys.is_empty(), "{held:?}");
+    // Its old generation still fences; node1's next set is served.
+    let err = client
+        .set_node_memberships(set_memberships("node1", &[g1], &[0x0a41], 1))
+        .await
+        .expect_err("the restored generation still fences");
+    assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    set_and_wait(&fabric, &mut client, "node1", g1, 0x0a43, 3).await;
+    // The SM host's own log says what happened.
+    let mut c = sm.client().await;
+    let n = node(&mut c).await;
+    let log = common::events(&mut c, n.first_event_seq.saturating_sub(1)).await;
+    assert!(
+        log.iter().any(|e| matches!(&e.kind,
+            Some(pb::event::Kind::ConditionChanged(cc))
+                if cc.active && cc.condition.as_ref().is_some_and(|k| k.kind == "STORE_ROLLED_BACK"))),
+        "{log:?}"
+    );
     assert!(sm.stop().success());
 }
