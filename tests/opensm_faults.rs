@@ -533,3 +533,52 @@ async fn a_restored_sm_host_store_never_puts_a_released_key_back_on_a_port() {
     );
     assert!(sm.stop().success());
 }
+
+/// A node whose whole state directory (the store's mirror included) is put back from a copy
+/// cannot see the rollback itself: the SM host's newer generation is the evidence, and the
+/// node raises STORE_ROLLED_BACK instead of moving past it silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
+        return;
+    };
+    let port = free_port();
+    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let mut n1 = Agent::start(&fabric, "node1", &node_config(&fabric, "node1", port));
+    let mut c = n1.client().await;
+    let a = attach_now(
+        &mut c,
+        attach("i-1", partition("ibpart_a", 0x0a51), Some(20_000)),
+    )
+    .await;
+    assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
+    assert!(n1.stop().success());
+    let dir = fabric.dir().join("node1-state");
+    let copy = fabric.dir().join("node1-state-copy");
+    common::copy_tree(&dir, &copy);
+
+    n1.spawn(&fabric);
+    let mut c = n1.client().await;
+    let r = release(&mut c, "i-1", Some(20_000)).await;
+    assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
+    assert!(n1.stop().success());
+
+    std::fs::remove_dir_all(&dir).unwrap();
+    common::copy_tree(&copy, &dir);
+    n1.spawn(&fabric);
+    let c = n1.client().await;
+    let raised = |log: &[pb::Event]| {
+        log.iter().any(|e| {
+            matches!(&e.kind, Some(pb::event::Kind::ConditionChanged(cc))
+                if cc.active && cc.condition.as_ref().is_some_and(|k| k.kind == "STORE_ROLLED_BACK"
+                    && k.detail.contains("newer than any the store sent")))
+        })
+    };
+    wait_until("STORE_ROLLED_BACK raised", CONVERGE, || {
+        let mut c = c.clone();
+        async move { raised(&common::events(&mut c, 0).await) }
+    })
+    .await;
+    assert!(n1.stop().success());
+    assert!(sm.stop().success());
+}
