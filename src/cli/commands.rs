@@ -217,7 +217,7 @@ pub fn parse_pkey(s: &str) -> Result<u32, PKeyArgError> {
         0 => Err(PKeyArgError::Zero(text)),
         0x8000 => Err(PKeyArgError::MembershipBitOnly(text)),
         0x7fff | 0xffff => Err(PKeyArgError::Default { text, value }),
-        0x8000.. => Err(PKeyArgError::MembershipBit { text, value }),
+        0x8001.. => Err(PKeyArgError::MembershipBit { text, value }),
         _ => Ok(value),
     }
 }

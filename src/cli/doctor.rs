@@ -218,10 +218,7 @@ async fn ports(
             checks.add(
                 Verdict::Fail,
                 "observer",
-                format!(
-                    "{}: cannot read the ports: {e}",
-                    super::loaded::observer_name(config)
-                ),
+                format!("{}: {e}", super::loaded::observer_name(config)),
             );
             None
         }

@@ -46,20 +46,34 @@ fn render(command: &clap::Command) -> std::io::Result<Vec<u8>> {
 pub fn pages() -> std::io::Result<Vec<(String, Vec<u8>)>> {
     let root = Cli::definition();
     let mut pages = vec![("fabric-agent.1".to_owned(), render(&root)?)];
-    for sub in root.get_subcommands().filter(|s| !s.is_hide_set()) {
-        // Named as the main page's SUBCOMMANDS section names them: fabric-agent-serve(1).
-        let name = format!("fabric-agent-{}", sub.get_name());
-        let sub = sub
-            .clone()
-            .display_name(name.clone())
-            .bin_name(name.clone());
-        pages.push((format!("{name}.1"), render(&sub)?));
-    }
+    sub_pages(&root, "fabric-agent", &mut pages)?;
     pages.push((
         "fabric-agent.toml.5".to_owned(),
         crate::config::reference::man_page().into_bytes(),
     ));
     Ok(pages)
+}
+
+/// One page per visible subcommand of `parent`, and of theirs, named as the parent's
+/// SUBCOMMANDS section names them: fabric-agent-serve(1), fabric-agent-grant-sign(1).
+fn sub_pages(
+    parent: &clap::Command,
+    prefix: &str,
+    pages: &mut Vec<(String, Vec<u8>)>,
+) -> std::io::Result<()> {
+    for sub in parent.get_subcommands().filter(|s| !s.is_hide_set()) {
+        if sub.get_name() == "help" {
+            continue;
+        }
+        let name = format!("{prefix}-{}", sub.get_name());
+        let sub = sub
+            .clone()
+            .display_name(name.clone())
+            .bin_name(name.clone());
+        pages.push((format!("{name}.1"), render(&sub)?));
+        sub_pages(&sub, &name, pages)?;
+    }
+    Ok(())
 }
 
 fn write_pages(dir: &Path) -> std::io::Result<()> {
@@ -97,7 +111,15 @@ mod tests {
         let pages = pages().unwrap();
         let names: Vec<&str> = pages.iter().map(|(n, _)| n.as_str()).collect();
         let main = String::from_utf8_lossy(&pages[0].1).into_owned();
-        for sub in ["serve", "node", "attach", "get", "doctor", "check-config"] {
+        for sub in [
+            "serve",
+            "node",
+            "attach",
+            "get",
+            "doctor",
+            "check-config",
+            "grant",
+        ] {
             assert!(
                 names.contains(&format!("fabric-agent-{sub}.1").as_str()),
                 "{names:?}"
@@ -106,5 +128,6 @@ mod tests {
             assert!(main.contains(&roff), "{sub}");
         }
         assert!(names.contains(&"fabric-agent.toml.5"), "{names:?}");
+        assert!(names.contains(&"fabric-agent-grant-sign.1"), "{names:?}");
     }
 }

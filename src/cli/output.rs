@@ -253,16 +253,33 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
     lines
 }
 
+/// The narrowest room a wrapped column gets; with less, the text moves under the row.
+const MIN_ROOM: usize = 24;
+
+/// The indent of text moved under its row.
+const UNDER: usize = 4;
+
 /// Prints `head` then `text`, wrapped within [`WIDTH`]: continuation lines are indented by
 /// `indent` (the column where the text starts in a table, a small hanging indent otherwise).
+/// When the head leaves less than [`MIN_ROOM`] columns (a long instance id), the text goes on
+/// the following lines, indented by [`UNDER`], so nothing passes [`WIDTH`].
 fn print_wrapped(head: &str, indent: usize, text: &str) {
     let start = head.chars().count();
-    let first_room = WIDTH.saturating_sub(start).max(20);
-    let rest_room = WIDTH.saturating_sub(indent).max(20);
-    let first = wrap(text, first_room);
-    let (line, more) = first.split_first().expect("wrap returns a line");
-    say!("{head}{line}");
-    let rest = more.join(" ");
+    let (first_room, indent) = if WIDTH.saturating_sub(start) >= MIN_ROOM {
+        (WIDTH - start, indent)
+    } else {
+        say!("{}", head.trim_end());
+        (0, UNDER)
+    };
+    let rest_room = WIDTH.saturating_sub(indent).max(MIN_ROOM);
+    let rest = if first_room == 0 {
+        text.to_owned()
+    } else {
+        let first = wrap(text, first_room);
+        let (line, more) = first.split_first().expect("wrap returns a line");
+        say!("{head}{line}");
+        more.join(" ")
+    };
     if !rest.is_empty() {
         for l in wrap(&rest, rest_room) {
             say!("{:indent$}{l}", "");
