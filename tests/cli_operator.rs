@@ -368,3 +368,52 @@ fn sighup_names_what_changed_and_ready_names_the_metrics_address() {
     assert!(!line.contains("metrics"), "{line}");
     assert!(d.stop().success());
 }
+
+#[test]
+fn no_color_is_honoured_on_a_terminal() {
+    // [12] On a terminal the log is coloured, unless NO_COLOR is set. `script` gives the
+    // command a pseudo-terminal; the config fails its checks, so `serve` logs and exits 64.
+    if Command::new("script").arg("--version").output().is_err() {
+        common::skip::skip("script (util-linux) is needed for a pseudo-terminal");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a-file"), b"").unwrap();
+    let config = tmp.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "fabric = \"f\"\nstate_dir = \"{}\"\n[listen]\nunix_socket = \"{}\"\n",
+            tmp.path().join("a-file/state").display(),
+            tmp.path().join("agent.sock").display()
+        ),
+    )
+    .unwrap();
+    let on_a_terminal = |no_color: Option<&str>| {
+        let mut cmd = Command::new("script");
+        cmd.args([
+            "-qec",
+            "\"$FA_BIN\" --config \"$FA_CONFIG\" serve",
+            "/dev/null",
+        ])
+        .env("FA_BIN", BIN)
+        .env("FA_CONFIG", &config)
+        .env("FABRIC_AGENT_LOG", "info")
+        .env_remove("NO_COLOR")
+        .env_remove("JOURNAL_STREAM");
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let o = cmd.output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let coloured = on_a_terminal(None);
+    assert!(coloured.contains("configuration"), "{coloured}");
+    assert!(
+        coloured.contains('\u{1b}'),
+        "a terminal gets colours: {coloured:?}"
+    );
+    let plain = on_a_terminal(Some("1"));
+    assert!(plain.contains("configuration"), "{plain}");
+    assert!(!plain.contains('\u{1b}'), "NO_COLOR=1: {plain:?}");
+}
