@@ -34,8 +34,9 @@ impl LogConfig {
 /// Tracing reads a bare word that is not a level (`warning`, `debugg`) as a *target* name: the
 /// filter then enables nothing else, and the daemon logs nothing at all for its whole life. So
 /// every comma-separated directive must be a level (`warn`), or `target=level`
-/// (`fabric_agent::agent=debug`), or a span directive (`target[span]=level`); an empty filter
-/// is refused too. The message names the value and the valid levels.
+/// (`fabric_agent::agent=debug`), or a span directive (`target[span]=level`); an empty filter,
+/// and one naming only other crates' targets (`h2=debug`), are refused too. The message names
+/// the value and the valid levels.
 pub fn check_filter(filter: &str) -> Result<(), String> {
     if filter.trim().is_empty() {
         return Err(format!(
@@ -70,6 +71,17 @@ pub fn check_filter(filter: &str) -> Result<(), String> {
             }
         }
     }
+    // Directives only for other crates' targets would log nothing of the agent's own.
+    let own = filter
+        .split(',')
+        .map(str::trim)
+        .any(|d| !d.contains('=') && !d.contains('[') || d.starts_with("fabric_agent"));
+    if !own {
+        return Err(format!(
+            "{filter:?} names only other modules, so the agent itself would log nothing; \
+             add a level first, e.g. \"info,{filter}\" (valid: {LEVELS})"
+        ));
+    }
     tracing_subscriber::EnvFilter::builder()
         .parse(filter)
         .map(drop)
@@ -99,6 +111,7 @@ mod tests {
             ("", "empty"),
             ("info,", "stray comma"),
             ("=info", "no target"),
+            ("h2=debug", "the agent itself would log nothing"),
         ] {
             let e = check_filter(bad).unwrap_err();
             assert!(e.contains(says), "{bad:?}: {e}");
