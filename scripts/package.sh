@@ -47,7 +47,9 @@ bin="$bin_dir/fabric-agent"
 # Generated assets (paths as listed in Cargo.toml's [package.metadata.deb] assets).
 gen=target/packaging
 mkdir -p "$gen"
-"$bin" man | gzip -9n > "$gen/fabric-agent.1.gz"
+# fabric-agent.1, one fabric-agent-COMMAND.1 per subcommand, fabric-agent.toml.5.
+rm -rf "$gen/man" && "$bin" man --dir "$gen/man"
+for page in "$gen"/man/*; do gzip -9n "$page"; done
 "$bin" completions bash > "$gen/fabric-agent.bash"
 "$bin" completions zsh > "$gen/_fabric-agent"
 

@@ -6,7 +6,9 @@
 # sources, built by the fuzz smoke run), python3 + venv (the stock grpcio client test and the
 # journald test), qemu-system-x86 + debootstrap + e2fsprogs (scripts/vm-rig.sh: the Debian 12
 # guest with a real kernel that tests/vm_rxe.rs boots; the guest's kernel comes from inside its
-# own root, so the host installs no kernel package). Idempotent.
+# own root, so the host installs no kernel package), prometheus (its promtool checks and
+# unit-tests packaging/prometheus/fabric-agent.rules.yml in tests/alert_rules.rs; Debian 12 has
+# 2.42). Idempotent.
 set -euo pipefail
 
 packages=(
@@ -17,6 +19,7 @@ packages=(
   systemd
   python3 python3-venv
   qemu-system-x86 debootstrap e2fsprogs
+  prometheus
 )
 
 missing=()

@@ -1,7 +1,7 @@
 //! Logging: under systemd, records go to the journal natively, every tracing field as a journal
 //! field of its own (`instance_id` -> `INSTANCE_ID`, so `journalctl -u fabric-agent
 //! INSTANCE_ID=vm-42` works); elsewhere text on stderr, without colours unless stderr is a
-//! terminal. `FABRIC_AGENT_LOG` sets the filter (over the config's `[log] filter`),
+//! terminal and `NO_COLOR` is unset. `FABRIC_AGENT_LOG` sets the filter (over the config's `[log] filter`),
 //! `FABRIC_AGENT_LOG_JSON=1` (or true/yes/on) forces JSON on stderr.
 
 use std::io::IsTerminal;
@@ -61,11 +61,29 @@ fn parse_flag(v: &str) -> Option<bool> {
     }
 }
 
+/// Whether `NO_COLOR` (<https://no-color.org>) asks for no colours: set and not empty.
+fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+}
+
 /// Installs the global subscriber; `default_level` applies when `FABRIC_AGENT_LOG` is unset
 /// (the daemon then applies its config's `[log] filter`, and again on SIGHUP, through the
 /// returned control).
 pub fn init(default_level: &str) -> LogControl {
-    let pinned = std::env::var("FABRIC_AGENT_LOG").ok();
+    let pinned = std::env::var("FABRIC_AGENT_LOG").ok().and_then(|f| {
+        match fabric_agent::config::check_log_filter(&f) {
+            Ok(()) => Some(f),
+            Err(e) => {
+                // Loud: a broken filter silently applied would hide every WARN for the
+                // process's whole life.
+                eprintln!(
+                    "warning: FABRIC_AGENT_LOG ignored: {e}; logging with the config's [log] \
+                     filter (default {default_level:?}) instead"
+                );
+                None
+            }
+        }
+    });
     let filter = pinned
         .as_deref()
         .and_then(|f| EnvFilter::builder().parse(f).ok())
@@ -94,7 +112,7 @@ pub fn init(default_level: &str) -> LogControl {
         None => Box::new(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
-                .with_ansi(std::io::stderr().is_terminal()),
+                .with_ansi(std::io::stderr().is_terminal() && !no_color()),
         ),
     };
     registry.with(output).init();

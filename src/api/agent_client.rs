@@ -194,6 +194,14 @@ impl AgentClient {
         Ok(self.0.attach_partition(request).await?.into_inner())
     }
 
+    /// `GetAttachment`: one instance's attachment (NOT_FOUND when there is none).
+    pub async fn get(&mut self, instance_id: &str) -> Result<pb::Attachment, CallError> {
+        let request = pb::GetAttachmentRequest {
+            instance_id: instance_id.to_owned(),
+        };
+        Ok(self.0.get_attachment(request).await?.into_inner())
+    }
+
     /// `ReleaseInstance`.
     pub async fn release(
         &mut self,

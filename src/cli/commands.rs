@@ -36,9 +36,10 @@ pub struct AttachArgs {
     /// Limited instead of full membership.
     #[arg(long)]
     pub limited: bool,
-    /// Wait up to this many seconds (at most 600) for ACTIVE; exit 75 if it is not reached.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=600))]
-    pub wait: Option<u32>,
+    /// Wait up to this long (at most 10m) for ACTIVE; exit 75 if it is not reached. A
+    /// duration such as 30s, 5m or 1m30s; a bare number is seconds.
+    #[arg(long, value_parser = parse_wait, value_name = "DURATION")]
+    pub wait: Option<std::time::Duration>,
     /// The control plane's signed grant for this attachment: the base64 `fabric-agent grant
     /// sign` prints, or @FILE holding it.
     #[arg(long)]
@@ -51,23 +52,92 @@ pub struct ReleaseArgs {
     /// The terminated instance.
     #[arg(long)]
     pub instance: String,
-    /// Wait up to this many seconds (at most 600) for RELEASED; exit 75 if it is not reached.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=600))]
-    pub wait: Option<u32>,
+    /// Wait up to this long (at most 10m) for RELEASED; exit 75 if it is not reached. A
+    /// duration such as 30s, 5m or 1m30s; a bare number is seconds.
+    #[arg(long, value_parser = parse_wait, value_name = "DURATION")]
+    pub wait: Option<std::time::Duration>,
 }
 
 /// `attachments` filters.
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Only this state (e.g. ACTIVE).
-    #[arg(long)]
-    pub state: Option<String>,
+    /// Only this state.
+    #[arg(long, value_enum, ignore_case = true)]
+    pub state: Option<StateArg>,
     /// Only this partition id.
     #[arg(long)]
     pub partition: Option<String>,
     /// Only this instance.
     #[arg(long)]
     pub instance: Option<String>,
+}
+
+/// An attachment state, as `--state` takes it (any case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StateArg {
+    /// Stored, not yet applied.
+    Pending,
+    /// Applied; the port tables are being read.
+    Programming,
+    /// Confirmed in every fabric port's table.
+    Active,
+    /// Was ACTIVE; a port's table lost the key.
+    Drifted,
+    /// Release requested; not yet confirmed gone.
+    Releasing,
+    /// Confirmed gone.
+    Released,
+    /// Refused for good.
+    Failed,
+}
+
+impl StateArg {
+    /// The API's state.
+    pub fn to_pb(self) -> pb::AttachmentState {
+        use pb::AttachmentState as S;
+        match self {
+            StateArg::Pending => S::Pending,
+            StateArg::Programming => S::Programming,
+            StateArg::Active => S::Active,
+            StateArg::Drifted => S::Drifted,
+            StateArg::Releasing => S::Releasing,
+            StateArg::Released => S::Released,
+            StateArg::Failed => S::Failed,
+        }
+    }
+}
+
+/// `get` arguments.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The instance whose attachment to show.
+    #[arg(value_name = "INSTANCE")]
+    pub instance: String,
+}
+
+/// The longest `--wait` (the daemon's own bound).
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Parses a `--wait`: a human duration (`30s`, `5m`, `1m30s`, as systemd and kubectl write
+/// them) or a bare number of seconds, at most [`MAX_WAIT`].
+pub fn parse_wait(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let d = if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit()) {
+        t.parse::<u64>()
+            .map(std::time::Duration::from_secs)
+            .map_err(|e| format!("{s:?}: {e}"))?
+    } else {
+        humantime::parse_duration(t).map_err(|e| {
+            format!("{s:?} is not a duration ({e}): write e.g. 30s, 5m or 1m30s (a bare number is seconds)")
+        })?
+    };
+    if d > MAX_WAIT {
+        return Err(format!(
+            "{s:?} is longer than the longest wait, {}",
+            humantime::format_duration(MAX_WAIT)
+        ));
+    }
+    Ok(d)
 }
 
 /// `check-config` arguments.
@@ -101,6 +171,13 @@ pub enum PKeyArgError {
     /// Reads as 0.
     #[error("{0:?} read as 0x0000, which is not a valid P_Key")]
     Zero(String),
+    /// The full-membership bit alone (base 0).
+    #[error(
+        "{0:?} read as 0x8000: that is only the full-membership bit, and base 0x0000 is not a \
+         P_Key; give a base 0x0001..0x7ffe (e.g. 0x0a12; membership is --limited or full by \
+         default)"
+    )]
+    MembershipBitOnly(String),
     /// The default partition's key.
     #[error("{text:?} read as {value:#06x}, the default partition, which no tenant may claim")]
     Default {
@@ -138,23 +215,30 @@ pub fn parse_pkey(s: &str) -> Result<u32, PKeyArgError> {
     let text = s.to_owned();
     match value {
         0 => Err(PKeyArgError::Zero(text)),
+        0x8000 => Err(PKeyArgError::MembershipBitOnly(text)),
         0x7fff | 0xffff => Err(PKeyArgError::Default { text, value }),
-        0x8000.. => Err(PKeyArgError::MembershipBit { text, value }),
+        0x8001.. => Err(PKeyArgError::MembershipBit { text, value }),
         _ => Ok(value),
     }
 }
 
 /// `check-config`: loads and validates the file, then runs every check `serve` runs before it
-/// binds ([`Preflight`]); exit 64 when anything fails. `--json` prints one object:
-/// `{"config", "ok", "error"?, "node"?, "fabric"?, "backend"?, "observer"?, "checks": [{"check", "ok", "detail"}]}`.
+/// binds ([`Preflight`]); exit 64 when anything fails. `--json` prints one object in the shape
+/// `doctor --json` prints too (`super::verdict`): `{"config", "ok", "verdict", "error"?, "node"?,
+/// "fabric"?, "backend"?, "observer"?, "checks": [{"check", "verdict", "ok", "detail"}]}`.
 pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
             if json {
-                output::json(&serde_json::json!({
-                    "config": path.display().to_string(), "ok": false, "error": e.to_string(), "checks": [],
-                }));
+                let mut v = super::verdict::summary(&[super::verdict::Check::new(
+                    super::verdict::Verdict::Fail,
+                    "config",
+                    e.to_string(),
+                )]);
+                v["config"] = path.display().to_string().into();
+                v["error"] = e.to_string().into();
+                output::json(&v);
             } else {
                 eprintln!("error: {e}");
             }
@@ -167,15 +251,13 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
         Preflight::run(&config)
     };
     if json {
-        output::json(&serde_json::json!({
-            "config": path.display().to_string(),
-            "ok": preflight.ok(),
-            "node": config.node_id.as_str(),
-            "fabric": config.fabric.as_str(),
-            "backend": format!("{:?}", config.subnet_manager.backend).to_lowercase(),
-            "observer": format!("{:?}", config.observer_kind()).to_lowercase(),
-            "checks": preflight.checks,
-        }));
+        let mut v = super::verdict::summary(&preflight.checks);
+        v["config"] = path.display().to_string().into();
+        v["node"] = config.node_id.as_str().into();
+        v["fabric"] = config.fabric.as_str().into();
+        v["backend"] = super::loaded::backend_name(&config).into();
+        v["observer"] = super::loaded::observer_name(&config).into();
+        output::json(&v);
     } else if preflight.ok() {
         println!(
             "{}: ok ({}; {})",
@@ -192,6 +274,15 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
             eprintln!("error: {}: {}", c.check, c.detail);
         }
     }
+    if !json {
+        for c in preflight
+            .checks
+            .iter()
+            .filter(|c| c.verdict == super::verdict::Verdict::Warn)
+        {
+            eprintln!("warning: {}: {}", c.check, c.detail);
+        }
+    }
     if preflight.ok() {
         ExitCode::SUCCESS
     } else {
@@ -200,7 +291,7 @@ pub fn check_config(path: &Path, args: &CheckConfigArgs, json: bool) -> ExitCode
 }
 
 /// `ports`: reads the ports through the configured observer, without the daemon.
-pub async fn ports(path: &Path, json: bool) -> ExitCode {
+pub async fn ports(path: &Path, format: super::Format) -> ExitCode {
     let config = match super::loaded::load(path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -212,7 +303,7 @@ pub async fn ports(path: &Path, json: bool) -> ExitCode {
                 .iter()
                 .map(crate::api::convert::port_to_pb)
                 .collect();
-            output::ports(kind, &ports, json);
+            output::ports(kind, &ports, format);
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -225,6 +316,19 @@ pub async fn ports(path: &Path, json: bool) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn waits_are_human_durations_or_seconds() {
+        assert_eq!(parse_wait("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_wait("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_wait("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_wait("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_wait("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_wait("11m").unwrap_err().contains("10m"));
+        assert!(parse_wait("soon").unwrap_err().contains("30s"));
+        assert!(parse_wait("").is_err());
+    }
 
     #[test]
     fn pkeys_are_hex_as_infiniband_tools_write_them() {
@@ -251,6 +355,12 @@ mod tests {
                 value: 0x8a12
             }
         );
+        let e = parse_pkey("0x8000").unwrap_err();
+        assert!(
+            e.to_string().contains("only the full-membership bit"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("give the base 0x0000"), "{e}");
         // The message says which base was meant.
         assert!(e.to_string().contains("0x0a12"), "{e}");
     }

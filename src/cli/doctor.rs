@@ -5,36 +5,18 @@
 //! through the daemon's socket and the state directory. The exit code is 1 when anything would
 //! block ACTIVE or RELEASED (a FAIL line), 0 otherwise (WARN lines included).
 
+use super::verdict::{Check, Verdict};
 use super::{client, exit};
 use crate::config::{Config, ObserverKind};
 use crate::proto::agent as pb;
-use serde_json::json;
 use std::path::Path;
 use std::process::ExitCode;
 
-/// One check's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    Ok,
-    Warn,
-    Fail,
-}
-
-impl Verdict {
-    fn name(self) -> &'static str {
-        match self {
-            Verdict::Ok => "OK",
-            Verdict::Warn => "WARN",
-            Verdict::Fail => "FAIL",
-        }
-    }
-}
-
-struct Checks(Vec<(Verdict, String, String)>);
+struct Checks(Vec<Check>);
 
 impl Checks {
     fn add(&mut self, verdict: Verdict, check: impl Into<String>, detail: impl Into<String>) {
-        self.0.push((verdict, check.into(), detail.into()));
+        self.0.push(Check::new(verdict, check, detail));
     }
 }
 
@@ -65,16 +47,13 @@ pub async fn doctor(config_path: &Path, json: bool) -> ExitCode {
     if let Some(node) = &daemon {
         daemon_checks(&mut checks, node);
     }
-    let failed = checks.0.iter().any(|(v, _, _)| *v == Verdict::Fail);
+    let failed = checks.0.iter().any(|c| !c.ok);
     if json {
-        let v = json!({
-            "ok": !failed,
-            "checks": checks.0.iter().map(|(v, c, d)| json!({"verdict": v.name(), "check": c, "detail": d})).collect::<Vec<_>>(),
-        });
-        println!("{v}");
+        // The shape check-config --json prints too (super::verdict).
+        println!("{}", super::verdict::summary(&checks.0));
     } else {
-        for (v, c, d) in &checks.0 {
-            println!("{:<5} {:<28} {d}", v.name(), c);
+        for c in &checks.0 {
+            println!("{:<5} {:<28} {}", c.verdict.name(), c.check, c.detail);
         }
         println!(
             "{}",
@@ -153,6 +132,10 @@ async fn daemon(checks: &mut Checks, config: &Config) -> Option<pb::GetNodeRespo
     let target = client::Target::Unix(config.listen.unix_socket.clone());
     let node = match client::connect(&target).await {
         Ok(mut c) => c.node().await.map_err(|e| e.message),
+        Err(e) if super::remote::connect_exit_code(&e) == exit::NO_PERMISSION => Err(format!(
+            "{e} (permission denied: this user may not open the socket; the daemon may be \
+             healthy: run doctor as root or as a member of [listen] read_group)"
+        )),
         Err(e) => Err(e.to_string()),
     };
     match node {
@@ -235,7 +218,7 @@ async fn ports(
             checks.add(
                 Verdict::Fail,
                 "observer",
-                format!("{kind:?}: cannot read the ports: {e}"),
+                format!("{}: {e}", super::loaded::observer_name(config)),
             );
             None
         }
@@ -270,7 +253,8 @@ fn port_check(checks: &mut Checks, p: &pb::Port, selected_by_config: bool, allow
         .as_str_name()
         .trim_start_matches("LINK_LAYER_")
         .to_owned();
-    let facts = format!("{state}, {link}, LID {:#x}, SM LID {:#x}", p.lid, p.sm_lid);
+    // LIDs in decimal, as `node` and ibstat print them.
+    let facts = format!("{state}, {link}, LID {}, SM LID {}", p.lid, p.sm_lid);
     if !p.fabric_port {
         let why = if selected_by_config {
             "not selected by [ports]"
@@ -340,41 +324,36 @@ fn default_partition(pkeys: &[u32], allow_full: bool) -> (Verdict, &'static str)
 
 fn daemon_checks(checks: &mut Checks, n: &pb::GetNodeResponse) {
     let sm = n.subnet_manager.clone().unwrap_or_default();
+    let backend = sm.backend.to_lowercase();
     if sm.reachable {
         checks.add(
             Verdict::Ok,
             "subnet manager",
             format!(
-                "{}: last apply acknowledged (generation {})",
-                sm.backend, sm.generation
+                "{backend}: last apply acknowledged (generation {})",
+                sm.generation
             ),
         );
     } else if sm.applies == 0 {
         checks.add(
             Verdict::Warn,
             "subnet manager",
-            format!("{}: no apply yet", sm.backend),
+            format!("{backend}: no apply yet"),
         );
     } else {
+        // The API says the last apply failed; its error says whether the manager refused it
+        // or did not answer. Naming it "unreachable" would send the operator to the network.
         checks.add(
             Verdict::Fail,
             "subnet manager",
-            format!("{} unreachable: {}", sm.backend, sm.last_error),
+            format!("{backend}: last apply failed: {}", sm.last_error),
         );
     }
     if !sm.in_doubt_pkeys.is_empty() {
-        let keys: Vec<String> = sm
-            .in_doubt_pkeys
-            .iter()
-            .map(|k| format!("{k:#06x}"))
-            .collect();
         checks.add(
             Verdict::Warn,
             "keys in doubt",
-            format!(
-                "{}: an apply carrying them got no answer; not RELEASED until a set without them is acknowledged",
-                keys.join(", ")
-            ),
+            super::output::in_doubt_line(&sm.in_doubt_pkeys),
         );
     }
     for c in &n.conditions {

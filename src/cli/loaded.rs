@@ -15,13 +15,23 @@ pub fn load(path: &Path) -> Result<Config, ExitCode> {
 }
 
 /// What the configuration makes of this host, in one line: `node N, fabric F, backend B,
-/// observer O` (the backend and observer as their `Debug` names, e.g. `Embedded`).
+/// observer O` (backend and observer as the config file spells them, e.g. `embedded`).
 pub fn summary(config: &Config) -> String {
     format!(
-        "node {}, fabric {}, backend {:?}, observer {:?}",
+        "node {}, fabric {}, backend {}, observer {}",
         config.node_id.as_str(),
         config.fabric.as_str(),
-        config.subnet_manager.backend,
-        config.observer_kind()
+        backend_name(config),
+        observer_name(config)
     )
+}
+
+/// The backend as the config file spells it (`embedded`, `opensm`, `remote`, `ufm`).
+pub fn backend_name(config: &Config) -> String {
+    format!("{:?}", config.subnet_manager.backend).to_lowercase()
+}
+
+/// The observer in effect as the config file spells it (`auto`, `sysfs`, ...).
+pub fn observer_name(config: &Config) -> String {
+    format!("{:?}", config.observer_kind()).to_lowercase()
 }

@@ -13,6 +13,7 @@ pub mod preflight;
 pub mod reload;
 mod remote;
 mod serve;
+mod verdict;
 
 pub use reload::LogControl;
 
@@ -21,22 +22,9 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand,
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// The exit codes, as `--help` prints them (the table in `exit.rs` and the README say the same).
-const EXIT_CODES: &str = "\
-Exit codes:
-  0   done: the requested end state was reached (or no --wait was asked)
-  1   refused: the daemon answered with an error (its gRPC code and message are printed),
-      or the attachment ended where the wait cannot lead (FAILED; RELEASING/RELEASED for attach)
-  2   usage: bad arguments
-  64  configuration: the config file is missing or invalid
-  69  unavailable: the daemon cannot be reached, or it is stopping
-  75  --wait expired: the current state and reason are printed
-
-P_Keys are hex as InfiniBand tools print them: 0x0a12 or 0a12 (never decimal).";
-
 /// fabric-agent: programs and confirms this node's InfiniBand partition keys.
 #[derive(Debug, Parser)]
-#[command(name = "fabric-agent", version, about, after_help = EXIT_CODES)]
+#[command(name = "fabric-agent", version, about, after_help = exit::help())]
 pub struct Cli {
     /// Configuration file. Client commands take the daemon's socket from it unless --socket or
     /// --endpoint is given.
@@ -68,8 +56,10 @@ pub struct Cli {
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// Human-readable tables.
+    /// Human-readable tables that fit 100 columns; long text wraps, never cut.
     Table,
+    /// Tables with every column (GUIDs, link layers, timestamps), as `kubectl -o wide`.
+    Wide,
     /// JSON: one object (node, attach, release, check-config), one array (attachments) or one
     /// object per line (events).
     Json,
@@ -91,7 +81,7 @@ impl Cli {
     /// Parses `std::env::args`, exiting with 2 (usage) on bad arguments, and records which
     /// options were given explicitly.
     pub fn parse_args() -> Cli {
-        let matches = Cli::command().get_matches();
+        let matches = Cli::definition().get_matches();
         let mut cli = match Cli::from_arg_matches(&matches) {
             Ok(c) => c,
             Err(e) => e.exit(),
@@ -104,7 +94,38 @@ impl Cli {
     pub fn json(&self) -> bool {
         self.json || self.output == Some(Format::Json)
     }
+
+    /// The output format: `--json` is `-o json`; the default is a table.
+    pub fn format(&self) -> Format {
+        if self.json {
+            Format::Json
+        } else {
+            self.output.unwrap_or(Format::Table)
+        }
+    }
+
+    /// The command line's definition as `--help`, the man pages and the completions show it:
+    /// the connection options, global for the client commands, are hidden from the commands
+    /// that take their socket from the config file (they refuse them with exit 2).
+    pub fn definition() -> clap::Command {
+        let mut command = Cli::command();
+        // A subcommand's own argument with a global's id takes its place there: the local
+        // commands get hidden copies, so their help omits them and a given one still reaches
+        // `run`, which refuses it by name.
+        let hidden: Vec<clap::Arg> = command
+            .get_arguments()
+            .filter(|a| CONNECTION_ARGS.contains(&a.get_id().as_str()))
+            .map(|a| a.clone().global(false).hide(true))
+            .collect();
+        for name in LOCAL_COMMANDS {
+            command = command.mut_subcommand(name, |sub| sub.args(hidden.clone()));
+        }
+        command
+    }
 }
+
+/// The subcommands that run locally and take their socket from the config file.
+const LOCAL_COMMANDS: [&str; 4] = ["serve", "check-config", "ports", "doctor"];
 
 fn given(matches: &ArgMatches) -> Given {
     // Global options are recorded on the subcommand's matches too.
@@ -182,21 +203,27 @@ pub enum Command {
     /// Attach an instance on this node to a partition.
     #[command(after_help = "Examples:\n  \
         fabric-agent attach --instance vm-42 --partition ibpart_7f3k2 --name train-a \\\n      \
-        --workspace ml-team --account acme --pkey 0a12 --wait 30\n\n\
+        --workspace ml-team --account acme --pkey 0a12 --wait 30s\n\n\
         Exit 0 when ACTIVE (or no --wait), 75 when --wait expired, 1 when refused.")]
     Attach(commands::AttachArgs),
     /// Release a terminated instance's partition.
     #[command(
-        after_help = "Examples:\n  fabric-agent release --instance vm-42 --wait 30\n\n\
+        after_help = "Examples:\n  fabric-agent release --instance vm-42 --wait 1m\n\n\
         Exit 0 when RELEASED (or no --wait), 75 when --wait expired, 1 when refused."
     )]
     Release(commands::ReleaseArgs),
     /// List attachments.
     #[command(
         after_help = "Examples:\n  fabric-agent attachments --state releasing\n  \
-        fabric-agent attachments --partition ibpart_7f3k2 -o json"
+        fabric-agent attachments --partition ibpart_7f3k2 -o json\n  \
+        fabric-agent attachments -o wide"
     )]
     Attachments(commands::ListArgs),
+    /// Show one instance's attachment (exit 1 with "not found" when it has none).
+    #[command(
+        after_help = "Examples:\n  fabric-agent get vm-42\n  fabric-agent get vm-42 -o json | jq .state"
+    )]
+    Get(commands::GetArgs),
     /// Print events (replayed from the durable log; --follow keeps streaming).
     #[command(
         after_help = "Examples:\n  fabric-agent events --after 120 --follow\n  \
@@ -213,9 +240,9 @@ pub enum Command {
         fabric-agent attach ... --grant @vm-42.grant"
     )]
     Grant(grant::GrantCommand),
-    /// Print the man page (roff), for packaging.
+    /// Print the man page (roff), or with --dir write every page, for packaging.
     #[command(hide = true)]
-    Man,
+    Man(generate::ManArgs),
     /// Print a shell completion script, for packaging.
     #[command(hide = true)]
     Completions {
@@ -227,7 +254,7 @@ pub enum Command {
 /// Runs the command line.
 pub fn run(cli: Cli, log: LogControl) -> ExitCode {
     match cli.command {
-        Command::Man => return generate::man_page(),
+        Command::Man(m) => return generate::man(&m),
         Command::Completions { shell } => return generate::completions(shell),
         Command::Grant(g) => return grant::run(g),
         _ => {}
@@ -240,10 +267,11 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(71);
+            return ExitCode::from(exit::OS_ERROR);
         }
     };
     let json = cli.json();
+    let format = cli.format();
     let local = match &cli.command {
         Command::Serve => Some("serve"),
         Command::CheckConfig(_) => Some("check-config"),
@@ -264,7 +292,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
         match cli.command {
             Command::Serve => serve::run(&cli.config, log).await,
             Command::CheckConfig(a) => commands::check_config(&cli.config, &a, json),
-            Command::Ports => commands::ports(&cli.config, json).await,
+            Command::Ports => commands::ports(&cli.config, format).await,
             Command::Doctor => doctor::doctor(&cli.config, json).await,
             command => {
                 let target =
@@ -275,7 +303,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
                             return ExitCode::from(exit::CONFIG);
                         }
                     };
-                remote::run(command, &target, json).await
+                remote::run(command, &target, format).await
             }
         }
     })

@@ -1,5 +1,12 @@
 //! Human-readable tables and JSON for the CLI.
+//!
+//! One spelling per value in every human view: P_Keys as the 16-bit value with the membership
+//! bit (`0x8a12` full, `0x0a12` limited), except where a value is a base (the in-doubt list,
+//! said so); LIDs in decimal, as `ibstat` prints them; backend names lowercase. Tables fit
+//! [`WIDTH`] columns and wrap their last column instead of cutting it; `-o wide` adds columns;
+//! JSON carries every field the API has.
 
+use super::Format;
 use crate::proto::agent as pb;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -54,43 +61,55 @@ fn port_json(p: &pb::Port) -> Value {
     })
 }
 
-fn print_ports(ports: &[pb::Port]) {
-    say!(
-        "{:<10} {:>4} {:<18} {:>5} {:>6} {:<8} {:<10} {:<6} P_KEYS",
-        "DEVICE",
-        "PORT",
-        "PORT_GUID",
-        "LID",
-        "SM_LID",
-        "STATE",
-        "LINK",
-        "FABRIC"
+fn print_ports(ports: &[pb::Port], wide: bool) {
+    let port_name = |p: &pb::Port| format!("{}/{}", p.device, p.port_number);
+    let name_w = ports
+        .iter()
+        .map(|p| port_name(p).chars().count())
+        .chain([4])
+        .max()
+        .unwrap_or(4);
+    let mut head = format!(
+        "{:<name_w$}  {:<18}  {:<12}  {:>5}  {:>6}  {:<6}  ",
+        "PORT", "PORT_GUID", "STATE", "LID", "SM_LID", "FABRIC"
     );
+    if wide {
+        head.push_str(&format!("{:<18}  {:<10}  ", "NODE_GUID", "LINK"));
+    }
+    let indent = head.chars().count();
+    say!("{head}P_KEYS (used/size: values)");
     for p in ports {
-        let keys = keys(&p.pkeys);
-        say!(
-            "{:<10} {:>4} {:<18} {:>5} {:>6} {:<8} {:<10} {:<6} {} ({} of {} slots)",
-            p.device,
-            p.port_number,
+        let mut row = format!(
+            "{:<name_w$}  {:<18}  {:<12}  {:>5}  {:>6}  {:<6}  ",
+            port_name(p),
             p.port_guid,
+            port_state(p.state),
             p.lid,
             p.sm_lid,
-            port_state(p.state),
-            link_layer(p.link_layer),
             if p.fabric_port { "yes" } else { "no" },
-            keys.join(" "),
-            p.pkeys.len(),
-            p.pkey_table_size
         );
+        if wide {
+            row.push_str(&format!(
+                "{:<18}  {:<10}  ",
+                p.node_guid,
+                link_layer(p.link_layer)
+            ));
+        }
+        let keys = format!(
+            "{}/{}: {}",
+            p.pkeys.len(),
+            p.pkey_table_size,
+            keys(&p.pkeys).join(" ")
+        );
+        print_wrapped(&row, indent, &keys);
     }
 }
 
 /// Prints a node view.
-pub fn node(n: &pb::GetNodeResponse, json: bool) {
-    if json {
-        say!("{}", node_json(n));
-    } else {
-        node_table(n);
+pub fn node(n: &pb::GetNodeResponse, format: Format) {
+    match format {
+        Format::Json => say!("{}", node_json(n)),
+        Format::Table | Format::Wide => node_table(n, format == Format::Wide),
     }
 }
 
@@ -100,16 +119,37 @@ fn node_json(n: &pb::GetNodeResponse) -> Value {
         "node_id": n.node_id, "fabric": n.fabric, "agent_version": n.agent_version,
         "observer": n.observer, "observer_reason": n.observer_reason, "pkey_capacity": n.pkey_capacity,
         "subnet_manager": {"backend": sm.backend, "reachable": sm.reachable, "last_error": sm.last_error, "applies": sm.applies,
-                           "generation": sm.generation,
+                           "generation": sm.generation, "last_apply": time(&sm.last_apply),
                            "in_doubt_pkeys": keys(&sm.in_doubt_pkeys)},
         "conditions": n.conditions.iter().map(|c| json!({"kind": c.kind, "detail": c.detail})).collect::<Vec<_>>(),
         "attachment_counts": n.attachment_counts,
-        "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq,
+        "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq, "log_epoch": n.log_epoch,
         "ports": n.ports.iter().map(port_json).collect::<Vec<_>>(),
     })
 }
 
-fn node_table(n: &pb::GetNodeResponse) {
+/// The subnet manager's last apply, in words: the API says whether it succeeded, and its
+/// error says why not (a refusal and an unreachable manager both fail an apply).
+fn sm_status(sm: &pb::SubnetManagerStatus) -> String {
+    if sm.reachable {
+        "last apply acknowledged".to_owned()
+    } else if sm.applies == 0 && sm.last_error.is_empty() {
+        "no apply yet".to_owned()
+    } else {
+        format!("last apply FAILED{}", suffix(": ", &sm.last_error))
+    }
+}
+
+/// The in-doubt list's line: the values are P_Key bases (either membership may be held).
+pub fn in_doubt_line(bases: &[u32]) -> String {
+    format!(
+        "P_Key bases {} (either membership): an apply carrying them got no positive answer; \
+         not RELEASED until a set without them is acknowledged",
+        keys(bases).join(", ")
+    )
+}
+
+fn node_table(n: &pb::GetNodeResponse, wide: bool) {
     let sm = n.subnet_manager.clone().unwrap_or_default();
     say!(
         "node {}  fabric {}  agent {}",
@@ -117,22 +157,28 @@ fn node_table(n: &pb::GetNodeResponse) {
         n.fabric,
         n.agent_version
     );
-    say!("observer {} ({})", n.observer, n.observer_reason);
-    say!(
-        "subnet manager {}: {}{}  (applies {})",
-        sm.backend,
-        reachability(sm.reachable),
-        suffix(" — ", &sm.last_error),
-        sm.applies
+    print_wrapped(
+        "observer ",
+        2,
+        &format!("{} ({})", n.observer, n.observer_reason),
+    );
+    print_wrapped(
+        "subnet manager ",
+        2,
+        &format!(
+            "{}: {}  (applies {}, generation {}{})",
+            sm.backend.to_lowercase(),
+            sm_status(&sm),
+            sm.applies,
+            sm.generation,
+            suffix(", last ", &time(&sm.last_apply)),
+        ),
     );
     if !sm.in_doubt_pkeys.is_empty() {
-        say!(
-            "in doubt: {} (an apply carrying them got no answer; not RELEASED until a set without them is acknowledged)",
-            keys(&sm.in_doubt_pkeys).join(", ")
-        );
+        print_wrapped("in doubt: ", 2, &in_doubt_line(&sm.in_doubt_pkeys));
     }
     for c in &n.conditions {
-        say!("CONDITION {}: {}", c.kind, c.detail);
+        print_wrapped(&format!("CONDITION {}: ", c.kind), 2, &c.detail);
     }
     let mut counts: Vec<String> = n
         .attachment_counts
@@ -142,29 +188,37 @@ fn node_table(n: &pb::GetNodeResponse) {
         .collect();
     counts.sort();
     say!(
-        "attachments {}  capacity {} keys/port  events {}..{}",
+        "attachments {}  capacity {} keys/port",
         if counts.is_empty() {
             "none".into()
         } else {
             counts.join(" ")
         },
         n.pkey_capacity,
-        n.first_event_seq,
-        n.last_event_seq
     );
-    print_ports(&n.ports);
+    say!(
+        "events {}..{}  log epoch {}",
+        n.first_event_seq,
+        n.last_event_seq,
+        n.log_epoch
+    );
+    if n.ports.is_empty() {
+        say!("ports: none read (the observer has not read any port: see `fabric-agent doctor` and the daemon's log)");
+    } else {
+        print_ports(&n.ports, wide);
+    }
 }
 
 /// Prints ports read locally.
-pub fn ports(observer: &str, ports: &[pb::Port], json: bool) {
-    if json {
+pub fn ports(observer: &str, ports: &[pb::Port], format: Format) {
+    if format == Format::Json {
         say!(
             "{}",
             json!({"observer": observer, "ports": ports.iter().map(port_json).collect::<Vec<_>>()})
         );
     } else {
         say!("observer {observer}");
-        print_ports(ports);
+        print_ports(ports, format == Format::Wide);
     }
 }
 
@@ -173,17 +227,63 @@ pub fn json(v: &Value) {
     say!("{v}");
 }
 
-/// Tables fit this many columns; the last column (a reason or an event's summary) is cut to fit.
-const WIDTH: usize = 100;
+/// Tables fit this many columns: the last column (a reason, an event's summary, a port's
+/// keys) wraps onto indented lines; nothing is cut.
+pub const WIDTH: usize = 100;
 
-/// Cuts `s` to at most `max` characters, marking the cut with `…`.
-fn fit(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_owned()
+/// Splits `text` into lines of at most `width` characters at spaces; a word longer than the
+/// width stays whole on its own line (never cut).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let fits = line.chars().count() + 1 + word.chars().count() <= width;
+        if line.is_empty() {
+            line.push_str(word);
+        } else if fits {
+            line.push(' ');
+            line.push_str(word);
+        } else {
+            lines.push(std::mem::take(&mut line));
+            line.push_str(word);
+        }
+    }
+    lines.push(line);
+    lines
+}
+
+/// The narrowest room a wrapped column gets; with less, the text moves under the row.
+const MIN_ROOM: usize = 24;
+
+/// The indent of text moved under its row.
+const UNDER: usize = 4;
+
+/// Prints `head` then `text`, wrapped within [`WIDTH`]: continuation lines are indented by
+/// `indent` (the column where the text starts in a table, a small hanging indent otherwise).
+/// When the head leaves less than [`MIN_ROOM`] columns (a long instance id), the text goes on
+/// the following lines, indented by [`UNDER`], so nothing passes [`WIDTH`].
+fn print_wrapped(head: &str, indent: usize, text: &str) {
+    let start = head.chars().count();
+    let (first_room, indent) = if WIDTH.saturating_sub(start) >= MIN_ROOM {
+        (WIDTH - start, indent)
     } else {
-        let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
-        out.push('…');
-        out
+        say!("{}", head.trim_end());
+        (0, UNDER)
+    };
+    let rest_room = WIDTH.saturating_sub(indent).max(MIN_ROOM);
+    let rest = if first_room == 0 {
+        text.to_owned()
+    } else {
+        let first = wrap(text, first_room);
+        let (line, more) = first.split_first().expect("wrap returns a line");
+        say!("{head}{line}");
+        more.join(" ")
+    };
+    if !rest.is_empty() {
+        for l in wrap(&rest, rest_room) {
+            say!("{:indent$}{l}", "");
+        }
     }
 }
 
@@ -207,62 +307,73 @@ fn attachment_json(a: &pb::Attachment) -> Value {
 }
 
 /// Prints attachments: a table, or (JSON) one array of attachment objects.
-pub fn attachments(list: &[pb::Attachment], json: bool) {
-    if json {
+pub fn attachments(list: &[pb::Attachment], format: Format) {
+    if format == Format::Json {
         say!(
             "{}",
             Value::Array(list.iter().map(attachment_json).collect())
         );
         return;
     }
-    attachment_table(list);
+    attachment_table(list, format == Format::Wide);
 }
 
-/// Prints the one attachment an attach or release answered with: a table row, or (JSON) one
+/// Prints one attachment (an attach's or release's answer, `get`): a table row, or (JSON) one
 /// attachment object.
-pub fn attachment(a: &pb::Attachment, json: bool) {
-    if json {
+pub fn attachment(a: &pb::Attachment, format: Format) {
+    if format == Format::Json {
         say!("{}", attachment_json(a));
     } else {
-        attachment_table(std::slice::from_ref(a));
+        attachment_table(std::slice::from_ref(a), format == Format::Wide);
     }
 }
 
-fn attachment_table(list: &[pb::Attachment]) {
-    let partition = |a: &pb::Attachment| {
-        a.partition
-            .as_ref()
-            .map(|p| p.id.clone())
-            .unwrap_or_default()
+fn attachment_table(list: &[pb::Attachment], wide: bool) {
+    let part = |a: &pb::Attachment| a.partition.clone().unwrap_or_default();
+    let width = |f: &dyn Fn(&pb::Attachment) -> String, min: usize| {
+        list.iter()
+            .map(|a| f(a).chars().count())
+            .chain([min])
+            .max()
+            .unwrap_or(min)
     };
-    let instance_w = list
-        .iter()
-        .map(|a| a.instance_id.chars().count())
-        .chain([8])
-        .max()
-        .unwrap_or(8);
-    let partition_w = list
-        .iter()
-        .map(|a| partition(a).chars().count())
-        .chain([9])
-        .max()
-        .unwrap_or(9);
-    let head = format!(
+    let instance_w = width(&|a| a.instance_id.clone(), 8);
+    let partition_w = width(&|a| part(a).id, 9);
+    let name_w = width(&|a| part(a).name, 4);
+    let workspace_w = width(&|a| part(a).workspace, 9);
+    let account_w = width(&|a| part(a).account, 7);
+    let mut head = format!(
         "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  ",
         "INSTANCE", "PARTITION", "P_KEY", "MEMBERSHIP", "STATE"
     );
-    let reason_w = WIDTH.saturating_sub(head.chars().count()).max(20);
+    if wide {
+        head.push_str(&format!(
+            "{:<name_w$}  {:<workspace_w$}  {:<account_w$}  {:<24}  ",
+            "NAME", "WORKSPACE", "ACCOUNT", "UPDATED"
+        ));
+    }
+    let indent = head.chars().count();
     say!("{head}REASON");
     for a in list {
-        say!(
-            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {}",
+        let p = part(a);
+        let mut row = format!(
+            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  ",
             a.instance_id,
-            partition(a),
+            p.id,
             format!("{:#06x}", a.pkey_value),
             membership_name(a.membership),
             state_name(a.state),
-            fit(&a.reason, reason_w)
         );
+        if wide {
+            row.push_str(&format!(
+                "{:<name_w$}  {:<workspace_w$}  {:<account_w$}  {:<24}  ",
+                p.name,
+                p.workspace,
+                p.account,
+                time(&a.updated)
+            ));
+        }
+        print_wrapped(&row, indent, &a.reason);
     }
 }
 
@@ -294,8 +405,12 @@ fn event_parts(e: &pb::Event) -> (&'static str, Value, String) {
             json!({"backend": s.backend, "reachable": s.reachable, "error": s.error}),
             format!(
                 "{} {}{}",
-                s.backend,
-                reachability(s.reachable),
+                s.backend.to_lowercase(),
+                if s.reachable {
+                    "apply acknowledged"
+                } else {
+                    "apply FAILED"
+                },
                 suffix(": ", &s.error)
             ),
         ),
@@ -321,14 +436,6 @@ fn suffix(prefix: &str, text: &str) -> String {
     }
 }
 
-fn reachability(reachable: bool) -> &'static str {
-    if reachable {
-        "reachable"
-    } else {
-        "UNREACHABLE"
-    }
-}
-
 fn attachment_changed(a: &pb::AttachmentChanged) -> (&'static str, Value, String) {
     let mut detail = json!({"instance_id": a.instance_id, "partition_id": a.partition_id,
         "pkey_value": format!("{:#06x}", a.pkey_value), "to": state_name(a.to), "reason": a.reason});
@@ -336,6 +443,9 @@ fn attachment_changed(a: &pb::AttachmentChanged) -> (&'static str, Value, String
     let from = (a.from != pb::AttachmentState::Unspecified as i32).then(|| state_name(a.from));
     if let Some(from) = from {
         detail["from"] = json!(from);
+    }
+    if let Some(e) = &a.evidence {
+        detail["evidence"] = evidence_json(e);
     }
     let summary = format!(
         "{} {} {:#06x} {}{}{}",
@@ -347,6 +457,19 @@ fn attachment_changed(a: &pb::AttachmentChanged) -> (&'static str, Value, String
         suffix(": ", &a.reason)
     );
     ("attachment", detail, summary)
+}
+
+/// What an ACTIVE or RELEASED transition rests on: the acknowledged apply and the port reads.
+fn evidence_json(e: &pb::Evidence) -> Value {
+    json!({
+        "sm_generation": e.sm_generation,
+        "sm_acknowledged": time(&e.sm_acknowledged),
+        "read_started": time(&e.read_started),
+        "ports": e.ports.iter().map(|p| json!({
+            "device": p.device, "port": p.port_number, "port_guid": p.port_guid,
+            "state": port_state(p.state),
+        })).collect::<Vec<_>>(),
+    })
 }
 
 fn pkey_table_changed(p: &pb::PKeyTableChanged) -> (&'static str, Value, String) {
@@ -380,26 +503,37 @@ fn condition_changed(c: &pb::ConditionChanged) -> (&'static str, Value, String) 
     )
 }
 
-/// Prints the events table's header.
-pub fn event_header(json: bool) {
-    if !json {
-        say!("{:>6}  {:<24}  {:<14}  SUMMARY", "SEQ", "TIME", "KIND");
+/// The events table's columns before the summary.
+fn event_head(seq: &str, time: &str, kind: &str, node: Option<&str>) -> String {
+    match node {
+        Some(node) => format!("{seq:>6}  {time:<24}  {node:<12}  {kind:<14}  "),
+        None => format!("{seq:>6}  {time:<24}  {kind:<14}  "),
     }
 }
 
-/// Prints one event: a table row summarised to fit 100 columns, or (JSON) one object per line
-/// with the full detail.
-pub fn event(e: &pb::Event, json: bool) {
+/// Prints the events table's header.
+pub fn event_header(format: Format) {
+    match format {
+        Format::Json => {}
+        Format::Table => say!("{}SUMMARY", event_head("SEQ", "TIME", "KIND", None)),
+        Format::Wide => say!("{}SUMMARY", event_head("SEQ", "TIME", "KIND", Some("NODE"))),
+    }
+}
+
+/// Prints one event: a table row whose summary wraps within 100 columns, or (JSON) one object
+/// per line with the full detail (the evidence of ACTIVE and RELEASED included).
+pub fn event(e: &pb::Event, format: Format) {
     let (kind, detail, summary) = event_parts(e);
-    if json {
+    if format == Format::Json {
         say!(
             "{}",
-            json!({"seq": e.seq, "time": time(&e.time), "node_id": e.node_id, "kind": kind, "detail": detail})
+            json!({"seq": e.seq, "time": time(&e.time), "node_id": e.node_id, "log_epoch": e.log_epoch,
+                   "kind": kind, "detail": detail})
         );
     } else {
-        let head = format!("{:>6}  {:<24}  {:<14}  ", e.seq, time(&e.time), kind);
-        let room = WIDTH.saturating_sub(head.chars().count()).max(20);
-        say!("{head}{}", fit(&summary, room));
+        let node = (format == Format::Wide).then_some(e.node_id.as_str());
+        let head = event_head(&e.seq.to_string(), &time(&e.time), kind, node);
+        print_wrapped(&head, head.chars().count(), &summary);
     }
 }
 
@@ -408,11 +542,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn long_text_is_cut_to_fit() {
-        assert_eq!(fit("short", 10), "short");
-        let cut = fit(&"x".repeat(50), 10);
-        assert_eq!(cut.chars().count(), 10);
-        assert!(cut.ends_with('…'));
+    fn long_text_wraps_and_is_never_cut() {
+        assert_eq!(wrap("short", 10), vec!["short"]);
+        let text = "the subnet manager refused the set: partition 0x0a12 is owned elsewhere";
+        let lines = wrap(text, 20);
+        assert!(lines.iter().all(|l| l.chars().count() <= 20), "{lines:?}");
+        assert_eq!(lines.join(" "), text, "every word kept, in order");
+        let long = "x".repeat(50);
+        assert_eq!(
+            wrap(&long, 10),
+            vec![long.clone()],
+            "a long word stays whole"
+        );
     }
 
     #[test]

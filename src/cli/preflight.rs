@@ -2,6 +2,7 @@
 //! validates, the paths the daemon will create or write are usable by this process, the socket
 //! path fits a unix socket address, and every PEM file the daemon will load parses.
 
+use super::verdict::{Check, Verdict};
 use crate::config::{Backend, Config, SubnetManagerConfig, TlsConfig};
 use crate::sys::access;
 use rustls::pki_types::pem::PemObject;
@@ -23,17 +24,6 @@ enum Pem {
     PrivateKey,
 }
 
-/// One check's verdict.
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    /// What was checked.
-    pub check: String,
-    /// Whether it passed.
-    pub ok: bool,
-    /// What was found.
-    pub detail: String,
-}
-
 /// Every check's verdict for one configuration.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Preflight {
@@ -46,6 +36,7 @@ impl Preflight {
     pub fn run(config: &Config) -> Preflight {
         let mut p = Preflight::default();
         p.directory("state_dir", &config.state_dir);
+        p.store_file(&config.state_dir.join(crate::daemon::STORE_FILE));
         p.socket(&config.listen.unix_socket);
         if let Some(group) = &config.listen.read_group {
             match crate::sys::users::group_id(group) {
@@ -84,9 +75,9 @@ impl Preflight {
             } else {
                 "attaches without a grant are accepted"
             };
-            self.pass(
+            self.warn(
                 "grants",
-                format!("WARNING: not required ([grants] require = false): {what}"),
+                format!("not required ([grants] require = false): {what}"),
             );
         }
     }
@@ -203,19 +194,15 @@ impl Preflight {
     }
 
     fn pass(&mut self, check: &str, detail: String) {
-        self.checks.push(Check {
-            check: check.to_owned(),
-            ok: true,
-            detail,
-        });
+        self.checks.push(Check::new(Verdict::Ok, check, detail));
+    }
+
+    fn warn(&mut self, check: &str, detail: String) {
+        self.checks.push(Check::new(Verdict::Warn, check, detail));
     }
 
     fn fail(&mut self, check: &str, detail: String) {
-        self.checks.push(Check {
-            check: check.to_owned(),
-            ok: false,
-            detail,
-        });
+        self.checks.push(Check::new(Verdict::Fail, check, detail));
     }
 
     /// A directory the daemon writes in: writable now, or creatable (its nearest existing
@@ -242,6 +229,36 @@ impl Preflight {
                 ),
             },
             None => self.fail(check, format!("{}: no existing ancestor", dir.display())),
+        }
+    }
+
+    /// The store file, when it exists: a regular file this process may read and write (the
+    /// daemon opens it read-write; anything else fails `serve` after the directory passed).
+    fn store_file(&mut self, file: &Path) {
+        const CHECK: &str = "state_dir";
+        match std::fs::symlink_metadata(file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => self.fail(CHECK, format!("{}: {e}", file.display())),
+            Ok(m) if !m.file_type().is_file() => self.fail(
+                CHECK,
+                format!(
+                    "{}: not a regular file (the store cannot open it)",
+                    file.display()
+                ),
+            ),
+            Ok(_) => match access::read_writable(file) {
+                Ok(()) => self.pass(
+                    CHECK,
+                    format!("{} is readable and writable", file.display()),
+                ),
+                Err(e) => self.fail(
+                    CHECK,
+                    format!(
+                        "{}: the store cannot open it read-write: {e}",
+                        file.display()
+                    ),
+                ),
+            },
         }
     }
 

@@ -2,32 +2,34 @@
 //! `events`) through the typed [`AgentClient`], and their exit codes.
 
 use super::client::{self, Target};
-use super::commands::{AttachArgs, EventsArgs, ListArgs, ReleaseArgs};
-use super::{exit, output, Command};
+use super::commands::{AttachArgs, EventsArgs, GetArgs, ListArgs, ReleaseArgs};
+use super::{exit, output, Command, Format};
 use crate::api::agent_client::{AgentClient, CallError, StatusCode};
 use crate::proto::agent as pb;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Runs a subcommand that talks to the daemon.
-pub async fn run(command: Command, target: &Target, json: bool) -> ExitCode {
+pub async fn run(command: Command, target: &Target, format: Format) -> ExitCode {
     let mut c = match client::connect(target).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(exit::UNREACHABLE);
+            return ExitCode::from(connect_exit_code(&e));
         }
     };
     let result = match command {
-        Command::Node => node(&mut c, json).await,
-        Command::Attach(a) => attach(&mut c, a, json).await,
-        Command::Release(r) => release(&mut c, r, json).await,
-        Command::Attachments(l) => attachments(&mut c, l, json).await,
-        Command::Events(e) => events(&mut c, e, json).await,
+        Command::Node => node(&mut c, format).await,
+        Command::Attach(a) => attach(&mut c, a, format).await,
+        Command::Release(r) => release(&mut c, r, format).await,
+        Command::Attachments(l) => attachments(&mut c, l, format).await,
+        Command::Get(g) => get(&mut c, g, format).await,
+        Command::Events(e) => events(&mut c, e, format).await,
         Command::Serve
         | Command::CheckConfig(_)
         | Command::Ports
         | Command::Doctor
-        | Command::Man
+        | Command::Man(_)
         | Command::Grant(_)
         | Command::Completions { .. } => {
             unreachable!("handled locally")
@@ -37,13 +39,13 @@ pub async fn run(command: Command, target: &Target, json: bool) -> ExitCode {
 }
 
 /// `node`: this node's view.
-async fn node(c: &mut AgentClient, json: bool) -> Result<Outcome, CallError> {
-    output::node(&c.node().await?, json);
+async fn node(c: &mut AgentClient, format: Format) -> Result<Outcome, CallError> {
+    output::node(&c.node().await?, format);
     Ok(Outcome::Done)
 }
 
 /// `attach`: the partition's fabric defaults to the node's.
-async fn attach(c: &mut AgentClient, a: AttachArgs, json: bool) -> Result<Outcome, CallError> {
+async fn attach(c: &mut AgentClient, a: AttachArgs, format: Format) -> Result<Outcome, CallError> {
     let grant = match a
         .grant
         .as_deref()
@@ -78,7 +80,7 @@ async fn attach(c: &mut AgentClient, a: AttachArgs, json: bool) -> Result<Outcom
             } else {
                 pb::Membership::Full
             } as i32,
-            wait_ms: a.wait.map(|s| s.saturating_mul(1000)),
+            wait_ms: a.wait.map(wait_ms),
             grant,
         })
         .await?;
@@ -86,50 +88,50 @@ async fn attach(c: &mut AgentClient, a: AttachArgs, json: bool) -> Result<Outcom
         r.attachment.as_ref(),
         a.wait,
         pb::AttachmentState::Active,
-        json,
+        format,
     ))
 }
 
 /// `release`.
-async fn release(c: &mut AgentClient, r: ReleaseArgs, json: bool) -> Result<Outcome, CallError> {
+async fn release(
+    c: &mut AgentClient,
+    r: ReleaseArgs,
+    format: Format,
+) -> Result<Outcome, CallError> {
     let answer = c
         .release(pb::ReleaseInstanceRequest {
             instance_id: r.instance,
-            wait_ms: r.wait.map(|s| s.saturating_mul(1000)),
+            wait_ms: r.wait.map(wait_ms),
         })
         .await?;
     Ok(answered(
         answer.attachment.as_ref(),
         r.wait,
         pb::AttachmentState::Released,
-        json,
+        format,
     ))
 }
 
 /// Prints the attachment an attach or release answered with, and how its wait ended.
 fn answered(
     a: Option<&pb::Attachment>,
-    wait: Option<u32>,
+    wait: Option<Duration>,
     want: pb::AttachmentState,
-    json: bool,
+    format: Format,
 ) -> Outcome {
     if let Some(attachment) = a {
-        output::attachment(attachment, json);
+        output::attachment(attachment, format);
     }
     waited(a, wait, want)
 }
 
 /// `attachments`: every page, filtered.
-async fn attachments(c: &mut AgentClient, l: ListArgs, json: bool) -> Result<Outcome, CallError> {
-    let state = match l.state {
-        Some(s) => Some(
-            pb::AttachmentState::from_str_name(&format!("ATTACHMENT_STATE_{}", s.to_uppercase()))
-                .ok_or_else(|| {
-                    CallError::local(StatusCode::InvalidArgument, format!("unknown state {s:?}"))
-                })? as i32,
-        ),
-        None => None,
-    };
+async fn attachments(
+    c: &mut AgentClient,
+    l: ListArgs,
+    format: Format,
+) -> Result<Outcome, CallError> {
+    let state = l.state.map(|s| s.to_pb() as i32);
     let list = c
         .list(pb::ListAttachmentsRequest {
             state,
@@ -138,12 +140,56 @@ async fn attachments(c: &mut AgentClient, l: ListArgs, json: bool) -> Result<Out
             ..Default::default()
         })
         .await?;
-    output::attachments(&list, json);
+    output::attachments(&list, format);
     Ok(Outcome::Done)
 }
 
+/// `get`: one instance's attachment; none is NOT_FOUND (exit 1), as `kubectl get` says.
+async fn get(c: &mut AgentClient, g: GetArgs, format: Format) -> Result<Outcome, CallError> {
+    match c.get(&g.instance).await {
+        Ok(a) => {
+            output::attachment(&a, format);
+            Ok(Outcome::Done)
+        }
+        Err(e) if e.code == StatusCode::NotFound => Err(CallError {
+            message: format!("attachment {:?} not found", g.instance),
+            ..e
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// A `--wait` as the API's milliseconds.
+fn wait_ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// The exit code of a connection that could not be opened: 77 when the socket refused this
+/// user (EACCES/EPERM: the daemon may be healthy), 69 otherwise.
+pub(super) fn connect_exit_code(e: &(dyn std::error::Error + 'static)) -> u8 {
+    if permission_denied(e) {
+        exit::NO_PERMISSION
+    } else {
+        exit::UNREACHABLE
+    }
+}
+
+/// Whether any error in `e`'s source chain is an I/O permission error.
+fn permission_denied(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::PermissionDenied {
+                return true;
+            }
+        }
+        next = err.source();
+    }
+    false
+}
+
 /// `events`: the log after `--after`, then (with `--follow`) live events.
-async fn events(c: &mut AgentClient, e: EventsArgs, json: bool) -> Result<Outcome, CallError> {
+async fn events(c: &mut AgentClient, e: EventsArgs, format: Format) -> Result<Outcome, CallError> {
     let mut stream = c
         .events(pb::WatchEventsRequest {
             after_seq: e.after,
@@ -152,12 +198,12 @@ async fn events(c: &mut AgentClient, e: EventsArgs, json: bool) -> Result<Outcom
         })
         .await
         .map_err(|s| with_cli_cursor(s, e.after))?;
-    output::event_header(json);
+    output::event_header(format);
     let mut last = e.after;
     while let Some(ev) = stream.next().await {
         let ev = ev.map_err(|s| with_cli_cursor(s, last))?;
         last = ev.seq;
-        output::event(&ev, json);
+        output::event(&ev, format);
     }
     Ok(Outcome::Done)
 }
@@ -227,7 +273,11 @@ enum Outcome {
     Ended { state: String, reason: String },
 }
 
-fn waited(a: Option<&pb::Attachment>, wait: Option<u32>, want: pb::AttachmentState) -> Outcome {
+fn waited(
+    a: Option<&pb::Attachment>,
+    wait: Option<Duration>,
+    want: pb::AttachmentState,
+) -> Outcome {
     let (Some(a), Some(_)) = (a, wait) else {
         return Outcome::Done;
     };
@@ -274,16 +324,17 @@ mod tests {
         use pb::AttachmentState as S;
         let a = attachment(S::Releasing);
         assert_eq!(waited(Some(&a), None, S::Active), Outcome::Done);
+        let five = Some(Duration::from_secs(5));
         assert!(matches!(
-            waited(Some(&a), Some(5), S::Active),
+            waited(Some(&a), five, S::Active),
             Outcome::Ended { .. }
         ));
         assert!(matches!(
-            waited(Some(&a), Some(5), S::Released),
+            waited(Some(&a), five, S::Released),
             Outcome::Expired { .. }
         ));
         let a = attachment(S::Active);
-        assert_eq!(waited(Some(&a), Some(5), S::Active), Outcome::Done);
+        assert_eq!(waited(Some(&a), five, S::Active), Outcome::Done);
     }
 
     #[test]

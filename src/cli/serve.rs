@@ -31,7 +31,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     }
     let Some(mut signals) = Signals::install() else {
         eprintln!("error: cannot install signal handlers");
-        return ExitCode::from(71);
+        return ExitCode::from(super::exit::OS_ERROR);
     };
     let Daemon { agent, opensm, .. } = match daemon::build(&config) {
         Ok(a) => a,
@@ -40,9 +40,8 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if !first_inventory(&agent, &mut signals).await {
-        return ExitCode::SUCCESS;
-    }
+    // The socket is bound and served from the start, even when no port can be read: a
+    // daemon that cannot see its ports must still answer `node` and `doctor` and say why.
     let Bound {
         grpc: listeners,
         metrics,
@@ -63,6 +62,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
             stopped.clone(),
         ));
     }
+    first_inventory(&agent, &config).await;
     let reconciler = agent.reconcile(stopped.clone());
     let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let mut server = tokio::spawn(serve(
@@ -75,7 +75,19 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         partitions,
         stopped.clone(),
     ));
-    tracing::info!(node = %config.node_id, fabric = %config.fabric.as_str(), socket = %config.listen.unix_socket.display(), "ready");
+    let metrics_at = if config.metrics.enabled {
+        format!("http://{}/metrics", config.metrics.addr())
+    } else {
+        "off ([metrics] enabled = false)".to_owned()
+    };
+    tracing::info!(
+        node = %config.node_id,
+        fabric = %config.fabric.as_str(),
+        socket = %config.listen.unix_socket.display(),
+        tcp = %config.listen.tcp.map(|a| a.to_string()).unwrap_or_else(|| "off".to_owned()),
+        metrics = %metrics_at,
+        "ready"
+    );
     systemd::ready(&agent.status_line());
     // The pets start after READY=1: the watchdog's first tick is immediate, and a pet sent
     // before READY tells systemd nothing it can use.
@@ -86,6 +98,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         config_path,
         log: &log,
         tls: tls.as_ref(),
+        running: std::sync::Mutex::new(config.clone()),
     };
     let failed = signals.serve_until_stopped(&mut server, &reload).await;
     systemd::stopping();
@@ -118,27 +131,22 @@ fn preflight_passes(config: &Config) -> bool {
     preflight.ok()
 }
 
-/// READY waits for the first inventory: keeps trying (the observer may come up late), backing
-/// off to 10 s, until the ports are read (true) or SIGTERM/SIGINT says stop (false).
-async fn first_inventory(agent: &Agent, signals: &mut Signals) -> bool {
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match agent.read_ports().await {
-            Ok(inv) => {
-                tracing::info!(
-                    ports = inv.ports.len(),
-                    fabric_ports = inv.fabric_ports().count(),
-                    "ports read"
-                );
-                return true;
-            }
-            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "reading ports failed"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = signals.stop() => return false,
-        }
-        delay = (delay * 2).min(Duration::from_secs(10));
+/// Reads the ports once before READY, so the node view has them from the first call. A
+/// failure is logged loudly and the daemon serves anyway: the reconciler reads again on every
+/// pass, and `node` / `doctor` say what is missing.
+async fn first_inventory(agent: &Agent, config: &Config) {
+    match agent.read_ports().await {
+        Ok(inv) => tracing::info!(
+            ports = inv.ports.len(),
+            fabric_ports = inv.fabric_ports().count(),
+            "ports read"
+        ),
+        Err(e) => tracing::error!(
+            error = %e,
+            observer = %super::loaded::observer_name(config),
+            "cannot read the ports; serving anyway (no state changes until they are read; \
+             `fabric-agent doctor` says why)"
+        ),
     }
 }
 
@@ -147,19 +155,32 @@ struct Reload<'a> {
     config_path: &'a Path,
     log: &'a LogControl,
     tls: Option<&'a TlsReloader>,
+    /// The configuration in effect: the start-up one, with what SIGHUP applied since.
+    running: std::sync::Mutex<Config>,
 }
 
 impl Reload<'_> {
-    /// SIGHUP never ends the daemon: it re-reads the log filter and the TLS material;
-    /// everything else takes effect on restart.
+    /// SIGHUP never ends the daemon: it re-reads the log filter and the TLS material, and
+    /// logs which other settings changed and need a restart.
     fn on_sighup(&self) {
-        super::reload::on_sighup(self.config_path, self.log);
-        match self.tls.map(TlsReloader::reload) {
-            Some(Ok(loaded)) => tracing::info!(%loaded, "SIGHUP: TLS material reloaded"),
-            Some(Err(e)) => {
-                tracing::error!(error = %e, "SIGHUP: TLS reload failed; the previous material stays in use")
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let file = super::reload::on_sighup(self.config_path, self.log, &running);
+        let tls = match self.tls.map(TlsReloader::reload) {
+            Some(Ok(loaded)) => {
+                tracing::info!(%loaded, "SIGHUP: TLS material reloaded");
+                true
             }
-            None => {}
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "SIGHUP: TLS reload failed; the previous material stays in use");
+                false
+            }
+            None => false,
+        };
+        if let Some(file) = file {
+            running.log = file.log;
+            if tls {
+                running.listen.tls = file.listen.tls;
+            }
         }
     }
 }
@@ -179,14 +200,6 @@ impl Signals {
             int: signal(SignalKind::interrupt()).ok()?,
             hup: signal(SignalKind::hangup()).ok()?,
         })
-    }
-
-    /// Resolves at SIGTERM or SIGINT.
-    async fn stop(&mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
     }
 
     /// Serves (reloading on SIGHUP) until SIGTERM/SIGINT (false) or until the gRPC server

@@ -10,6 +10,7 @@ mod listen;
 mod log;
 mod metrics;
 mod ports;
+pub mod reference;
 mod subnet_manager;
 #[cfg(test)]
 mod tests;
@@ -22,7 +23,7 @@ pub use events::EventsConfig;
 pub use grants::{decode_public_key, GrantKeyConfig, GrantsConfig, GrantsSettings};
 pub use limits::LimitsConfig;
 pub use listen::{BadSocketMode, ListenConfig, SocketMode, TlsConfig, DEFAULT_SOCKET};
-pub use log::LogConfig;
+pub use log::{check_filter as check_log_filter, LogConfig};
 pub use metrics::MetricsConfig;
 pub use ports::PortsConfig;
 pub use subnet_manager::{Backend, SubnetManagerConfig};

@@ -19,7 +19,7 @@ pub async fn bind(config: &Config) -> Result<Bound, StartError> {
         .await
         .map_err(StartError::Listen)?;
     let metrics = if config.metrics.enabled {
-        let addr = config.metrics.listen;
+        let addr = config.metrics.addr();
         let listener = crate::api::metrics::bind(addr)
             .await
             .map_err(|source| StartError::Metrics { addr, source })?;

@@ -20,6 +20,9 @@ use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The store's file name under `state_dir`.
+pub const STORE_FILE: &str = "state.redb";
+
 /// A built agent plus the pieces other services of the daemon need.
 pub struct Daemon {
     /// The agent.
@@ -33,7 +36,7 @@ pub struct Daemon {
 /// Opens the store and builds the backend, the observer and the agent `config` asks for.
 pub fn build(config: &Config) -> Result<Daemon, StartError> {
     let store = Arc::new(
-        Store::open(&config.state_dir.join("state.redb"), config.events.retain)
+        Store::open(&config.state_dir.join(STORE_FILE), config.events.retain)
             .map_err(StartError::Store)?,
     );
     let grants = config.grants.load().map_err(StartError::Grants)?;

@@ -20,6 +20,11 @@ pub fn readable(file: &Path) -> io::Result<()> {
     access(file, AccessFlags::R_OK).map_err(io::Error::from)
 }
 
+/// Ok when `file` exists and this process may read and write it.
+pub fn read_writable(file: &Path) -> io::Result<()> {
+    access(file, AccessFlags::R_OK | AccessFlags::W_OK).map_err(io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

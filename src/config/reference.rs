@@ -1,0 +1,236 @@
+//! The configuration reference, `fabric-agent.toml(5)`: one row per key of every section the
+//! agent's own structs define, rendered as a man page by `fabric-agent man --dir`. A test holds
+//! the table to the structs: each section's keys are exactly the fields its struct accepts
+//! (serde's own list of expected fields), so a key added to a struct without a row here, or a
+//! row for a key that is gone, fails the build's tests. The backends' own sections
+//! (`[subnet_manager.opensm]`, `.remote`, `.ufm`, `.embedded`) are described in docs/OPENSM.md
+//! and docs/UFM.md and are not listed here.
+
+/// One configuration key.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    /// The section (`""` for the top level, `listen.tls`, `grants.keys` for the array table).
+    pub section: &'static str,
+    /// The key.
+    pub key: &'static str,
+    /// Its TOML type.
+    pub ty: &'static str,
+    /// Its default, as written in the file (`required` when it has none).
+    pub default: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+const fn k(
+    section: &'static str,
+    key: &'static str,
+    ty: &'static str,
+    default: &'static str,
+    doc: &'static str,
+) -> Key {
+    Key {
+        section,
+        key,
+        ty,
+        default,
+        doc,
+    }
+}
+
+/// Every key of the sections this page covers, section by section.
+pub const KEYS: &[Key] = &[
+    k("", "node_id", "string", "the host name", "This node's id as the control plane knows it."),
+    k("", "fabric", "string", "required", "The fabric this node's InfiniBand ports are cabled to; attaches naming another fabric are refused."),
+    k("", "state_dir", "path", "\"/var/lib/fabric-agent\"", "Where the durable store (state.redb) lives."),
+    k("", "allow_full_default", "bool", "false", "Accept fabric ports that are full members of the default partition (0xffff), or an OpenSM Default entry granting ALL=full. Without it such a posture is a standing condition and tenant keys are not reported ACTIVE (node) or served (SM host)."),
+    k("", "listen", "table", "", "Listeners, below."),
+    k("", "subnet_manager", "table", "", "The subnet-manager backend, below."),
+    k("", "observer", "table", "", "The port observer, below."),
+    k("", "ports", "table", "", "Which ports belong to the fabric, below."),
+    k("", "events", "table", "", "Event log retention, below."),
+    k("", "reconciler", "table", "", "Reconciler timing, below."),
+    k("", "metrics", "table", "", "The OpenMetrics endpoint, below."),
+    k("", "log", "table", "", "Logging, below."),
+    k("", "limits", "table", "", "Resource bounds of the gRPC listeners, below."),
+    k("", "grants", "table", "", "The control plane's signed grants, below."),
+    k("listen", "unix_socket", "path", "\"/run/fabric-agent/agent.sock\"", "Unix socket for local use (the CLI). Restart to change."),
+    k("listen", "unix_socket_mode", "string", "\"0660\"", "Its mode, octal text."),
+    k("listen", "read_group", "string", "the agent's group", "Group (name or gid) whose members may call the read-only RPCs on the unix socket."),
+    k("listen", "allowed_uids", "array of integers", "[]", "Users besides root and the agent's own that may call mutating RPCs on the unix socket."),
+    k("listen", "tcp", "address", "none", "TCP address for the control plane (mTLS, [listen.tls])."),
+    k("listen", "insecure_plaintext_for_tests", "bool", "false", "UNSAFE, test rigs only: plaintext gRPC on a loopback tcp address."),
+    k("listen", "plaintext_loopback", "bool", "none", "Replaced by insecure_plaintext_for_tests; present only to say so."),
+    k("listen", "tls", "table", "none", "TLS for tcp, below; re-read on SIGHUP."),
+    k("listen.tls", "cert", "path", "required", "PEM certificate chain of this agent."),
+    k("listen.tls", "key", "path", "required", "PEM private key."),
+    k("listen.tls", "client_ca", "path", "required", "PEM CA bundle client certificates must chain to."),
+    k("listen.tls", "allowed_clients", "array of strings", "[]", "Who may call FabricAgent: dns:NAME, uri:URI, cn:NAME."),
+    k("listen.tls", "partitions_clients", "array of strings", "[]", "SM host: who may call fabric.sm.v1.Partitions (the nodes' agents)."),
+    k("listen.tls", "operator_clients", "array of strings", "[]", "SM host: identities that may read every node's memberships."),
+    k("listen.tls", "node_name_template", "string", "none", "SM host: a node's certificate carries this DNS SAN with {node} replaced by its node id."),
+    k("listen.tls", "node_identities", "table", "{}", "SM host: an explicit identity = node id table instead."),
+    k("subnet_manager", "backend", "string", "\"embedded\"", "embedded (simulated, demos), opensm (SM host), remote (node of an OpenSM fabric), ufm (NVIDIA UFM)."),
+    k("subnet_manager", "embedded", "table", "{}", "The embedded backend's settings."),
+    k("subnet_manager", "opensm", "table", "none", "The opensm backend's settings (docs/OPENSM.md)."),
+    k("subnet_manager", "remote", "table", "none", "The remote backend's settings (docs/OPENSM.md)."),
+    k("subnet_manager", "ufm", "table", "none", "The ufm backend's settings (docs/UFM.md)."),
+    k("observer", "kind", "string", "embedded with the embedded backend, else auto", "auto (verbs, then sysfs), embedded, smp, sysfs or verbs."),
+    k("observer", "fast_poll_ms", "integer", "50", "Poll interval while a transition is pending, milliseconds."),
+    k("observer", "slow_poll_ms", "integer", "5000", "Poll interval when idle, milliseconds (at least fast_poll_ms)."),
+    k("observer", "sysfs_root", "path", "\"/sys/class/infiniband\"", "Where the sysfs observer reads."),
+    k("observer", "umad_device", "path", "\"/dev/infiniband/umad0\"", "umad device of the smp observer."),
+    k("observer", "smp_timeout_ms", "integer", "200", "SMP reply timeout, milliseconds."),
+    k("observer", "smp_retries", "integer", "3", "SMP retries after a timeout."),
+    k("ports", "devices", "array of strings", "[]", "Device name patterns (* wildcard); with guids empty too, every InfiniBand port."),
+    k("ports", "guids", "array of strings", "[]", "Port GUIDs."),
+    k("events", "retain", "integer", "100000", "Keep at most this many newest events."),
+    k("events", "released_retain_secs", "integer", "604800", "Keep RELEASED attachments listed this many seconds."),
+    k("reconciler", "backoff_initial_ms", "integer", "200", "First retry delay after a failed apply, milliseconds."),
+    k("reconciler", "backoff_max_ms", "integer", "30000", "Retry delay cap, milliseconds."),
+    k("reconciler", "resync_secs", "integer", "300", "Re-apply the desired set this often, seconds."),
+    k("reconciler", "resync_jitter_pct", "integer", "10", "Resync jitter, percent (0-50)."),
+    k("metrics", "enabled", "bool", "false", "Serve GET /metrics (OpenMetrics). listen or allow_remote without it is an error."),
+    k("metrics", "listen", "address", "\"127.0.0.1:9464\"", "Where; a non-loopback address needs allow_remote."),
+    k("metrics", "allow_remote", "bool", "false", "Allow a non-loopback listen address (the metrics name instances and partitions)."),
+    k("log", "filter", "string", "\"info\"", "Log filter: a level (trace, debug, info, warn, error, off) and module=level directives, e.g. info,fabric_agent::agent=debug. Re-read on SIGHUP; FABRIC_AGENT_LOG overrides it."),
+    k("limits", "max_watch_streams", "integer", "64", "Concurrent WatchEvents streams, all listeners."),
+    k("limits", "max_in_flight_requests", "integer", "256", "Requests in progress per listener."),
+    k("limits", "request_timeout_secs", "integer", "660", "A handler is cancelled after this; must exceed 600."),
+    k("limits", "keepalive_interval_secs", "integer", "30", "HTTP/2 keepalive ping interval; 0 turns pings off."),
+    k("limits", "keepalive_timeout_secs", "integer", "20", "How long a keepalive ping may go unanswered."),
+    k("limits", "watch_max_age_secs", "integer", "0", "A WatchEvents stream ends (resumable) after this; 0 means no bound."),
+    k("limits", "watch_batch", "integer", "64", "Events per replay batch of one stream (at most 4096)."),
+    k("limits", "list_default_page_size", "integer", "500", "ListAttachments page size when none is given."),
+    k("limits", "list_max_page_size", "integer", "5000", "Largest ListAttachments page size accepted."),
+    k("limits", "max_connections", "integer", "1024", "TCP connections open at once."),
+    k("limits", "max_unauthenticated_per_address", "integer", "16", "Per address: connections handshaking or without a client certificate."),
+    k("limits", "unauthenticated_secs", "integer", "10", "A handshake must finish within this."),
+    k("limits", "max_connection_age_secs", "integer", "3600", "GOAWAY after this, so rotated CAs and revoked certificates take effect."),
+    k("limits", "request_body_secs", "integer", "10", "A unary request's body must arrive within this."),
+    k("grants", "require", "bool", "false", "Attaches need the control plane's grant (node); keys need one per node (SM host)."),
+    k("grants", "fabric", "string", "the top-level fabric", "The fabric grants must name."),
+    k("grants", "keys", "array of tables", "[]", "The control plane's public keys, below."),
+    k("grants.keys", "id", "string", "required", "The key id grants name."),
+    k("grants.keys", "public_key", "string", "none", "The Ed25519 public key, base64 (or public_key_file)."),
+    k("grants.keys", "public_key_file", "path", "none", "A file holding the base64 public key."),
+    k("grants.keys", "not_before", "RFC 3339 time", "none", "Grants issued before this are refused."),
+    k("grants.keys", "not_after", "RFC 3339 time", "none", "Grants issued after this are refused (a retired key)."),
+];
+
+/// Which settings SIGHUP applies in place; every other change takes effect on restart.
+pub const RELOADED_ON_SIGHUP: &[&str] = &["log.filter", "listen.tls (certificate, key, CA bundle)"];
+
+/// Escapes text for roff.
+fn roff(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('-', "\\-")
+}
+
+/// The `fabric-agent.toml(5)` page, roff.
+pub fn man_page() -> String {
+    let mut out = String::from(
+        ".TH fabric-agent.toml 5 \"\" \"fabric-agent\" \"File Formats\"\n\
+         .SH NAME\nfabric\\-agent.toml \\- fabric\\-agent configuration file\n\
+         .SH DESCRIPTION\nThe agent reads /etc/fabric\\-agent/config.toml (or \\-\\-config). \
+         Unknown keys are errors; check a file with \\fBfabric\\-agent check\\-config\\fR (exit 64 \
+         when invalid). SIGHUP re\\-reads ",
+    );
+    out.push_str(&roff(&RELOADED_ON_SIGHUP.join(" and ")));
+    out.push_str("; every other setting takes effect on restart, and the log says which.\n");
+    let mut section = None;
+    for key in KEYS {
+        if section != Some(key.section) {
+            section = Some(key.section);
+            let title = if key.section.is_empty() {
+                "TOP LEVEL".to_owned()
+            } else if key.section == "grants.keys" {
+                "[[grants.keys]]".to_owned()
+            } else {
+                format!("[{}]", key.section)
+            };
+            out.push_str(&format!(".SH {}\n", roff(&title)));
+        }
+        out.push_str(&format!(
+            ".TP\n\\fB{}\\fR ({}; default {})\n{}\n",
+            roff(key.key),
+            roff(key.ty),
+            roff(if key.default.is_empty() {
+                "\u{2014}"
+            } else {
+                key.default
+            }),
+            roff(key.doc)
+        ));
+    }
+    out.push_str(
+        ".SH SEE ALSO\nfabric\\-agent(1), fabric\\-agent\\-check\\-config(1), \
+         /usr/share/doc/fabric\\-agent/OPENSM.md, /usr/share/doc/fabric\\-agent/UFM.md\n",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// The fields serde accepts for `T`, from its own "unknown field" message.
+    fn accepted<T: serde::de::DeserializeOwned + std::fmt::Debug>() -> BTreeSet<String> {
+        let e = toml::from_str::<T>("no_such_key_zz = 1\n")
+            .unwrap_err()
+            .to_string();
+        let list = e.split("expected").nth(1).unwrap_or_else(|| panic!("{e}"));
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn documented(section: &str) -> BTreeSet<String> {
+        KEYS.iter()
+            .filter(|k| k.section == section)
+            .map(|k| k.key.to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_reference_lists_exactly_the_keys_the_structs_accept() {
+        use super::super::*;
+        let sections = [
+            ("", accepted::<ConfigFile>()),
+            ("listen", accepted::<ListenConfig>()),
+            ("listen.tls", accepted::<TlsConfig>()),
+            ("subnet_manager", accepted::<SubnetManagerConfig>()),
+            ("observer", accepted::<ObserverConfig>()),
+            ("ports", accepted::<PortsConfig>()),
+            ("events", accepted::<EventsConfig>()),
+            ("reconciler", accepted::<ReconcilerConfig>()),
+            ("metrics", accepted::<MetricsConfig>()),
+            ("log", accepted::<LogConfig>()),
+            ("limits", accepted::<LimitsConfig>()),
+            ("grants", accepted::<GrantsConfig>()),
+            ("grants.keys", accepted::<GrantKeyConfig>()),
+        ];
+        for (section, fields) in &sections {
+            assert!(!fields.is_empty(), "{section}");
+            assert_eq!(&documented(section), fields, "section [{section}]");
+        }
+        let covered: BTreeSet<&str> = sections.iter().map(|(s, _)| *s).collect();
+        for key in KEYS {
+            assert!(covered.contains(key.section), "{key:?}");
+        }
+    }
+
+    #[test]
+    fn the_page_names_every_key() {
+        let page = man_page();
+        for key in KEYS {
+            assert!(
+                page.contains(&format!("\\fB{}\\fR", roff(key.key))),
+                "{}",
+                key.key
+            );
+        }
+        assert!(page.starts_with(".TH fabric-agent.toml 5"));
+    }
+}
