@@ -33,13 +33,15 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         eprintln!("error: cannot install signal handlers");
         return ExitCode::from(71);
     };
-    let Daemon { agent, opensm, .. } = match daemon::build(&config) {
+    let built = match daemon::build(&config) {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
             return ExitCode::FAILURE;
         }
     };
+    let partitions = built.partitions();
+    let Daemon { agent, opensm, .. } = built;
     if !first_inventory(&agent, &mut signals).await {
         return ExitCode::SUCCESS;
     }
@@ -64,7 +66,6 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         ));
     }
     let reconciler = agent.reconcile(stopped.clone());
-    let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let mut server = tokio::spawn(serve(
         listeners,
         AgentService::with_limits(

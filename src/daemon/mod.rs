@@ -16,6 +16,7 @@ pub use stores::StoredSmNodes;
 use crate::agent::{Agent, AgentParts};
 use crate::config::Config;
 use crate::sm::opensm::OpenSmBackend;
+use crate::sm::ufm::broker::UfmBroker;
 use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,21 @@ pub struct Daemon {
     pub store: Arc<Store>,
     /// On an OpenSM SM host: the backend that also serves `fabric.sm.v1.Partitions`.
     pub opensm: Option<OpenSmBackend>,
+    /// On a UFM broker: the broker that serves `fabric.sm.v1.Partitions` to the nodes.
+    pub broker: Option<UfmBroker>,
+}
+
+impl Daemon {
+    /// The `fabric.sm.v1.Partitions` service, when this host is a fabric side (an OpenSM SM
+    /// host or a UFM broker).
+    pub fn partitions(&self) -> Option<crate::api::partitions::PartitionsService> {
+        use crate::api::partitions::PartitionsService;
+        match (&self.opensm, &self.broker) {
+            (Some(o), _) => Some(PartitionsService::new(o.clone())),
+            (None, Some(b)) => Some(PartitionsService::new(b.clone())),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Opens the store and builds the backend, the observer and the agent `config` asks for.
@@ -57,5 +73,6 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
         agent,
         store,
         opensm: built.opensm,
+        broker: built.broker,
     })
 }

@@ -12,8 +12,10 @@
 //! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
 //! - [`members`] — the ports the accepted partitions file puts in one key (`ListPartitionMembers`)
 //! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
+//! - [`fabric_side`] — the backend as [`crate::sm::FabricSide`] (what `fabric.sm.v1.Partitions` calls)
 
 pub mod backend;
+pub mod fabric_side;
 pub mod file;
 pub mod members;
 pub mod model;
