@@ -92,6 +92,13 @@ impl Tree {
     }
 }
 
+/// Writes a secret file 0600, as the daemon requires.
+fn write_secret(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 fn table_size(root: &Path, dev: &str) -> usize {
     std::fs::read_dir(port_file(root, dev, "pkeys"))
         .unwrap()
@@ -132,7 +139,7 @@ impl Setup {
         std::fs::create_dir_all(&dir).unwrap();
         let (crt, key) = self.pki.issue(&dir, "broker", &["localhost"], "broker");
         let cred = dir.join("ufm.cred");
-        std::fs::write(&cred, format!("admin:{PASSWORD}\n")).unwrap();
+        write_secret(&cred, &format!("admin:{PASSWORD}\n"));
         let tree = Tree::new(&dir.join("sys"));
         let config = format!(
             "node_id = \"mgmt1\"\nfabric = \"fab1\"\nstate_dir = \"{d}/state\"\n\
@@ -185,7 +192,7 @@ impl Setup {
             }
             Upstream::Direct(fake) => {
                 let cred = dir.join("ufm.cred");
-                std::fs::write(&cred, format!("admin:{PASSWORD}\n")).unwrap();
+                write_secret(&cred, &format!("admin:{PASSWORD}\n"));
                 format!(
                     "[subnet_manager]\nbackend = \"ufm\"\n\
                      [subnet_manager.ufm]\nurl = \"{}\"\ncredentials_file = \"{}\"\n\
