@@ -8,6 +8,7 @@ use crate::config::{Backend, Config, ObserverKind};
 use crate::domain::NodeId;
 use crate::sim::SimFabric;
 use crate::sm::embedded::EmbeddedSm;
+use crate::sm::opensm::sa_members::SaMembers;
 use crate::sm::opensm::OpenSmBackend;
 use crate::sm::ufm::broker::UfmBroker;
 use crate::sm::ufm::UfmSm;
@@ -21,6 +22,9 @@ pub(super) struct BuiltBackend {
     pub sm: Arc<dyn SubnetManager>,
     /// On an OpenSM SM host: the same backend, which also serves `fabric.sm.v1.Partitions`.
     pub opensm: Option<OpenSmBackend>,
+    /// On an OpenSM SM host whose ownership checks ask the SA: where `ListPartitionMembers`
+    /// asks it too.
+    pub sa_members: Option<SaMembers>,
     /// On a UFM broker: the broker, which serves `fabric.sm.v1.Partitions` to the nodes.
     pub broker: Option<UfmBroker>,
     /// The simulated fabric, when the embedded backend or the embedded observer uses it.
@@ -48,6 +52,7 @@ pub(super) fn build(
     });
     let mut opensm = None;
     let mut broker = None;
+    let mut sa_members = None;
     let sm: Arc<dyn SubnetManager> = match sm_cfg.backend {
         Backend::Embedded => Arc::new(EmbeddedSm::new(
             sim.clone().expect("sim built for the embedded backend"),
@@ -60,6 +65,10 @@ pub(super) fn build(
                 .expect("validated: [subnet_manager.opensm] present");
             cfg.allow_full_default = config.allow_full_default;
             cfg.grants = Some(grants.clone());
+            sa_members = cfg
+                .ownership
+                .enabled
+                .then(|| SaMembers::new(&cfg.ownership, cfg.pkey_table_size));
             if !grants.require {
                 tracing::warn!(
                     "GRANTS NOT REQUIRED: [grants] require = false on this SM host, so any node may \
@@ -130,6 +139,7 @@ pub(super) fn build(
     Ok(BuiltBackend {
         sm,
         opensm,
+        sa_members,
         broker,
         sim,
     })

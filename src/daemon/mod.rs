@@ -31,6 +31,8 @@ pub struct Daemon {
     pub opensm: Option<OpenSmBackend>,
     /// On a UFM broker: the broker that serves `fabric.sm.v1.Partitions` to the nodes.
     pub broker: Option<UfmBroker>,
+    /// On an OpenSM SM host that asks the SA: where `ListPartitionMembers` asks it.
+    sa_members: Option<crate::sm::opensm::sa_members::SaMembers>,
 }
 
 impl Daemon {
@@ -39,7 +41,9 @@ impl Daemon {
     pub fn partitions(&self) -> Option<crate::api::partitions::PartitionsService> {
         use crate::api::partitions::PartitionsService;
         match (&self.opensm, &self.broker) {
-            (Some(o), _) => Some(PartitionsService::new(o.clone())),
+            (Some(o), _) => Some(PartitionsService::new(
+                crate::sm::opensm::fabric_side::OpenSmSide::new(o.clone(), self.sa_members.clone()),
+            )),
             (None, Some(b)) => Some(PartitionsService::new(b.clone())),
             (None, None) => None,
         }
@@ -74,5 +78,6 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
         store,
         opensm: built.opensm,
         broker: built.broker,
+        sa_members: built.sa_members,
     })
 }
