@@ -126,3 +126,125 @@ pub fn revoke(record: &mut StoredNode, instance: &str) -> (Vec<String>, Vec<PKey
     }
     (ids, removed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{
+        signed_message, FabricName, Grant, GrantKey, GrantKeys, Guid, KeySetting, Membership,
+        NodeId,
+    };
+    use ed25519_dalek::{Signer, SigningKey};
+
+    fn policy() -> GrantPolicy {
+        let k = GrantKey::from_bytes(
+            "cp",
+            SigningKey::from_bytes(&[7; 32]).verifying_key().as_bytes(),
+        )
+        .unwrap();
+        GrantPolicy {
+            require: true,
+            fabric: FabricName::parse("fab1").unwrap(),
+            keys: GrantKeys::new([k]).unwrap(),
+        }
+    }
+
+    fn signed(id: &str, node: &str, instance: &str, pkey: u32) -> SignedGrant {
+        let bytes = id.as_bytes().to_vec();
+        SignedGrant {
+            signature: SigningKey::from_bytes(&[7; 32])
+                .sign(&signed_message(&bytes))
+                .to_bytes()
+                .to_vec(),
+            bytes,
+            key_id: "cp".into(),
+            grant: Grant {
+                grant_id: id.into(),
+                fabric: "fab1".into(),
+                node_id: node.into(),
+                instance_id: instance.into(),
+                partition_id: "ibpart_x".into(),
+                pkey: PKey::new(pkey).unwrap(),
+                membership: Membership::Full,
+                issued_at_unix_ms: 1,
+            },
+        }
+    }
+
+    fn set(keys: &[u32]) -> NodeMemberships {
+        NodeMemberships {
+            node_id: NodeId::parse("node1").unwrap(),
+            port_guids: vec![Guid(1)],
+            keys: keys
+                .iter()
+                .map(|k| {
+                    (
+                        PKey::new(*k).unwrap(),
+                        KeySetting {
+                            membership: Membership::Full,
+                            name: String::new(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_key_needs_a_grant_for_this_node_and_a_release_consumes_it() {
+        let p = policy();
+        let none = BTreeSet::new();
+        let want = set(&[0x0a11]);
+        let (k, e) = judge(&p, &none, None, &want, &[]).unwrap_err();
+        assert_eq!(k.base(), 0x0a11);
+        assert!(matches!(e, GrantError::Missing { .. }));
+        let other = signed("g-2", "node2", "i-1", 0x0a11);
+        assert!(judge(&p, &none, None, &want, &[other]).is_err());
+        let g = signed("g-1", "node1", "i-1", 0x0a11);
+        let accepted = judge(&p, &none, None, &want, std::slice::from_ref(&g)).unwrap();
+        let mut record = StoredNode::new(want.clone(), 1);
+        assert!(replace_grants(&mut record, accepted).is_empty());
+        // The same key again needs no grant (the stored set holds it).
+        assert_eq!(
+            judge(&p, &none, Some(&record), &want, &[]).unwrap().len(),
+            1
+        );
+        // A release needs none and consumes the grant; replaying it is refused.
+        let released = judge(&p, &none, Some(&record), &set(&[]), &[]).unwrap();
+        assert_eq!(
+            replace_grants(&mut record, released),
+            vec!["g-1".to_owned()]
+        );
+        let (_, e) = judge(&p, &record.consumed, Some(&record), &want, &[g]).unwrap_err();
+        assert!(matches!(e, GrantError::Consumed { .. }));
+    }
+
+    #[test]
+    fn a_revocation_consumes_the_instance_and_drops_its_keys() {
+        let p = policy();
+        let want = set(&[0x0a11, 0x0b22]);
+        let grants = [
+            signed("g-a", "node1", "i-1", 0x0a11),
+            signed("g-b", "node1", "i-2", 0x0b22),
+        ];
+        let accepted = judge(&p, &BTreeSet::new(), None, &want, &grants).unwrap();
+        let mut record = StoredNode::new(want, 1);
+        replace_grants(&mut record, accepted);
+        let (ids, removed) = revoke(&mut record, "i-1");
+        assert_eq!(ids, vec!["g-a".to_owned()]);
+        assert_eq!(removed, vec![PKey::new(0x0a11).unwrap()]);
+        assert!(record.revoked_instances.contains("i-1"));
+        assert_eq!(record.memberships.keys.len(), 1);
+        // A fresh grant naming the revoked instance is refused.
+        let again = signed("g-a2", "node1", "i-1", 0x0a11);
+        let (_, e) = judge(
+            &p,
+            &record.consumed,
+            Some(&record),
+            &set(&[0x0a11, 0x0b22]),
+            &[again],
+        )
+        .unwrap_err();
+        assert!(matches!(e, GrantError::Consumed { .. }));
+    }
+}
