@@ -2,7 +2,8 @@
 //! OpenSM fabric, after node1 and node2 put their ports in a key (node3 not), the SM-host agent
 //! asks the SA for each known port's P_KeyTableRecords and lists exactly the ports whose
 //! records hold the key, which is what `saquery --smkey 1 PKTR <lid>/0/<block>` shows for every port.
-//! Skipped (with a message) when ibsim/OpenSM are missing.
+//! The SM host, running without grants required, logs a WARN at start. Skipped (with a
+//! message) when ibsim/OpenSM are missing.
 
 mod common;
 #[path = "rig/mod.rs"]
@@ -70,6 +71,12 @@ async fn list_partition_members_answers_from_the_sa() {
     let mut client = PartitionsClient::connect(format!("http://127.0.0.1:{port}"))
         .await
         .expect("connect to the SM host");
+    // This SM host runs without grants required: it says so, loudly, at start.
+    let log = sm.log_text();
+    assert!(
+        log.contains("WARN") && log.contains("GRANTS NOT REQUIRED"),
+        "{log}"
+    );
     let ports = fabric.ports();
     let info = |node: &str| ports.get(node).copied().expect("node in the fabric");
     for (node, generation) in [("node1", 1), ("node2", 1)] {

@@ -81,8 +81,10 @@ impl Preflight {
                 ),
             );
         } else {
-            let what = if config.subnet_manager.backend == Backend::Opensm {
-                "this SM host accepts any key a node names (a rooted node joins every tenant's partition)"
+            let what = if config.subnet_manager.backend == Backend::Opensm
+                || config.subnet_manager.ufm_broker()
+            {
+                "this fabric side (SM host or UFM broker) accepts any key a node names (a rooted node joins every tenant's partition)"
             } else {
                 "attaches without a grant are accepted"
             };
