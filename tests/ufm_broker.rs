@@ -5,7 +5,8 @@
 //! reaches ACTIVE and the fake UFM holds its GUID; node2 without a grant, with node1's grant,
 //! naming a GUID UFM shows in node1 or does not list at all, and under a case variant of its
 //! node id, is PERMISSION_DENIED and the fake UFM receives no write; a grant consumed by a
-//! release is refused when replayed; `RevokeInstance` removes node1's GUID from the key in the
+//! release is refused when replayed, also after the broker restarted (as is an older
+//! generation); `RevokeInstance` removes node1's GUID from the key in the
 //! fake UFM; `ListPartitionMembers` answers from UFM. A second test times attach -> ACTIVE
 //! through the broker and directly against the fake UFM.
 
@@ -444,12 +445,38 @@ async fn nodes_reach_ufm_only_through_the_broker() {
         .unwrap();
     assert!(fake.members(TENANT_B as u16).is_empty());
     fake.clear_requests();
+    let g2_again = g2.clone();
     let e = n2
         .set_node_memberships(set("node2", guid2, &[TENANT_B], 3, vec![g2]))
         .await
         .expect_err("replayed grant");
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("consumed"), "{}", e.message());
+    assert!(fake.writes().is_empty(), "{:?}", fake.writes());
+
+    // A restarted broker still knows: the consumed grant and node2's generation are stored.
+    broker.stop();
+    let broker = start(&broker_conf, &broker_dir);
+    let logs = || {
+        format!(
+            "broker:\n{}\nnode1:\n{}",
+            broker.log_text(),
+            node1.log_text()
+        )
+    };
+    let mut n2 = s
+        .partitions("node2b", "node2.nodes.fab1.example", &url)
+        .await;
+    let e = n2
+        .set_node_memberships(set("node2", guid2, &[TENANT_B], 3, vec![g2_again.clone()]))
+        .await
+        .expect_err("replayed grant after a restart");
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let e = n2
+        .set_node_memberships(set("node2", guid2, &[], 1, vec![]))
+        .await
+        .expect_err("an older generation after a restart");
+    assert_eq!(e.code(), Code::Aborted, "{e:?}");
     assert!(fake.writes().is_empty(), "{:?}", fake.writes());
 
     // The control plane: UFM's view of the key, then a revocation that removes node1's GUID.
@@ -489,8 +516,6 @@ async fn nodes_reach_ufm_only_through_the_broker() {
     // node1 keeps sending its set: refused, and UFM stays without its GUID.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(fake.members(TENANT_A as u16).is_empty());
-    drop(node1);
-    drop(broker);
 }
 
 /// Every file under `dir`.
