@@ -4,7 +4,8 @@
 //! Through the public APIs, with certificates made here: node1's attach with a valid grant
 //! reaches ACTIVE and the fake UFM holds its GUID; node2 without a grant, with node1's grant,
 //! naming a GUID UFM shows in node1 or does not list at all, and under a case variant of its
-//! node id, is PERMISSION_DENIED and the fake UFM receives no write; a grant consumed by a
+//! node id, is PERMISSION_DENIED and the fake UFM receives no write (UFM's port inventory
+//! unreadable: UNAVAILABLE, nothing written); a grant consumed by a
 //! release is refused when replayed, also after the broker restarted (as is an older
 //! generation); `RevokeInstance` removes node1's GUID from the key in the
 //! fake UFM; `ListPartitionMembers` answers from UFM. A second test times attach -> ACTIVE
@@ -434,6 +435,17 @@ async fn nodes_reach_ufm_only_through_the_broker() {
         fake.writes()
     );
     assert!(fake.members(TENANT_B as u16).is_empty());
+
+    // UFM's port inventory cannot be read: the claim is refused (fail closed), nothing written.
+    fake.outage_503(Duration::from_millis(800));
+    let e = n2
+        .set_node_memberships(set("node2", guid2, &[TENANT_B], 1, vec![g2.clone()]))
+        .await
+        .expect_err("inventory unreadable");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("port inventory"), "{}", e.message());
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(fake.writes().is_empty(), "{:?}", fake.writes());
 
     // node2 with its grant: UFM holds its GUID; released: gone, and the grant is consumed.
     n2.set_node_memberships(set("node2", guid2, &[TENANT_B], 1, vec![g2.clone()]))
