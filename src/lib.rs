@@ -12,13 +12,13 @@
 //! observers. `config` composes the settings structs that `agent`, `sm`, `observe` and `api`
 //! own; nothing below `daemon`/`cli` reads the whole [`config::Config`].
 //!
-//! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`, `doctor`, `get`, `grant` (keygen/sign, local); the client ones (`remote`) call the daemon through `api::agent_client`; `exit` the one table of exit codes, `verdict` the check-report shape, `output` tables that wrap (never cut) and JSON, `generate` the man pages and completions
+//! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`, `doctor`, `get`, `grant` (keygen/sign, local); the client ones (`remote`) call the daemon through `api::agent_client`; `exit` the one table of exit codes, `verdict` the check-report shape, `output` tables that wrap (never cut) and JSON, `generate` the man pages and completions, `secret_file` the start-up check of secret files' modes and links
 //! - [`daemon`]   — the composition root: builds store, SM backend, observer, agent and listeners from a validated config; `StartError`
 //! - [`config`]   — the TOML configuration, parsed strictly and validated once into typed values (node id, fabric, port GUIDs, socket mode); one file per section (listen + TLS, limits, log, metrics, events, ports, subnet_manager, grants), `mod.rs` composes them; `reference` the fabric-agent.toml(5) table, tested against the structs
 //! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; one boundary module per protocol (`convert` for fabric.agent.v1, `sm_v1` for fabric.sm.v1, `grant_v1` for fabric.grant.v1 (decode once, keep the signed bytes): conversion and the one error <-> status mapping each), `sm_client` the remote SM backend's gRPC client; `client` channels; `agent_client` the typed fabric.agent.v1 client the CLI uses (no tonic type above `api`); the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the TCP listener's connection bounds (`conn_limits`), the audit trail
 //! - [`agent`]    — command handling, the reconciler (pure `plan` + `runner`), event publishing
 //! - [`store`]    — durable desired state and the ordered event log (redb); its side-file mirror detects a restored database
-//! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm
+//! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm; `FabricSide` (what `fabric.sm.v1.Partitions` calls: the OpenSM SM host, `ufm::broker` the UFM broker), `grant_judge` (the fabric side's grant rules, pure)
 //! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined
 //! - [`sim`]      — the embedded simulated fabric's port tables
 //! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O

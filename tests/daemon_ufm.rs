@@ -205,6 +205,11 @@ fn start_node(fake: &FakeUfm, credentials: &str) -> Node {
     fake.on_change(SWEEP_DELAY, move |change| hook.apply(change));
     let cred = tmp.path().join("ufm.cred");
     std::fs::write(&cred, format!("{credentials}\n")).unwrap();
+    std::fs::set_permissions(
+        &cred,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+    )
+    .unwrap();
     let devices: Vec<String> = IB.iter().map(|d| format!("\"{d}\"")).collect();
     // max_skipped_rechecks = 0: these tests pin each apply's partition reads (no stamp read
     // first); tests/ufm_fleet.rs covers the stamp.

@@ -286,7 +286,7 @@ async fn fleet_client_guards_a_partition_on_the_ibsim_opensm_rig() {
         guids.iter().all(|g| file.contains(g.as_str())),
         "the partitions file names both ports {guids:?}:\n{file}"
     );
-    assert_eq!(source, "partitions-file");
+    assert_eq!(source, "partitions-file-fallback");
     let b = blockers(fleet.may_delete(PARTITION).await.unwrap(), "both ACTIVE");
     let said: Vec<String> = b.iter().map(ToString::to_string).collect();
     assert_eq!(b.len(), 4, "{said:#?}");
@@ -299,7 +299,7 @@ async fn fleet_client_guards_a_partition_on_the_ibsim_opensm_rig() {
         assert!(
             b.iter().any(
                 |x| matches!(x, Blocker::FabricHolds { port_guid, node_id, source, .. }
-                if port_guid == guid && node_id == node && source == "partitions-file")
+                if port_guid == guid && node_id == node && source == "partitions-file-fallback")
             ),
             "{said:#?}"
         );

@@ -310,7 +310,7 @@ async fn grants_decide_which_partitions_a_node_joins() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(view.source, "partitions-file");
+    assert_eq!(view.source, "partitions-file-fallback");
     let listed: Vec<(String, String)> = view
         .members
         .iter()

@@ -1,7 +1,8 @@
-//! `fabric.sm.v1.Partitions`: served by the SM host's agent (backend `opensm`). Nodes send their
+//! `fabric.sm.v1.Partitions`: served by the fabric side, the SM host's agent (backend `opensm`)
+//! or the UFM broker (backend `ufm` with `[subnet_manager.ufm_broker]`). Nodes send their
 //! complete desired set of memberships; the handlers convert and validate it through the
-//! `fabric.sm.v1` boundary ([`super::sm_v1`]) and hand it to [`OpenSmBackend`], which persists
-//! it, merges it into the partitions file and forces a sweep before the reply.
+//! `fabric.sm.v1` boundary ([`super::sm_v1`]) and hand it to the [`FabricSide`], which checks
+//! and persists it and answers once the subnet manager holds it.
 //!
 //! Every call is authorised by the verified [`Caller`] the call gate attached: a certificate
 //! may write and read only the node it maps to ([`NodeMapping`]); an operator certificate may
@@ -14,27 +15,29 @@ use super::caller::Caller;
 use super::grant_v1::signed_grant_from_proto;
 use super::node_identity::NodeMapping;
 use super::sm_v1::{
-    memberships_from_proto, node_id, status_of, status_of_refusal, stored_to_proto,
+    memberships_from_proto, node_id, status_of_fabric_side as status_of, status_of_refusal,
+    stored_to_proto,
 };
 use crate::domain::{NodeId, PKey};
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_server::{Partitions, PartitionsServer};
-use crate::sm::OpenSmBackend;
+use crate::sm::FabricSide;
+use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-/// The Partitions service over an OpenSM backend.
+/// The Partitions service over a fabric side (OpenSM SM host, UFM broker).
 #[derive(Clone)]
 pub struct PartitionsService {
-    backend: OpenSmBackend,
+    backend: Arc<dyn FabricSide>,
     nodes: NodeMapping,
 }
 
 impl PartitionsService {
     /// Wraps the backend; certificates map to nodes by the default rule (a DNS SAN equal to the
     /// node id) until [`PartitionsService::with_node_mapping`].
-    pub fn new(backend: OpenSmBackend) -> Self {
+    pub fn new(backend: impl FabricSide) -> Self {
         PartitionsService {
-            backend,
+            backend: Arc::new(backend),
             nodes: NodeMapping::default(),
         }
     }
@@ -49,10 +52,6 @@ impl PartitionsService {
         PartitionsServer::new(self)
     }
 }
-
-/// Where `ListPartitionMembers` reads today: OpenSM's last accepted partitions file (what the SM
-/// programs from), not yet the SA's P_KeyTableRecords.
-pub const MEMBERS_SOURCE: &str = "partitions-file";
 
 fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
@@ -123,14 +122,8 @@ impl PartitionsService {
         } else {
             Vec::new()
         };
-        match self
-            .backend
-            .set_node_granted(desired, &grants, generation)
-            .await
-        {
-            Ok(out) => Ok(Response::new(pb::SetNodeMembershipsResponse {
-                sweeps: out.sweeps,
-            })),
+        match self.backend.set_node(desired, &grants, generation).await {
+            Ok(sweeps) => Ok(Response::new(pb::SetNodeMembershipsResponse { sweeps })),
             Err(e) => {
                 tracing::warn!(error = %e, "memberships not applied");
                 Err(status_of(&e))
@@ -310,7 +303,7 @@ impl Partitions for PartitionsService {
         authorise(caller.as_ref(), &self.nodes, &id, Access::Read)
             .map_err(|r| status_of_refusal(&r))?;
         self.backend
-            .node(id.as_str())
+            .node(&id)
             .map(|n| Response::new(stored_to_proto(&n)))
             .ok_or_else(|| status_of_refusal(&PartitionsRefusal::NotStored(id)))
     }
@@ -358,14 +351,15 @@ impl Partitions for PartitionsService {
             .map_err(|e| status_of(&e))?;
         Ok(Response::new(pb::ListPartitionMembersResponse {
             members: members
+                .members
                 .into_iter()
-                .map(|(m, node)| pb::PartitionMember {
+                .map(|m| pb::PartitionMember {
                     port_guid: m.guid.to_string(),
-                    node_id: node.map(String::from).unwrap_or_default(),
+                    node_id: m.node.map(String::from).unwrap_or_default(),
                     full: m.full,
                 })
                 .collect(),
-            source: MEMBERS_SOURCE.into(),
+            source: members.source.into(),
             read_at_unix_ms,
         }))
     }

@@ -5,7 +5,8 @@
 use super::partitions::PartitionsRefusal;
 use crate::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
 use crate::proto::sm as pb;
-use crate::sm::{OpenSmError, SmError, SmFailure, StoredNode};
+use crate::sm::ufm::broker::BrokerError;
+use crate::sm::{FabricSideError, OpenSmError, SmError, SmFailure, StoredNode};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::{Code, Status};
@@ -136,6 +137,37 @@ pub fn status_of(e: &OpenSmError) -> Status {
         | OpenSmError::Task { .. }
         | OpenSmError::FabricUnreachable(_) => Status::unavailable(msg),
         OpenSmError::Composed(_) => Status::internal(msg),
+    }
+}
+
+/// The status of a fabric side's failure (the SM host's or the UFM broker's).
+pub fn status_of_fabric_side(e: &FabricSideError) -> Status {
+    match e {
+        FabricSideError::OpenSm(e) => status_of(e),
+        FabricSideError::Broker(e) => status_of_broker(e),
+    }
+}
+
+/// The status of a UFM broker failure.
+pub fn status_of_broker(e: &BrokerError) -> Status {
+    let msg = e.to_string();
+    match e {
+        BrokerError::Invalid(_) | BrokerError::PortHeld { .. } => Status::invalid_argument(msg),
+        BrokerError::StaleGeneration { sent, stored } => {
+            stale_generation_status(*sent, *stored, msg)
+        }
+        BrokerError::GrantRefused { .. } | BrokerError::PortNotOwned { .. } => {
+            Status::permission_denied(msg)
+        }
+        BrokerError::GrantsNotRequired => Status::failed_precondition(msg),
+        BrokerError::NodeNotStored(_) => Status::not_found(msg),
+        BrokerError::Ufm(SmError::Refused(_)) | BrokerError::Inventory(SmError::Refused(_)) => {
+            Status::failed_precondition(msg)
+        }
+        BrokerError::Ufm(_)
+        | BrokerError::Inventory(_)
+        | BrokerError::Store(_)
+        | BrokerError::Task(_) => Status::unavailable(msg),
     }
 }
 

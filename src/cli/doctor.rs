@@ -81,11 +81,16 @@ fn grants(checks: &mut Checks, config: &Config) {
             "grants",
             format!("required; {} key(s) {}", g.keys.len(), g.keys),
         ),
-        Ok(_) if config.subnet_manager.backend == crate::config::Backend::Opensm => checks.add(
-            Verdict::Warn,
-            "grants",
-            "not required ([grants] require = false): this SM host accepts any key a node names, so a rooted node joins every tenant's partition",
-        ),
+        Ok(_)
+            if config.subnet_manager.backend == crate::config::Backend::Opensm
+                || config.subnet_manager.ufm_broker() =>
+        {
+            checks.add(
+                Verdict::Warn,
+                "grants",
+                "not required ([grants] require = false): this fabric side (SM host or UFM broker) accepts any key a node names, so a rooted node joins every tenant's partition",
+            )
+        }
         Ok(_) => checks.add(
             Verdict::Warn,
             "grants",

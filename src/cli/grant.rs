@@ -113,6 +113,7 @@ fn keygen(dir: &Path) -> Result<(), String> {
 
 /// Reads a private key file `keygen` wrote.
 pub fn read_signing_key(path: &Path) -> Result<SigningKey, String> {
+    super::secret_file::check(path).map_err(|e| e.to_string())?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let seed: [u8; 32] = b64()

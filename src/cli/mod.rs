@@ -12,6 +12,7 @@ mod output;
 pub mod preflight;
 pub mod reload;
 mod remote;
+pub mod secret_file;
 mod serve;
 mod verdict;
 

@@ -20,8 +20,10 @@ enum Pem {
     None,
     /// PEM certificates.
     Certificates,
-    /// A PEM private key.
+    /// A PEM private key (a secret: see [`super::secret_file`]).
     PrivateKey,
+    /// A secret read as is (credentials, tokens; see [`super::secret_file`]).
+    Secret,
 }
 
 /// Every check's verdict for one configuration.
@@ -70,8 +72,10 @@ impl Preflight {
                 ),
             );
         } else {
-            let what = if config.subnet_manager.backend == Backend::Opensm {
-                "this SM host accepts any key a node names (a rooted node joins every tenant's partition)"
+            let what = if config.subnet_manager.backend == Backend::Opensm
+                || config.subnet_manager.ufm_broker()
+            {
+                "this fabric side (SM host or UFM broker) accepts any key a node names (a rooted node joins every tenant's partition)"
             } else {
                 "attaches without a grant are accepted"
             };
@@ -148,12 +152,12 @@ impl Preflight {
                         (
                             "subnet_manager.ufm.credentials_file",
                             u.credentials_file.as_ref(),
-                            Pem::None,
+                            Pem::Secret,
                         ),
                         (
                             "subnet_manager.ufm.token_file",
                             u.token_file.as_ref(),
-                            Pem::None,
+                            Pem::Secret,
                         ),
                         (
                             "subnet_manager.ufm.client_cert",
@@ -178,7 +182,16 @@ impl Preflight {
             match pem {
                 Pem::None => self.readable(check, file),
                 Pem::Certificates => self.certificates(check, file),
-                Pem::PrivateKey => self.private_key(check, file),
+                Pem::PrivateKey => {
+                    if self.secret(check, file) {
+                        self.private_key(check, file)
+                    }
+                }
+                Pem::Secret => {
+                    if self.secret(check, file) {
+                        self.readable(check, file)
+                    }
+                }
             }
         }
     }
@@ -306,6 +319,19 @@ impl Preflight {
         }
     }
 
+    /// A secret file's mode and link (fails and returns false when refused).
+    fn secret(&mut self, check: &str, file: &Path) -> bool {
+        match super::secret_file::check(file) {
+            Ok(()) => true,
+            // A file that cannot be read is the readability check's to report.
+            Err(super::secret_file::SecretFileError::Unreadable { .. }) => true,
+            Err(e) => {
+                self.fail(check, e.to_string());
+                false
+            }
+        }
+    }
+
     fn private_key(&mut self, check: &str, file: &Path) {
         match PrivateKeyDer::from_pem_file(file) {
             Ok(_) => self.pass(check, format!("{}: a private key", file.display())),
@@ -351,8 +377,11 @@ mod tests {
     fn a_key_that_does_not_belong_to_the_certificate_fails_as_serve_would() {
         let dir = tempfile::tempdir().unwrap();
         let pem = |name: &str, text: String| {
+            use std::os::unix::fs::PermissionsExt;
             let path = dir.path().join(name);
             std::fs::write(&path, text).unwrap();
+            // Secrets are 0600 (see `secret_file`); certificates may be world-readable.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
             path
         };
         let ca_key = rcgen::KeyPair::generate().unwrap();

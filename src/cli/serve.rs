@@ -33,7 +33,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         eprintln!("error: cannot install signal handlers");
         return ExitCode::from(super::exit::OS_ERROR);
     };
-    let Daemon { agent, opensm, .. } = match daemon::build(&config) {
+    let built = match daemon::build(&config) {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
@@ -42,6 +42,8 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     };
     // The socket is bound and served from the start, even when no port can be read: a
     // daemon that cannot see its ports must still answer `node` and `doctor` and say why.
+    let partitions = built.partitions();
+    let Daemon { agent, opensm, .. } = built;
     let Bound {
         grpc: listeners,
         metrics,
@@ -64,7 +66,6 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     }
     first_inventory(&agent, &config).await;
     let reconciler = agent.reconcile(stopped.clone());
-    let partitions = opensm.map(crate::api::partitions::PartitionsService::new);
     let mut server = tokio::spawn(serve(
         listeners,
         AgentService::with_limits(

@@ -174,6 +174,7 @@ impl ConfigFile {
         let ports = self.ports.selector()?;
         self.limits.validate()?;
         self.subnet_manager.validate(self.observer.kind)?;
+        self.subnet_manager.validate_broker(&self.listen)?;
         let grants = self.grants.validate(&fabric)?;
         Ok(Config {
             node_id,

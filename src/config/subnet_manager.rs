@@ -23,6 +23,9 @@ pub struct SubnetManagerConfig {
     /// `ufm` settings.
     #[serde(default)]
     pub ufm: Option<crate::sm::ufm::UfmConfig>,
+    /// `ufm_broker`: with `backend = "ufm"`, serve `fabric.sm.v1` to the fabric's nodes.
+    #[serde(default)]
+    pub ufm_broker: Option<crate::sm::ufm::broker::BrokerConfig>,
 }
 
 /// Subnet-manager backend names.
@@ -41,6 +44,32 @@ pub enum Backend {
 }
 
 impl SubnetManagerConfig {
+    /// Whether this host is a UFM broker (`[subnet_manager.ufm_broker] enabled = true`).
+    pub fn ufm_broker(&self) -> bool {
+        self.ufm_broker.as_ref().is_some_and(|b| b.enabled)
+    }
+
+    /// A UFM broker needs the `ufm` backend and a TCP listener the nodes can reach (mTLS, or the
+    /// test rigs' plaintext).
+    pub(super) fn validate_broker(&self, listen: &super::ListenConfig) -> Result<(), ConfigError> {
+        if !self.ufm_broker() {
+            return Ok(());
+        }
+        if self.backend != Backend::Ufm {
+            return Err(invalid(
+                "subnet_manager.ufm_broker",
+                "enabled = true needs backend = \"ufm\" (the broker programs UFM for the nodes)",
+            ));
+        }
+        if listen.tcp.is_none() || (listen.tls.is_none() && !listen.insecure_plaintext_for_tests) {
+            return Err(invalid(
+                "subnet_manager.ufm_broker",
+                "enabled = true needs [listen] tcp with [listen.tls] (the nodes call the broker over mTLS)",
+            ));
+        }
+        Ok(())
+    }
+
     /// The backend's own section is present and valid, and the observer (`observer.kind`)
     /// fits the backend.
     pub(super) fn validate(&self, observer: Option<ObserverKind>) -> Result<(), ConfigError> {

@@ -242,3 +242,39 @@ fn grants_section_is_checked_and_files_are_read_at_load() {
         assert!(e.contains(says), "{keys}: {e}");
     }
 }
+
+#[test]
+fn a_ufm_broker_needs_the_ufm_backend_and_a_tcp_listener() {
+    let ufm =
+        "[subnet_manager.ufm]\nurl = \"http://127.0.0.1:9\"\ncredentials_file = \"/x/ufm.cred\"\n";
+    let broker = "[subnet_manager.ufm_broker]\nenabled = true\n";
+    let listen = "[listen]\ntcp = \"127.0.0.1:7443\"\ninsecure_plaintext_for_tests = true\n";
+    let key = |r: Result<Config, ConfigError>| match r {
+        Err(ConfigError::Invalid { key, reason }) => (key, reason),
+        other => panic!("{other:?}"),
+    };
+    // Another backend.
+    let (k, why) = key(parse(&format!(
+        "fabric = \"f\"\n{listen}[subnet_manager]\nbackend = \"embedded\"\n{broker}"
+    )));
+    assert_eq!(k, "subnet_manager.ufm_broker");
+    assert!(why.contains("backend = \"ufm\""), "{why}");
+    // No TCP listener for the nodes.
+    let (k, why) = key(parse(&format!(
+        "fabric = \"f\"\n[subnet_manager]\nbackend = \"ufm\"\n{ufm}{broker}"
+    )));
+    assert_eq!(k, "subnet_manager.ufm_broker");
+    assert!(why.contains("[listen] tcp"), "{why}");
+    // Both: a broker.
+    let c = parse(&format!(
+        "fabric = \"f\"\n{listen}[subnet_manager]\nbackend = \"ufm\"\n{ufm}{broker}"
+    ))
+    .unwrap();
+    assert!(c.subnet_manager.ufm_broker());
+    // Off, or absent: the direct mode.
+    let c = parse(&format!(
+        "fabric = \"f\"\n[subnet_manager]\nbackend = \"ufm\"\n{ufm}[subnet_manager.ufm_broker]\nenabled = false\n"
+    ))
+    .unwrap();
+    assert!(!c.subnet_manager.ufm_broker());
+}

@@ -1,14 +1,16 @@
 //! Builds the configured subnet-manager backend (and, when the embedded backend or observer
 //! needs it, the simulated fabric).
 
-use super::stores::{StoredSimTables, StoredSmNodes, StoredUfmLedger};
+use super::stores::{StoredNodeLedgers, StoredSimTables, StoredSmNodes, StoredUfmLedger};
 use super::StartError;
 use crate::api::sm_client::RemoteSm;
 use crate::config::{Backend, Config, ObserverKind};
 use crate::domain::NodeId;
 use crate::sim::SimFabric;
 use crate::sm::embedded::EmbeddedSm;
+use crate::sm::opensm::sa_members::SaMembers;
 use crate::sm::opensm::OpenSmBackend;
+use crate::sm::ufm::broker::UfmBroker;
 use crate::sm::ufm::UfmSm;
 use crate::sm::SubnetManager;
 use crate::store::Store;
@@ -20,6 +22,11 @@ pub(super) struct BuiltBackend {
     pub sm: Arc<dyn SubnetManager>,
     /// On an OpenSM SM host: the same backend, which also serves `fabric.sm.v1.Partitions`.
     pub opensm: Option<OpenSmBackend>,
+    /// On an OpenSM SM host whose ownership checks ask the SA: where `ListPartitionMembers`
+    /// asks it too.
+    pub sa_members: Option<SaMembers>,
+    /// On a UFM broker: the broker, which serves `fabric.sm.v1.Partitions` to the nodes.
+    pub broker: Option<UfmBroker>,
     /// The simulated fabric, when the embedded backend or the embedded observer uses it.
     pub sim: Option<Arc<SimFabric>>,
 }
@@ -44,6 +51,8 @@ pub(super) fn build(
         ))
     });
     let mut opensm = None;
+    let mut broker = None;
+    let mut sa_members = None;
     let sm: Arc<dyn SubnetManager> = match sm_cfg.backend {
         Backend::Embedded => Arc::new(EmbeddedSm::new(
             sim.clone().expect("sim built for the embedded backend"),
@@ -56,6 +65,10 @@ pub(super) fn build(
                 .expect("validated: [subnet_manager.opensm] present");
             cfg.allow_full_default = config.allow_full_default;
             cfg.grants = Some(grants.clone());
+            sa_members = cfg
+                .ownership
+                .enabled
+                .then(|| SaMembers::new(&cfg.ownership, cfg.pkey_table_size));
             if !grants.require {
                 tracing::warn!(
                     "GRANTS NOT REQUIRED: [grants] require = false on this SM host, so any node may \
@@ -79,14 +92,55 @@ pub(super) fn build(
                 .expect("validated: [subnet_manager.remote] present");
             Arc::new(RemoteSm::new(cfg).map_err(StartError::Remote)?)
         }
+        Backend::Ufm if sm_cfg.ufm_broker() => {
+            let cfg = sm_cfg
+                .ufm
+                .as_ref()
+                .expect("validated: [subnet_manager.ufm] present");
+            if !grants.require {
+                tracing::warn!(
+                    "GRANTS NOT REQUIRED: [grants] require = false on this UFM broker, so any node \
+                     may put its ports in any partition by naming the key (a rooted node joins \
+                     every tenant's partition); set require = true with the control plane's keys"
+                );
+            }
+            let b = UfmBroker::new(
+                cfg,
+                node_id.clone(),
+                grants.clone(),
+                Arc::new(StoredSmNodes(store.clone())),
+                Arc::new(StoredNodeLedgers {
+                    store: store.clone(),
+                    local: node_id.clone(),
+                }),
+            )
+            .map_err(StartError::Ufm)?;
+            broker = Some(b.clone());
+            Arc::new(b)
+        }
         Backend::Ufm => {
             let cfg = sm_cfg
                 .ufm
                 .as_ref()
                 .expect("validated: [subnet_manager.ufm] present");
+            if !grants.require {
+                tracing::warn!(
+                    "DIRECT UFM ACCESS: this node holds a UFM credential that can change every \
+                     partition of the fabric and grants are not required ([grants] require = \
+                     false): the fabric trusts every node; use a UFM broker \
+                     ([subnet_manager.ufm_broker] on a management host) and the remote backend on \
+                     the nodes"
+                );
+            }
             let ledger = Arc::new(StoredUfmLedger(store.clone()));
             Arc::new(UfmSm::new(cfg, ledger).map_err(StartError::Ufm)?)
         }
     };
-    Ok(BuiltBackend { sm, opensm, sim })
+    Ok(BuiltBackend {
+        sm,
+        opensm,
+        sa_members,
+        broker,
+        sim,
+    })
 }

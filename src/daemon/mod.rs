@@ -16,6 +16,7 @@ pub use stores::StoredSmNodes;
 use crate::agent::{Agent, AgentParts};
 use crate::config::Config;
 use crate::sm::opensm::OpenSmBackend;
+use crate::sm::ufm::broker::UfmBroker;
 use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,25 @@ pub struct Daemon {
     pub store: Arc<Store>,
     /// On an OpenSM SM host: the backend that also serves `fabric.sm.v1.Partitions`.
     pub opensm: Option<OpenSmBackend>,
+    /// On a UFM broker: the broker that serves `fabric.sm.v1.Partitions` to the nodes.
+    pub broker: Option<UfmBroker>,
+    /// On an OpenSM SM host that asks the SA: where `ListPartitionMembers` asks it.
+    sa_members: Option<crate::sm::opensm::sa_members::SaMembers>,
+}
+
+impl Daemon {
+    /// The `fabric.sm.v1.Partitions` service, when this host is a fabric side (an OpenSM SM
+    /// host or a UFM broker).
+    pub fn partitions(&self) -> Option<crate::api::partitions::PartitionsService> {
+        use crate::api::partitions::PartitionsService;
+        match (&self.opensm, &self.broker) {
+            (Some(o), _) => Some(PartitionsService::new(
+                crate::sm::opensm::fabric_side::OpenSmSide::new(o.clone(), self.sa_members.clone()),
+            )),
+            (None, Some(b)) => Some(PartitionsService::new(b.clone())),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Opens the store and builds the backend, the observer and the agent `config` asks for.
@@ -60,5 +80,7 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
         agent,
         store,
         opensm: built.opensm,
+        broker: built.broker,
+        sa_members: built.sa_members,
     })
 }

@@ -186,3 +186,45 @@ impl UfmLedgerStore for StoredUfmLedger {
             .map_err(LedgerStoreError::new)
     }
 }
+
+/// Each node's UFM ledger on a UFM broker, in the agent's store: meta key `ufm_ledger/<node>`;
+/// the broker host's own node keeps the direct mode's key `ufm_ledger`, so switching a host to
+/// broker keeps its ledger.
+pub(super) struct StoredNodeLedgers {
+    /// The store.
+    pub(super) store: Arc<Store>,
+    /// This host's node id.
+    pub(super) local: crate::domain::NodeId,
+}
+
+/// One node's ledger under its own meta key.
+struct StoredNodeLedger {
+    store: Arc<Store>,
+    key: String,
+}
+
+impl crate::sm::ufm::broker::NodeLedgers for StoredNodeLedgers {
+    fn ledger(&self, node: &crate::domain::NodeId) -> Arc<dyn UfmLedgerStore> {
+        let key = if *node == self.local {
+            UFM_LEDGER.to_owned()
+        } else {
+            format!("{UFM_LEDGER}/{}", node.as_str())
+        };
+        Arc::new(StoredNodeLedger {
+            store: self.store.clone(),
+            key,
+        })
+    }
+}
+
+impl UfmLedgerStore for StoredNodeLedger {
+    fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
+        self.store.meta(&self.key).map_err(LedgerStoreError::new)
+    }
+
+    fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
+        self.store
+            .set_meta(&self.key, bytes)
+            .map_err(LedgerStoreError::new)
+    }
+}

@@ -14,6 +14,7 @@
 //! - [`sa`]           — subnet administration MADs (class 0x03)
 //! - [`path_record`]  — the PathRecord attribute (0x0035) and its component mask bits
 //! - [`node_record`]  — the SA NodeRecord attribute (0x0011): LID, NodeInfo, NodeDescription
+//! - [`pkey_table_record`] — the SA P_KeyTableRecord attribute (0x0033): one block of one port's table as the SM holds it
 //! - [`get_table`]    — SA GetTable (0x12/0x92): records `AttributeOffset * 8` apart, one MAD only
 
 pub mod get_table;
@@ -22,6 +23,7 @@ pub mod node_info;
 pub mod node_record;
 pub mod path_record;
 pub mod pkey_table;
+pub mod pkey_table_record;
 pub mod port_info;
 pub mod sa;
 pub mod smp;
@@ -35,6 +37,7 @@ pub use node_info::{NodeInfo, NodeInfoRepr};
 pub use node_record::{NodeRecord, NodeRecordRepr};
 pub use path_record::{PathRecord, PathRecordRepr};
 pub use pkey_table::{PKeyTable, PKeyTableRepr};
+pub use pkey_table_record::{PKeyTableRecord, PKeyTableRecordRepr};
 pub use port_info::{PortInfo, PortInfoRepr};
 pub use sa::{SaMad, SaMadRepr};
 pub use smp::{Smp, SmpRepr, SmpRouting};
@@ -92,6 +95,8 @@ pub mod attribute {
     pub const PATH_RECORD: u16 = 0x0035;
     /// SA NodeRecord (the same id as NodeInfo, in the SA class).
     pub const NODE_RECORD: u16 = 0x0011;
+    /// SA P_KeyTableRecord.
+    pub const PKEY_TABLE_RECORD: u16 = 0x0033;
 }
 
 /// Status codes seen in MAD headers (the low 15 bits; the directed-route D bit is separate).

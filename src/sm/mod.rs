@@ -4,11 +4,14 @@
 //! set and computes the difference itself, so retrying an apply is always safe.
 
 pub mod embedded;
+pub mod fabric_side;
+pub mod grant_judge;
 pub mod opensm;
 pub mod remote;
 pub mod ufm;
 
 use crate::domain::SignedGrant;
+pub use fabric_side::{FabricSide, FabricSideError, PartitionMember, PartitionMembers};
 pub use opensm::{OpenSmBackend, OpenSmError, StoredNode};
 
 use crate::domain::{Condition, NodeMemberships};
@@ -60,6 +63,9 @@ pub enum SmFailure {
     /// The UFM backend.
     #[error(transparent)]
     Ufm(ufm::UfmError),
+    /// The UFM broker (this host serves a UFM fabric's nodes).
+    #[error(transparent)]
+    Broker(Arc<ufm::broker::BrokerError>),
     /// The SM host's `fabric.sm.v1` answer, or the failure to get one; the source is the
     /// protocol's own error value (the api layer's status).
     #[error("SM host: {message}")]

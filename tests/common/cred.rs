@@ -14,6 +14,8 @@ impl CredFile {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ufm.cred");
         std::fs::write(&path, format!("{user_password}\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         CredFile { _dir: dir, path }
     }
 

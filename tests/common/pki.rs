@@ -78,8 +78,13 @@ pub fn self_signed(san: &str) -> (String, String) {
 }
 
 /// Writes `text` to `<dir>/<name>` and returns the path.
+/// A private key (`*.key`) is made 0600, as the daemon requires of secrets.
 pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
+    if name.ends_with(".key") {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     p
 }

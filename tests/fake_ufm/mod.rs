@@ -5,7 +5,8 @@
 //! stamp moved by every accepted change, operator changes through this handle included),
 //! `POST resources/pkeys`,
 //! `POST actions/remove_guids_from_pkey`, `DELETE resources/pkeys/{pkey}/guids/{g1,g2}`,
-//! `DELETE resources/pkeys/{pkey}` and `GET app/ufm_version`; checks basic or token
+//! `DELETE resources/pkeys/{pkey}`, `GET resources/ports` (the port inventory a test sets) and
+//! `GET app/ufm_version`; checks basic or token
 //! authentication; switches UFM's quirks ([`Quirks`]); injects slowness, 503 bursts,
 //! outages (503 or connection refused) and writes whose answer comes too late to be seen
 //! although they took effect; logs every request; and reports membership changes
@@ -17,7 +18,7 @@
 
 mod model;
 
-pub use model::{FakeMember, FakePartition, Quirks};
+pub use model::{FakeMember, FakePartition, FakePort, Quirks};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -307,6 +308,19 @@ impl FakeUfm {
     /// How many requests so far.
     pub fn request_count(&self) -> usize {
         self.with(|i| i.log.len())
+    }
+
+    /// Replaces the port inventory `GET …/resources/ports` answers.
+    pub fn set_ports(&self, ports: Vec<FakePort>) {
+        self.with(|i| i.model.ports = ports);
+    }
+
+    /// Requests that changed partitions (every method but GET).
+    pub fn writes(&self) -> Vec<LoggedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method != "GET")
+            .collect()
     }
 
     /// Forgets the request log.
@@ -630,6 +644,13 @@ fn route(
             ((200, json!({"ufm_release_version": "6.19.0-fake"})), None)
         }
         ("GET", ["resources", "pkeys"]) => (model.list(guids_data), None),
+        ("GET", ["resources", "ports"]) => (
+            (
+                200,
+                Value::Array(model.ports.iter().map(FakePort::json).collect()),
+            ),
+            None,
+        ),
         ("GET", ["resources", "pkeys", "last_updated"]) => (model.last_updated(), None),
         ("GET", ["resources", "pkeys", pkey]) => (model.get(pkey, guids_data), None),
         ("POST", ["resources", "pkeys"]) => model.add(body),

@@ -25,6 +25,46 @@ pub struct FakePartition {
     pub members: BTreeMap<u64, FakeMember>,
 }
 
+/// One port of UFM's port inventory (`GET …/resources/ports`), with the fields of the public
+/// UFM REST API guide's port objects that the broker reads (the rest are left out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakePort {
+    /// Port GUID.
+    pub guid: u64,
+    /// The host UFM shows the port in.
+    pub system_name: String,
+    /// `<hostname> <device>` by default.
+    pub node_description: String,
+    /// `Computer IB Port` or `Switch IB Port`.
+    pub description: String,
+}
+
+impl FakePort {
+    /// A host's port.
+    pub fn host(guid: u64, host: &str, device: &str) -> FakePort {
+        FakePort {
+            guid,
+            system_name: host.into(),
+            node_description: format!("{host} {device}"),
+            description: "Computer IB Port".into(),
+        }
+    }
+
+    /// UFM's JSON for the port.
+    pub fn json(&self) -> Value {
+        json!({
+            "guid": format!("{:016x}", self.guid),
+            "name": format!("{:016x}_1", self.guid),
+            "number": 1,
+            "system_name": self.system_name,
+            "node_description": self.node_description,
+            "description": self.description,
+            "logical_state": "Active",
+            "physical_state": "LinkUp",
+        })
+    }
+}
+
 /// Behaviours of real UFM versions, switchable.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Quirks {
@@ -51,6 +91,8 @@ pub type Reply = (u16, Value);
 pub struct Model {
     /// Partitions by 15-bit key.
     pub partitions: BTreeMap<u16, FakePartition>,
+    /// The port inventory.
+    pub ports: Vec<FakePort>,
     /// Quirks in force.
     pub quirks: Quirks,
     /// UFM's partition stamp, microseconds since the epoch, moved by every accepted change

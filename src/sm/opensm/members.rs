@@ -1,6 +1,6 @@
 //! The members of one partition as OpenSM's last accepted partitions file names them: the
-//! fallback view for `ListPartitionMembers` (source `partitions-file`) until the SA's
-//! P_KeyTableRecords are read. Pure: parses bytes.
+//! fallback view for `ListPartitionMembers` when the SA cannot be asked (source
+//! `partitions-file-fallback`; see [`super::sa_members`]). Pure: parses bytes.
 
 use super::model::{MemberKind, PortSet};
 use super::parse::parse;

@@ -10,10 +10,13 @@
 //! - [`store`]   — persistence of every node's desired memberships
 //! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
 //! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
-//! - [`members`] — the ports the accepted partitions file puts in one key (`ListPartitionMembers`)
+//! - [`members`] — the ports the accepted partitions file puts in one key (`ListPartitionMembers`'s fallback)
+//! - [`sa_members`] — the ports the SA's P_KeyTableRecords show holding one key (`ListPartitionMembers`)
 //! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
+//! - [`fabric_side`] — the backend as [`crate::sm::FabricSide`] (what `fabric.sm.v1.Partitions` calls)
 
 pub mod backend;
+pub mod fabric_side;
 pub mod file;
 pub mod members;
 pub mod model;
@@ -24,6 +27,7 @@ pub mod rejection;
 pub mod reload;
 pub mod render;
 pub mod sa_client;
+pub mod sa_members;
 pub mod store;
 
 pub use backend::{OpenSmBackend, OpenSmError, Revocation, SetOutcome};

@@ -54,6 +54,14 @@ pub struct OwnershipConfig {
     /// Every question of one check ends within this, milliseconds.
     #[serde(default = "default_deadline")]
     pub sa_deadline_ms: u64,
+    /// The SM_Key presented to the SA where it answers trusted requests only (P_KeyTableRecords
+    /// for `ListPartitionMembers`): OpenSM's `sa_key` (its default is 1).
+    #[serde(default = "default_sa_key")]
+    pub sa_key: u64,
+}
+
+fn default_sa_key() -> u64 {
+    1
 }
 
 fn default_true() -> bool {
@@ -85,6 +93,7 @@ impl Default for OwnershipConfig {
             sa_timeout_ms: default_timeout(),
             sa_retries: default_retries(),
             sa_deadline_ms: default_deadline(),
+            sa_key: default_sa_key(),
         }
     }
 }
@@ -120,7 +129,7 @@ impl OwnershipConfig {
         Ok(())
     }
 
-    fn timing(&self) -> SaTiming {
+    pub(crate) fn timing(&self) -> SaTiming {
         SaTiming {
             timeout: Duration::from_millis(self.sa_timeout_ms),
             retries: self.sa_retries,

@@ -14,9 +14,10 @@
 use crate::mad::class;
 use crate::mad::header::same_transaction;
 use crate::mad::{
-    attribute, get_table, header::MadHeader, method, node_record, status, MadError, NodeInfo,
-    NodeInfoRepr, NodeRecord, NodeRecordRepr, PortInfo, PortInfoRepr, SaMad, SaMadRepr, Smp,
-    SmpRepr, TableRecords, MAD_LEN,
+    attribute, get_table, header::MadHeader, method, node_record, pkey_table_record, status,
+    MadError, NodeInfo, NodeInfoRepr, NodeRecord, NodeRecordRepr, PKeyTableRecord,
+    PKeyTableRecordRepr, PortInfo, PortInfoRepr, SaMad, SaMadRepr, Smp, SmpRepr, TableRecords,
+    MAD_LEN,
 };
 use crate::sys::umad::{AgentId, MadAddress, UmadError, UmadPort, QP0, QP1};
 use std::path::Path;
@@ -188,6 +189,62 @@ impl SaSession {
                     return Err(malformed(MadError::FieldRange {
                         what: WHAT,
                         field: "records for one port GUID",
+                        value: table.len() as u64,
+                    }));
+                }
+                found = Some(record);
+            }
+        }
+        Ok(found)
+    }
+
+    /// The SA's P_KeyTableRecord of block `block` of the port at `lid`: the keys the subnet
+    /// manager holds for that port. `None` when the SA has no such record (no such port or
+    /// block). The SA answers these only to a trusted request: `sm_key` must be its SA key.
+    pub fn pkey_table_record(
+        &mut self,
+        sm_lid: u16,
+        sm_key: u64,
+        lid: u16,
+        block: u16,
+    ) -> Result<Option<PKeyTableRecordRepr>, SaError> {
+        const WHAT: &str = "SA P_KeyTableRecord by LID and block";
+        let query = PKeyTableRecordRepr::query(lid, block).to_bytes();
+        let mut request = get_table::request(
+            attribute::PKEY_TABLE_RECORD,
+            pkey_table_record::component::LID | pkey_table_record::component::BLOCK,
+            &query,
+            0,
+        );
+        request.sm_key = sm_key;
+        let mut mad = [0u8; MAD_LEN];
+        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
+        let answer = self.exchange(WHAT, self.sa, MadAddress::subnet_administrator(sm_lid), mad)?;
+        let malformed = |source| SaError::Malformed { what: WHAT, source };
+        let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..]).map_err(malformed)?)
+            .map_err(malformed)?;
+        match response.status {
+            status::OK => {}
+            status::SA_NO_RECORDS => return Ok(None),
+            other => {
+                return Err(SaError::Status {
+                    what: WHAT,
+                    status: other,
+                })
+            }
+        }
+        let table = TableRecords::new(&response).map_err(malformed)?;
+        let mut found = None;
+        for bytes in table.iter() {
+            let record = PKeyTableRecordRepr::parse(
+                &PKeyTableRecord::new_checked(bytes).map_err(malformed)?,
+            );
+            // Only the asked port and block count, whatever else an SA might answer.
+            if record.lid == lid && record.block == block {
+                if found.is_some() {
+                    return Err(malformed(MadError::FieldRange {
+                        what: WHAT,
+                        field: "records for one LID and block",
                         value: table.len() as u64,
                     }));
                 }

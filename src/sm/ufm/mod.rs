@@ -64,18 +64,21 @@
 //! (checked on every apply). Credentials are never logged nor put in any message.
 
 mod auth;
+pub mod broker;
 mod budget;
 mod config;
 mod error;
 mod http;
 mod ledger;
 mod plan;
+mod ports;
 mod wire;
 
 pub use config::{TokenScheme, UfmConfig, UfmConfigError, UrlParseError};
 pub use error::UfmError;
 pub use http::NoAnswer;
 pub use ledger::{LedgerStoreError, MemoryLedgerStore, UfmLedger, UfmLedgerStore};
+pub use ports::{parse_ports, UfmPort};
 pub use wire::WireError;
 
 use super::{ApplyOutcome, SmError, SmFailure, SubnetManager};

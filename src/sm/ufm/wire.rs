@@ -83,6 +83,15 @@ pub enum WireError {
     /// A member's GUID is not hex (UFM's text).
     #[error("partition member GUID {0:?} is not hex")]
     MemberGuid(String),
+    /// The port inventory is not JSON.
+    #[error("port list is not JSON: {0}")]
+    PortsJson(#[source] serde_json::Error),
+    /// The port inventory is not a list.
+    #[error("port list is not a JSON list")]
+    PortsNotList,
+    /// A port has no `guid` string.
+    #[error("port without a \"guid\" string")]
+    PortWithoutGuid,
     /// A member's membership is neither full nor limited.
     #[error("partition member {guid} has membership {membership:?}, expected full or limited")]
     MemberMembership {
