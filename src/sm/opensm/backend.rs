@@ -1138,15 +1138,17 @@ impl Inner {
     }
 
     /// Writes `bytes` and makes OpenSM re-read them: the outer error when the file could not be
-    /// written, else `Ok(true)` when OpenSM was seen re-reading it without error. Moves the log
-    /// mark past the verdict.
+    /// written, else `Ok(true)` when OpenSM's log shows a whole heavy sweep started after the
+    /// write and no error (the sweep fence of [`super::reload`]). Moves the log mark past the
+    /// verdict.
     async fn write_and_reload(
         &self,
         bytes: Vec<u8>,
     ) -> Result<Result<bool, ReloadError>, OpenSmError> {
         let path = self.config.partitions_file.clone();
-        let checkpoint = self.reloader.checkpoint();
         blocking(move || replace_atomically(&path, &bytes)).await?;
+        // The sweep fence's mark: taken after the file is in place (see `super::reload`).
+        let checkpoint = self.reloader.checkpoint();
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.sweeps.fetch_add(1, Ordering::Relaxed);
         let result = self.reloader.reload(checkpoint).await;

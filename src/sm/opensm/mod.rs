@@ -75,8 +75,9 @@ pub struct OpenSmConfig {
     /// OpenSM's loopback console port (`reload = "console"`).
     #[serde(default = "default_console_port")]
     pub console_port: u16,
-    /// How long to watch OpenSM's log after a reload for it to re-read the file, milliseconds.
-    /// The watch ends early at `SUBNET UP` or an error line.
+    /// How long to watch OpenSM's log after a write for its confirmation, milliseconds: two
+    /// heavy sweeps ending after the write (see [`reload`]). The watch ends early at the second
+    /// `SUBNET UP` or an error line. Default 2000.
     #[serde(default = "default_reload_check_ms")]
     pub reload_check_ms: u64,
     /// P_Key table entries per port, default partition included (ibsim 64, ConnectX mlx5 128).
@@ -136,7 +137,7 @@ fn default_console_port() -> u16 {
     10000
 }
 fn default_reload_check_ms() -> u64 {
-    300
+    2000
 }
 fn default_table_size() -> usize {
     64
