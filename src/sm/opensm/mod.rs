@@ -7,6 +7,7 @@
 //! - [`region`]  — the agent's marked region: split, render, compose, final checks
 //! - [`mod@file`] — atomic replace (temp file + fsync + rename + directory fsync)
 //! - [`reload`]  — forcing a heavy sweep (SIGHUP or console) and reading OpenSM's log
+//! - [`log_check`] — that the configured log is the one OpenSM writes (checked at start)
 //! - [`store`]   — persistence of every node's desired memberships
 //! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
 //! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
@@ -15,6 +16,7 @@
 
 pub mod backend;
 pub mod file;
+pub mod log_check;
 pub mod members;
 pub mod model;
 pub mod ownership;
@@ -59,6 +61,12 @@ pub struct OpenSmConfig {
     /// OpenSM's `log_file`, read for `PARSE ERROR` lines after each reload.
     #[serde(default = "default_log_file")]
     pub log_file: PathBuf,
+    /// OpenSM's own configuration file (`opensm.conf`, as given to `opensm -F`): when set, its
+    /// `log_file` and `partition_config_file` must name the same files as `log_file` and
+    /// `partitions_file`, and it must set `force_log_flush TRUE`, or the agent refuses to start
+    /// (see [`log_check`]). Unset: the running OpenSM's `-F` file is read when there is one.
+    #[serde(default)]
+    pub opensm_conf: Option<PathBuf>,
     /// How to force a heavy sweep.
     #[serde(default)]
     pub reload: ReloadMethod,
@@ -163,6 +171,7 @@ impl Default for OpenSmConfig {
         OpenSmConfig {
             partitions_file: default_partitions_file(),
             log_file: default_log_file(),
+            opensm_conf: None,
             reload: ReloadMethod::default(),
             pid_file: None,
             pid: None,
