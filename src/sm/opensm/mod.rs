@@ -8,6 +8,7 @@
 //! - [`mod@file`] — atomic replace (temp file + fsync + rename + directory fsync)
 //! - [`reload`]  — forcing a heavy sweep (SIGHUP or console) and reading OpenSM's log
 //! - [`log_check`] — that the configured log is the one OpenSM writes (checked at start)
+//! - [`repair`]  — what is kept so a rejection is repaired whenever it happened
 //! - [`store`]   — persistence of every node's desired memberships
 //! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
 //! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
@@ -25,6 +26,7 @@ pub mod region;
 pub mod rejection;
 pub mod reload;
 pub mod render;
+pub mod repair;
 pub mod sa_client;
 pub mod store;
 
@@ -33,7 +35,8 @@ pub use ownership::OwnershipConfig;
 pub use region::{FullDefault, TableOverflow};
 pub use rejection::{Rejection, Restored};
 pub use store::{
-    AcceptedGrant, CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode,
+    AcceptedGrant, CommitState, InMemoryNodeStore, LogMark, NodeMembershipStore, NodeStoreError,
+    OperatorRejected, StoredNode,
 };
 
 use crate::domain::Membership;

@@ -107,6 +107,10 @@ pub trait Reloader: Send + Sync + 'static {
     fn rejections_since(&self, offset: u64) -> (Vec<String>, u64) {
         (Vec::new(), offset)
     }
+    /// The log file's device and inode (a rotated log is another file). Default: not known.
+    fn log_identity(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// The real [`Reloader`]: SIGHUP or console, then OpenSM's log.
@@ -271,6 +275,13 @@ pub fn verdict(lines: &[String]) -> (Vec<String>, bool) {
 impl Reloader for OpenSmReloader {
     fn checkpoint(&self) -> u64 {
         log_length(&self.log_file)
+    }
+
+    fn log_identity(&self) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.log_file)
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
     }
 
     fn rejections_since(&self, offset: u64) -> (Vec<String>, u64) {
