@@ -23,7 +23,8 @@
 //! at once and OpenSM signalled again, since a rejected file leaves OpenSM fail-open (every port
 //! a full member of one partition). An operator's rejected edit is kept as `<name>.rejected`.
 //! Rejections the agent did not cause are noticed at the next commit and by a log watch every
-//! `watch_ms`.
+//! `watch_ms`, also those logged while the agent was down (the log mark is persisted); see
+//! [`super::repair`].
 
 use super::file::{read_or_empty, replace_atomically};
 use super::model::PartitionsConf;
