@@ -29,6 +29,7 @@ pub async fn run(command: Command, target: &Target, json: bool) -> ExitCode {
         | Command::Doctor
         | Command::Man
         | Command::Grant(_)
+        | Command::Opensm(_)
         | Command::Completions { .. } => {
             unreachable!("handled locally")
         }

@@ -297,6 +297,9 @@ struct Health {
     rejected_bytes: Option<Vec<u8>>,
     /// OpenSM's log was checked for rejections up to here.
     log_mark: u64,
+    /// `operator_file` mode: why the operator's file is refused (the previous live operator
+    /// part is used meanwhile).
+    operator_file_refused: Option<String>,
 }
 
 /// Where the copy of the last file OpenSM accepted lives: beside the file, hidden.
@@ -453,6 +456,7 @@ impl OpenSmBackend {
             all_full: all_full_of(&config, &operator),
             rejected_bytes,
             log_mark,
+            operator_file_refused: None,
         };
         let watch = Duration::from_millis(config.watch_ms);
         let backend = OpenSmBackend {
@@ -1166,7 +1170,14 @@ impl Inner {
         bytes: Vec<u8>,
     ) -> Result<Result<bool, ReloadError>, OpenSmError> {
         let path = self.config.partitions_file.clone();
-        blocking(move || replace_atomically(&path, &bytes)).await?;
+        // Held through the write and OpenSM's verdict: `opensm apply` and a cooperating
+        // operator's editor take the same advisory lock.
+        let _lock = blocking(move || {
+            let lock = super::operator::lock_live_file(&path)?;
+            replace_atomically(&path, &bytes)?;
+            Ok(lock)
+        })
+        .await?;
         // The sweep fence's mark: taken after the file is in place (see `super::reload`).
         let checkpoint = self.reloader.checkpoint();
         self.writes.fetch_add(1, Ordering::Relaxed);
@@ -1288,6 +1299,33 @@ impl Inner {
         }
     }
 
+    /// `operator_file` mode: the operator's part from their file, or `None` (in-place mode, or
+    /// their file is refused: the live file's own operator part is kept, and the refusal is
+    /// shown as a condition with its line and reason).
+    async fn operator_parts(&self) -> Result<Option<super::region::OperatorParts>, OpenSmError> {
+        let Some(op) = self.config.operator_file.clone() else {
+            return Ok(None);
+        };
+        let loaded = tokio::task::spawn_blocking(move || super::operator::load_operator_file(&op))
+            .await
+            .map_err(|e| task_failed("operator file", e))?;
+        let mut st = self.lock();
+        match loaded {
+            Ok((parts, _)) => {
+                st.health.operator_file_refused = None;
+                Ok(Some(parts))
+            }
+            Err(e) => {
+                let why = format!("{e}; the live partitions file keeps the previous operator part");
+                if st.health.operator_file_refused.as_deref() != Some(&why) {
+                    tracing::warn!(detail = %why, "operator file refused");
+                }
+                st.health.operator_file_refused = Some(why);
+                Ok(None)
+            }
+        }
+    }
+
     /// Puts the last accepted file back when the file in place holds bytes OpenSM rejected (a
     /// restore that failed earlier, or in an earlier run).
     async fn retry_restore(&self) -> Result<(), OpenSmError> {
@@ -1381,7 +1419,10 @@ impl Inner {
             })
             .await?
         };
-        let parts = split_region(&current)?;
+        let parts = match self.operator_parts().await? {
+            Some(parts) => parts,
+            None => split_region(&current)?,
+        };
         let operator = parts.parse()?;
         {
             let mut st = self.lock();
@@ -1536,6 +1577,9 @@ async fn watch_log(inner: Weak<Inner>, first: Duration, every: Duration) {
         let (errors, end) = inner.reloader.rejections_since(scanned.max(mark));
         scanned = end;
         let start = std::mem::take(&mut at_start);
+        if let Err(e) = inner.operator_parts().await {
+            tracing::warn!(error = %e, "operator file check");
+        }
         if !errors.is_empty() || start || inner.needs_repair().await {
             let backend = OpenSmBackend { inner };
             if let Err(e) = backend.resync().await {
@@ -1633,6 +1677,7 @@ impl OpenSmBackend {
                 .operator_rejected
                 .as_ref()
                 .map(|o| o.detail.as_str()),
+            h.operator_file_refused.as_deref(),
         ]
         .into_iter()
         .flatten()

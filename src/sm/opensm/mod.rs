@@ -11,6 +11,7 @@
 //! - [`repair`]  — what is kept so a rejection is repaired whenever it happened
 //! - [`store`]   — persistence of every node's desired memberships
 //! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
+//! - [`operator`] — the operator's own file (`operator_file`), `opensm apply`, the live file's lock
 //! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
 //! - [`members`] — the ports the accepted partitions file puts in one key (`ListPartitionMembers`)
 //! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
@@ -20,6 +21,7 @@ pub mod file;
 pub mod log_check;
 pub mod members;
 pub mod model;
+pub mod operator;
 pub mod ownership;
 pub mod parse;
 pub mod region;
@@ -70,6 +72,13 @@ pub struct OpenSmConfig {
     /// (see [`log_check`]). Unset: the running OpenSM's `-F` file is read when there is one.
     #[serde(default)]
     pub opensm_conf: Option<PathBuf>,
+    /// The operator's own partitions file (e.g. `/etc/opensm/partitions.operator.conf`). Set:
+    /// the agent alone writes `partitions_file`, composed of this file (validated with the
+    /// strict parser first; refused with its line and reason, the previous live file kept) and
+    /// the agent's region. Unset: the operator's part is edited in place in `partitions_file`
+    /// (see [`operator`]).
+    #[serde(default)]
+    pub operator_file: Option<PathBuf>,
     /// How to force a heavy sweep.
     #[serde(default)]
     pub reload: ReloadMethod,
@@ -175,6 +184,7 @@ impl Default for OpenSmConfig {
             partitions_file: default_partitions_file(),
             log_file: default_log_file(),
             opensm_conf: None,
+            operator_file: None,
             reload: ReloadMethod::default(),
             pid_file: None,
             pid: None,
