@@ -767,10 +767,12 @@ async fn concurrent_readers_never_see_a_partial_file() {
     stop.store(true, Ordering::SeqCst);
     assert!(reader.join().unwrap() > 0);
     let accepted = accepted_copy_path(&s.path);
+    // The advisory lock's file stays (an editor may hold it); no temp file does.
+    let lock = fabric_agent::sm::opensm::operator::lock_path(&s.path);
     let leftovers: Vec<_> = std::fs::read_dir(s.path.parent().unwrap())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p != &s.path && p != &accepted)
+        .filter(|p| p != &s.path && p != &accepted && p != &lock)
         .collect();
     assert!(
         leftovers.is_empty(),
