@@ -439,7 +439,10 @@ async fn an_unseen_reread_is_not_ok_and_is_rechecked_even_with_identical_bytes()
     assert_eq!(s.reloader.calls(), calls + 2);
     assert_eq!(std::fs::read(&s.path).unwrap(), written);
     assert!(kinds(&again).is_empty());
-    assert_eq!(s.store.load_commit_state().unwrap(), Default::default());
+    let state = s.store.load_commit_state().unwrap();
+    assert_eq!((state.unconfirmed, state.rejected), (None, None));
+    // The log mark is persisted with it (a restart scans the log from there).
+    assert!(state.log_mark.is_some());
     // Now confirmed: an identical retry needs no sweep.
     again.set_node(want, 1).await.unwrap();
     assert_eq!(s.reloader.calls(), calls + 2);
@@ -504,13 +507,44 @@ async fn a_rejected_file_is_replaced_by_the_last_accepted_one() {
     );
     assert!(s.store.load_commit_state().unwrap().rejected.is_some());
     // The same file is never written again.
-    let err = s.backend.set_node(bad, 2).await.unwrap_err();
+    let err = s.backend.set_node(bad.clone(), 2).await.unwrap_err();
     assert!(
         matches!(err, OpenSmError::Rejected(Rejection::Repeated { .. })),
         "{err}"
     );
     assert_eq!(s.reloader.calls(), 3);
     assert_eq!(std::fs::read(&s.path).unwrap(), good);
+    // Nor after a restart: the rejected bytes are kept beside the file.
+    let restarted = OpenSmBackend::with_reloader(
+        OpenSmConfig {
+            partitions_file: s.path.clone(),
+            pid: Some(12345),
+            watch_ms: 0,
+            ownership: OwnershipConfig::disabled(),
+            ..OpenSmConfig::default()
+        },
+        "smhost".into(),
+        Arc::clone(&s.store) as Arc<dyn NodeMembershipStore>,
+        Arc::clone(&s.reloader) as Arc<dyn Reloader>,
+    )
+    .unwrap();
+    let err = restarted.set_node(bad.clone(), 2).await.unwrap_err();
+    assert!(
+        matches!(err, OpenSmError::Rejected(Rejection::Repeated { .. })),
+        "{err}"
+    );
+    assert_eq!(s.reloader.calls(), 3);
+    // A failed restore is retried: the rejected bytes back in place (as if the restore's
+    // write had failed) are replaced by the accepted file at the next commit.
+    std::fs::write(&s.path, &seen[1]).unwrap();
+    let err = restarted.set_node(bad, 2).await.unwrap_err();
+    assert!(
+        matches!(err, OpenSmError::Rejected(Rejection::Repeated { .. })),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&s.path).unwrap(), good);
+    assert_eq!(s.reloader.seen.lock().unwrap().last().unwrap(), &good);
+    drop(restarted);
     // A later write OpenSM accepts clears the condition.
     s.set_ok(node("a", &[0x10], &[(9, Membership::Full)]), 3)
         .await;
@@ -733,10 +767,12 @@ async fn concurrent_readers_never_see_a_partial_file() {
     stop.store(true, Ordering::SeqCst);
     assert!(reader.join().unwrap() > 0);
     let accepted = accepted_copy_path(&s.path);
+    // The advisory lock's file stays (an editor may hold it); no temp file does.
+    let lock = fabric_agent::sm::opensm::operator::lock_path(&s.path);
     let leftovers: Vec<_> = std::fs::read_dir(s.path.parent().unwrap())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p != &s.path && p != &accepted)
+        .filter(|p| p != &s.path && p != &accepted && p != &lock)
         .collect();
     assert!(
         leftovers.is_empty(),

@@ -39,6 +39,7 @@ pub async fn doctor(config_path: &Path, json: bool) -> ExitCode {
     clock(&mut checks);
     store(&mut checks, &config.state_dir);
     grants(&mut checks, &config);
+    opensm_log(&mut checks, &config);
     let daemon = daemon(&mut checks, &config).await;
     let ports = ports(&mut checks, &config, daemon.as_ref()).await;
     if let Some(ports) = ports {
@@ -114,6 +115,22 @@ fn clock(checks: &mut Checks) {
             "clock",
             format!("unix time {now} is before 2024: the clock was never set (TLS and event times depend on it)"),
         );
+    }
+}
+
+/// On an OpenSM SM host: the configured log is the one OpenSM writes (WARN when it cannot be
+/// seen, FAIL when it is not).
+fn opensm_log(checks: &mut Checks, config: &Config) {
+    let Some(o) = &config.subnet_manager.opensm else {
+        return;
+    };
+    if config.subnet_manager.backend != crate::config::Backend::Opensm {
+        return;
+    }
+    match crate::sm::opensm::log_check::verify(o) {
+        Ok(c) if c.unverified.is_empty() => checks.add(Verdict::Ok, "opensm log", c.summary()),
+        Ok(c) => checks.add(Verdict::Warn, "opensm log", c.summary()),
+        Err(e) => checks.add(Verdict::Fail, "opensm log", e.to_string()),
     }
 }
 

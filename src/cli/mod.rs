@@ -8,6 +8,7 @@ pub mod exit;
 mod generate;
 mod grant;
 mod loaded;
+mod opensm;
 mod output;
 pub mod preflight;
 pub mod reload;
@@ -241,6 +242,15 @@ pub enum Command {
         fabric-agent attach ... --grant @vm-42.grant"
     )]
     Grant(grant::GrantCommand),
+    /// The SM host's partitions file: validate an operator's file, or install the configured
+    /// operator_file (exit 0 done, 65 refused with its line, 1 rejected by OpenSM, 69
+    /// unconfirmed, 64 config).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  fabric-agent opensm check /etc/opensm/partitions.operator.conf\n  \
+        fabric-agent opensm apply"
+    )]
+    Opensm(opensm::OpensmCommand),
     /// Print the man page (roff), or with --dir write every page, for packaging.
     #[command(hide = true)]
     Man(generate::ManArgs),
@@ -258,6 +268,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
         Command::Man(m) => return generate::man(&m),
         Command::Completions { shell } => return generate::completions(shell),
         Command::Grant(g) => return grant::run(g),
+        Command::Opensm(o) => return opensm::run(o, &cli.config),
         _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

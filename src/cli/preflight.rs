@@ -126,6 +126,11 @@ impl Preflight {
                         o.pid_file.as_ref(),
                         Pem::None,
                     )]);
+                    // The log the agent reads must be the one OpenSM writes.
+                    match crate::sm::opensm::log_check::verify(o) {
+                        Ok(c) => self.pass("subnet_manager.opensm.log_file", c.summary()),
+                        Err(e) => self.fail("subnet_manager.opensm.log_file", e.to_string()),
+                    }
                 }
             }
             Backend::Remote => {

@@ -31,6 +31,7 @@ pub async fn run(command: Command, target: &Target, format: Format) -> ExitCode 
         | Command::Doctor
         | Command::Man(_)
         | Command::Grant(_)
+        | Command::Opensm(_)
         | Command::Completions { .. } => {
             unreachable!("handled locally")
         }

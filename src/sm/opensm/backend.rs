@@ -23,7 +23,8 @@
 //! at once and OpenSM signalled again, since a rejected file leaves OpenSM fail-open (every port
 //! a full member of one partition). An operator's rejected edit is kept as `<name>.rejected`.
 //! Rejections the agent did not cause are noticed at the next commit and by a log watch every
-//! `watch_ms`.
+//! `watch_ms`, also those logged while the agent was down (the log mark is persisted); see
+//! [`super::repair`].
 
 use super::file::{read_or_empty, replace_atomically};
 use super::model::PartitionsConf;
@@ -38,8 +39,11 @@ use super::region::{
 };
 use super::rejection::{Rejection, Restored};
 use super::reload::{OpenSmReloader, ReloadError, Reloader, Unsignalled};
+use super::repair::{describe, operator_part, rejected_bytes_path};
 use super::store::AcceptedGrant;
-use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
+use super::store::{
+    CommitState, LogMark, NodeMembershipStore, NodeStoreError, OperatorRejected, StoredNode,
+};
 use super::OpenSmConfig;
 use crate::domain::{
     is_safe_key_name, Condition, ConditionKind, DomainError, GrantError, GrantPolicy, GrantUse,
@@ -288,10 +292,14 @@ struct Health {
     commit: CommitState,
     /// Where the Default entry grants `ALL=full`, as of the last read of the operator's part.
     all_full: Option<FullDefault>,
-    /// The last file OpenSM rejected: never written again.
+    /// The last file OpenSM rejected: never written again (kept beside the file across
+    /// restarts, [`rejected_bytes_path`]).
     rejected_bytes: Option<Vec<u8>>,
     /// OpenSM's log was checked for rejections up to here.
     log_mark: u64,
+    /// `operator_file` mode: why the operator's file is refused (the previous live operator
+    /// part is used meanwhile).
+    operator_file_refused: Option<String>,
 }
 
 /// Where the copy of the last file OpenSM accepted lives: beside the file, hidden.
@@ -434,11 +442,21 @@ impl OpenSmBackend {
             .and_then(|p| p.parse().ok())
             .unwrap_or_default();
         let commit = store.load_commit_state().map_err(OpenSmError::Store)?;
+        // The persisted mark: rejections OpenSM logged while the agent was down lie after it
+        // and are repaired by the first watch (at once). A rotated log is read from its start.
+        let (log_mark, rescan) = match (commit.log_mark, reloader.log_identity()) {
+            (Some(m), Some(now)) if m.file.is_some_and(|f| f != now) => (0, true),
+            (Some(m), _) => (m.offset, true),
+            (None, _) => (reloader.checkpoint(), false),
+        };
+        let rejected_bytes = read_optional(&rejected_bytes_path(&config.partitions_file))
+            .map_err(|e| OpenSmError::Io(Arc::new(e)))?;
         let health = Health {
             commit,
             all_full: all_full_of(&config, &operator),
-            rejected_bytes: None,
-            log_mark: reloader.checkpoint(),
+            rejected_bytes,
+            log_mark,
+            operator_file_refused: None,
         };
         let watch = Duration::from_millis(config.watch_ms);
         let backend = OpenSmBackend {
@@ -467,7 +485,8 @@ impl OpenSmBackend {
             }),
         };
         if !watch.is_zero() && tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(watch_log(Arc::downgrade(&backend.inner), watch));
+            let first = if rescan { Duration::ZERO } else { watch };
+            tokio::spawn(watch_log(Arc::downgrade(&backend.inner), first, watch));
         }
         Ok(backend)
     }
@@ -1114,9 +1133,14 @@ impl Inner {
         unsaved: &mut Vec<StoredNode>,
         change: Option<impl FnOnce(&mut CommitState)>,
     ) -> Result<(), OpenSmError> {
+        let identity = self.reloader.log_identity();
         let state = change.map(|change| {
             let mut st = self.lock();
             change(&mut st.health.commit);
+            st.health.commit.log_mark = Some(LogMark {
+                offset: st.health.log_mark,
+                file: identity,
+            });
             st.health.commit.clone()
         });
         if unsaved.is_empty() && state.is_none() {
@@ -1138,15 +1162,24 @@ impl Inner {
     }
 
     /// Writes `bytes` and makes OpenSM re-read them: the outer error when the file could not be
-    /// written, else `Ok(true)` when OpenSM was seen re-reading it without error. Moves the log
-    /// mark past the verdict.
+    /// written, else `Ok(true)` when OpenSM's log shows a whole heavy sweep started after the
+    /// write and no error (the sweep fence of [`super::reload`]). Moves the log mark past the
+    /// verdict.
     async fn write_and_reload(
         &self,
         bytes: Vec<u8>,
     ) -> Result<Result<bool, ReloadError>, OpenSmError> {
         let path = self.config.partitions_file.clone();
+        // Held through the write and OpenSM's verdict: `opensm apply` and a cooperating
+        // operator's editor take the same advisory lock.
+        let _lock = blocking(move || {
+            let lock = super::operator::lock_live_file(&path)?;
+            replace_atomically(&path, &bytes)?;
+            Ok(lock)
+        })
+        .await?;
+        // The sweep fence's mark: taken after the file is in place (see `super::reload`).
         let checkpoint = self.reloader.checkpoint();
-        blocking(move || replace_atomically(&path, &bytes)).await?;
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.sweeps.fetch_add(1, Ordering::Relaxed);
         let result = self.reloader.reload(checkpoint).await;
@@ -1168,8 +1201,10 @@ impl Inner {
     }
 
     /// Repairs a rejection OpenSM logged on its own since the last check (an operator's edit it
-    /// re-read on a sweep or a SIGHUP): keeps the edit as `<name>.rejected`, restores the last
-    /// accepted file and raises the rejected condition.
+    /// re-read on a sweep or a SIGHUP, or any rejection logged while the agent was down): keeps
+    /// the edit as `<name>.rejected`, restores the last accepted file and raises the rejected
+    /// condition with OpenSM's lines and the strict parser's line and reason. The condition
+    /// stays until the operator's part changes again and OpenSM accepts the result.
     async fn repair_foreign_rejection(&self) -> Result<(), OpenSmError> {
         let mark = self.lock().health.log_mark;
         let (errors, end) = self.reloader.rejections_since(mark);
@@ -1184,37 +1219,168 @@ impl Inner {
             let path = path.clone();
             blocking(move || Ok((read_or_empty(&path)?, read_optional(&accepted_path)?))).await?
         };
-        // Raised before anything is restored: whoever sees the restored file sees why.
         let first = format!(
-            "OpenSM rejected the partitions file on a sweep the agent did not trigger ({seen})"
+            "OpenSM rejected the partitions file on a sweep the agent did not trigger ({seen}); \
+             the file it read: {}",
+            describe(&current)
         );
-        self.save_commit(|c| c.rejected = Some(first.clone()))
-            .await?;
         let detail = match accepted {
             Some(good) if good != current => {
+                // Raised before anything is restored: whoever sees the restored file sees why.
+                let restored_part = operator_part(&good);
+                self.save_commit(|c| {
+                    c.operator_rejected = Some(OperatorRejected {
+                        detail: first.clone(),
+                        restored_operator_part: restored_part.clone(),
+                    })
+                })
+                .await?;
+                self.lock().health.rejected_bytes = Some(current.clone());
                 let kept = rejected_copy_path(&path);
                 let shown = kept.display().to_string();
                 let copy = current.clone();
                 let saved = blocking(move || replace_atomically(&kept, &copy)).await;
+                self.keep_rejected_bytes(current.clone()).await;
                 let restored = self.restore(good).await;
+                let reread = restored.reread();
                 let kept = match saved {
                     Ok(()) => format!("the rejected file was kept as {shown}"),
                     Err(e) => format!("the rejected file could not be kept ({e})"),
                 };
-                format!("{first}; {kept}; {restored}")
+                let detail = format!(
+                    "{first}; {kept}; {restored}; fix the operator's part and apply it again"
+                );
+                self.save_commit(|c| {
+                    c.operator_rejected = Some(OperatorRejected {
+                        detail: detail.clone(),
+                        restored_operator_part: restored_part,
+                    });
+                    if !reread {
+                        c.unconfirmed = Some(detail.clone());
+                    }
+                })
+                .await?;
+                detail
             }
             Some(_) => {
-                // The file is the accepted one again: check it again on this commit.
+                // The file is the accepted one again (a rejection of the agent's own write,
+                // already undone): check it again on this commit.
+                let detail = format!("{first}; the file on disk is the last accepted one");
                 self.save_commit(|c| {
+                    c.rejected = Some(detail.clone());
                     c.unconfirmed = Some("OpenSM logged a rejection since the last check".into())
                 })
                 .await?;
-                format!("{first}; the file on disk is the last accepted one")
+                detail
             }
-            None => format!("{first}; no accepted file is kept to restore: fix the file"),
+            None => {
+                let detail = format!("{first}; no accepted file is kept to restore: fix the file");
+                let part = operator_part(&current);
+                self.save_commit(|c| {
+                    c.operator_rejected = Some(OperatorRejected {
+                        detail: detail.clone(),
+                        restored_operator_part: part,
+                    })
+                })
+                .await?;
+                detail
+            }
         };
         tracing::warn!(detail = %detail, "partitions file rejected");
-        self.save_commit(|c| c.rejected = Some(detail)).await
+        Ok(())
+    }
+
+    /// Keeps `bytes` as the last rejected file across restarts (best effort: a failure is
+    /// logged; the copy in memory still holds for this run).
+    async fn keep_rejected_bytes(&self, bytes: Vec<u8>) {
+        let path = rejected_bytes_path(&self.config.partitions_file);
+        if let Err(e) = blocking(move || replace_atomically(&path, &bytes)).await {
+            tracing::warn!(error = %e, "cannot keep the rejected partitions file's bytes");
+        }
+    }
+
+    /// `operator_file` mode: the operator's part from their file, or `None` (in-place mode, or
+    /// their file is refused: the live file's own operator part is kept, and the refusal is
+    /// shown as a condition with its line and reason).
+    async fn operator_parts(&self) -> Result<Option<super::region::OperatorParts>, OpenSmError> {
+        let Some(op) = self.config.operator_file.clone() else {
+            return Ok(None);
+        };
+        let loaded = tokio::task::spawn_blocking(move || super::operator::load_operator_file(&op))
+            .await
+            .map_err(|e| task_failed("operator file", e))?;
+        let mut st = self.lock();
+        match loaded {
+            Ok((parts, _)) => {
+                st.health.operator_file_refused = None;
+                Ok(Some(parts))
+            }
+            Err(e) => {
+                let why = format!("{e}; the live partitions file keeps the previous operator part");
+                if st.health.operator_file_refused.as_deref() != Some(&why) {
+                    tracing::warn!(detail = %why, "operator file refused");
+                }
+                st.health.operator_file_refused = Some(why);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Puts the last accepted file back when the file in place holds bytes OpenSM rejected (a
+    /// restore that failed earlier, or in an earlier run).
+    async fn retry_restore(&self) -> Result<(), OpenSmError> {
+        let Some(rejected) = self.lock().health.rejected_bytes.clone() else {
+            return Ok(());
+        };
+        let path = self.config.partitions_file.clone();
+        let accepted_path = accepted_copy_path(&path);
+        let (current, accepted) =
+            blocking(move || Ok((read_or_empty(&path)?, read_optional(&accepted_path)?))).await?;
+        match accepted {
+            Some(good) if current == rejected && good != current => {
+                let restored = self.restore(good).await;
+                tracing::warn!(restored = %restored, "the rejected partitions file was still in place");
+                if !restored.reread() {
+                    let why = restored.to_string();
+                    self.save_commit(|c| c.unconfirmed = Some(why)).await?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the watch should run a commit without a new log line: a rejection whose repair
+    /// is not confirmed (a failed or unseen restore), the rejected bytes still in place, or an
+    /// operator's rejected edit changed again (to be confirmed and cleared).
+    async fn needs_repair(&self) -> bool {
+        let (pending, rejected_bytes, restored_part) = {
+            let st = self.lock();
+            let c = &st.health.commit;
+            (
+                c.unconfirmed.is_some() && (c.rejected.is_some() || c.operator_rejected.is_some()),
+                st.health.rejected_bytes.clone(),
+                c.operator_rejected
+                    .as_ref()
+                    .map(|o| o.restored_operator_part.clone()),
+            )
+        };
+        if pending {
+            return true;
+        }
+        if rejected_bytes.is_none() && restored_part.is_none() {
+            return false;
+        }
+        let path = self.config.partitions_file.clone();
+        let Ok(current) = blocking(move || read_or_empty(&path)).await else {
+            return false;
+        };
+        if rejected_bytes.as_deref() == Some(&current[..]) {
+            return true;
+        }
+        restored_part.is_some_and(|part| {
+            operator_part(&current) != part && super::parse::parse(&current).is_ok()
+        })
     }
 
     /// One write + sweep of the whole region, answered OK only once the `unsaved` sets are
@@ -1240,6 +1406,7 @@ impl Inner {
         unsaved: &mut Vec<StoredNode>,
     ) -> CommitResult {
         self.repair_foreign_rejection().await?;
+        self.retry_restore().await?;
         let path = self.config.partitions_file.clone();
         let (current, accepted) = {
             let path = path.clone();
@@ -1252,7 +1419,10 @@ impl Inner {
             })
             .await?
         };
-        let parts = split_region(&current)?;
+        let parts = match self.operator_parts().await? {
+            Some(parts) => parts,
+            None => split_region(&current)?,
+        };
         let operator = parts.parse()?;
         {
             let mut st = self.lock();
@@ -1308,9 +1478,24 @@ impl Inner {
                 let good = bytes.clone();
                 blocking(move || replace_atomically(&copy, &good)).await?;
                 self.lock().health.rejected_bytes = None;
+                let gone = rejected_bytes_path(&path);
+                let _ = blocking(move || match std::fs::remove_file(&gone) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                    _ => Ok(()),
+                })
+                .await;
+                let written_part = operator_part(&bytes);
                 self.save_commit(|c| {
                     c.unconfirmed = None;
                     c.rejected = None;
+                    // The operator's rejected edit is cleared once the operator's part changed
+                    // and OpenSM accepted it; the restored part alone does not clear it.
+                    if c.operator_rejected
+                        .as_ref()
+                        .is_some_and(|o| o.restored_operator_part != written_part)
+                    {
+                        c.operator_rejected = None;
+                    }
                 })
                 .await?;
                 Ok(format!(
@@ -1338,6 +1523,7 @@ impl Inner {
             }
             Err(ReloadError::Rejected(lines)) => {
                 self.lock().health.rejected_bytes = Some(bytes.clone());
+                self.keep_rejected_bytes(bytes.clone()).await;
                 // Raised before anything is restored: whoever sees the restored file sees why.
                 let first = Rejection::written_before_restore(&lines);
                 self.save_commit(|c| c.rejected = Some(first.clone()))
@@ -1374,19 +1560,27 @@ fn all_full_of(config: &OpenSmConfig, operator: &PartitionsConf) -> Option<FullD
     }
 }
 
-/// Looks at OpenSM's log every `every` for rejections the agent did not cause, and repairs them
-/// with a commit. Ends when the backend is dropped.
-async fn watch_log(inner: Weak<Inner>, every: Duration) {
+/// Looks at OpenSM's log every `every` (the first time after `first`) for rejections the agent
+/// did not cause, and repairs them with a commit; also retries a repair that was not confirmed
+/// and confirms an operator's new edit after a rejected one. Ends when the backend is dropped.
+async fn watch_log(inner: Weak<Inner>, first: Duration, every: Duration) {
     let mut scanned = 0u64;
+    let mut wait = first;
+    let mut at_start = first.is_zero();
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(wait).await;
+        wait = every;
         let Some(inner) = inner.upgrade() else {
             return;
         };
         let mark = inner.lock().health.log_mark;
         let (errors, end) = inner.reloader.rejections_since(scanned.max(mark));
         scanned = end;
-        if !errors.is_empty() {
+        let start = std::mem::take(&mut at_start);
+        if let Err(e) = inner.operator_parts().await {
+            tracing::warn!(error = %e, "operator file check");
+        }
+        if !errors.is_empty() || start || inner.needs_repair().await {
             let backend = OpenSmBackend { inner };
             if let Err(e) = backend.resync().await {
                 tracing::warn!(error = %e, "repair after a rejected partitions file");
@@ -1477,10 +1671,21 @@ impl OpenSmBackend {
                 detail: format!("{why} ({ack})"),
             });
         }
-        if let Some(why) = &h.commit.rejected {
+        let rejected: Vec<&str> = [
+            h.commit.rejected.as_deref(),
+            h.commit
+                .operator_rejected
+                .as_ref()
+                .map(|o| o.detail.as_str()),
+            h.operator_file_refused.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !rejected.is_empty() {
             out.push(Condition {
                 kind: ConditionKind::PartitionsFileRejected,
-                detail: why.clone(),
+                detail: rejected.join(" | "),
             });
         }
         if let Some(why) = &h.commit.unconfirmed {

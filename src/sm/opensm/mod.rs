@@ -7,8 +7,11 @@
 //! - [`region`]  — the agent's marked region: split, render, compose, final checks
 //! - [`mod@file`] — atomic replace (temp file + fsync + rename + directory fsync)
 //! - [`reload`]  — forcing a heavy sweep (SIGHUP or console) and reading OpenSM's log
+//! - [`log_check`] — that the configured log is the one OpenSM writes (checked at start)
+//! - [`repair`]  — what is kept so a rejection is repaired whenever it happened
 //! - [`store`]   — persistence of every node's desired memberships
 //! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
+//! - [`operator`] — the operator's own file (`operator_file`), `opensm apply`, the live file's lock
 //! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
 //! - [`members`] — the ports the accepted partitions file puts in one key (`ListPartitionMembers`'s fallback)
 //! - [`sa_members`] — the ports the SA's P_KeyTableRecords show holding one key (`ListPartitionMembers`)
@@ -18,14 +21,17 @@
 pub mod backend;
 pub mod fabric_side;
 pub mod file;
+pub mod log_check;
 pub mod members;
 pub mod model;
+pub mod operator;
 pub mod ownership;
 pub mod parse;
 pub mod region;
 pub mod rejection;
 pub mod reload;
 pub mod render;
+pub mod repair;
 pub mod sa_client;
 pub mod sa_members;
 pub mod store;
@@ -35,7 +41,8 @@ pub use ownership::OwnershipConfig;
 pub use region::{FullDefault, TableOverflow};
 pub use rejection::{Rejection, Restored};
 pub use store::{
-    AcceptedGrant, CommitState, InMemoryNodeStore, NodeMembershipStore, NodeStoreError, StoredNode,
+    AcceptedGrant, CommitState, InMemoryNodeStore, LogMark, NodeMembershipStore, NodeStoreError,
+    OperatorRejected, StoredNode,
 };
 
 use crate::domain::Membership;
@@ -63,6 +70,19 @@ pub struct OpenSmConfig {
     /// OpenSM's `log_file`, read for `PARSE ERROR` lines after each reload.
     #[serde(default = "default_log_file")]
     pub log_file: PathBuf,
+    /// OpenSM's own configuration file (`opensm.conf`, as given to `opensm -F`): when set, its
+    /// `log_file` and `partition_config_file` must name the same files as `log_file` and
+    /// `partitions_file`, and it must set `force_log_flush TRUE`, or the agent refuses to start
+    /// (see [`log_check`]). Unset: the running OpenSM's `-F` file is read when there is one.
+    #[serde(default)]
+    pub opensm_conf: Option<PathBuf>,
+    /// The operator's own partitions file (e.g. `/etc/opensm/partitions.operator.conf`). Set:
+    /// the agent alone writes `partitions_file`, composed of this file (validated with the
+    /// strict parser first; refused with its line and reason, the previous live file kept) and
+    /// the agent's region. Unset: the operator's part is edited in place in `partitions_file`
+    /// (see [`operator`]).
+    #[serde(default)]
+    pub operator_file: Option<PathBuf>,
     /// How to force a heavy sweep.
     #[serde(default)]
     pub reload: ReloadMethod,
@@ -79,8 +99,9 @@ pub struct OpenSmConfig {
     /// OpenSM's loopback console port (`reload = "console"`).
     #[serde(default = "default_console_port")]
     pub console_port: u16,
-    /// How long to watch OpenSM's log after a reload for it to re-read the file, milliseconds.
-    /// The watch ends early at `SUBNET UP` or an error line.
+    /// How long to watch OpenSM's log after a write for its confirmation, milliseconds: two
+    /// heavy sweeps ending after the write (see [`reload`]). The watch ends early at the second
+    /// `SUBNET UP` or an error line. Default 2000.
     #[serde(default = "default_reload_check_ms")]
     pub reload_check_ms: u64,
     /// P_Key table entries per port, default partition included (ibsim 64, ConnectX mlx5 128).
@@ -140,7 +161,7 @@ fn default_console_port() -> u16 {
     10000
 }
 fn default_reload_check_ms() -> u64 {
-    300
+    2000
 }
 fn default_table_size() -> usize {
     64
@@ -166,6 +187,8 @@ impl Default for OpenSmConfig {
         OpenSmConfig {
             partitions_file: default_partitions_file(),
             log_file: default_log_file(),
+            opensm_conf: None,
+            operator_file: None,
             reload: ReloadMethod::default(),
             pid_file: None,
             pid: None,

@@ -3,15 +3,18 @@
 //! Every heavy sweep re-reads the file; SIGHUP forces one, and so does `resweep heavy` on the
 //! loopback console. OpenSM's answer is only in its log: a rejected file logs `PARSE ERROR`
 //! lines or, for an empty file, `Partition configuration in error`, then OpenSM falls back to
-//! its default configuration. So the log's length is taken before the file is replaced, and
-//! after the reload the new part of the log is watched for errors.
+//! its default configuration.
 //!
-//! When to stop watching: OpenSM logs nothing for a successful re-read at its default
-//! verbosity (`SUBNET UP` only on some sweeps). But reading the file advances its access time:
-//! the agent's write leaves atime at or before mtime, and with `relatime` (the default) the
-//! first read after that sets atime to the read's time. So the watch ends a short grace after
-//! atime moves past mtime (OpenSM has read, and parsed, the new file), at `SUBNET UP`, at an
-//! error line, or after `reload_check_ms` (e.g. on a `noatime` mount).
+//! Confirmation comes from OpenSM's own log, ordered against a mark taken *after* the file was
+//! replaced (the sweep fence): OpenSM runs its sweeps one after another on one thread, reads the
+//! partitions file early in every heavy sweep and logs `SUBNET UP` at the end of it. The first
+//! `SUBNET UP` after the mark may end a sweep that started (and read the file) before the write;
+//! the second one ends a sweep that started after the first was logged, so after the write: it
+//! read the new file. So the agent signals, waits for one `SUBNET UP` past the mark, signals
+//! again, and confirms only at the second one with no error line since the mark. Nothing a
+//! reader of the partitions file does (its access time, a `cat`, a backup) can produce OpenSM's
+//! log lines, and a stopped OpenSM (SIGSTOP, a hung sweep, a standby) logs none: the write stays
+//! unconfirmed. Writing the log itself needs write access to it, which only OpenSM should have.
 
 use super::{OpenSmConfig, ReloadMethod};
 use async_trait::async_trait;
@@ -85,22 +88,28 @@ pub enum Unsignalled {
 /// What a reload saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReloadReport {
-    /// OpenSM was seen re-reading the file (access time or `SUBNET UP`) without logging an
-    /// error; false when the watch window ended first.
+    /// OpenSM's log shows a whole heavy sweep that started after the mark (two `SUBNET UP`
+    /// lines past it, see the module docs) and no error line: OpenSM read and accepted the
+    /// file. False when the watch window ended first.
     pub file_read: bool,
 }
 
 /// Forces a heavy sweep after the file was replaced.
 #[async_trait]
 pub trait Reloader: Send + Sync + 'static {
-    /// Taken just before the file is replaced (the log's length).
+    /// Taken just after the file is replaced (the log's length): the sweep fence's mark.
     fn checkpoint(&self) -> u64;
-    /// Forces a heavy sweep and checks OpenSM's verdict on everything after `checkpoint`.
+    /// Forces heavy sweeps and checks OpenSM's verdict on everything after `checkpoint` (see
+    /// the module docs for why two `SUBNET UP` lines are needed).
     async fn reload(&self, checkpoint: u64) -> Result<ReloadReport, ReloadError>;
     /// Rejections OpenSM logged after `offset` on its own (a sweep the agent did not trigger
     /// re-read a file an operator broke), and the offset read up to. Default: none.
     fn rejections_since(&self, offset: u64) -> (Vec<String>, u64) {
         (Vec::new(), offset)
+    }
+    /// The log file's device and inode (a rotated log is another file). Default: not known.
+    fn log_identity(&self) -> Option<(u64, u64)> {
+        None
     }
 }
 
@@ -113,16 +122,12 @@ pub struct OpenSmReloader {
     process_name: String,
     console_port: u16,
     log_file: PathBuf,
-    partitions_file: PathBuf,
     check: Duration,
 }
 
 const CONSOLE_TIMEOUT: Duration = Duration::from_secs(2);
 const CONSOLE_DRAIN: Duration = Duration::from_millis(200);
 const LOG_POLL: Duration = Duration::from_millis(5);
-/// How long to keep reading the log after OpenSM read the file: parsing a partitions file
-/// takes well under this, and its error lines are flushed as they are written.
-const READ_GRACE: Duration = Duration::from_millis(100);
 
 impl OpenSmReloader {
     /// From the backend's settings.
@@ -134,7 +139,6 @@ impl OpenSmReloader {
             process_name: config.process_name.clone(),
             console_port: config.console_port,
             log_file: config.log_file.clone(),
-            partitions_file: config.partitions_file.clone(),
             check: Duration::from_millis(config.reload_check_ms),
         }
     }
@@ -176,60 +180,45 @@ impl OpenSmReloader {
         })
     }
 
-    async fn console_resweep(&self) -> Result<(), ReloadError> {
-        let unreachable = |step: &'static str, e: Option<std::io::Error>| {
-            ReloadError::Unreachable(Unsignalled::Console {
-                port: self.console_port,
-                step,
-                source: e.map(Arc::new),
-            })
-        };
-        let mut s = tokio::time::timeout(
+    fn console_error(&self, step: &'static str, e: Option<std::io::Error>) -> ReloadError {
+        ReloadError::Unreachable(Unsignalled::Console {
+            port: self.console_port,
+            step,
+            source: e.map(Arc::new),
+        })
+    }
+
+    /// Opens one console session for the whole fence: OpenSM serves one session at a time, so
+    /// both `resweep heavy` commands go through the same one.
+    async fn console_open(&self) -> Result<tokio::net::TcpStream, ReloadError> {
+        tokio::time::timeout(
             CONSOLE_TIMEOUT,
             tokio::net::TcpStream::connect(("127.0.0.1", self.console_port)),
         )
         .await
-        .map_err(|_| unreachable("connect", None))?
-        .map_err(|e| unreachable("connect", Some(e)))?;
+        .map_err(|_| self.console_error("connect", None))?
+        .map_err(|e| self.console_error("connect", Some(e)))
+    }
+
+    async fn console_send(
+        &self,
+        s: &mut tokio::net::TcpStream,
+        command: &[u8],
+    ) -> Result<(), ReloadError> {
         tokio::time::timeout(CONSOLE_TIMEOUT, async {
-            s.write_all(b"resweep heavy\nquit\n").await?;
+            s.write_all(command).await?;
             s.flush().await
         })
         .await
-        .map_err(|_| unreachable("write", None))?
-        .map_err(|e| unreachable("write", Some(e)))?;
-        // Drain what OpenSM answers for a moment, then close: closing ends the session, which
-        // matters since OpenSM serves one console session at a time.
+        .map_err(|_| self.console_error("write", None))?
+        .map_err(|e| self.console_error("write", Some(e)))
+    }
+
+    /// Ends the session: `quit`, drain what OpenSM answers for a moment, close.
+    async fn console_close(&self, mut s: tokio::net::TcpStream) {
+        let _ = self.console_send(&mut s, b"quit\n").await;
         let mut sink = Vec::new();
         let _ = tokio::time::timeout(CONSOLE_DRAIN, s.read_to_end(&mut sink)).await;
-        Ok(())
-    }
-}
-
-/// A file's access and modification times, nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileTimes {
-    atime: i128,
-    mtime: i128,
-}
-
-impl FileTimes {
-    fn of(path: &Path) -> Option<FileTimes> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).ok()?;
-        Some(FileTimes {
-            atime: i128::from(m.atime()) * 1_000_000_000 + i128::from(m.atime_nsec()),
-            mtime: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-        })
-    }
-
-    /// Whether the file was read after `written` was taken: same file (mtime unchanged) and its
-    /// atime moved past both the old atime and mtime.
-    fn read_since(now: Option<FileTimes>, written: Option<FileTimes>) -> bool {
-        match (now, written) {
-            (Some(n), Some(w)) => n.mtime == w.mtime && n.atime > w.atime && n.atime > n.mtime,
-            _ => false,
-        }
     }
 }
 
@@ -278,7 +267,7 @@ pub fn verdict(lines: &[String]) -> (Vec<String>, bool) {
         })
         .cloned()
         .collect();
-    let swept = lines.iter().any(|l| l.contains("SUBNET UP"));
+    let swept = lines.iter().any(|l| is_subnet_up(l));
     (errors, swept)
 }
 
@@ -286,6 +275,13 @@ pub fn verdict(lines: &[String]) -> (Vec<String>, bool) {
 impl Reloader for OpenSmReloader {
     fn checkpoint(&self) -> u64 {
         log_length(&self.log_file)
+    }
+
+    fn log_identity(&self) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.log_file)
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
     }
 
     fn rejections_since(&self, offset: u64) -> (Vec<String>, u64) {
@@ -297,33 +293,85 @@ impl Reloader for OpenSmReloader {
     }
 
     async fn reload(&self, checkpoint: u64) -> Result<ReloadReport, ReloadError> {
-        let written = FileTimes::of(&self.partitions_file);
-        match self.method {
-            ReloadMethod::Sighup => self.sighup()?,
-            ReloadMethod::Console => self.console_resweep().await?,
+        let mut console = match self.method {
+            ReloadMethod::Console => Some(self.console_open().await?),
+            ReloadMethod::Sighup => None,
+        };
+        let result = self.fence_after(checkpoint, &mut console).await;
+        if let Some(s) = console {
+            self.console_close(s).await;
         }
+        result
+    }
+}
+
+impl OpenSmReloader {
+    /// Forces a heavy sweep: SIGHUP, or `resweep heavy` on the open console session.
+    async fn force_sweep(
+        &self,
+        console: &mut Option<tokio::net::TcpStream>,
+    ) -> Result<(), ReloadError> {
+        match console {
+            Some(s) => self.console_send(s, b"resweep heavy\n").await,
+            None => self.sighup(),
+        }
+    }
+
+    /// Forces sweeps until the fence passes, OpenSM logs an error, or the watch ends.
+    async fn fence_after(
+        &self,
+        checkpoint: u64,
+        console: &mut Option<tokio::net::TcpStream>,
+    ) -> Result<ReloadReport, ReloadError> {
+        self.force_sweep(console).await?;
         let deadline = tokio::time::Instant::now() + self.check;
-        let mut read_at = None;
+        let mut signalled_again = false;
         loop {
-            let (errors, swept) = verdict(&log_lines_since(&self.log_file, checkpoint));
-            if !errors.is_empty() {
-                return Err(ReloadError::Rejected(errors.join(" | ")));
+            match fence(&log_lines_since(&self.log_file, checkpoint)) {
+                Fence::Rejected(errors) => return Err(ReloadError::Rejected(errors.join(" | "))),
+                Fence::Passed => return Ok(ReloadReport { file_read: true }),
+                // One sweep ended after the mark: it may have started before the write. Ask
+                // for another; the one after it started after the mark.
+                Fence::Ended(1) if !signalled_again => {
+                    signalled_again = true;
+                    self.force_sweep(console).await?;
+                }
+                Fence::Ended(_) => {}
             }
-            let now = tokio::time::Instant::now();
-            if read_at.is_none()
-                && FileTimes::read_since(FileTimes::of(&self.partitions_file), written)
-            {
-                read_at = Some(now);
-            }
-            if swept || read_at.is_some_and(|t| now >= t + READ_GRACE) {
-                return Ok(ReloadReport { file_read: true });
-            }
-            if now >= deadline {
+            if tokio::time::Instant::now() >= deadline {
                 return Ok(ReloadReport { file_read: false });
             }
             tokio::time::sleep(LOG_POLL).await;
         }
     }
+}
+
+/// Where the sweep fence stands in the log lines after the mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    /// OpenSM logged that it dropped a file: its error lines.
+    Rejected(Vec<String>),
+    /// This many sweeps ended (`SUBNET UP`) after the mark, fewer than two, no error.
+    Ended(usize),
+    /// Two sweeps ended after the mark with no error: the second started after the mark.
+    Passed,
+}
+
+/// Judges the log lines written after the mark (taken after the file was replaced).
+pub fn fence(lines: &[String]) -> Fence {
+    let (errors, _) = verdict(lines);
+    if !errors.is_empty() {
+        return Fence::Rejected(errors);
+    }
+    match lines.iter().filter(|l| is_subnet_up(l)).count() {
+        n @ 0..=1 => Fence::Ended(n),
+        _ => Fence::Passed,
+    }
+}
+
+/// OpenSM's end-of-heavy-sweep line (`... 0x02 -> SUBNET UP`), not a line merely quoting it.
+fn is_subnet_up(line: &str) -> bool {
+    line.trim_end().ends_with("-> SUBNET UP")
 }
 
 #[cfg(test)]
@@ -359,20 +407,20 @@ mod tests {
     }
 
     #[test]
-    fn reading_a_fresh_file_advances_its_atime_past_mtime() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("partitions.conf");
-        crate::sm::opensm::file::replace_atomically(&p, b"Default=0x7fff : ALL=full;\n").unwrap();
-        let written = FileTimes::of(&p);
-        assert!(!FileTimes::read_since(FileTimes::of(&p), written));
-        std::thread::sleep(Duration::from_millis(20));
-        let _ = std::fs::read(&p).unwrap();
-        // Holds on relatime/strictatime mounts; noatime mounts fall back to the time window.
-        let mounted_noatime =
-            std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.contains("noatime"));
-        if !mounted_noatime {
-            assert!(FileTimes::read_since(FileTimes::of(&p), written));
-        }
+    fn the_fence_passes_only_at_the_second_sweep_and_never_past_an_error() {
+        let up = "Dec 04 04:42:14 043871 [BD4426C0] 0x02 -> SUBNET UP".to_owned();
+        let minhop = "Dec 04 04:42:14 043134 [BD4426C0] 0x02 -> osm_ucast_mgr_process: minhop tables configured on all switches".to_owned();
+        let error = "Dec 04 04:42:14 043000 [BD4426C0] 0x01 -> parse_part_conf: PARSE ERROR: line 5: no partition definition found".to_owned();
+        assert_eq!(fence(&[]), Fence::Ended(0));
+        assert_eq!(fence(&[minhop.clone(), up.clone()]), Fence::Ended(1));
+        assert_eq!(fence(&[up.clone(), minhop, up.clone()]), Fence::Passed);
+        assert!(matches!(
+            fence(&[up.clone(), error.clone(), up.clone()]),
+            Fence::Rejected(e) if e == vec![error.clone()]
+        ));
+        // A line quoting the words is not OpenSM's end of sweep.
+        let quoted = "x 0x02 -> note: waiting for SUBNET UP again".to_owned();
+        assert_eq!(fence(&[quoted.clone(), quoted]), Fence::Ended(0));
     }
 
     #[tokio::test]

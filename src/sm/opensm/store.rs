@@ -79,9 +79,38 @@ pub struct CommitState {
     /// file without error; while set, the next commit rewrites, re-signals and re-checks even
     /// when the rendered bytes equal the file.
     pub unconfirmed: Option<String>,
-    /// Set when OpenSM rejected a file (the agent's or an operator's edit) and the last accepted
-    /// one was restored; cleared when a later write of the agent's is confirmed.
+    /// Set when OpenSM rejected a file the agent wrote and the last accepted one was restored;
+    /// cleared when a later write of the agent's is confirmed.
     pub rejected: Option<String>,
+    /// OpenSM's log was checked for rejections up to here: a rejection logged after it while
+    /// the agent was down is found and repaired at start. `None`: never recorded (a first start
+    /// begins at the log's end).
+    #[serde(default)]
+    pub log_mark: Option<LogMark>,
+    /// OpenSM rejected a file the agent did not write (an operator's edit in place): shown
+    /// until the operator's part of the file changes again and OpenSM accepts the result.
+    #[serde(default)]
+    pub operator_rejected: Option<OperatorRejected>,
+}
+
+/// A position in OpenSM's log, and which log file (device and inode) it is in: a rotated log
+/// is read from its start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogMark {
+    /// Bytes of the log already checked.
+    pub offset: u64,
+    /// The log's device and inode then (`None`: not known).
+    pub file: Option<(u64, u64)>,
+}
+
+/// A rejection of an operator's edit, and the operator's part that was restored after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OperatorRejected {
+    /// OpenSM's error lines, the strict parser's line and reason, and what was restored.
+    pub detail: String,
+    /// The operator's part (the file outside the agent's region) of the restored file: while
+    /// the file in place holds it, the operator has not fixed and re-applied their edit.
+    pub restored_operator_part: Vec<u8>,
 }
 
 /// The store failed; its cause is kept as the source.

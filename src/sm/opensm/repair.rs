@@ -1,0 +1,86 @@
+//! Repairing whatever OpenSM rejected, whenever it happened: what is kept beside the partitions
+//! file and in the commit state so a rejection is found and repaired after a restart, and the
+//! words an operator is shown.
+//!
+//! - The log mark ([`super::store::LogMark`]) is persisted with every commit state: a rejection
+//!   OpenSM logged while the agent was down lies after it and is repaired at start.
+//! - The bytes of the last file of the agent's that OpenSM rejected are kept as
+//!   `.<name>.fabric-agent-rejected`: a restarted agent never writes them again.
+//! - An operator's rejected edit raises `PARTITIONS_FILE_REJECTED` with OpenSM's lines and the
+//!   strict parser's line and reason, until the operator's part of the file changes again and
+//!   OpenSM accepts the result.
+
+use super::parse::parse;
+use super::region::split_region;
+use std::path::{Path, PathBuf};
+
+/// Where the bytes of the last file of the agent's that OpenSM rejected are kept.
+pub fn rejected_bytes_path(partitions_file: &Path) -> PathBuf {
+    let name = partitions_file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "partitions.conf".into());
+    partitions_file.with_file_name(format!(".{name}.fabric-agent-rejected"))
+}
+
+/// The operator's part of a file: everything outside the agent's region (the whole file when
+/// its markers are broken).
+pub fn operator_part(file: &[u8]) -> Vec<u8> {
+    match split_region(file) {
+        Ok(parts) => {
+            let mut out = parts.before;
+            out.extend_from_slice(&parts.after);
+            out
+        }
+        Err(_) => file.to_vec(),
+    }
+}
+
+/// The strict parser's verdict on a rejected file, with the line it names quoted (cut to 120
+/// characters): what the operator needs to fix.
+pub fn describe(file: &[u8]) -> String {
+    match parse(file) {
+        Ok(_) => "the strict parser accepts it".into(),
+        Err(e) => {
+            let quoted = usize::try_from(e.line)
+                .ok()
+                .filter(|n| *n > 0)
+                .and_then(|n| file.split(|b| *b == b'\n').nth(n - 1))
+                .map(|l| {
+                    let text = String::from_utf8_lossy(l);
+                    let text: String = text.trim_end_matches('\r').chars().take(120).collect();
+                    format!(": {text:?}")
+                })
+                .unwrap_or_default();
+            format!("line {}: {}{quoted}", e.line, e.message)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_names_the_line_and_quotes_it() {
+        let text = b"Default=0x7fff : ALL=full ;\nbroken=0x0c0c : 0xzz ;\n";
+        let d = describe(text);
+        assert!(d.starts_with("line 2: "), "{d}");
+        assert!(d.contains("\"broken=0x0c0c : 0xzz ;\""), "{d}");
+        assert_eq!(
+            describe(b"Default=0x7fff : ALL=full ;\n"),
+            "the strict parser accepts it"
+        );
+    }
+
+    #[test]
+    fn operator_part_drops_the_region() {
+        use super::super::region::{BEGIN_MARKER, END_MARKER};
+        let file = format!("op=0x1 : ALL;\n{BEGIN_MARKER}\nt=0x2 : ALL;\n{END_MARKER}\n# after\n");
+        assert_eq!(operator_part(file.as_bytes()), b"op=0x1 : ALL;\n# after\n");
+        assert_eq!(
+            rejected_bytes_path(Path::new("/etc/opensm/partitions.conf")),
+            Path::new("/etc/opensm/.partitions.conf.fabric-agent-rejected")
+        );
+    }
+}
