@@ -455,11 +455,13 @@ async fn operator_part_survives_hundreds_of_edits_and_a_broken_file_is_refused()
                 pkey: 0x0c00 + (g % 5) as u32,
                 full: true,
                 name: format!("bulk{}", g % 5),
+                port_guids: Vec::new(),
             },
             smpb::KeyMembership {
                 pkey: 0x0d00 + (g % 3) as u32,
                 full: false,
                 name: String::new(),
+                port_guids: Vec::new(),
             },
         ]
     };

@@ -27,6 +27,7 @@ pub fn memberships_to_proto(desired: &NodeMemberships, generation: u64) -> pb::N
                 pkey: u32::from(k.base()),
                 full: s.membership == Membership::Full,
                 name: s.name.clone(),
+                port_guids: s.ports.iter().flatten().map(ToString::to_string).collect(),
             })
             .collect(),
         generation,
@@ -58,6 +59,16 @@ pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships
                 Membership::Limited
             },
             name: k.name,
+            ports: if k.port_guids.is_empty() {
+                None
+            } else {
+                Some(
+                    k.port_guids
+                        .iter()
+                        .map(|g| parse_guid(g))
+                        .collect::<Result<_, _>>()?,
+                )
+            },
         };
         if keys.insert(key, setting).is_some() {
             return Err(Status::invalid_argument(format!("key {key} listed twice")));
@@ -254,6 +265,7 @@ mod tests {
             pkey,
             full,
             name: name.into(),
+            port_guids: Vec::new(),
         }
     }
 

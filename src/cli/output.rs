@@ -203,7 +203,29 @@ fn attachment_json(a: &pb::Attachment) -> Value {
         "membership": membership_name(a.membership),
         "partition": {"id": p.id, "name": p.name, "workspace": p.workspace, "account": p.account, "fabric": p.fabric, "pkey": format!("{:#06x}", p.pkey)},
         "created": time(&a.created), "updated": time(&a.updated),
+        "ports": ports_json(&a.ports), "named_ports": a.named_ports,
     })
+}
+
+fn ports_json(ports: &[pb::AttachmentPort]) -> Value {
+    Value::Array(
+        ports
+            .iter()
+            .map(|p| json!({"device": p.device, "port": p.port_number, "port_guid": p.port_guid}))
+            .collect(),
+    )
+}
+
+/// An attachment's ports for the table: `all` for a whole-node attachment, else `dev/port,...`.
+fn ports_cell(a: &pb::Attachment) -> String {
+    if !a.named_ports {
+        return "all".into();
+    }
+    a.ports
+        .iter()
+        .map(|p| format!("{}/{}", p.device, p.port_number))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Prints attachments: a table, or (JSON) one array of attachment objects.
@@ -247,20 +269,27 @@ fn attachment_table(list: &[pb::Attachment]) {
         .chain([9])
         .max()
         .unwrap_or(9);
+    let ports_w = list
+        .iter()
+        .map(|a| ports_cell(a).chars().count())
+        .chain([5])
+        .max()
+        .unwrap_or(5);
     let head = format!(
-        "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  ",
-        "INSTANCE", "PARTITION", "P_KEY", "MEMBERSHIP", "STATE"
+        "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {:<ports_w$}  ",
+        "INSTANCE", "PARTITION", "P_KEY", "MEMBERSHIP", "STATE", "PORTS"
     );
     let reason_w = WIDTH.saturating_sub(head.chars().count()).max(20);
     say!("{head}REASON");
     for a in list {
         say!(
-            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {}",
+            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {:<ports_w$}  {}",
             a.instance_id,
             partition(a),
             format!("{:#06x}", a.pkey_value),
             membership_name(a.membership),
             state_name(a.state),
+            ports_cell(a),
             fit(&a.reason, reason_w)
         );
     }
@@ -332,6 +361,9 @@ fn reachability(reachable: bool) -> &'static str {
 fn attachment_changed(a: &pb::AttachmentChanged) -> (&'static str, Value, String) {
     let mut detail = json!({"instance_id": a.instance_id, "partition_id": a.partition_id,
         "pkey_value": format!("{:#06x}", a.pkey_value), "to": state_name(a.to), "reason": a.reason});
+    if !a.ports.is_empty() {
+        detail["ports"] = ports_json(&a.ports);
+    }
     // The first event of an attachment has no previous state: no `from` at all.
     let from = (a.from != pb::AttachmentState::Unspecified as i32).then(|| state_name(a.from));
     if let Some(from) = from {

@@ -80,6 +80,21 @@ async fn attach(c: &mut AgentClient, a: AttachArgs, json: bool) -> Result<Outcom
             } as i32,
             wait_ms: a.wait.map(|s| s.saturating_mul(1000)),
             grant,
+            ports: a
+                .ports
+                .iter()
+                .map(|p| match p {
+                    super::commands::PortArg::Device(device, port_number) => pb::PortName {
+                        device: device.clone(),
+                        port_number: *port_number,
+                        port_guid: String::new(),
+                    },
+                    super::commands::PortArg::Guid(g) => pb::PortName {
+                        port_guid: g.clone(),
+                        ..Default::default()
+                    },
+                })
+                .collect(),
         })
         .await?;
     Ok(answered(

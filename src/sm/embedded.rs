@@ -7,7 +7,7 @@
 //! agent must treat the keys as in doubt); an absent or empty file means healthy.
 
 use super::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
-use crate::domain::{Membership, NodeMemberships, PKeyValue};
+use crate::domain::{Guid, Membership, NodeMemberships, PKeyValue};
 use crate::sim::SimFabric;
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -144,15 +144,23 @@ impl SubnetManager for EmbeddedSm {
         _generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
         let lose_reply = self.injected_fault().await?;
-        let keys: Vec<PKeyValue> = desired
-            .keys
-            .iter()
-            .map(|(k, s)| k.value(s.membership))
-            .collect();
-        let detail = format!("{} keys programmed on the simulated ports", keys.len());
+        // Each port gets the keys the set gives its GUID.
+        let desired = desired.clone();
+        let keys_of = move |g: Guid| -> Vec<PKeyValue> {
+            desired
+                .keys
+                .iter()
+                .filter(|(k, _)| desired.gives(**k, g))
+                .map(|(k, s)| k.value(s.membership))
+                .collect()
+        };
+        let detail = format!(
+            "{} keys programmed on the simulated ports",
+            keys_of_count(&keys_of, &self.fabric)
+        );
         if self.apply_delay.is_zero() {
             self.fabric
-                .program(&keys)
+                .program_ports(&keys_of)
                 .map_err(|e| SmError::Refused(SmFailure::Sim(Arc::new(e))))?;
         } else {
             // Like a real SM: accept now, program the ports a little later.
@@ -160,7 +168,7 @@ impl SubnetManager for EmbeddedSm {
             let delay = self.apply_delay;
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                if let Err(e) = fabric.program(&keys) {
+                if let Err(e) = fabric.program_ports(&keys_of) {
                     tracing::warn!(error = %e, "embedded SM: programming tables failed");
                 }
             });
@@ -170,6 +178,13 @@ impl SubnetManager for EmbeddedSm {
         }
         Ok(ApplyOutcome { detail })
     }
+}
+
+/// Distinct keys the simulated ports get.
+fn keys_of_count(keys_of: &impl Fn(Guid) -> Vec<PKeyValue>, fabric: &SimFabric) -> usize {
+    let all: std::collections::BTreeSet<PKeyValue> =
+        fabric.port_guids().into_iter().flat_map(keys_of).collect();
+    all.len()
 }
 
 fn injected(fault: InjectedFault) -> SmFailure {

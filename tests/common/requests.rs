@@ -26,6 +26,7 @@ pub fn attach(
         membership: pb::Membership::Full as i32,
         wait_ms,
         grant: None,
+        ports: Vec::new(),
     }
 }
 

@@ -250,6 +250,7 @@ async fn attach(
             .expect("partition"),
         membership,
         grant: None,
+        ports: Vec::new(),
     };
     let r = agent.attach(request, None).await;
     with(world, |w| match r {
