@@ -216,6 +216,9 @@ fn ports_json(ports: &[pb::AttachmentPort]) -> Value {
     )
 }
 
+/// The widest PORTS cell in a table (longer lists are cut; `-o json` has them all).
+const PORTS_MAX: usize = 24;
+
 /// An attachment's ports for the table: `all` for a whole-node attachment, else `dev/port,...`.
 fn ports_cell(a: &pb::Attachment) -> String {
     if !a.named_ports {
@@ -269,27 +272,41 @@ fn attachment_table(list: &[pb::Attachment]) {
         .chain([9])
         .max()
         .unwrap_or(9);
-    let ports_w = list
-        .iter()
-        .map(|a| ports_cell(a).chars().count())
-        .chain([5])
-        .max()
-        .unwrap_or(5);
+    // The PORTS column appears only when an attachment named its ports (partial-node
+    // deployments); whole-node listings keep their shape.
+    let ports_w = if list.iter().any(|a| a.named_ports) {
+        list.iter()
+            .map(|a| ports_cell(a).chars().count().min(PORTS_MAX))
+            .chain([5])
+            .max()
+            .unwrap_or(5)
+    } else {
+        0
+    };
+    let ports_head = if ports_w > 0 {
+        format!("{:<ports_w$}  ", "PORTS")
+    } else {
+        String::new()
+    };
     let head = format!(
-        "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {:<ports_w$}  ",
-        "INSTANCE", "PARTITION", "P_KEY", "MEMBERSHIP", "STATE", "PORTS"
+        "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {ports_head}",
+        "INSTANCE", "PARTITION", "P_KEY", "MEMBERSHIP", "STATE"
     );
     let reason_w = WIDTH.saturating_sub(head.chars().count()).max(20);
     say!("{head}REASON");
     for a in list {
         say!(
-            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {:<ports_w$}  {}",
+            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {}{}",
             a.instance_id,
             partition(a),
             format!("{:#06x}", a.pkey_value),
             membership_name(a.membership),
             state_name(a.state),
-            ports_cell(a),
+            if ports_w > 0 {
+                format!("{:<ports_w$}  ", fit(&ports_cell(a), PORTS_MAX))
+            } else {
+                String::new()
+            },
             fit(&a.reason, reason_w)
         );
     }
