@@ -242,9 +242,10 @@ async fn bad_port_names_are_refused_with_the_name_and_store_nothing() {
     d.stop();
 }
 
-/// `dev`'s directory moved aside (the device is gone from the listing), or back.
-fn vanish(root: &Path, dev: &str, gone: bool) {
-    let (from, to) = (root.join(dev), root.join(format!(".{dev}.gone")));
+/// `dev`'s directory moved out of the tree at `root` into `aside` (the device is gone from the
+/// listing), or back.
+fn vanish(root: &Path, aside: &Path, dev: &str, gone: bool) {
+    let (from, to) = (root.join(dev), aside.join(dev));
     if gone {
         std::fs::rename(from, to).unwrap();
     } else {
@@ -301,7 +302,9 @@ async fn a_covered_port_that_vanishes_blocks_released_until_it_is_read_without_t
     // Released: the key leaves mlx5_0, while mlx5_1 vanishes (a driver reset) still holding
     // it. No RELEASED on the ports that remain; the reason names the missing port.
     release(&mut c, "gpu-1", None).await;
-    vanish(&root, "mlx5_1", true);
+    let aside = tmp.path().join("aside");
+    std::fs::create_dir_all(&aside).unwrap();
+    vanish(&root, &aside, "mlx5_1", true);
     set_pkey(&root, IB[0], 10, 0);
     let a = poll_attachment(&mut c, "gpu-1", Duration::from_secs(5), |a| {
         a.reason.contains("mlx5_1/1")
@@ -311,10 +314,10 @@ async fn a_covered_port_that_vanishes_blocks_released_until_it_is_read_without_t
     assert!(a.reason.contains("missing"), "{}", a.reason);
 
     // Back without its `pkeys` directory: its table is unreadable, not empty.
-    vanish(&root, "mlx5_1", false);
+    vanish(&root, &aside, "mlx5_1", false);
     let pkeys = port_file(&root, "mlx5_1", "pkeys");
-    let aside = root.join(".mlx5_1-pkeys");
-    std::fs::rename(&pkeys, &aside).unwrap();
+    let pkeys_aside = aside.join("mlx5_1-pkeys");
+    std::fs::rename(&pkeys, &pkeys_aside).unwrap();
     let a = poll_attachment(&mut c, "gpu-1", Duration::from_secs(5), |a| {
         a.reason.contains("unknown state")
     })
@@ -323,7 +326,7 @@ async fn a_covered_port_that_vanishes_blocks_released_until_it_is_read_without_t
     assert!(a.reason.contains("mlx5_1/1"), "{}", a.reason);
 
     // Readable again, still holding the key: RELEASING; without it: RELEASED.
-    std::fs::rename(&aside, &pkeys).unwrap();
+    std::fs::rename(&pkeys_aside, &pkeys).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         state(&get(&mut c, "gpu-1").await),

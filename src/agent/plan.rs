@@ -257,7 +257,13 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
 /// Why an attachment that is waiting has not moved, when the reason lies with the node rather
 /// than with an unreachable subnet manager (that error is shown instead). None when there is
 /// nothing to say.
-pub fn waiting_reason(a: &Attachment, observed: Observed<'_>) -> Option<String> {
+/// `others` are the node's other attachments (an instance of the same partition on a covered
+/// port keeps the key there).
+pub fn waiting_reason(
+    a: &Attachment,
+    others: &[Attachment],
+    observed: Observed<'_>,
+) -> Option<String> {
     let key = a.partition.pkey;
     let cover = Coverage::of(a, observed.inventory);
     let waiting = matches!(
@@ -278,7 +284,27 @@ pub fn waiting_reason(a: &Attachment, observed: Observed<'_>) -> Option<String> 
             cover.blocked.join("; ")
         ));
     }
+    // Ports another instance of this partition still covers keep the key.
+    let shared: Vec<String> = cover
+        .guids
+        .iter()
+        .filter(|g| {
+            others.iter().any(|o| {
+                o.instance_id != a.instance_id
+                    && o.partition.pkey == key
+                    && o.state.wants_key()
+                    && o.covered_guids(observed.inventory).contains(g)
+            })
+        })
+        .map(|g| a.port_label(*g, observed.inventory))
+        .collect();
     match a.state {
+        AttachmentState::Releasing if !shared.is_empty() => Some(format!(
+            "{:#06x} stays on {}: another instance of partition {} still covers it",
+            key.base(),
+            shared.join(", "),
+            a.partition.id.as_str()
+        )),
         AttachmentState::Releasing if !observed.acked_without_on(key, &cover.guids) => {
             Some(format!(
                 "{:#06x} in doubt: waiting for the subnet manager to acknowledge a set without it",

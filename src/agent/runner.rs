@@ -589,7 +589,7 @@ impl Loop {
             let reason = self
                 .sm_error
                 .clone()
-                .or_else(|| plan::waiting_reason(a, observed))
+                .or_else(|| plan::waiting_reason(a, snapshot, observed))
                 .unwrap_or_default();
             if a.reason == reason {
                 continue;

@@ -12,14 +12,16 @@
 //!    `to`), RELEASED is final, and the stored state is the last reported one.
 //! 5. The node's generations strictly increase over its life, across crashes (checked by the
 //!    model SM).
-//! 7. One partition per port: no model port ever holds the keys of two partitions unless both
-//!    were granted to it at once (live attachments covering it), and the agent never admits an
-//!    attachment whose ports overlap a live attachment of another partition.
-//! 8. All of 1 and 2 per port: an attachment is judged on the ports it covers (as its events
-//!    list them).
 //! 6. Liveness (checked by the driver with [`Oracle::unconverged`]): with faults healed,
 //!    attached instances go ACTIVE and released ones RELEASED (a released instance whose key
 //!    another instance on the node still wants stays RELEASING).
+//! 7. Admission: an attachment is never admitted on a port that a live (not RELEASED)
+//!    attachment of another partition covers.
+//! 8. No model port ever holds the keys of two partitions unless both are granted to it at once
+//!    (live attachments covering it).
+//!
+//! Checks 1, 2 and 6 are read per covered port: an attachment is judged on the ports its events
+//! list.
 
 use super::schedule::PORTS;
 use super::world::{Fabric, PORT_GUID_BASE};
@@ -153,7 +155,7 @@ impl Oracle {
             if from.is_none() {
                 // A new attachment asks for the key again.
                 self.guard.remove(&base);
-                // Admission: no live attachment of another partition on these ports.
+                // Check 7: no live attachment of another partition on these ports.
                 let clash = self.instances.iter().find(|(_, k)| {
                     k.value & 0x7FFF != base
                         && k.state != AttachmentState::Released
@@ -253,7 +255,7 @@ impl Oracle {
         }
     }
 
-    /// Check 7 on the ports: a port holding two partitions' keys, not both granted to it now.
+    /// Check 8: a port holding two partitions' keys, not both granted to it now.
     fn two_partitions_on_a_port(&self, fabric: &Fabric) -> Option<String> {
         for (i, p) in fabric.ports.iter().enumerate() {
             let bases: BTreeSet<u16> = p

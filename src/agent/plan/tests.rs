@@ -235,7 +235,7 @@ fn a_key_in_doubt_is_never_released() {
     let carried = carried_at(key, 3);
     let o = observed(Some(&without), &carried, Some(&clean));
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
-    assert!(waiting_reason(&a, o).unwrap().contains("in doubt"));
+    assert!(waiting_reason(&a, &[], o).unwrap().contains("in doubt"));
     // An earlier attempt (generation 1) is superseded by the acknowledged generation 2.
     let carried = carried_at(key, 1);
     let o = observed(Some(&without), &carried, Some(&clean));
@@ -244,7 +244,7 @@ fn a_key_in_doubt_is_never_released() {
     let evidence = t[0].evidence.as_ref().expect("RELEASED carries evidence");
     assert_eq!(evidence.sm_generation, 2);
     assert_eq!(evidence.ports.len(), 1);
-    assert_eq!(waiting_reason(&a, o), None);
+    assert_eq!(waiting_reason(&a, &[], o), None);
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn an_insecure_posture_blocks_active_until_accepted() {
     let mut o = observed(Some(&with), &carried, Some(&i));
     o.posture_ok = false;
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
-    assert!(waiting_reason(&a, o)
+    assert!(waiting_reason(&a, &[], o)
         .unwrap()
         .contains("allow_full_default"));
     o.posture_ok = true;
@@ -386,7 +386,7 @@ fn a_missing_or_unknown_covered_port_blocks_released_and_names_the_port() {
     let gone = inv(vec![port(1, PortState::Active, &[])]);
     let o = observed(Some(&without), &carried, Some(&gone));
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
-    let why = waiting_reason(&a, o).unwrap();
+    let why = waiting_reason(&a, &[], o).unwrap();
     assert!(why.contains("hca/2") && why.contains("missing"), "{why}");
     let unknown = inv(vec![
         port(1, PortState::Active, &[]),
@@ -394,7 +394,9 @@ fn a_missing_or_unknown_covered_port_blocks_released_and_names_the_port() {
     ]);
     let o = observed(Some(&without), &carried, Some(&unknown));
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
-    assert!(waiting_reason(&a, o).unwrap().contains("unknown state"));
+    assert!(waiting_reason(&a, &[], o)
+        .unwrap()
+        .contains("unknown state"));
     // Back and read without the key: RELEASED, the evidence naming both ports.
     let back = two_ports();
     let o = observed(Some(&without), &carried, Some(&back));
@@ -444,4 +446,22 @@ fn released_on_one_port_while_the_same_key_stays_on_another() {
     carried.record(&both, 3);
     let o = observed(Some(&only_y), &carried, Some(&i));
     assert!(plan(std::slice::from_ref(&x), o).is_empty());
+}
+
+#[test]
+fn a_release_held_by_a_partition_mate_on_the_same_port_says_so() {
+    let x = on_ports(Releasing, &[1]);
+    let mut y = on_ports(Active, &[1]);
+    y.instance_id = InstanceId::parse("i2").unwrap();
+    let i = inv(vec![port(1, PortState::Active, &[0x8012])]);
+    let both = [x.clone(), y];
+    let set = desired(&n(), vec![Guid(1)], Some(&i), &both);
+    let carried = carried_by(Some(&set));
+    let o = observed(Some(&set), &carried, Some(&i));
+    assert!(plan(std::slice::from_ref(&x), o).is_empty());
+    let why = waiting_reason(&x, &both, o).unwrap();
+    assert!(
+        why.contains("another instance") && why.contains("hca/1"),
+        "{why}"
+    );
 }
