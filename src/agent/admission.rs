@@ -569,7 +569,7 @@ mod tests {
     #[test]
     fn rules() {
         let r = req("i1", "ibpart_a", 0x10);
-        assert_eq!(create(admit(&r, &fab(), &[], &inv(4))).named, false);
+        assert!(!create(admit(&r, &fab(), &[], &inv(4))).named);
         let other_fabric = FabricName::parse("fab2").unwrap();
         assert_eq!(
             admit(&r, &other_fabric, &[], &inv(4)),
