@@ -270,6 +270,25 @@ mod tests {
     }
 
     #[test]
+    fn a_keys_own_ports_cross_the_wire_and_must_be_the_sets() {
+        let (a, b) = ("0x0000000000000001", "0x0000000000000002");
+        let mut k = key(0x0a12, true, "t1");
+        k.port_guids = vec![b.into()];
+        let (m, _) = memberships_from_proto(request(vec![k.clone()], vec![a, b])).unwrap();
+        let pkey = PKey::new(0x0a12).unwrap();
+        assert_eq!(m.guids_for(pkey), vec![Guid(2)]);
+        let back = memberships_to_proto(&m, 3);
+        assert_eq!(back.keys[0].port_guids, vec![b.to_owned()]);
+        // A key without ports goes to every port of the set (as before the field existed).
+        let (all, _) =
+            memberships_from_proto(request(vec![key(0x0a12, true, "")], vec![a, b])).unwrap();
+        assert_eq!(all.guids_for(pkey), vec![Guid(1), Guid(2)]);
+        // A key's port outside the set's ports is refused.
+        let err = memberships_from_proto(request(vec![k], vec![a])).unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+    }
+
+    #[test]
     fn converts_and_validates() {
         let (m, generation) = memberships_from_proto(request(
             vec![key(0x0a12, true, "t1"), key(0x0b, false, "")],
