@@ -82,6 +82,7 @@ fn main() {
                     membership: pb::Membership::Full as i32,
                     wait_ms: Some(10_000),
                     grant: None,
+                    ports: Vec::new(),
                 })
                 .await
                 .unwrap()

@@ -53,6 +53,7 @@ fn main() {
                     membership: pb::Membership::Full as i32,
                     wait_ms: Some(30_000),
                     grant: None,
+                    ports: Vec::new(),
                 })
                 .await
                 .unwrap()

@@ -34,6 +34,7 @@ fn node(keys: impl IntoIterator<Item = u16>) -> NodeMemberships {
                     KeySetting {
                         membership: Membership::Full,
                         name: format!("p{k}"),
+                        ports: None,
                     },
                 )
             })

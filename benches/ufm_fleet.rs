@@ -92,6 +92,7 @@ fn desired(agent: usize, limited_first: bool) -> NodeMemberships {
                     KeySetting {
                         membership,
                         name: format!("p{k}"),
+                        ports: None,
                     },
                 )
             })

@@ -109,6 +109,30 @@ impl SimFabric {
         self.replace(|tables| tables.iter_mut().for_each(|t| *t = table.clone()))
     }
 
+    /// Programs each port with the default partition plus the keys `keys_of` gives its GUID,
+    /// like an SM that gives each partition only its members' ports.
+    pub fn program_ports(&self, keys_of: impl Fn(Guid) -> Vec<PKeyValue>) -> Result<(), SimError> {
+        let guids = self.port_guids();
+        let mut tables = Vec::with_capacity(guids.len());
+        for g in guids {
+            let keys = keys_of(g);
+            let wanted = keys.len() + 1;
+            if wanted > self.table_size {
+                return Err(SimError::TableFull {
+                    wanted,
+                    size: self.table_size,
+                });
+            }
+            let mut table = vec![0u16; self.table_size];
+            table[0] = self.default_entry.0;
+            for (slot, k) in table[1..].iter_mut().zip(&keys) {
+                *slot = k.0;
+            }
+            tables.push(table);
+        }
+        self.replace(|t| *t = tables)
+    }
+
     fn replace(&self, edit: impl FnOnce(&mut Vec<Vec<u16>>)) -> Result<(), SimError> {
         let mut tables = self.tables.lock().expect("sim lock");
         let mut next = tables.clone();

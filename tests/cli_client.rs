@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{attach, partition, Daemon};
+use common::{attach, attach_on, partition, Daemon};
 use fabric_agent::api::agent_client::{AgentClient, StatusCode};
 use fabric_agent::proto::agent as pb;
 use std::time::Duration;
@@ -47,12 +47,17 @@ async fn refusals_keep_their_code_and_reason() {
 
 #[tokio::test]
 async fn listing_follows_every_page_and_events_stream_in_order() {
-    let d = Daemon::start("[limits]\nlist_default_page_size = 2\nlist_max_page_size = 50\n");
+    // Five ports, one partition on each (a port carries one partition at a time).
+    let d = Daemon::start(
+        "[limits]\nlist_default_page_size = 2\nlist_max_page_size = 50\n\
+         [subnet_manager.embedded]\nports = 5\n",
+    );
     let mut c = AgentClient::unix(&d.socket).await.unwrap();
     for i in 0..5u32 {
-        c.attach(attach(
+        c.attach(attach_on(
             &format!("i-{i}"),
             partition(&format!("ibpart_{i}"), 0x0100 + i),
+            &[&format!("sim0/{}", i + 1)],
             None,
         ))
         .await

@@ -51,7 +51,11 @@ fn exit_codes_and_pkey_syntax() {
     // Bare hex is hex: "0a12" is P_Key 0x0a12, and the attach reaches ACTIVE: exit 0.
     let o = cli(
         &sock,
-        &attach_args("i-1", "0a12", &["--wait", "10", "--json"]),
+        &attach_args(
+            "i-1",
+            "0a12",
+            &["--wait", "10", "--json", "--port", "sim0/1"],
+        ),
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -68,7 +72,8 @@ fn exit_codes_and_pkey_syntax() {
 
     // The SM is unreachable: --wait expires with 75 and the state and reason are printed.
     std::fs::write(&fault, "unreachable").unwrap();
-    let mut other = attach_args("i-3", "0x0b00", &["--wait", "2"]);
+    // (On the other port: a port carries one partition at a time.)
+    let mut other = attach_args("i-3", "0x0b00", &["--wait", "2", "--port", "sim0/2"]);
     other[4] = "ibpart_b";
     let o = cli(&sock, &other);
     assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));

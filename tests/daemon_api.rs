@@ -102,9 +102,13 @@ async fn rejections_have_clear_codes_and_persist_nothing() {
     // Three slots per port: the default partition plus two tenant keys.
     let d = Daemon::start("[subnet_manager.embedded]\npkey_table_size = 3\n");
     let mut c = d.client().await;
-    attach_waiting(&mut c, "i-1", "ibpart_a", 0x12).await;
-    attach_waiting(&mut c, "i-9", "ibpart_b", 0x13).await;
-    attach_waiting(&mut c, "i-gone", "ibpart_b", 0x13).await;
+    // One partition per port: a on port 1, b on port 2.
+    let on = |i: &str, id: &str, pkey: u32, port: &str| {
+        attach_on(i, partition(id, pkey), &[port], Some(5000))
+    };
+    attach_now(&mut c, on("i-1", "ibpart_a", 0x12, "sim0/1")).await;
+    attach_now(&mut c, on("i-9", "ibpart_b", 0x13, "sim0/2")).await;
+    attach_now(&mut c, on("i-gone", "ibpart_b", 0x13, "sim0/2")).await;
     release(&mut c, "i-gone", None).await;
     let node = common::node(&mut c).await;
     let count = |c: &pb::GetNodeResponse| c.attachment_counts.values().sum::<u64>();
@@ -185,14 +189,15 @@ async fn rejections_have_clear_codes_and_persist_nothing() {
             "KEY_HELD_BY_OTHER_PARTITION",
         ),
         (
-            attach("i-gone", partition("ibpart_b", 0x13), None),
+            attach_on("i-gone", partition("ibpart_b", 0x13), &["sim0/2"], None),
             Code::FailedPrecondition,
             "INSTANCE_RELEASED",
         ),
         (
+            // Every port carries another partition already.
             attach("i-4", partition("ibpart_d", 0x30), None),
-            Code::ResourceExhausted,
-            "TABLE_FULL",
+            Code::FailedPrecondition,
+            "PORT_HELD_BY_OTHER_PARTITION",
         ),
         (
             attach("i-2", partition("ibpart_c", 0x20), Some(600_001)),
@@ -316,12 +321,13 @@ async fn an_unreachable_subnet_manager_never_yields_a_false_state() {
         "reason shows the SM error: {:?}",
         a.reason
     );
-    let r = c
+    // A new tenant on the ports of a partition not yet RELEASED is refused.
+    let e = c
         .attach_partition(attach("i-2", partition("ibpart_b", 0x13), Some(1000)))
         .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(state(&r.attachment.unwrap()), pb::AttachmentState::Pending);
+        .expect_err("ports still carry ibpart_a");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("i-1"), "{}", e.message());
     let node = common::node(&mut c).await;
     let sm = node.subnet_manager.unwrap();
     assert!(!sm.reachable && sm.last_error.contains("outage"), "{sm:?}");

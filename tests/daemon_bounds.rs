@@ -21,13 +21,15 @@ fn watch_from(after_seq: u64, log_epoch: Option<&str>) -> pb::WatchEventsRequest
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_from_a_wiped_state_directory_gets_out_of_range() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut d = Daemon::prepare(tmp.path(), "");
+    // Three ports, one partition on each (a port carries one partition at a time).
+    let mut d = Daemon::prepare(tmp.path(), "[subnet_manager.embedded]\nports = 3\n");
     d.spawn(&[]);
     let mut c = d.client().await;
     for (i, pkey) in [(1, 0x12), (2, 0x13), (3, 0x14)] {
-        c.attach_partition(attach(
+        c.attach_partition(attach_on(
             &format!("i-{i}"),
             partition(&format!("ibpart_p{i}"), pkey),
+            &[&format!("sim0/{i}")],
             Some(5000),
         ))
         .await

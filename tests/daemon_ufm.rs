@@ -482,23 +482,43 @@ async fn deleted_partitions_are_recreated_while_desired_steps() {
     let mut c = node.daemon.client().await;
     settle(&mut c, &fake).await;
 
-    // Two instances, two partitions.
+    // Two instances, two partitions, each on its own four ports (a port carries one
+    // partition at a time).
+    let on = |instance: &str, id: &str, pkey: u32, devs: &[&str]| {
+        let ports: Vec<String> = devs.iter().map(|d| format!("{d}/1")).collect();
+        let ports: Vec<&str> = ports.iter().map(String::as_str).collect();
+        attach_on(instance, partition(id, pkey), &ports, Some(5000))
+    };
+    let half = |from: u64| -> BTreeMap<u64, Membership> {
+        (from..from + 4)
+            .map(|i| (GUID0 + i, Membership::Full))
+            .collect()
+    };
+    let holds = |devs: &[&str], keys: &[u16]| {
+        for d in devs {
+            assert_eq!(node.tree.keys(d), keys, "P_Key table of {d}");
+        }
+    };
     assert_eq!(
-        state(&attach_to(&mut c, "gpu-1", "ibpart_train", 0x0c33).await),
+        state(&attach_now(&mut c, on("gpu-1", "ibpart_train", 0x0c33, &IB[..4])).await),
         Active
     );
     assert_eq!(
-        state(&attach_to(&mut c, "gpu-2", "ibpart_eval", 0x0d44).await),
+        state(&attach_now(&mut c, on("gpu-2", "ibpart_eval", 0x0d44, &IB[4..])).await),
         Active
     );
-    node.tree.assert_all_hold(&[0x8c33, 0x8d44]);
+    holds(&IB[..4], &[0x8c33]);
+    holds(&IB[4..], &[0x8d44]);
+    assert_eq!(fake.members(0x0c33), half(0));
+    assert_eq!(fake.members(0x0d44), half(4));
 
     // Releasing gpu-1 empties 0x0c33: UFM deletes it; 0x0d44 is untouched.
     let r = release(&mut c, "gpu-1", Some(5000)).await;
     assert_eq!(state(&r), Released, "{}", r.reason);
     assert!(fake.partition(0x0c33).is_none(), "UFM deleted it");
-    assert_eq!(fake.members(0x0d44), all_guids());
-    node.tree.assert_all_hold(&[0x8d44]);
+    assert_eq!(fake.members(0x0d44), half(4));
+    holds(&IB[..4], &[]);
+    holds(&IB[4..], &[0x8d44]);
     assert_eq!(state(&get(&mut c, "gpu-2").await), Active);
 
     // Now UFM drops 0x0d44 while gpu-2 is ACTIVE: the ports lose the key (DRIFTED), the
@@ -509,8 +529,8 @@ async fn deleted_partitions_are_recreated_while_desired_steps() {
     // wait for the partition to be back in UFM and on the ports, and ACTIVE again.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let back = fake.members(0x0d44) == all_guids()
-            && IB.iter().all(|d| node.tree.keys(d) == [0x8d44])
+        let back = fake.members(0x0d44) == half(4)
+            && IB[4..].iter().all(|d| node.tree.keys(d) == [0x8d44])
             && state(&get(&mut c, "gpu-2").await) == Active;
         if back {
             break;
@@ -701,9 +721,19 @@ async fn credentials_never_leak_into_log_status_or_events_steps() {
 
     // UFM refuses a request quoting the header back (4xx: its words reach the reason).
     fake.inject_status(1, 400);
-    c.attach_partition(attach("gpu-1", partition("ibpart_train", 0x0c33), None))
-        .await
-        .unwrap();
+    // Each instance on its own four ports (a port carries one partition at a time).
+    let (first, second) = (
+        ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "mlx5_3/1"],
+        ["mlx5_4/1", "mlx5_5/1", "mlx5_6/1", "mlx5_7/1"],
+    );
+    c.attach_partition(attach_on(
+        "gpu-1",
+        partition("ibpart_train", 0x0c33),
+        &first,
+        None,
+    ))
+    .await
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let refused = loop {
         let a = get(&mut c, "gpu-1").await;
@@ -720,9 +750,14 @@ async fn credentials_never_leak_into_log_status_or_events_steps() {
     wait_state(&mut c, "gpu-1", Active, Duration::from_secs(5)).await;
     // 503s quoting the header (retried, then reported as unavailable).
     fake.inject_status(4, 503);
-    c.attach_partition(attach("gpu-2", partition("ibpart_eval", 0x0d44), None))
-        .await
-        .unwrap();
+    c.attach_partition(attach_on(
+        "gpu-2",
+        partition("ibpart_eval", 0x0d44),
+        &second,
+        None,
+    ))
+    .await
+    .unwrap();
     wait_state(&mut c, "gpu-2", Active, Duration::from_secs(5)).await;
     // A wrong password, rejected, then the right one again.
     std::fs::write(&node.credentials, format!("{USER}:{wrong}\n")).unwrap();

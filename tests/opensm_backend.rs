@@ -238,6 +238,45 @@ async fn region_lists_every_node_with_membership_and_keeps_operator_default() {
     assert_eq!(conf.effective()[&0x0a12].members.len(), 3);
 }
 
+/// A node whose instances hold different partitions gives each key only to its own ports.
+#[tokio::test]
+async fn each_key_goes_only_to_the_ports_its_set_names() {
+    let operator = "Default=0x7fff, ipoib : ALL=full;\n";
+    let s = setup(operator.as_bytes(), Duration::ZERO, |c| {
+        c.allow_full_default = true
+    });
+    let mut set = node(
+        "a",
+        &[0x10, 0x11],
+        &[(0x0a12, Membership::Full), (0x0b12, Membership::Full)],
+    );
+    for (key, guid) in [(0x0a12u32, 0x10u64), (0x0b12, 0x11)] {
+        let k = fabric_agent::domain::PKey::new(key).unwrap();
+        set.keys.get_mut(&k).unwrap().ports = Some([Guid(guid)].into());
+    }
+    s.set_ok(set, 1).await;
+    let text = std::fs::read_to_string(&s.path).unwrap();
+    let conf = parse(text.as_bytes()).unwrap();
+    let effective = conf.effective();
+    assert_eq!(effective[&0x0a12].members.len(), 1, "{text}");
+    assert_eq!(effective[&0x0b12].members.len(), 1, "{text}");
+    // Each key's entry names its own port only.
+    let entry = |key: &str| -> String {
+        let start = text.find(key).unwrap_or_else(|| panic!("{key} in {text}"));
+        let end = start + text[start..].find(';').expect("entry end");
+        text[start..end].to_owned()
+    };
+    let (a, b) = (entry("=0x0a12"), entry("=0x0b12"));
+    assert!(
+        a.contains("0x0000000000000010=full") && !a.contains("0x0000000000000011"),
+        "{a}"
+    );
+    assert!(
+        b.contains("0x0000000000000011=full") && !b.contains("0x0000000000000010"),
+        "{b}"
+    );
+}
+
 #[tokio::test]
 async fn broken_operator_file_is_left_alone_and_refused() {
     let markers = format!("{BEGIN_MARKER}\n{END_MARKER}\n");

@@ -61,6 +61,7 @@ fn set(node: &str, guid: u64, keys: &[(u32, Membership)]) -> NodeMemberships {
                     KeySetting {
                         membership: *m,
                         name: format!("t{k:x}"),
+                        ports: None,
                     },
                 )
             })

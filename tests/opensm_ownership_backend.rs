@@ -141,6 +141,7 @@ fn set(node: &str, guids: &[u64], key: u32) -> NodeMemberships {
             KeySetting {
                 membership: Membership::Full,
                 name: String::new(),
+                ports: None,
             },
         )]
         .into_iter()

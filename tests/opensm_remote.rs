@@ -101,6 +101,7 @@ fn desired(keys: &[u32]) -> NodeMemberships {
                     KeySetting {
                         membership: Membership::Full,
                         name: "tenant-a".into(),
+                        ports: None,
                     },
                 )
             })

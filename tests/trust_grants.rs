@@ -53,6 +53,7 @@ fn set(
                     pkey: *pkey,
                     full: *full,
                     name: format!("t{pkey:x}"),
+                    port_guids: Vec::new(),
                 })
                 .collect(),
             generation,

@@ -149,6 +149,7 @@ fn set(node: &str, guid: &str, pkey: u32, generation: u64) -> pb::SetNodeMembers
                 pkey,
                 full: true,
                 name: format!("t{pkey:x}"),
+                port_guids: Vec::new(),
             }],
             generation,
             grants: Vec::new(),

@@ -73,6 +73,7 @@ fn node(guids: &[u64], keys: &[(u16, Membership)]) -> NodeMemberships {
                     KeySetting {
                         membership: *m,
                         name: format!("part-{k:x}"),
+                        ports: None,
                     },
                 )
             })

@@ -83,6 +83,7 @@ fn desired() -> NodeMemberships {
             KeySetting {
                 membership: Membership::Full,
                 name: "p".into(),
+                ports: None,
             },
         )]
         .into(),

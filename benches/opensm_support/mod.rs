@@ -96,6 +96,7 @@ pub fn set_of(node: &str, guid: u64, key: Option<PKey>) -> NodeMemberships {
                     KeySetting {
                         membership: Membership::Full,
                         name: format!("t{:x}", k.base()),
+                        ports: None,
                     },
                 )
             })

@@ -200,6 +200,7 @@ pub async fn cycle(
             membership: pb::Membership::Full as i32,
             wait_ms,
             grant: None,
+            ports: Vec::new(),
         })
         .await
         .expect("attach")

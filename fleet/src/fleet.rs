@@ -262,6 +262,8 @@ impl Fleet {
             membership: spec.membership as i32,
             wait_ms: spec.wait_ms,
             grant: Some(signed),
+            // Every fabric port of the node (a whole-node instance).
+            ports: Vec::new(),
         };
         client
             .attach_partition(request)

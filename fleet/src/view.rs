@@ -295,6 +295,7 @@ mod tests {
                     }],
                     ..Default::default()
                 }),
+                ports: Vec::new(),
             })),
         }
     }

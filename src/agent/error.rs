@@ -158,6 +158,59 @@ pub enum Refusal {
         /// That attachment's state.
         state: AttachmentState,
     },
+    /// A port the request names is not on this node.
+    #[error("port {port} is not on this node")]
+    UnknownPort {
+        /// The port as named.
+        port: String,
+    },
+    /// A port the request names is not one of the node's fabric ports.
+    #[error("port {port} is not a fabric port of this node (see [ports] in the configuration)")]
+    NotFabricPort {
+        /// The port as named.
+        port: String,
+    },
+    /// The request names one port twice (perhaps once by device and once by GUID).
+    #[error("port {port} is named twice")]
+    PortNamedTwice {
+        /// The port.
+        port: String,
+    },
+    /// The request names more ports than the node has fabric ports.
+    #[error("{named} ports named, but this node has {fabric} fabric ports")]
+    TooManyPorts {
+        /// Ports named.
+        named: usize,
+        /// Fabric ports of the node.
+        fabric: usize,
+    },
+    /// A named port is covered by a live attachment of another partition: a port carries one
+    /// partition's key at a time, and a new tenant waits for the previous one's RELEASED.
+    #[error(
+        "port {port} is covered by instance {holder} of partition {} ({state}); a port carries \
+         one partition at a time: attach again once {holder} is RELEASED",
+        .partition.as_str()
+    )]
+    PortHeldByOtherPartition {
+        /// The first overlapping port.
+        port: String,
+        /// The instance covering it.
+        holder: InstanceId,
+        /// Its partition.
+        partition: PartitionId,
+        /// Its state.
+        state: AttachmentState,
+    },
+    /// The instance is attached with other ports.
+    #[error("instance {instance} is attached on ports [{attached}], not [{requested}]")]
+    InstancePortsDiffer {
+        /// The instance.
+        instance: InstanceId,
+        /// Its ports.
+        attached: String,
+        /// The ports asked for.
+        requested: String,
+    },
     /// The ports cannot hold another key.
     #[error(
         "this node's fabric ports hold {capacity} partition keys besides the default partition, \

@@ -15,7 +15,7 @@ mod runner;
 mod status;
 mod watch;
 
-pub use admission::AttachRequest;
+pub use admission::{AttachRequest, Covered};
 pub use error::{AgentError, CursorError, Refusal, StreamEnd};
 pub use reconciler_config::ReconcilerConfig;
 pub use status::{NodeView, SmStatus};
@@ -192,15 +192,19 @@ impl Agent {
                 &self.shared.parts.node_id,
                 &self.shared.parts.grants,
             )?;
-            let capacity = self
+            let inventory = self
                 .status()
                 .inventory
-                .as_ref()
-                .map(Inventory::tenant_key_capacity)
+                .clone()
                 .ok_or(AgentError::PortsNotRead)?;
-            match admission::admit(&request, &self.shared.parts.fabric, &attachments, capacity)? {
+            match admission::admit(
+                &request,
+                &self.shared.parts.fabric,
+                &attachments,
+                &inventory,
+            )? {
                 Admission::Existing(a) => (*a, false),
-                Admission::Create => {
+                Admission::Create(covered) => {
                     let now = now_unix_ns();
                     let a = Attachment {
                         instance_id: request.instance_id,
@@ -211,6 +215,8 @@ impl Agent {
                         created_unix_ns: now,
                         updated_unix_ns: now,
                         grant: request.grant,
+                        ports: covered.ports,
+                        named_ports: covered.named,
                     };
                     let event = changed_event(&a, None, "attach requested");
                     // The key will be sent soon: cover it in the ledger now, in the same commit,
@@ -599,5 +605,6 @@ fn changed_event(a: &Attachment, from: Option<AttachmentState>, reason: &str) ->
         to: a.state,
         reason: reason.to_owned(),
         evidence: None,
+        ports: a.ports.clone(),
     }
 }

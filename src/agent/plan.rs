@@ -1,28 +1,36 @@
 //! The reconciler's pure core: given the attachments, the subnet manager's last acknowledgement,
-//! which keys earlier applies may have carried, and what the ports hold, which state changes are
-//! true now. No I/O, no clock.
+//! which keys earlier applies may have carried to which ports, and what the ports hold, which
+//! state changes are true now. No I/O, no clock.
 //!
+//! Every rule is read per covered port: an attachment covers the ports fixed at its admission
+//! (a partial-node attachment) or, for a whole-node one, those plus every fabric port read now.
 //! The truth rules, strictest reading first, because a wrong RELEASED lets the cloud reuse a
 //! node that can still reach another tenant:
-//! - An apply is *acknowledged* only by a positive answer. Any other outcome leaves every key it
-//!   carried *in doubt*: it may have reached the subnet manager.
-//! - PENDING -> PROGRAMMING once an acknowledged apply carried the key with this membership.
+//! - An apply is *acknowledged* only by a positive answer. Any other outcome leaves every
+//!   (port, key) it carried *in doubt*: it may have reached the subnet manager.
+//! - PENDING -> PROGRAMMING once an acknowledged apply gave the key with this membership to
+//!   every covered port present.
 //! - PROGRAMMING / DRIFTED -> ACTIVE once, besides that acknowledgement, a port read that
-//!   started after it shows every fabric port up and holding the exact entry (base and
-//!   membership bit), with at least one fabric port, and the node's posture allows tenant keys
-//!   (no fabric port a full member of the default partition, unless the operator accepted it).
-//! - ACTIVE -> DRIFTED when any fabric port lacks the entry (the runner then re-applies).
-//! - RELEASING -> RELEASED once an acknowledged apply WITHOUT the key was issued after the last
-//!   attempt that carried it, and a port read that started after that acknowledgement shows no
-//!   fabric port holding the key's base with any membership (a DOWN port counts as not holding
-//!   it: the SM reprograms a port before it can go ACTIVE again, and it no longer has the key).
-//! - Nothing changes when the inventory is unknown or holds no fabric port.
+//!   started after it shows every covered port present, ACTIVE (INIT and ARMED pass no
+//!   traffic) and holding the exact entry (base and membership bit), with at least one covered
+//!   port, and the node's posture allows tenant keys (no fabric port a full member of the
+//!   default partition, unless the operator accepted it).
+//! - ACTIVE -> DRIFTED when any covered port lacks the entry, is not ACTIVE or is missing (the
+//!   runner then re-applies).
+//! - RELEASING -> RELEASED once, for every covered port, an acknowledged apply not giving the
+//!   key to that port was issued after the last attempt that carried it there, and a port read
+//!   that started after that acknowledgement shows every covered port present, its state known,
+//!   and none holding the key's base with any membership (a DOWN port counts as not holding
+//!   it: the SM reprograms a port before it can go ACTIVE again).
+//! - A covered port that is missing from the read or in an unknown state blocks both ACTIVE and
+//!   RELEASED; the attachment's reason names it.
+//! - Nothing changes when the inventory is unknown.
 
 use crate::domain::{
-    Attachment, AttachmentState, Evidence, Inventory, KeySetting, LinkLayer, Membership, NodeId,
-    NodeMemberships, PKey, PKeyValue, PortInfo, PortReading,
+    Attachment, AttachmentState, Carried, Evidence, Guid, Inventory, KeySetting, LinkLayer,
+    Membership, NodeId, NodeMemberships, PKey, PKeyValue, PortInfo, PortReading, PortState,
 };
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 /// One state change the plan decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,10 +63,10 @@ pub struct Ack<'a> {
 pub struct Observed<'a> {
     /// The last acknowledged apply since start (None: none yet).
     pub ack: Option<Ack<'a>>,
-    /// For every key an apply may have carried: the generation of the last such attempt
-    /// (acknowledged or not). Keys from before a restart count as carried just before this
-    /// process's first generation.
-    pub carried: &'a BTreeMap<PKey, u64>,
+    /// For every (port, key) an apply may have carried: the generation of the last such
+    /// attempt (acknowledged or not). Keys from before a restart count as carried to every port
+    /// just before this process's first generation.
+    pub carried: &'a Carried,
     /// The latest port inventory with `fabric_port` marked (None: unreadable).
     pub inventory: Option<&'a Inventory>,
     /// Whether that read started after the acknowledgement in `ack`.
@@ -71,22 +79,33 @@ pub struct Observed<'a> {
 }
 
 impl Observed<'_> {
-    /// Whether an acknowledged apply carried `key` with `membership`.
-    fn acked_with(&self, key: PKey, membership: Membership) -> bool {
+    /// Whether an acknowledged apply gave `key` with `membership` to every port in `guids`.
+    fn acked_with(&self, key: PKey, membership: Membership, guids: &[Guid]) -> bool {
         self.ack.is_some_and(|a| {
             a.set
                 .keys
                 .get(&key)
                 .is_some_and(|s| s.membership == membership)
+                && guids.iter().all(|g| a.set.gives(key, *g))
         })
     }
 
-    /// Whether an acknowledged apply without `key` was issued after the last attempt that
-    /// carried it.
+    /// Whether, for every port in `guids`, an acknowledged apply not giving `key` to it was
+    /// issued after the last attempt that carried it there.
+    pub fn acked_without_on(&self, key: PKey, guids: &[Guid]) -> bool {
+        self.ack.is_some_and(|a| {
+            guids.iter().all(|g| {
+                !a.set.gives(key, *g) && self.carried.last(key, *g).is_none_or(|c| c < a.generation)
+            })
+        })
+    }
+
+    /// Whether an acknowledged apply without `key` on any port was issued after the last
+    /// attempt that carried it anywhere (the durable ledger may then forget it).
     pub fn acked_without(&self, key: PKey) -> bool {
         self.ack.is_some_and(|a| {
-            !a.set.keys.contains_key(&key)
-                && self.carried.get(&key).is_none_or(|g| *g < a.generation)
+            a.set.guids_for(key).is_empty()
+                && self.carried.last_any(key).is_none_or(|g| g < a.generation)
         })
     }
 
@@ -106,6 +125,65 @@ impl Observed<'_> {
                 })
                 .collect(),
         })
+    }
+}
+
+/// An attachment's covered ports as one read saw them.
+struct Coverage<'a> {
+    /// Every covered port's GUID.
+    guids: Vec<Guid>,
+    /// The covered ports the read found.
+    present: Vec<&'a PortInfo>,
+    /// Covered ports the read could not judge (missing, or state unknown), named.
+    blocked: Vec<String>,
+}
+
+impl<'a> Coverage<'a> {
+    fn of(a: &Attachment, inventory: Option<&'a Inventory>) -> Coverage<'a> {
+        let guids = a.covered_guids(inventory);
+        let mut present = Vec::new();
+        let mut blocked = Vec::new();
+        for g in &guids {
+            match inventory.and_then(|i| i.port(*g)) {
+                Some(p) if p.state != PortState::Unknown => present.push(p),
+                Some(_) => blocked.push(format!(
+                    "{} is in an unknown state",
+                    a.port_label(*g, inventory)
+                )),
+                None => blocked.push(format!(
+                    "{} is missing from the port read",
+                    a.port_label(*g, inventory)
+                )),
+            }
+        }
+        Coverage {
+            guids,
+            present,
+            blocked,
+        }
+    }
+
+    /// Present, known GUIDs (those an apply can reach now).
+    fn present_guids(&self) -> Vec<Guid> {
+        self.present.iter().map(|p| p.port_guid).collect()
+    }
+
+    fn all_hold(&self, value: PKeyValue) -> bool {
+        self.blocked.is_empty()
+            && !self.present.is_empty()
+            && self
+                .present
+                .iter()
+                .all(|p| p.state.is_up() && p.holds(value))
+    }
+
+    fn none_hold(&self, base: u16) -> bool {
+        self.blocked.is_empty()
+            && !self.guids.is_empty()
+            && self
+                .present
+                .iter()
+                .all(|p| !p.state.table_counts() || !p.holds_base(base))
     }
 }
 
@@ -134,44 +212,44 @@ type Step = (AttachmentState, String, Option<Evidence>);
 fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Option<Step> {
     let value = a.pkey_value();
     let key = a.partition.pkey;
-    let ports = observed.inventory.map(fabric_ports).unwrap_or_default();
-    let fresh = observed.read_after_ack && !ports.is_empty();
-    let all_hold = !ports.is_empty()
-        && ports
-            .iter()
-            .all(|p| p.state.table_counts() && p.holds(value));
-    let none_hold = !ports.is_empty()
-        && ports
-            .iter()
-            .all(|p| !p.state.table_counts() || !p.holds_base(value.base()));
+    let inventory = observed.inventory?;
+    let cover = Coverage::of(a, Some(inventory));
+    let fresh = observed.read_after_ack;
     use AttachmentState::*;
     match state {
-        Pending if observed.acked_with(key, a.membership) => Some((
+        Pending if observed.acked_with(key, a.membership, &cover.present_guids()) => Some((
             Programming,
             "subnet manager acknowledged the key".into(),
             None,
         )),
         Programming | Drifted
-            if observed.acked_with(key, a.membership)
+            if observed.acked_with(key, a.membership, &cover.guids)
                 && fresh
-                && all_hold
+                && cover.all_hold(value)
                 && observed.posture_ok =>
         {
             Some((
                 Active,
-                format!("every fabric port holds {value}"),
-                observed.evidence(&ports),
+                format!("every covered port holds {value}"),
+                observed.evidence(&cover.present),
             ))
         }
-        Active if !ports.is_empty() && !all_hold => Some((Drifted, missing(&ports, value), None)),
-        Releasing if observed.acked_without(key) && fresh && none_hold => Some((
-            Released,
-            format!(
-                "subnet manager acknowledged a set without {:#06x}; no fabric port holds it",
-                value.base()
-            ),
-            observed.evidence(&ports),
-        )),
+        Active if !cover.all_hold(value) => Some((Drifted, missing(&cover, value), None)),
+        Releasing
+            if observed.acked_without_on(key, &cover.guids)
+                && fresh
+                && cover.none_hold(value.base()) =>
+        {
+            Some((
+                Released,
+                format!(
+                    "subnet manager acknowledged a set without {:#06x} on the covered ports; no \
+                     covered port holds it",
+                    value.base()
+                ),
+                observed.evidence(&cover.present),
+            ))
+        }
         _ => None,
     }
 }
@@ -179,32 +257,91 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
 /// Why an attachment that is waiting has not moved, when the reason lies with the node rather
 /// than with an unreachable subnet manager (that error is shown instead). None when there is
 /// nothing to say.
-pub fn waiting_reason(a: &Attachment, observed: Observed<'_>) -> Option<String> {
+/// `others` are the node's other attachments (an instance of the same partition on a covered
+/// port keeps the key there).
+pub fn waiting_reason(
+    a: &Attachment,
+    others: &[Attachment],
+    observed: Observed<'_>,
+) -> Option<String> {
     let key = a.partition.pkey;
+    let cover = Coverage::of(a, observed.inventory);
+    let waiting = matches!(
+        a.state,
+        AttachmentState::Programming
+            | AttachmentState::Drifted
+            | AttachmentState::Releasing
+            | AttachmentState::Pending
+    );
+    if waiting && observed.inventory.is_some() && !cover.blocked.is_empty() {
+        let verb = if a.state == AttachmentState::Releasing {
+            "RELEASED"
+        } else {
+            "ACTIVE"
+        };
+        return Some(format!(
+            "covered port {}: no {verb} until every covered port is read",
+            cover.blocked.join("; ")
+        ));
+    }
+    // Ports another instance of this partition still covers keep the key.
+    let shared: Vec<String> = cover
+        .guids
+        .iter()
+        .filter(|g| {
+            others.iter().any(|o| {
+                o.instance_id != a.instance_id
+                    && o.partition.pkey == key
+                    && o.state.wants_key()
+                    && o.covered_guids(observed.inventory).contains(g)
+            })
+        })
+        .map(|g| a.port_label(*g, observed.inventory))
+        .collect();
     match a.state {
-        AttachmentState::Releasing if !observed.acked_without(key) => Some(format!(
-            "{:#06x} in doubt: waiting for the subnet manager to acknowledge a set without it",
-            key.base()
+        AttachmentState::Releasing if !shared.is_empty() => Some(format!(
+            "{:#06x} stays on {}: another instance of partition {} still covers it",
+            key.base(),
+            shared.join(", "),
+            a.partition.id.as_str()
         )),
+        AttachmentState::Releasing if !observed.acked_without_on(key, &cover.guids) => {
+            Some(format!(
+                "{:#06x} in doubt: waiting for the subnet manager to acknowledge a set without it",
+                key.base()
+            ))
+        }
         AttachmentState::Programming | AttachmentState::Drifted if !observed.posture_ok => Some(
             "a fabric port is a full member of the default partition (0xffff): tenant keys are \
              not reported ACTIVE until allow_full_default = true"
                 .into(),
         ),
+        AttachmentState::Programming | AttachmentState::Drifted => {
+            let down: Vec<String> = cover
+                .present
+                .iter()
+                .filter(|p| !p.state.is_up())
+                .map(|p| format!("{}/{} is {:?}", p.device, p.port_number, p.state))
+                .collect();
+            (!down.is_empty()).then(|| {
+                format!(
+                    "covered port {}: no ACTIVE until every covered port is ACTIVE",
+                    down.join("; ")
+                )
+            })
+        }
         _ => None,
     }
 }
 
-fn fabric_ports(inventory: &Inventory) -> Vec<&PortInfo> {
-    inventory.fabric_ports().collect()
-}
-
-fn missing(ports: &[&PortInfo], value: PKeyValue) -> String {
-    let lacking: Vec<String> = ports
+fn missing(cover: &Coverage<'_>, value: PKeyValue) -> String {
+    let mut lacking: Vec<String> = cover
+        .present
         .iter()
-        .filter(|p| !(p.state.table_counts() && p.holds(value)))
+        .filter(|p| !(p.state.is_up() && p.holds(value)))
         .map(|p| format!("{}/{}", p.device, p.port_number))
         .collect();
+    lacking.extend(cover.blocked.iter().cloned());
     format!("{value} missing on {}", lacking.join(", "))
 }
 
@@ -223,10 +360,13 @@ pub fn full_default_ports(inventory: &Inventory) -> Vec<String> {
         .collect()
 }
 
-/// The node's desired memberships: every key an attachment in a key-wanting state asks for.
+/// The node's desired memberships: every key an attachment in a key-wanting state asks for,
+/// given to the covered ports among `port_guids` (the fabric ports read now). A key none of
+/// whose covered ports is present is left out: no port could take it.
 pub fn desired(
     node_id: &NodeId,
-    port_guids: Vec<crate::domain::Guid>,
+    port_guids: Vec<Guid>,
+    inventory: Option<&Inventory>,
     attachments: &[Attachment],
 ) -> NodeMemberships {
     let mut set = NodeMemberships {
@@ -235,13 +375,23 @@ pub fn desired(
         keys: Default::default(),
     };
     for a in attachments.iter().filter(|a| a.state.wants_key()) {
+        let ports: BTreeSet<Guid> = a
+            .covered_guids(inventory)
+            .into_iter()
+            .filter(|g| set.port_guids.contains(g))
+            .collect();
+        if ports.is_empty() {
+            continue;
+        }
         let entry = set
             .keys
             .entry(a.partition.pkey)
             .or_insert_with(|| KeySetting {
                 membership: a.membership,
                 name: a.partition.name.clone(),
+                ports: Some(BTreeSet::new()),
             });
+        entry.ports.get_or_insert_with(BTreeSet::new).extend(ports);
         // Two instances of one partition on a node: full wins, so neither loses reachability.
         if a.membership == Membership::Full {
             entry.membership = Membership::Full;

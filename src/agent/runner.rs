@@ -13,8 +13,8 @@ use super::metrics::Timed;
 use super::plan::{self, Ack, Observed};
 use super::{changed_event, now_unix_ns, ports, Agent};
 use crate::domain::{
-    Attachment, AttachmentState, ConditionKind, EventKind, Guid, Inventory, NodeMemberships, PKey,
-    PKeyValue,
+    Attachment, AttachmentState, Carried, ConditionKind, EventKind, Guid, Inventory,
+    NodeMemberships, PKey, PKeyValue,
 };
 use crate::sm::{SmError, SmFailure};
 use crate::store::Batch;
@@ -51,8 +51,8 @@ struct Reading {
 struct Loop {
     agent: Agent,
     ack: Option<AckRecord>,
-    /// Key -> generation of the last apply attempt that carried it.
-    carried: BTreeMap<PKey, u64>,
+    /// (Port, key) -> generation of the last apply attempt that carried it.
+    carried: Carried,
     next_generation: u64,
     /// An apply since the last acknowledgement got no positive answer.
     unacked: bool,
@@ -84,7 +84,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     let mut l = Loop {
         agent,
         ack: None,
-        carried: ledger.keys.iter().map(|k| (*k, before)).collect(),
+        carried: Carried::from_ledger(&ledger, before),
         next_generation: before.saturating_add(1),
         unacked: false,
         // Confirm the desired set with the SM once after every start.
@@ -202,7 +202,12 @@ impl Loop {
             .as_ref()
             .map(|i| i.fabric_ports().map(|p| p.port_guid).collect())
             .unwrap_or_default();
-        let desired = plan::desired(&self.agent.shared.parts.node_id, guids, &attachments);
+        let desired = plan::desired(
+            &self.agent.shared.parts.node_id,
+            guids,
+            reading.inventory.as_ref(),
+            &attachments,
+        );
         let mut again = false;
         let needed =
             self.force_apply || self.unacked || self.ack.as_ref().map(|a| &a.set) != Some(&desired);
@@ -303,9 +308,7 @@ impl Loop {
                 })?;
             }
         }
-        for key in desired.keys.keys() {
-            self.carried.insert(*key, generation);
-        }
+        self.carried.record(&desired, generation);
         // Until a positive answer, everything this apply carried is in doubt.
         self.unacked = true;
         let sm = self.agent.shared.parts.sm.clone();
@@ -426,19 +429,14 @@ impl Loop {
     /// Keys in doubt: carried by an attempt with no acknowledgement since.
     fn in_doubt(&self) -> Vec<PKey> {
         let acked = self.ack.as_ref().map_or(0, |a| a.generation);
-        self.carried
-            .iter()
-            .filter(|(_, g)| **g > acked)
-            .map(|(k, _)| *k)
-            .collect()
+        self.carried.in_doubt(acked)
     }
 
     /// Drops keys an acknowledged apply removed from the in-memory record (the durable ledger
     /// drops them in `commit`).
     fn forget_released_keys(&mut self) {
         if let Some(ack) = &self.ack {
-            self.carried
-                .retain(|k, g| ack.set.keys.contains_key(k) || *g >= ack.generation);
+            self.carried.forget_settled(&ack.set, ack.generation);
         }
         self.agent.status().sm.in_doubt = self.in_doubt();
     }
@@ -616,7 +614,7 @@ impl Loop {
             let reason = self
                 .sm_error
                 .clone()
-                .or_else(|| plan::waiting_reason(a, observed))
+                .or_else(|| plan::waiting_reason(a, snapshot, observed))
                 .unwrap_or_default();
             if a.reason == reason {
                 continue;

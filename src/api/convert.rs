@@ -4,8 +4,8 @@ use crate::agent::{
     AgentError, AttachRequest, CursorError, ListFilter, NodeView, Refusal, SmStatus,
 };
 use crate::domain::{
-    Attachment, AttachmentState, Condition, DomainError, Event, EventKind, Evidence, InstanceId,
-    LinkLayer, Membership, Partition, PortInfo, PortState,
+    Attachment, AttachmentPort, AttachmentState, Condition, DomainError, Event, EventKind,
+    Evidence, Guid, InstanceId, LinkLayer, Membership, Partition, PortInfo, PortName, PortState,
 };
 use crate::proto::agent as pb;
 use std::time::Duration;
@@ -40,6 +40,12 @@ pub fn reason(e: &AgentError) -> &'static str {
             Refusal::MembershipConflict { .. } => "MEMBERSHIP_CONFLICT",
             Refusal::KeyHeldByOtherPartition { .. } => "KEY_HELD_BY_OTHER_PARTITION",
             Refusal::TableFull { .. } => "TABLE_FULL",
+            Refusal::UnknownPort { .. } => "UNKNOWN_PORT",
+            Refusal::NotFabricPort { .. } => "NOT_FABRIC_PORT",
+            Refusal::PortNamedTwice { .. } => "PORT_NAMED_TWICE",
+            Refusal::TooManyPorts { .. } => "TOO_MANY_PORTS",
+            Refusal::PortHeldByOtherPartition { .. } => "PORT_HELD_BY_OTHER_PARTITION",
+            Refusal::InstancePortsDiffer { .. } => "INSTANCE_PORTS_DIFFER",
             Refusal::GrantRequired => "GRANT_REQUIRED",
             Refusal::Grant(_) => "GRANT_REFUSED",
         },
@@ -78,8 +84,13 @@ fn refusal_code(r: &Refusal) -> Code {
         | Refusal::InstanceReleased { .. }
         | Refusal::InstanceInOtherPartition { .. }
         | Refusal::MembershipConflict { .. }
-        | Refusal::KeyHeldByOtherPartition { .. } => Code::FailedPrecondition,
-        Refusal::InstanceKeyDiffers { .. }
+        | Refusal::KeyHeldByOtherPartition { .. }
+        | Refusal::UnknownPort { .. }
+        | Refusal::NotFabricPort { .. }
+        | Refusal::PortHeldByOtherPartition { .. } => Code::FailedPrecondition,
+        Refusal::PortNamedTwice { .. } | Refusal::TooManyPorts { .. } => Code::InvalidArgument,
+        Refusal::InstancePortsDiffer { .. }
+        | Refusal::InstanceKeyDiffers { .. }
         | Refusal::InstanceMembershipDiffers { .. }
         | Refusal::PartitionKeyDiffers { .. } => Code::AlreadyExists,
         Refusal::TableFull { .. } => Code::ResourceExhausted,
@@ -104,6 +115,14 @@ pub fn attach_request(
         Ok(pb::Membership::Limited) => Membership::Limited,
         Err(_) => return Err(invalid("membership", "unknown value")),
     };
+    if r.ports.len() > MAX_NAMED_PORTS {
+        return Err(invalid("ports", "at most 64 ports"));
+    }
+    let ports = r
+        .ports
+        .iter()
+        .map(port_name)
+        .collect::<Result<Vec<_>, _>>()?;
     let grant = r
         .grant
         .as_ref()
@@ -116,9 +135,62 @@ pub fn attach_request(
             partition,
             membership,
             grant,
+            ports,
         },
         wait(r.wait_ms)?,
     ))
+}
+
+/// Most ports one attach may name.
+const MAX_NAMED_PORTS: usize = 64;
+
+/// A port name: a GUID alone, or a device with a port number 1-255.
+fn port_name(p: &pb::PortName) -> Result<PortName, AgentError> {
+    match (p.device.is_empty(), p.port_guid.is_empty()) {
+        (true, false) if p.port_number == 0 => {
+            let g: Guid = p
+                .port_guid
+                .parse()
+                .map_err(|_| invalid("ports", &format!("{:?} is not a port GUID", p.port_guid)))?;
+            if g.0 == 0 {
+                return Err(invalid("ports", "port GUID 0 is not a port"));
+            }
+            Ok(PortName::Guid(g))
+        }
+        (false, true) => {
+            let port_number = u8::try_from(p.port_number)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    invalid(
+                        "ports",
+                        &format!("{}: port number {} is not 1-255", p.device, p.port_number),
+                    )
+                })?;
+            if p.device.len() > 64 || !p.device.bytes().all(|b| b.is_ascii_graphic() && b != b'/') {
+                return Err(invalid(
+                    "ports",
+                    &format!("{:?} is not a device name", p.device),
+                ));
+            }
+            Ok(PortName::Device {
+                device: p.device.clone(),
+                port_number,
+            })
+        }
+        _ => Err(invalid(
+            "ports",
+            "name a port by port_guid alone, or by device with port_number",
+        )),
+    }
+}
+
+fn attachment_port_to_pb(p: &AttachmentPort) -> pb::AttachmentPort {
+    pb::AttachmentPort {
+        device: p.device.clone(),
+        port_number: u32::from(p.port_number),
+        port_guid: p.port_guid.to_string(),
+    }
 }
 
 /// Validates a wait in milliseconds (at most 600,000).
@@ -317,6 +389,8 @@ pub fn attachment_to_pb(a: &Attachment) -> pb::Attachment {
         created: Some(timestamp(a.created_unix_ns)),
         updated: Some(timestamp(a.updated_unix_ns)),
         pkey_value: u32::from(a.pkey_value().0),
+        ports: a.ports.iter().map(attachment_port_to_pb).collect(),
+        named_ports: a.named_ports,
     }
 }
 
@@ -426,6 +500,7 @@ pub fn event_to_pb(e: &Event, node_id: &str, log_epoch: &str) -> pb::Event {
             to,
             reason,
             evidence,
+            ports,
         } => Kind::AttachmentChanged(pb::AttachmentChanged {
             instance_id: instance_id.clone(),
             partition_id: partition_id.clone(),
@@ -434,6 +509,7 @@ pub fn event_to_pb(e: &Event, node_id: &str, log_epoch: &str) -> pb::Event {
             to: state_to_pb(*to) as i32,
             reason: reason.clone(),
             evidence: evidence.as_ref().map(evidence_to_pb),
+            ports: ports.iter().map(attachment_port_to_pb).collect(),
         }),
         EventKind::PKeyTableChanged {
             device,
@@ -570,6 +646,7 @@ mod tests {
             membership: 0,
             wait_ms: None,
             grant: None,
+            ports: Vec::new(),
         }
     }
 

@@ -28,6 +28,7 @@ pub fn memberships_to_proto(desired: &NodeMemberships, generation: u64) -> pb::N
                 pkey: u32::from(k.base()),
                 full: s.membership == Membership::Full,
                 name: s.name.clone(),
+                port_guids: s.ports.iter().flatten().map(ToString::to_string).collect(),
             })
             .collect(),
         generation,
@@ -73,6 +74,16 @@ pub fn memberships_from_proto(m: pb::NodeMemberships) -> Result<(NodeMemberships
                 Membership::Limited
             },
             name: k.name,
+            ports: if k.port_guids.is_empty() {
+                None
+            } else {
+                Some(
+                    k.port_guids
+                        .iter()
+                        .map(|g| parse_guid(g))
+                        .collect::<Result<_, _>>()?,
+                )
+            },
         };
         if keys.insert(key, setting).is_some() {
             return Err(Status::invalid_argument(format!("key {key} listed twice")));
@@ -300,6 +311,7 @@ mod tests {
             pkey,
             full,
             name: name.into(),
+            port_guids: Vec::new(),
         }
     }
 
@@ -315,6 +327,25 @@ mod tests {
         let mut r = request(vec![key(0x12, true, "")], vec!["0x0000000000000001"]);
         r.generation = MAX_GENERATION;
         assert_eq!(memberships_from_proto(r).unwrap().1, MAX_GENERATION);
+    }
+
+    #[test]
+    fn a_keys_own_ports_cross_the_wire_and_must_be_the_sets() {
+        let (a, b) = ("0x0000000000000001", "0x0000000000000002");
+        let mut k = key(0x0a12, true, "t1");
+        k.port_guids = vec![b.into()];
+        let (m, _) = memberships_from_proto(request(vec![k.clone()], vec![a, b])).unwrap();
+        let pkey = PKey::new(0x0a12).unwrap();
+        assert_eq!(m.guids_for(pkey), vec![Guid(2)]);
+        let back = memberships_to_proto(&m, 3);
+        assert_eq!(back.keys[0].port_guids, vec![b.to_owned()]);
+        // A key without ports goes to every port of the set (as before the field existed).
+        let (all, _) =
+            memberships_from_proto(request(vec![key(0x0a12, true, "")], vec![a, b])).unwrap();
+        assert_eq!(all.guids_for(pkey), vec![Guid(1), Guid(2)]);
+        // A key's port outside the set's ports is refused.
+        let err = memberships_from_proto(request(vec![k], vec![a])).unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
     }
 
     #[test]

@@ -44,6 +44,34 @@ pub struct AttachArgs {
     /// sign` prints, or @FILE holding it.
     #[arg(long)]
     pub grant: Option<String>,
+    /// A port of the instance (repeat for each): DEVICE/PORT (`mlx5_0/1`) or a port GUID
+    /// (`0x0002c903000e0b72`). None: every fabric port of the node.
+    #[arg(long = "port", value_parser = parse_port)]
+    pub ports: Vec<PortArg>,
+}
+
+/// A port as `attach --port` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortArg {
+    /// `mlx5_0/1`.
+    Device(String, u32),
+    /// A port GUID, passed on as written.
+    Guid(String),
+}
+
+fn parse_port(s: &str) -> Result<PortArg, String> {
+    if let Some((device, port)) = s.rsplit_once('/') {
+        let n: u32 = port
+            .parse()
+            .map_err(|_| format!("{s:?}: the port number after '/' must be 1-255"))?;
+        if device.is_empty() || !(1..=255).contains(&n) {
+            return Err(format!("{s:?} is not DEVICE/PORT (e.g. mlx5_0/1)"));
+        }
+        return Ok(PortArg::Device(device.to_owned(), n));
+    }
+    s.parse::<crate::domain::Guid>()
+        .map_err(|_| format!("{s:?} is neither DEVICE/PORT (mlx5_0/1) nor a port GUID"))?;
+    Ok(PortArg::Guid(s.to_owned()))
 }
 
 /// `release` arguments.

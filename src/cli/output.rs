@@ -303,7 +303,29 @@ fn attachment_json(a: &pb::Attachment) -> Value {
         "membership": membership_name(a.membership),
         "partition": {"id": p.id, "name": p.name, "workspace": p.workspace, "account": p.account, "fabric": p.fabric, "pkey": format!("{:#06x}", p.pkey)},
         "created": time(&a.created), "updated": time(&a.updated),
+        "ports": ports_json(&a.ports), "named_ports": a.named_ports,
     })
+}
+
+fn ports_json(ports: &[pb::AttachmentPort]) -> Value {
+    Value::Array(
+        ports
+            .iter()
+            .map(|p| json!({"device": p.device, "port": p.port_number, "port_guid": p.port_guid}))
+            .collect(),
+    )
+}
+
+/// An attachment's ports for the table: `all` for a whole-node attachment, else `dev/port,...`.
+fn ports_cell(a: &pb::Attachment) -> String {
+    if !a.named_ports {
+        return "all".into();
+    }
+    a.ports
+        .iter()
+        .map(|p| format!("{}/{}", p.device, p.port_number))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Prints attachments: a table, or (JSON) one array of attachment objects.
@@ -342,8 +364,20 @@ fn attachment_table(list: &[pb::Attachment], wide: bool) {
     let name_w = width(&|a| part(a).name, 4);
     let workspace_w = width(&|a| part(a).workspace, 9);
     let account_w = width(&|a| part(a).account, 7);
+    // The PORTS column appears only when an attachment named its ports (partial-node
+    // deployments); whole-node listings keep their shape.
+    let ports_w = if list.iter().any(|a| a.named_ports) {
+        width(&ports_cell, 5)
+    } else {
+        0
+    };
+    let ports_head = if ports_w > 0 {
+        format!("{:<ports_w$}  ", "PORTS")
+    } else {
+        String::new()
+    };
     let mut head = format!(
-        "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  ",
+        "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {ports_head}",
         "INSTANCE", "PARTITION", "P_KEY", "MEMBERSHIP", "STATE"
     );
     if wide {
@@ -357,12 +391,17 @@ fn attachment_table(list: &[pb::Attachment], wide: bool) {
     for a in list {
         let p = part(a);
         let mut row = format!(
-            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  ",
+            "{:<instance_w$}  {:<partition_w$}  {:<6}  {:<10}  {:<11}  {}",
             a.instance_id,
             p.id,
             format!("{:#06x}", a.pkey_value),
             membership_name(a.membership),
             state_name(a.state),
+            if ports_w > 0 {
+                format!("{:<ports_w$}  ", ports_cell(a))
+            } else {
+                String::new()
+            },
         );
         if wide {
             row.push_str(&format!(
@@ -439,6 +478,9 @@ fn suffix(prefix: &str, text: &str) -> String {
 fn attachment_changed(a: &pb::AttachmentChanged) -> (&'static str, Value, String) {
     let mut detail = json!({"instance_id": a.instance_id, "partition_id": a.partition_id,
         "pkey_value": format!("{:#06x}", a.pkey_value), "to": state_name(a.to), "reason": a.reason});
+    if !a.ports.is_empty() {
+        detail["ports"] = ports_json(&a.ports);
+    }
     // The first event of an attachment has no previous state: no `from` at all.
     let from = (a.from != pb::AttachmentState::Unspecified as i32).then(|| state_name(a.from));
     if let Some(from) = from {

@@ -83,6 +83,21 @@ async fn attach(c: &mut AgentClient, a: AttachArgs, format: Format) -> Result<Ou
             } as i32,
             wait_ms: a.wait.map(wait_ms),
             grant,
+            ports: a
+                .ports
+                .iter()
+                .map(|p| match p {
+                    super::commands::PortArg::Device(device, port_number) => pb::PortName {
+                        device: device.clone(),
+                        port_number: *port_number,
+                        port_guid: String::new(),
+                    },
+                    super::commands::PortArg::Guid(g) => pb::PortName {
+                        port_guid: g.clone(),
+                        ..Default::default()
+                    },
+                })
+                .collect(),
         })
         .await?;
     Ok(answered(

@@ -1,4 +1,7 @@
-use super::{validate_label, DomainError, LabelRules, Membership, PKeyValue, Partition};
+use super::{
+    validate_label, AttachmentPort, DomainError, Guid, Inventory, LabelRules, Membership,
+    PKeyValue, Partition,
+};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -119,11 +122,45 @@ pub struct Attachment {
     /// the fabric side (absent in records stored before grants existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<super::SignedGrant>,
+    /// The ports this attachment covers, fixed at admission (empty in records stored before
+    /// ports were named: those cover every fabric port the node reads).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<AttachmentPort>,
+    /// Whether the request named its ports (a partial-node attachment). False: the whole node,
+    /// and a fabric port that appears later joins the attachment too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub named_ports: bool,
 }
 
 impl Attachment {
     /// The 16-bit table entry this attachment puts on the ports.
     pub fn pkey_value(&self) -> PKeyValue {
         self.partition.pkey.value(self.membership)
+    }
+
+    /// The GUIDs of the ports this attachment covers now: the ports fixed at admission, plus,
+    /// for a whole-node attachment, every fabric port of `inventory` (a port that appeared
+    /// later joins whole-node attachments only).
+    pub fn covered_guids(&self, inventory: Option<&Inventory>) -> Vec<Guid> {
+        let mut out: Vec<Guid> = self.ports.iter().map(|p| p.port_guid).collect();
+        if !self.named_ports {
+            if let Some(inv) = inventory {
+                out.extend(inv.fabric_ports().map(|p| p.port_guid));
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// How a covered port is named in reasons: as fixed at admission, else as read now.
+    pub fn port_label(&self, guid: Guid, inventory: Option<&Inventory>) -> String {
+        if let Some(p) = self.ports.iter().find(|p| p.port_guid == guid) {
+            return p.to_string();
+        }
+        match inventory.and_then(|i| i.port(guid)) {
+            Some(p) => AttachmentPort::of(p).to_string(),
+            None => guid.to_string(),
+        }
     }
 }

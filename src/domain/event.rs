@@ -1,4 +1,4 @@
-use super::{AttachmentState, ConditionKind, Guid, PKeyValue, PortState};
+use super::{AttachmentPort, AttachmentState, ConditionKind, Guid, PKeyValue, PortState};
 use serde::{Deserialize, Serialize};
 
 /// One entry of the node's durable, ordered event log.
@@ -34,6 +34,10 @@ pub enum EventKind {
         /// claim rests on.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         evidence: Option<Evidence>,
+        /// The ports the attachment covers, as fixed at admission (empty in events recorded
+        /// before attachments named their ports).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ports: Vec<AttachmentPort>,
     },
     /// A port's P_Key table changed.
     PKeyTableChanged {

@@ -24,9 +24,9 @@ pub use grant::{
 };
 pub use guid::Guid;
 pub use ident::{validate_label, LabelRules};
-pub use ledger::ApplyLedger;
+pub use ledger::{ApplyLedger, Carried};
 pub use membership::{KeySetting, Membership, NodeMemberships};
 pub use node::{is_safe_key_name, NodeId, KEY_NAME_MAX};
 pub use partition::{FabricName, Partition, PartitionId};
 pub use pkey::{PKey, PKeyValue};
-pub use port::{Inventory, LinkLayer, PortInfo, PortSelector, PortState};
+pub use port::{AttachmentPort, Inventory, LinkLayer, PortInfo, PortName, PortSelector, PortState};

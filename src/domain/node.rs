@@ -102,6 +102,17 @@ impl NodeMemberships {
             }
         }
         for (key, s) in &self.keys {
+            if let Some(g) = s
+                .ports
+                .iter()
+                .flatten()
+                .find(|g| !self.port_guids.contains(g))
+            {
+                return Err(DomainError::invalid(
+                    "keys",
+                    format!("key {key}: port {g} is not one of the set's port_guids"),
+                ));
+            }
             if !s.name.is_empty() && !is_safe_key_name(&s.name) {
                 return Err(DomainError::invalid(
                     "keys",
@@ -130,6 +141,7 @@ mod tests {
                 KeySetting {
                     membership: Membership::Full,
                     name: name.into(),
+                    ports: None,
                 },
             )]
             .into(),
@@ -171,6 +183,19 @@ mod tests {
         assert_eq!(field(set(&many, "")), "port_guids");
         assert_eq!(field(set(&[1], "bad name")), "keys");
         assert_eq!(field(set(&[1], &"n".repeat(32))), "keys");
+        let mut outside = set(&[1, 2], "t1");
+        let only = |s: &mut NodeMemberships, g: &[u64]| {
+            for k in s.keys.values_mut() {
+                k.ports = Some(g.iter().map(|g| Guid(*g)).collect());
+            }
+        };
+        only(&mut outside, &[2]);
+        assert_eq!(outside.validate(), Ok(()));
+        let key = PKey::new(0x10).unwrap();
+        assert_eq!(outside.guids_for(key), vec![Guid(2)]);
+        assert!(outside.gives(key, Guid(2)) && !outside.gives(key, Guid(1)));
+        only(&mut outside, &[3]);
+        assert_eq!(field(outside), "keys");
     }
 
     #[test]

@@ -50,6 +50,12 @@ impl PortState {
     pub fn table_counts(self) -> bool {
         !matches!(self, PortState::Down | PortState::Unknown)
     }
+
+    /// Whether the link carries data (ACTIVE or ACTIVE_DEFER): INIT and ARMED ports hold a
+    /// table but pass no tenant traffic yet, so they never make an attachment ACTIVE.
+    pub fn is_up(self) -> bool {
+        matches!(self, PortState::Active | PortState::ActiveDefer)
+    }
 }
 
 /// A port's link layer.
@@ -115,6 +121,11 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// The port with this GUID, fabric port or not.
+    pub fn port(&self, guid: Guid) -> Option<&PortInfo> {
+        self.ports.iter().find(|p| p.port_guid == guid)
+    }
+
     /// Ports that belong to the node's fabric.
     pub fn fabric_ports(&self) -> impl Iterator<Item = &PortInfo> {
         self.ports.iter().filter(|p| p.fabric_port)
@@ -127,6 +138,77 @@ impl Inventory {
             .map(|p| p.pkeys.len().saturating_sub(1))
             .min()
             .unwrap_or(0)
+    }
+}
+
+/// A port as an attach request names it: a device and port number, or a port GUID.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PortName {
+    /// `mlx5_0` port 1.
+    Device {
+        /// Device name.
+        device: String,
+        /// 1-based port number.
+        port_number: u8,
+    },
+    /// A port GUID.
+    Guid(Guid),
+}
+
+impl std::fmt::Display for PortName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortName::Device {
+                device,
+                port_number,
+            } => write!(f, "{device}/{port_number}"),
+            PortName::Guid(g) => write!(f, "{g}"),
+        }
+    }
+}
+
+impl PortName {
+    /// Whether this name denotes `port`.
+    pub fn names(&self, port: &PortInfo) -> bool {
+        match self {
+            PortName::Device {
+                device,
+                port_number,
+            } => port.device == *device && port.port_number == *port_number,
+            PortName::Guid(g) => port.port_guid == *g,
+        }
+    }
+}
+
+/// One port an attachment covers, fixed when the attachment is admitted.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AttachmentPort {
+    /// Device name at admission.
+    pub device: String,
+    /// 1-based port number.
+    pub port_number: u8,
+    /// Port GUID (what identifies the port from then on).
+    pub port_guid: Guid,
+}
+
+impl AttachmentPort {
+    /// The port as an inventory entry describes it.
+    pub fn of(p: &PortInfo) -> AttachmentPort {
+        AttachmentPort {
+            device: p.device.clone(),
+            port_number: p.port_number,
+            port_guid: p.port_guid,
+        }
+    }
+}
+
+impl std::fmt::Display for AttachmentPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} ({})",
+            self.device, self.port_number, self.port_guid
+        )
     }
 }
 

@@ -122,11 +122,20 @@ fn read_port(
     dir: &Path,
 ) -> Result<PortInfo, ObserveError> {
     let pkeys_dir = dir.join("pkeys");
-    // The kernel creates `pkeys` only for ports with a P_Key table (not iWARP): no directory
-    // is an empty table.
+    let link_layer = parse_file(&dir.join("link_layer"), parse_link_layer)?;
+    let mut state = parse_file(&dir.join("state"), parse_state)?;
+    // The kernel creates `pkeys` only for ports with a P_Key table (not iWARP): there, no
+    // directory is an empty table. An InfiniBand port always has one, so a missing directory
+    // (a device being reset or re-registered) is a table that could not be read, never an
+    // empty one: the port's state is reported unknown, which blocks ACTIVE and RELEASED for
+    // every attachment covering it.
     let mut indexes = if pkeys_dir.exists() {
         numbered_entries(&pkeys_dir)?
     } else {
+        if link_layer == LinkLayer::Infiniband {
+            tracing::warn!(dir = %pkeys_dir.display(), "InfiniBand port without a pkeys directory: its table is unreadable");
+            state = PortState::Unknown;
+        }
         Vec::new()
     };
     indexes.sort_unstable();
@@ -150,8 +159,8 @@ fn read_port(
         node_guid,
         lid: parse_file(&dir.join("lid"), parse_hex_u16)?,
         sm_lid: parse_file(&dir.join("sm_lid"), parse_hex_u16)?,
-        state: parse_file(&dir.join("state"), parse_state)?,
-        link_layer: parse_file(&dir.join("link_layer"), parse_link_layer)?,
+        state,
+        link_layer,
         pkeys,
         fabric_port: false,
     })

@@ -14,7 +14,7 @@
 //! above every one it sent before (its apply ledger reserves them).
 
 use super::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
-use crate::domain::{Membership, NodeMemberships, PKeyValue};
+use crate::domain::{Guid, Membership, NodeMemberships, PKeyValue};
 use crate::sim::SimFabric;
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -111,38 +111,38 @@ pub struct EmbeddedSm {
 #[derive(Default)]
 struct Fence {
     /// The highest generation accepted, and its keys.
-    accepted: Option<(u64, Vec<PKeyValue>)>,
+    accepted: Option<(u64, NodeMemberships)>,
     /// The highest generation programmed onto the tables.
     landed: u64,
 }
 
 impl Fence {
-    /// Accepts `keys` at `generation`, or refuses an older generation (or the same one with
-    /// other keys).
-    fn accept(&mut self, generation: u64, keys: &[PKeyValue]) -> Result<(), SmError> {
+    /// Accepts `set` at `generation`, or refuses an older generation (or the same one with
+    /// another set).
+    fn accept(&mut self, generation: u64, set: &NodeMemberships) -> Result<(), SmError> {
         if let Some((stored, held)) = &self.accepted {
-            if generation < *stored || (generation == *stored && held != keys) {
+            if generation < *stored || (generation == *stored && held != set) {
                 return Err(SmError::StaleGeneration {
                     sent: generation,
                     stored: *stored,
                 });
             }
         }
-        self.accepted = Some((generation, keys.to_vec()));
+        self.accepted = Some((generation, set.clone()));
         Ok(())
     }
 
-    /// Programs `keys` unless a newer generation already landed.
+    /// Programs each port's keys unless a newer generation already landed.
     fn land(
         &mut self,
         fabric: &SimFabric,
         generation: u64,
-        keys: &[PKeyValue],
+        keys_of: &impl Fn(Guid) -> Vec<PKeyValue>,
     ) -> Result<bool, crate::sim::SimError> {
         if generation < self.landed {
             return Ok(false);
         }
-        fabric.program(keys)?;
+        fabric.program_ports(keys_of)?;
         self.landed = generation;
         Ok(true)
     }
@@ -194,18 +194,25 @@ impl SubnetManager for EmbeddedSm {
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
         let lose_reply = self.injected_fault().await?;
-        let keys: Vec<PKeyValue> = desired
-            .keys
-            .iter()
-            .map(|(k, s)| k.value(s.membership))
-            .collect();
-        let detail = format!("{} keys programmed on the simulated ports", keys.len());
+        // Each port gets the keys the set gives its GUID.
+        let set = desired.clone();
+        let keys_of = move |g: Guid| -> Vec<PKeyValue> {
+            set.keys
+                .iter()
+                .filter(|(k, _)| set.gives(**k, g))
+                .map(|(k, s)| k.value(s.membership))
+                .collect()
+        };
+        let detail = format!(
+            "{} keys programmed on the simulated ports",
+            keys_of_count(&keys_of, &self.fabric)
+        );
         {
             let mut fence = self.fence.lock().unwrap_or_else(|p| p.into_inner());
-            fence.accept(generation, &keys)?;
+            fence.accept(generation, desired)?;
             if self.apply_delay.is_zero() {
                 fence
-                    .land(&self.fabric, generation, &keys)
+                    .land(&self.fabric, generation, &keys_of)
                     .map_err(|e| SmError::Refused(SmFailure::Sim(Arc::new(e))))?;
             }
         }
@@ -218,7 +225,7 @@ impl SubnetManager for EmbeddedSm {
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 let mut fence = fence.lock().unwrap_or_else(|p| p.into_inner());
-                match fence.land(&fabric, generation, &keys) {
+                match fence.land(&fabric, generation, &keys_of) {
                     Ok(true) => {}
                     Ok(false) => tracing::debug!(
                         generation,
@@ -233,6 +240,13 @@ impl SubnetManager for EmbeddedSm {
         }
         Ok(ApplyOutcome { detail })
     }
+}
+
+/// Distinct keys the simulated ports get.
+fn keys_of_count(keys_of: &impl Fn(Guid) -> Vec<PKeyValue>, fabric: &SimFabric) -> usize {
+    let all: std::collections::BTreeSet<PKeyValue> =
+        fabric.port_guids().into_iter().flat_map(keys_of).collect();
+    all.len()
 }
 
 fn injected(fault: InjectedFault) -> SmFailure {

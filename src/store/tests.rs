@@ -11,6 +11,8 @@ fn attachment(id: &str, state: AttachmentState) -> Attachment {
         reason: String::new(),
         created_unix_ns: 1,
         updated_unix_ns: 1,
+        ports: Vec::new(),
+        named_ports: false,
     }
 }
 
@@ -23,6 +25,7 @@ fn changed(id: &str, to: AttachmentState) -> EventKind {
         to,
         reason: String::new(),
         evidence: None,
+        ports: Vec::new(),
     }
 }
 

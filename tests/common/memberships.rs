@@ -23,6 +23,7 @@ pub fn memberships(
                     KeySetting {
                         membership,
                         name: name(k),
+                        ports: None,
                     },
                 )
             })

@@ -26,6 +26,7 @@ pub fn attach(
         membership: pb::Membership::Full as i32,
         wait_ms,
         grant: None,
+        ports: Vec::new(),
     }
 }
 
@@ -45,4 +46,26 @@ pub fn release_request(instance: &str, wait_ms: Option<u32>) -> pb::ReleaseInsta
 /// Whether a P_Key table holds `base` with either membership bit.
 pub fn has_base(keys: &[u16], base: u16) -> bool {
     keys.iter().any(|k| k & 0x7fff == base)
+}
+
+/// An attach request naming the instance's ports as `device/port` (e.g. `sim0/2`).
+pub fn attach_on(
+    instance: &str,
+    p: pb::Partition,
+    ports: &[&str],
+    wait_ms: Option<u32>,
+) -> pb::AttachPartitionRequest {
+    let mut r = attach(instance, p, wait_ms);
+    r.ports = ports
+        .iter()
+        .map(|s| {
+            let (device, n) = s.rsplit_once('/').expect("device/port");
+            pb::PortName {
+                device: device.into(),
+                port_number: n.parse().expect("port number"),
+                port_guid: String::new(),
+            }
+        })
+        .collect();
+    r
 }

@@ -20,6 +20,7 @@ pub fn set_memberships(
                     pkey: *k,
                     full: true,
                     name: format!("t{k:x}"),
+                    port_guids: Vec::new(),
                 })
                 .collect(),
             generation,

@@ -51,7 +51,10 @@ impl SubnetManager for ModelSm {
         let keys: Keys = desired
             .keys
             .iter()
-            .map(|(k, s)| (k.base(), k.value(s.membership).0))
+            .map(|(k, s)| {
+                let ports = desired.guids_for(*k).into_iter().map(|g| g.0).collect();
+                (k.base(), (k.value(s.membership).0, ports))
+            })
             .collect();
         let (fate, id) = with(&self.world, |w| {
             w.applies += 1;

@@ -15,17 +15,31 @@
 //! 6. Liveness (checked by the driver with [`Oracle::unconverged`]): with faults healed,
 //!    attached instances go ACTIVE and released ones RELEASED (a released instance whose key
 //!    another instance on the node still wants stays RELEASING).
+//! 7. Admission: an attachment is never admitted on a port that a live (not RELEASED)
+//!    attachment of another partition covers.
+//! 8. No model port ever holds the keys of two partitions unless both are granted to it at once
+//!    (live attachments covering it).
+//!
+//! Checks 1, 2 and 6 are read per covered port: an attachment is judged on the ports its events
+//! list.
 
-use super::world::Fabric;
+use super::schedule::PORTS;
+use super::world::{Fabric, PORT_GUID_BASE};
 use fabric_agent::domain::{AttachmentState, EventKind, Inventory, PKeyValue};
 use fabric_agent::store::Store;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Known {
     value: u16,
     state: AttachmentState,
+    /// The covered ports' GUIDs.
+    ports: Vec<u64>,
+}
+
+fn overlap(a: &[u64], b: &[u64]) -> bool {
+    a.iter().any(|g| b.contains(g))
 }
 
 /// The checker's state.
@@ -33,8 +47,8 @@ pub struct Oracle {
     store: Arc<Store>,
     last_seq: u64,
     instances: BTreeMap<String, Known>,
-    /// Bases reported RELEASED that nobody asked for since -> who reported it.
-    guard: BTreeMap<u16, String>,
+    /// Bases reported RELEASED that nobody asked for since -> who reported it, on which ports.
+    guard: BTreeMap<u16, (String, Vec<u64>)>,
     last_read: Option<(u64, Inventory)>,
     /// Instances whose attach returned Ok.
     pub acked_attach: BTreeSet<String>,
@@ -105,10 +119,16 @@ impl Oracle {
                 from,
                 to,
                 reason,
+                ports,
                 ..
             } = e.kind
             else {
                 continue;
+            };
+            let covered: Vec<u64> = if ports.is_empty() {
+                (0..PORTS).map(|i| PORT_GUID_BASE + i as u64).collect()
+            } else {
+                ports.iter().map(|p| p.port_guid.0).collect()
             };
             self.notes.push(format!(
                 "agent event {}: {instance_id} {} -> {to:?} ({reason})",
@@ -135,18 +155,35 @@ impl Oracle {
             if from.is_none() {
                 // A new attachment asks for the key again.
                 self.guard.remove(&base);
+                // Check 7: no live attachment of another partition on these ports.
+                let clash = self.instances.iter().find(|(_, k)| {
+                    k.value & 0x7FFF != base
+                        && k.state != AttachmentState::Released
+                        && overlap(&k.ports, &covered)
+                });
+                if let Some((other, k)) = clash {
+                    return self.fail(
+                        now_ms,
+                        format!(
+                            "{instance_id} ({pkey_value}) was admitted on ports {covered:x?} that \
+                             {other} ({:#06x}, {:?}) still covers",
+                            k.value, k.state
+                        ),
+                    );
+                }
             }
             self.instances.insert(
                 instance_id.clone(),
                 Known {
                     value: pkey_value.0,
                     state: to,
+                    ports: covered.clone(),
                 },
             );
             match to {
                 AttachmentState::Active => {
                     self.active += 1;
-                    if let Some(why) = self.not_active_proof(pkey_value) {
+                    if let Some(why) = self.not_active_proof(pkey_value, &covered) {
                         return self.fail(
                             now_ms,
                             format!(
@@ -159,12 +196,15 @@ impl Oracle {
                 AttachmentState::Released => {
                     self.released += 1;
                     let others_want = self.instances.iter().any(|(id, k)| {
-                        *id != instance_id && k.value & 0x7FFF == base && k.state.wants_key()
+                        *id != instance_id
+                            && k.value & 0x7FFF == base
+                            && k.state.wants_key()
+                            && overlap(&k.ports, &covered)
                     });
                     if others_want {
                         continue;
                     }
-                    if let Some(why) = fabric.holds_or_may_program(base) {
+                    if let Some(why) = fabric.holds_or_may_program(base, &covered) {
                         return self.fail(
                             now_ms,
                             format!(
@@ -173,15 +213,34 @@ impl Oracle {
                             ),
                         );
                     }
-                    self.guard
-                        .insert(base, format!("{instance_id}, event {}", e.seq));
+                    // Ports another instance of the key still wants are not guarded.
+                    let guarded: Vec<u64> = covered
+                        .iter()
+                        .copied()
+                        .filter(|g| {
+                            !self.instances.iter().any(|(id, k)| {
+                                *id != instance_id
+                                    && k.value & 0x7FFF == base
+                                    && k.state.wants_key()
+                                    && k.ports.contains(g)
+                            })
+                        })
+                        .collect();
+                    let entry = self
+                        .guard
+                        .entry(base)
+                        .or_insert_with(|| (String::new(), Vec::new()));
+                    entry.0 = format!("{instance_id}, event {}", e.seq);
+                    entry.1.extend(guarded);
+                    entry.1.sort_unstable();
+                    entry.1.dedup();
                 }
                 _ => {}
             }
         }
         let mut broken = None;
-        for (base, who) in &self.guard {
-            if let Some(why) = fabric.holds_or_may_program(*base) {
+        for (base, (who, ports)) in &self.guard {
+            if let Some(why) = fabric.holds_or_may_program(*base, ports) {
                 broken = Some(format!(
                     "{base:#06x} was reported RELEASED ({who}) and no attachment asked for it since, yet {why}"
                 ));
@@ -189,27 +248,59 @@ impl Oracle {
             }
         }
         if let Some(b) = broken {
+            return self.fail(now_ms, b);
+        }
+        if let Some(b) = self.two_partitions_on_a_port(fabric) {
             self.fail(now_ms, b);
         }
     }
 
-    /// Why the last read does not prove ACTIVE for `value` (None: it does).
-    fn not_active_proof(&self, value: PKeyValue) -> Option<String> {
+    /// Check 8: a port holding two partitions' keys, not both granted to it now.
+    fn two_partitions_on_a_port(&self, fabric: &Fabric) -> Option<String> {
+        for (i, p) in fabric.ports.iter().enumerate() {
+            let bases: BTreeSet<u16> = p
+                .table
+                .iter()
+                .map(|e| e & 0x7FFF)
+                .filter(|b| *b != 0 && *b != 0x7FFF && p.up)
+                .collect();
+            if bases.len() < 2 {
+                continue;
+            }
+            let granted = |b: u16| {
+                self.instances.values().any(|k| {
+                    k.value & 0x7FFF == b
+                        && k.state != AttachmentState::Released
+                        && k.ports.contains(&p.guid)
+                })
+            };
+            if !bases.iter().all(|b| granted(*b)) {
+                return Some(format!(
+                    "model port {i} holds the keys of partitions {bases:04x?} at once, not all \
+                     granted to it (table {:04x?})",
+                    p.table
+                ));
+            }
+        }
+        None
+    }
+
+    /// Why the last read does not prove ACTIVE for `value` on the ports `covered` (None: it
+    /// does).
+    fn not_active_proof(&self, value: PKeyValue, covered: &[u64]) -> Option<String> {
         let Some((started, inv)) = &self.last_read else {
             return Some("no port read was returned before".into());
         };
-        let fabric: Vec<_> = inv
-            .ports
-            .iter()
-            .filter(|p| p.link_layer == fabric_agent::domain::LinkLayer::Infiniband)
-            .collect();
-        if fabric.is_empty() {
-            return Some(format!(
-                "the read started at t={started} ms showed no fabric port"
-            ));
+        if covered.is_empty() {
+            return Some("the attachment covers no port".into());
         }
-        for p in fabric {
-            if !(p.state.table_counts() && p.holds(value)) {
+        for g in covered {
+            let Some(p) = inv.ports.iter().find(|p| p.port_guid.0 == *g) else {
+                return Some(format!(
+                    "the read it used (started at t={started} ms) did not show covered port {g:#x}"
+                ));
+            };
+            if !(p.state.is_up() && p.holds(value)) {
                 return Some(format!(
                     "in the read it used (started at t={started} ms) port {} was {:?} with table {:04x?}",
                     p.device,
@@ -267,20 +358,23 @@ impl Oracle {
             Ok(a) => a,
             Err(e) => return Some(format!("reading attachments failed: {e}")),
         };
-        // A released instance whose key another instance on the node still wants stays
-        // RELEASING until that one is released too: its key cannot leave the ports before.
-        let wanted: BTreeSet<u16> = stored
-            .iter()
-            .filter(|a| a.state.wants_key())
-            .map(|a| a.partition.pkey.base())
-            .collect();
+        // A released instance whose key another instance on the node still wants on one of
+        // its ports stays RELEASING until that one is released too: its key cannot leave the
+        // shared port before.
+        let guids = |a: &fabric_agent::domain::Attachment| -> Vec<u64> {
+            a.ports.iter().map(|p| p.port_guid.0).collect()
+        };
         let lagging: Vec<String> = stored
             .iter()
             .filter(|a| {
                 if a.state.wants_key() {
                     a.state != AttachmentState::Active
                 } else if a.state == AttachmentState::Releasing {
-                    !wanted.contains(&a.partition.pkey.base())
+                    !stored.iter().any(|b| {
+                        b.state.wants_key()
+                            && b.partition.pkey == a.partition.pkey
+                            && overlap(&guids(a), &guids(b))
+                    })
                 } else {
                     a.state != AttachmentState::Released
                 }

@@ -7,10 +7,12 @@ use super::model_sm::{generation_conflict, restart as sm_restart, ModelSm};
 use super::schedule::{
     generate, Command, CrashPoint, GenOptions, Schedule, FABRIC, PARTITIONS, PORTS,
 };
-use super::world::{with, Shared, World};
+use super::world::{with, Shared, World, PORT_GUID_BASE};
 use fabric_agent::agent::{Agent, AgentParts, AttachRequest};
 use fabric_agent::config::ReconcilerConfig;
-use fabric_agent::domain::{FabricName, InstanceId, Membership, Partition, PortSelector};
+use fabric_agent::domain::{
+    FabricName, Guid, InstanceId, Membership, Partition, PortName, PortSelector,
+};
 use fabric_agent::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,8 +167,17 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
             instance,
             partition,
             membership,
+            port,
         } => {
-            attach(&node.agent, world, *instance, *partition, *membership).await;
+            attach(
+                &node.agent,
+                world,
+                *instance,
+                *partition,
+                *membership,
+                *port,
+            )
+            .await;
             node
         }
         Command::Release { instance } => {
@@ -241,6 +252,7 @@ async fn attach(
     instance: usize,
     partition: usize,
     membership: Membership,
+    port: Option<usize>,
 ) {
     let name = instance_name(instance);
     let (id, pname, base) = PARTITIONS[partition];
@@ -250,6 +262,10 @@ async fn attach(
             .expect("partition"),
         membership,
         grant: None,
+        ports: port
+            .map(|p| PortName::Guid(Guid(PORT_GUID_BASE + p as u64)))
+            .into_iter()
+            .collect(),
     };
     let r = agent.attach(request, None).await;
     with(world, |w| match r {

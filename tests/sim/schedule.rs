@@ -41,6 +41,9 @@ pub enum Command {
         partition: usize,
         /// Full or limited.
         membership: Membership,
+        /// The one model port the instance names (a partial-node instance), or None for the
+        /// whole node.
+        port: Option<usize>,
     },
     /// Release instance `i<instance>`.
     Release {
@@ -122,8 +125,8 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
     let n = rng.random_range(6..=24);
     let mut t = 0u64;
     let mut steps = Vec::with_capacity(n);
-    // (partition, membership) per instance, and which are released in the schedule.
-    let mut instances: Vec<(usize, Membership)> = Vec::new();
+    // (partition, membership, port) per instance, and which are released in the schedule.
+    let mut instances: Vec<(usize, Membership, Option<usize>)> = Vec::new();
     let mut released: Vec<bool> = Vec::new();
     let mut down = [false; PORTS];
     for _ in 0..n {
@@ -142,22 +145,29 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
                 } else {
                     memberships[partition]
                 };
-                instances.push((partition, membership));
+                // Whole node or one named port: disjoint and overlapping port sets both occur.
+                let port = match rng.random_range(0..3) {
+                    0 => None,
+                    _ => Some(rng.random_range(0..PORTS)),
+                };
+                instances.push((partition, membership, port));
                 released.push(false);
                 Command::Attach {
                     instance: instances.len() - 1,
                     partition,
                     membership,
+                    port,
                 }
             }
             30..=32 if !instances.is_empty() => {
                 // An idempotent re-send of an earlier attach.
                 let instance = rng.random_range(0..instances.len());
-                let (partition, membership) = instances[instance];
+                let (partition, membership, port) = instances[instance];
                 Command::Attach {
                     instance,
                     partition,
                     membership,
+                    port,
                 }
             }
             33..=54 if !live.is_empty() => {
@@ -229,9 +239,14 @@ impl fmt::Display for Command {
                 instance,
                 partition,
                 membership,
+                port,
             } => {
                 let (id, _, base) = PARTITIONS[*partition];
-                write!(f, "attach i{instance} -> {id} ({base:#06x} {membership})")
+                let on = port.map_or("every port".to_owned(), |p| format!("port {p}"));
+                write!(
+                    f,
+                    "attach i{instance} -> {id} ({base:#06x} {membership}) on {on}"
+                )
             }
             Command::Release { instance } => write!(f, "release i{instance}"),
             Command::Crash { at, down_ms } => {

@@ -17,11 +17,19 @@ use tokio::time::Instant;
 
 /// P_Key table size of every model port (default partition included).
 pub const TABLE_SIZE: usize = 8;
+/// Model port `i`'s GUID is this plus `i`.
+pub const PORT_GUID_BASE: u64 = 0x0002_c903_0000_1000;
 /// The default partition entry every port holds (limited member: a well-run fabric).
 pub const DEFAULT_ENTRY: u16 = 0x7FFF;
 
-/// Keys by base -> the entry value (membership bit included).
-pub type Keys = BTreeMap<u16, u16>;
+/// Keys by base -> the entry value (membership bit included) and the port GUIDs that get it.
+pub type Keys = BTreeMap<u16, (u16, Vec<u64>)>;
+
+/// Whether `keys` give `base` to the port `guid`.
+pub fn gives(keys: &Keys, base: u16, guid: u64) -> bool {
+    keys.get(&base)
+        .is_some_and(|(_, ports)| ports.contains(&guid))
+}
 
 /// One model port: what it really holds now.
 #[derive(Debug, Clone)]
@@ -82,9 +90,9 @@ impl Fabric {
         Fabric {
             ports: (0..PORTS)
                 .map(|i| ModelPort {
-                    guid: 0x0002_c903_0000_1000 + i as u64,
+                    guid: PORT_GUID_BASE + i as u64,
                     up: true,
-                    table: program_table(&Keys::new()),
+                    table: program_table(&Keys::new(), 0),
                 })
                 .collect(),
             sm: SmNode::default(),
@@ -98,10 +106,11 @@ impl Fabric {
         r.epoch == self.sm.epoch && r.generation >= self.sm.stored_generation
     }
 
-    /// Why base `b` may still reach or already is on the ports (None: it cannot).
-    pub fn holds_or_may_program(&self, base: u16) -> Option<String> {
+    /// Why base `b` may still reach or already is on one of the ports `guids` (None: it
+    /// cannot).
+    pub fn holds_or_may_program(&self, base: u16, guids: &[u64]) -> Option<String> {
         for (i, p) in self.ports.iter().enumerate() {
-            if p.holds_base(base) {
+            if guids.contains(&p.guid) && p.holds_base(base) {
                 return Some(format!(
                     "model port {i} holds {base:#06x} (table {:04x?})",
                     p.table
@@ -109,19 +118,19 @@ impl Fabric {
             }
         }
         if let Some(cfg) = &self.sm.config {
-            if cfg.contains_key(&base) {
+            if let Some(g) = guids.iter().find(|g| gives(cfg, base, **g)) {
                 return Some(format!(
-                    "the model SM's config for the node (generation {}) contains {base:#06x}: it \
-                     programs it onto the ports",
+                    "the model SM's config for the node (generation {}) gives {base:#06x} to \
+                     port {g:#x}: it programs it there",
                     self.sm.stored_generation
                 ));
             }
         }
         for (id, r) in &self.in_flight {
-            if r.keys.contains_key(&base) && self.takeable(r) {
+            if guids.iter().any(|g| gives(&r.keys, base, *g)) && self.takeable(r) {
                 return Some(format!(
-                    "request #{id} (generation {}, stored {}) carrying {base:#06x} is still on its \
-                     way to the SM and would be taken",
+                    "request #{id} (generation {}, stored {}) carrying {base:#06x} to a covered \
+                     port is still on its way to the SM and would be taken",
                     r.generation, self.sm.stored_generation
                 ));
             }
@@ -166,10 +175,15 @@ impl Fabric {
     }
 }
 
-/// The table the SM programs for a config: the default entry, then the keys, then empty slots.
-pub fn program_table(keys: &Keys) -> Vec<u16> {
+/// The table the SM programs on port `guid` for a config: the default entry, then the keys the
+/// config gives that port, then empty slots.
+pub fn program_table(keys: &Keys, guid: u64) -> Vec<u16> {
     let mut t = vec![DEFAULT_ENTRY];
-    t.extend(keys.values().copied());
+    t.extend(
+        keys.values()
+            .filter(|(_, ports)| ports.contains(&guid))
+            .map(|(v, _)| *v),
+    );
     t.resize(TABLE_SIZE.max(t.len()), 0);
     t.truncate(TABLE_SIZE);
     t
@@ -252,7 +266,7 @@ impl World {
     pub fn program_port(&mut self, i: usize) {
         let empty = Keys::new();
         let cfg = self.fabric.sm.config.as_ref().unwrap_or(&empty);
-        let table = program_table(cfg);
+        let table = program_table(cfg, self.fabric.ports[i].guid);
         let port = &mut self.fabric.ports[i];
         if port.up && port.table != table {
             port.table = table;
@@ -284,8 +298,17 @@ pub fn with<R>(world: &Shared, f: impl FnOnce(&mut World) -> R) -> R {
     r
 }
 
-/// Formats keys as `{0x8012, 0x0034}`.
+/// Formats keys as `{0x8012@[0,1], 0x0034@[1]}` (the model ports, by index, that get each).
 pub fn show_keys(keys: &Keys) -> String {
-    let v: Vec<String> = keys.values().map(|v| format!("{v:#06x}")).collect();
+    let v: Vec<String> = keys
+        .values()
+        .map(|(v, ports)| {
+            let idx: Vec<String> = ports
+                .iter()
+                .map(|g| (g - PORT_GUID_BASE).to_string())
+                .collect();
+            format!("{v:#06x}@[{}]", idx.join(","))
+        })
+        .collect();
     format!("{{{}}}", v.join(", "))
 }

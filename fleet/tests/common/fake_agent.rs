@@ -135,6 +135,7 @@ impl FakeAgentState {
                 to: to as i32,
                 reason: String::new(),
                 evidence,
+                ports: Vec::new(),
             })),
         };
         i.log.push(ev.clone());

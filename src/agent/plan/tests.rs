@@ -1,8 +1,8 @@
 use super::*;
+use crate::domain::{ApplyLedger, AttachmentPort};
 use crate::domain::{
     Guid, InstanceId, LinkLayer, Membership, PKeyValue, Partition, PortInfo, PortState,
 };
-use std::collections::BTreeMap;
 use AttachmentState::*;
 
 fn att(state: AttachmentState, membership: Membership) -> Attachment {
@@ -15,6 +15,8 @@ fn att(state: AttachmentState, membership: Membership) -> Attachment {
         reason: String::new(),
         created_unix_ns: 0,
         updated_unix_ns: 0,
+        ports: Vec::new(),
+        named_ports: false,
     }
 }
 
@@ -38,25 +40,46 @@ fn inv(ports: Vec<PortInfo>) -> Inventory {
     Inventory { ports }
 }
 
+/// Two fabric ports, 1 and 2, without tenant keys.
+fn two_ports() -> Inventory {
+    inv(vec![
+        port(1, PortState::Active, &[]),
+        port(2, PortState::Active, &[]),
+    ])
+}
+
 fn accepted(with: bool, membership: Membership) -> NodeMemberships {
     let a = att(Pending, membership);
+    let i = two_ports();
     if with {
-        desired(&n(), vec![], &[a])
+        desired(&n(), vec![Guid(1), Guid(2)], Some(&i), &[a])
     } else {
-        desired(&n(), vec![], &[])
+        desired(&n(), vec![Guid(1), Guid(2)], Some(&i), &[])
     }
 }
 
-/// The acknowledged apply in these tests has generation 2; every key it carries was last
-/// carried by it.
-fn carried_by(acc: Option<&NodeMemberships>) -> BTreeMap<PKey, u64> {
-    acc.map(|a| a.keys.keys().map(|k| (*k, 2)).collect())
-        .unwrap_or_default()
+/// The acknowledged apply in these tests has generation 2; every (port, key) it carries was
+/// last carried by it.
+fn carried_by(acc: Option<&NodeMemberships>) -> Carried {
+    let mut c = Carried::default();
+    if let Some(a) = acc {
+        c.record(a, 2);
+    }
+    c
+}
+
+/// `key` carried to every port at `generation` (an earlier life's ledger).
+fn carried_at(key: PKey, generation: u64) -> Carried {
+    let ledger = ApplyLedger {
+        generation_reserved: generation,
+        keys: [key].into(),
+    };
+    Carried::from_ledger(&ledger, generation)
 }
 
 fn observed<'a>(
     acc: Option<&'a NodeMemberships>,
-    carried: &'a BTreeMap<PKey, u64>,
+    carried: &'a Carried,
     i: Option<&'a Inventory>,
 ) -> Observed<'a> {
     Observed {
@@ -194,7 +217,7 @@ fn desired_set_has_wanted_keys_and_full_wins() {
     let mut gone = att(Releasing, Membership::Full);
     gone.partition = Partition::new("ibpart_b", "b", "ws", "acct", "fab1", 0x13).unwrap();
     a.reason.clear();
-    let set = desired(&n(), vec![Guid(1)], &[a, b, gone]);
+    let set = desired(&n(), vec![Guid(1)], Some(&two_ports()), &[a, b, gone]);
     assert_eq!(set.keys.len(), 1);
     assert_eq!(
         set.keys.values().next().unwrap().membership,
@@ -209,19 +232,19 @@ fn a_key_in_doubt_is_never_released() {
     let without = accepted(false, Membership::Full);
     let clean = inv(vec![port(1, PortState::Active, &[])]);
     let key = a.partition.pkey;
-    let carried = BTreeMap::from([(key, 3)]);
+    let carried = carried_at(key, 3);
     let o = observed(Some(&without), &carried, Some(&clean));
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
-    assert!(waiting_reason(&a, o).unwrap().contains("in doubt"));
+    assert!(waiting_reason(&a, &[], o).unwrap().contains("in doubt"));
     // An earlier attempt (generation 1) is superseded by the acknowledged generation 2.
-    let carried = BTreeMap::from([(key, 1)]);
+    let carried = carried_at(key, 1);
     let o = observed(Some(&without), &carried, Some(&clean));
     let t = plan(std::slice::from_ref(&a), o);
     assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), vec![Released]);
     let evidence = t[0].evidence.as_ref().expect("RELEASED carries evidence");
     assert_eq!(evidence.sm_generation, 2);
     assert_eq!(evidence.ports.len(), 1);
-    assert_eq!(waiting_reason(&a, o), None);
+    assert_eq!(waiting_reason(&a, &[], o), None);
 }
 
 #[test]
@@ -230,7 +253,7 @@ fn evidence_must_come_from_a_read_after_the_acknowledgement() {
     let with = accepted(true, Membership::Full);
     let clean = inv(vec![port(1, PortState::Active, &[])]);
     let holding = inv(vec![port(1, PortState::Active, &[0x8012])]);
-    let carried = BTreeMap::new();
+    let carried = Carried::default();
     let mut o = observed(Some(&without), &carried, Some(&clean));
     o.read_after_ack = false;
     assert!(plan(&[att(Releasing, Membership::Full)], o).is_empty());
@@ -260,7 +283,7 @@ fn an_insecure_posture_blocks_active_until_accepted() {
     let mut o = observed(Some(&with), &carried, Some(&i));
     o.posture_ok = false;
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
-    assert!(waiting_reason(&a, o)
+    assert!(waiting_reason(&a, &[], o)
         .unwrap()
         .contains("allow_full_default"));
     o.posture_ok = true;
@@ -299,7 +322,7 @@ fn the_set_carries_the_grants_of_the_keys_it_holds() {
         with_grant(Pending, Membership::Limited, "i2"),
         with_grant(Releasing, Membership::Full, "i3"),
     ];
-    let desired = desired(&node, vec![Guid(1)], &atts);
+    let desired = desired(&node, vec![Guid(1)], Some(&two_ports()), &atts);
     let ids: Vec<String> = grants(&desired, &atts)
         .into_iter()
         .map(|g| g.grant.grant_id)
@@ -307,4 +330,138 @@ fn the_set_carries_the_grants_of_the_keys_it_holds() {
     // Full wins for the shared key: the limited grant does not justify it; a releasing
     // attachment carries none.
     assert_eq!(ids, vec!["g-i1".to_owned()]);
+}
+
+/// `att` covering only `ports` (a partial-node attachment).
+fn on_ports(state: AttachmentState, ports: &[u8]) -> Attachment {
+    let mut a = att(state, Membership::Full);
+    a.named_ports = true;
+    a.ports = ports
+        .iter()
+        .map(|n| AttachmentPort {
+            device: "hca".into(),
+            port_number: *n,
+            port_guid: Guid(u64::from(*n)),
+        })
+        .collect();
+    a
+}
+
+#[test]
+fn a_partial_node_attachment_is_judged_on_its_own_ports_only() {
+    let a = on_ports(Programming, &[2]);
+    let i = two_ports();
+    let set = desired(
+        &n(),
+        vec![Guid(1), Guid(2)],
+        Some(&i),
+        std::slice::from_ref(&a),
+    );
+    let key = a.partition.pkey;
+    assert_eq!(
+        set.guids_for(key),
+        vec![Guid(2)],
+        "the key goes to port 2 only"
+    );
+    let only_2 = inv(vec![
+        port(1, PortState::Active, &[]),
+        port(2, PortState::Active, &[0x8012]),
+    ]);
+    assert_eq!(states(&a, Some(&set), Some(&only_2)), vec![Active]);
+    // INIT and ARMED ports hold tables but pass no traffic: not ACTIVE.
+    for s in [PortState::Init, PortState::Armed] {
+        let up = inv(vec![port(2, s, &[0x8012])]);
+        assert_eq!(states(&a, Some(&set), Some(&up)), vec![], "{s:?}");
+    }
+    // A whole-node set (every port) also counts as giving port 2 the key.
+    let whole = accepted(true, Membership::Full);
+    assert_eq!(states(&a, Some(&whole), Some(&only_2)), vec![Active]);
+}
+
+#[test]
+fn a_missing_or_unknown_covered_port_blocks_released_and_names_the_port() {
+    let a = on_ports(Releasing, &[1, 2]);
+    let without = accepted(false, Membership::Full);
+    let carried = carried_by(Some(&without));
+    let gone = inv(vec![port(1, PortState::Active, &[])]);
+    let o = observed(Some(&without), &carried, Some(&gone));
+    assert!(plan(std::slice::from_ref(&a), o).is_empty());
+    let why = waiting_reason(&a, &[], o).unwrap();
+    assert!(why.contains("hca/2") && why.contains("missing"), "{why}");
+    let unknown = inv(vec![
+        port(1, PortState::Active, &[]),
+        port(2, PortState::Unknown, &[]),
+    ]);
+    let o = observed(Some(&without), &carried, Some(&unknown));
+    assert!(plan(std::slice::from_ref(&a), o).is_empty());
+    assert!(waiting_reason(&a, &[], o)
+        .unwrap()
+        .contains("unknown state"));
+    // Back and read without the key: RELEASED, the evidence naming both ports.
+    let back = two_ports();
+    let o = observed(Some(&without), &carried, Some(&back));
+    let t = plan(std::slice::from_ref(&a), o);
+    assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), vec![Released]);
+    assert_eq!(t[0].evidence.as_ref().unwrap().ports.len(), 2);
+    // The same for ACTIVE: a covered port gone is drift.
+    let active = on_ports(Active, &[1, 2]);
+    let with = accepted(true, Membership::Full);
+    let held = inv(vec![port(1, PortState::Active, &[0x8012])]);
+    let t = plan(
+        std::slice::from_ref(&active),
+        observed(Some(&with), &carried_by(Some(&with)), Some(&held)),
+    );
+    assert_eq!(t[0].to, Drifted);
+    assert!(t[0].reason.contains("hca/2"), "{}", t[0].reason);
+}
+
+#[test]
+fn released_on_one_port_while_the_same_key_stays_on_another() {
+    // X (port 1) and Y (port 2) share partition A; X is released. The acknowledged set gives
+    // A to port 2 only, after an attempt that gave it to both.
+    let x = on_ports(Releasing, &[1]);
+    let mut y = on_ports(Active, &[2]);
+    y.instance_id = InstanceId::parse("i2").unwrap();
+    let i = inv(vec![
+        port(1, PortState::Active, &[]),
+        port(2, PortState::Active, &[0x8012]),
+    ]);
+    let both = accepted(true, Membership::Full);
+    let only_y = desired(
+        &n(),
+        vec![Guid(1), Guid(2)],
+        Some(&i),
+        &[x.clone(), y.clone()],
+    );
+    let mut carried = Carried::default();
+    carried.record(&both, 1);
+    carried.record(&only_y, 2);
+    let o = observed(Some(&only_y), &carried, Some(&i));
+    let t = plan(&[x.clone(), y.clone()], o);
+    assert_eq!(
+        t.iter().map(|t| (t.index, t.to)).collect::<Vec<_>>(),
+        vec![(0, Released)]
+    );
+    // Had the later attempt carried A to port 1 too, port 1 would be in doubt.
+    carried.record(&both, 3);
+    let o = observed(Some(&only_y), &carried, Some(&i));
+    assert!(plan(std::slice::from_ref(&x), o).is_empty());
+}
+
+#[test]
+fn a_release_held_by_a_partition_mate_on_the_same_port_says_so() {
+    let x = on_ports(Releasing, &[1]);
+    let mut y = on_ports(Active, &[1]);
+    y.instance_id = InstanceId::parse("i2").unwrap();
+    let i = inv(vec![port(1, PortState::Active, &[0x8012])]);
+    let both = [x.clone(), y];
+    let set = desired(&n(), vec![Guid(1)], Some(&i), &both);
+    let carried = carried_by(Some(&set));
+    let o = observed(Some(&set), &carried, Some(&i));
+    assert!(plan(std::slice::from_ref(&x), o).is_empty());
+    let why = waiting_reason(&x, &both, o).unwrap();
+    assert!(
+        why.contains("another instance") && why.contains("hca/1"),
+        "{why}"
+    );
 }

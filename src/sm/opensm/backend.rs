@@ -1103,7 +1103,8 @@ impl Inner {
                 if t.name.is_empty() && is_safe_key_name(&setting.name) {
                     t.name = setting.name.clone();
                 }
-                for g in &n.memberships.port_guids {
+                // Each key goes to its own ports (every port of the node when it names none).
+                for g in &n.memberships.guids_for(*key) {
                     let m = t.members.entry(*g).or_insert(setting.membership);
                     // Full wins if two nodes ever listed the same port.
                     *m = (*m).min(setting.membership);

@@ -181,6 +181,8 @@ struct State {
 struct Confirmed {
     keys: BTreeMap<PKey, Membership>,
     ports: BTreeSet<Guid>,
+    /// The ports each key was given (a node whose instances hold different partitions).
+    key_ports: BTreeMap<PKey, BTreeSet<Guid>>,
     stamp: String,
     /// Re-checks answered from the stamp alone since.
     skipped: u32,
@@ -376,6 +378,13 @@ impl UfmSm {
             .iter()
             .map(|(k, s)| (*k, s.membership))
             .collect();
+        // Each wanted key goes to its own ports; a key no longer wanted leaves every port.
+        let key_ports: BTreeMap<PKey, BTreeSet<Guid>> = desired
+            .keys
+            .keys()
+            .map(|k| (*k, desired.guids_for(*k).into_iter().collect()))
+            .collect();
+        let ports_of = |key: &PKey| key_ports.get(key).unwrap_or(ports);
 
         // 0. Nothing changed at UFM since the last confirming read: trust it (module docs).
         let stamp = if self.max_skipped > 0 && *stamp_supported {
@@ -387,6 +396,7 @@ impl UfmSm {
             if c.stamp == *now
                 && c.keys == want
                 && c.ports == *ports
+                && c.key_ports == key_ports
                 && c.skipped < self.max_skipped
             {
                 c.skipped += 1;
@@ -440,13 +450,13 @@ impl UfmSm {
         let mut summary = Summary::default();
         for (key, partition) in &current {
             let want = desired.keys.get(key).map(|s| s.membership);
-            let plan = self.plan(ledger, partition.as_ref(), *key, want, ports);
+            let plan = self.plan(ledger, partition.as_ref(), *key, want, ports_of(key));
             if want.is_none() && !plan.remove.is_empty() && seen_absent.contains(key) {
                 self.late_write(ledger, *key, plan.remove.len());
             }
             if plan.is_empty() {
                 summary.unchanged += 1;
-                self.confirm_read(ledger, seen_absent, *key, want, ports, read_ms);
+                self.confirm_read(ledger, seen_absent, *key, want, ports_of(key), read_ms);
             } else {
                 plans.insert(*key, plan);
             }
@@ -498,9 +508,9 @@ impl UfmSm {
         let mut wrong: Vec<(PKey, KeyPlan)> = Vec::new();
         for (key, partition) in &after {
             let want = desired.keys.get(key).map(|s| s.membership);
-            let left = self.plan(ledger, partition.as_ref(), *key, want, ports);
+            let left = self.plan(ledger, partition.as_ref(), *key, want, ports_of(key));
             if left.is_empty() {
-                self.confirm_read(ledger, seen_absent, *key, want, ports, read_ms);
+                self.confirm_read(ledger, seen_absent, *key, want, ports_of(key), read_ms);
             } else {
                 wrong.push((*key, left));
             }
@@ -519,6 +529,7 @@ impl UfmSm {
             *confirmed = stamp.map(|stamp| Confirmed {
                 keys: want,
                 ports: ports.clone(),
+                key_ports: key_ports.clone(),
                 stamp,
                 skipped: 0,
             });
