@@ -266,6 +266,7 @@ fn set(
                     pkey: *pkey,
                     full: true,
                     name: format!("t{pkey:x}"),
+                    port_guids: Vec::new(),
                 })
                 .collect(),
             generation,

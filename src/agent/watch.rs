@@ -250,17 +250,11 @@ mod tests {
     async fn attach(agent: &Agent, n: u16) {
         let request = AttachRequest {
             instance_id: InstanceId::parse(&format!("i-{n}")).unwrap(),
-            partition: Partition::new(
-                &format!("ibpart_{n}"),
-                &format!("p{n}"),
-                "ws",
-                "acct",
-                "fab1",
-                0x100 + u32::from(n),
-            )
-            .unwrap(),
+            // One partition for every instance: a port carries one partition at a time.
+            partition: Partition::new("ibpart_1", "p1", "ws", "acct", "fab1", 0x101).unwrap(),
             membership: Membership::Full,
             grant: None,
+            ports: Vec::new(),
         };
         agent.attach(request, None).await.unwrap();
     }

@@ -283,6 +283,7 @@ mod tests {
                     let setting = KeySetting {
                         membership: Membership::Full,
                         name: String::new(),
+                        ports: None,
                     };
                     (PKey::new(u32::from(*k)).unwrap(), setting)
                 })
@@ -351,7 +352,7 @@ mod tests {
             .fence
             .lock()
             .unwrap()
-            .land(&fabric, 7, &[PKeyValue(0x8012)])
+            .land(&fabric, 7, &|_| vec![PKeyValue(0x8012)])
             .unwrap();
         assert!(!landed);
         assert!(

@@ -183,6 +183,7 @@ mod tests {
                         KeySetting {
                             membership: Membership::Full,
                             name: String::new(),
+                            ports: None,
                         },
                     )
                 })
