@@ -3,7 +3,7 @@
 //! the table to the structs: each section's keys are exactly the fields its struct accepts
 //! (serde's own list of expected fields), so a key added to a struct without a row here, or a
 //! row for a key that is gone, fails the build's tests. The backends' own sections
-//! (`[subnet_manager.opensm]`, `.remote`, `.ufm`, `.embedded`) are described in docs/OPENSM.md
+//! (`[subnet_manager.opensm]`, `.remote`, `.ufm`, `.ufm_broker`, `.embedded`) are described in docs/OPENSM.md
 //! and docs/UFM.md and are not listed here.
 
 /// One configuration key.
@@ -74,6 +74,7 @@ pub const KEYS: &[Key] = &[
     k("subnet_manager", "opensm", "table", "none", "The opensm backend's settings (docs/OPENSM.md)."),
     k("subnet_manager", "remote", "table", "none", "The remote backend's settings (docs/OPENSM.md)."),
     k("subnet_manager", "ufm", "table", "none", "The ufm backend's settings (docs/UFM.md)."),
+    k("subnet_manager", "ufm_broker", "table", "none", "With backend = \"ufm\": `enabled = true` serves fabric.sm.v1 to the fabric's nodes, which then use the remote backend and hold no UFM credential (docs/UFM.md, \"The UFM broker\")."),
     k("observer", "kind", "string", "embedded with the embedded backend, else auto", "auto (verbs, then sysfs), embedded, smp, sysfs or verbs."),
     k("observer", "fast_poll_ms", "integer", "50", "Poll interval while a transition is pending, milliseconds."),
     k("observer", "slow_poll_ms", "integer", "5000", "Poll interval when idle, milliseconds (at least fast_poll_ms)."),
