@@ -39,6 +39,8 @@ impl Pki {
         );
         std::fs::write(&c, cert.pem()).unwrap();
         std::fs::write(&k, key.serialize_pem()).unwrap();
+        // The agent refuses a private key readable beyond its owner and group.
+        std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         (c, k)
     }
 }
