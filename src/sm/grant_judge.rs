@@ -1,6 +1,6 @@
 //! The fabric side's grant rules, pure: which grants justify a node's set, and which grants a
-//! newly accepted set consumes. Used by the UFM broker ([`super::ufm::broker`]); the OpenSM SM
-//! host applies the same rules inside its backend.
+//! newly accepted set consumes. Used by both fabric sides: the UFM broker
+//! ([`super::ufm::broker`]) and the OpenSM SM host's admission.
 //!
 //! Rules: every carried grant must verify (known key id, signature, the key's validity window),
 //! name this node exactly, this fabric, a key of the set with exactly its membership, an

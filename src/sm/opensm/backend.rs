@@ -46,8 +46,8 @@ use super::store::{
 };
 use super::OpenSmConfig;
 use crate::domain::{
-    is_safe_key_name, Condition, ConditionKind, DomainError, GrantError, GrantPolicy, GrantUse,
-    Guid, Membership, NodeId, NodeMemberships, PKey, SignedGrant,
+    is_safe_key_name, Condition, ConditionKind, DomainError, GrantError, Guid, Membership, NodeId,
+    NodeMemberships, PKey, SignedGrant,
 };
 use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
@@ -58,14 +58,6 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::oneshot;
-
-/// Verifies a carried grant's signature and key window.
-fn verify_grant<'a>(
-    policy: &GrantPolicy,
-    signed: &'a SignedGrant,
-) -> Result<&'a crate::domain::Grant, GrantError> {
-    policy.keys.verify(signed)
-}
 
 /// Most fabric ports one node may list.
 pub const MAX_PORTS_PER_NODE: usize = NodeMemberships::MAX_PORTS;
@@ -701,75 +693,18 @@ impl OpenSmBackend {
         let Some(policy) = self.inner.config.grants.as_ref().filter(|g| g.require) else {
             return Ok(None);
         };
-        let refuse = |pkey: PKey, error: GrantError| {
-            let e = OpenSmError::GrantRefused {
-                node: desired.node_id.clone(),
-                pkey,
-                error: Box::new(error),
-            };
-            tracing::warn!(node_id = %desired.node_id, error = %e, "set refused: grant");
-            e
-        };
         let stored = st.nodes.get(&desired.node_id);
-        let mut accepted: Vec<AcceptedGrant> = Vec::new();
-        for signed in grants {
-            let g = &signed.grant;
-            let granted_key = g.pkey;
-            let grant = verify_grant(policy, signed).map_err(|e| refuse(granted_key, e))?;
-            if st.consumed.contains(&grant.grant_id)
-                || stored.is_some_and(|s| s.revoked_instances.contains(&grant.instance_id))
-            {
-                return Err(refuse(
-                    grant.pkey,
-                    GrantError::Consumed {
-                        grant_id: grant.grant_id.clone(),
-                    },
-                ));
-            }
-            let setting = desired.keys.get(&grant.pkey).ok_or_else(|| {
-                refuse(
-                    grant.pkey,
-                    GrantError::Malformed(format!(
-                        "grant {:?} is for key {}, which the set does not hold",
-                        grant.grant_id, grant.pkey
-                    )),
-                )
-            })?;
-            grant
-                .check(&GrantUse {
-                    fabric: &policy.fabric,
-                    node_id: &desired.node_id,
-                    pkey: grant.pkey,
-                    membership: setting.membership,
-                })
-                .map_err(|e| refuse(grant.pkey, e))?;
-            if accepted.iter().any(|a| a.grant_id == grant.grant_id) {
-                continue;
-            }
-            accepted.push(AcceptedGrant {
-                grant_id: grant.grant_id.clone(),
-                instance_id: grant.instance_id.clone(),
-                pkey: grant.pkey,
-                membership: grant.membership,
-            });
-        }
-        for (key, setting) in &desired.keys {
-            if accepted.iter().any(|a| a.pkey == *key) {
-                continue;
-            }
-            let held = stored.and_then(|s| {
-                s.memberships
-                    .keys
-                    .get(key)
-                    .filter(|k| k.membership == setting.membership)
-                    .map(|_| s)
-            });
-            match held {
-                Some(s) => accepted.extend(s.grants.iter().filter(|g| g.pkey == *key).cloned()),
-                None => return Err(refuse(*key, GrantError::Missing { pkey: *key })),
-            }
-        }
-        Ok(Some(accepted))
+        crate::sm::grant_judge::judge(policy, &st.consumed, stored, desired, grants)
+            .map(Some)
+            .map_err(|(pkey, error)| {
+                let e = OpenSmError::GrantRefused {
+                    node: desired.node_id.clone(),
+                    pkey,
+                    error: Box::new(error),
+                };
+                tracing::warn!(node_id = %desired.node_id, error = %e, "set refused: grant");
+                e
+            })
     }
 
     /// Consumes every grant of `instance` on `node` the SM host holds, removes the keys no other
