@@ -40,7 +40,14 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             Membership::Limited
         };
         let name = String::from_utf8_lossy(&k[3..]).into_owned();
-        keys.insert(key, KeySetting { membership, name });
+        keys.insert(
+            key,
+            KeySetting {
+                membership,
+                name,
+                ports: None,
+            },
+        );
     }
     let desired = NodeMemberships {
         node_id,
