@@ -3,9 +3,9 @@
 //! panic; a file the parser accepts must, once re-rendered from its entries, parse again to the
 //! same partitions.
 
+use fabric_agent::domain::is_safe_key_name;
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::region::split_region;
-use fabric_agent::domain::is_safe_key_name;
 use fabric_agent::sm::opensm::render::{render_entry, EntrySpec};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
@@ -27,7 +27,15 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let members = |c: &fabric_agent::sm::opensm::model::PartitionsConf| {
         c.effective()
             .into_iter()
-            .map(|(k, p)| (k, p.members.iter().map(|m| (m.ports, m.kind)).collect::<Vec<_>>()))
+            .map(|(k, p)| {
+                (
+                    k,
+                    p.members
+                        .iter()
+                        .map(|m| (m.ports, m.kind))
+                        .collect::<Vec<_>>(),
+                )
+            })
             .collect::<Vec<_>>()
     };
     assert_eq!(members(&conf), members(&again));
