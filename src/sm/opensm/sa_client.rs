@@ -161,22 +161,10 @@ impl SaSession {
             &query,
             0,
         );
-        let mut mad = [0u8; MAD_LEN];
-        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
-        let answer = self.exchange(WHAT, self.sa, MadAddress::subnet_administrator(sm_lid), mad)?;
+        let Some(response) = self.get_table(WHAT, sm_lid, &request)? else {
+            return Ok(None);
+        };
         let malformed = |source| SaError::Malformed { what: WHAT, source };
-        let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..]).map_err(malformed)?)
-            .map_err(malformed)?;
-        match response.status {
-            status::OK => {}
-            status::SA_NO_RECORDS => return Ok(None),
-            other => {
-                return Err(SaError::Status {
-                    what: WHAT,
-                    status: other,
-                })
-            }
-        }
         let table = TableRecords::new(&response).map_err(malformed)?;
         let mut found = None;
         for bytes in table.iter() {
@@ -217,22 +205,10 @@ impl SaSession {
             0,
         );
         request.sm_key = sm_key;
-        let mut mad = [0u8; MAD_LEN];
-        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
-        let answer = self.exchange(WHAT, self.sa, MadAddress::subnet_administrator(sm_lid), mad)?;
+        let Some(response) = self.get_table(WHAT, sm_lid, &request)? else {
+            return Ok(None);
+        };
         let malformed = |source| SaError::Malformed { what: WHAT, source };
-        let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..]).map_err(malformed)?)
-            .map_err(malformed)?;
-        match response.status {
-            status::OK => {}
-            status::SA_NO_RECORDS => return Ok(None),
-            other => {
-                return Err(SaError::Status {
-                    what: WHAT,
-                    status: other,
-                })
-            }
-        }
         let table = TableRecords::new(&response).map_err(malformed)?;
         let mut found = None;
         for bytes in table.iter() {
@@ -252,6 +228,30 @@ impl SaSession {
             }
         }
         Ok(found)
+    }
+
+    /// Sends the GetTable `request` to the SA at `sm_lid` and returns its answer: `None` when
+    /// the SA has no such records, an error for any other status than OK.
+    fn get_table(
+        &mut self,
+        what: &'static str,
+        sm_lid: u16,
+        request: &SaMadRepr,
+    ) -> Result<Option<SaMadRepr>, SaError> {
+        let mut mad = [0u8; MAD_LEN];
+        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
+        let answer = self.exchange(what, self.sa, MadAddress::subnet_administrator(sm_lid), mad)?;
+        let malformed = |source| SaError::Malformed { what, source };
+        let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..]).map_err(malformed)?)
+            .map_err(malformed)?;
+        match response.status {
+            status::OK => Ok(Some(response)),
+            status::SA_NO_RECORDS => Ok(None),
+            other => Err(SaError::Status {
+                what,
+                status: other,
+            }),
+        }
     }
 
     fn smp_get(
