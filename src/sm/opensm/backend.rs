@@ -329,14 +329,6 @@ fn read_optional(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
     }
 }
 
-fn same_set(a: &NodeMemberships, b: &NodeMemberships) -> bool {
-    let mut ga = a.port_guids.clone();
-    let mut gb = b.port_guids.clone();
-    ga.sort();
-    gb.sort();
-    a.node_id == b.node_id && ga == gb && a.keys == b.keys
-}
-
 struct Inner {
     config: OpenSmConfig,
     local_node_id: String,
@@ -571,22 +563,13 @@ impl OpenSmBackend {
             let retry = {
                 let st = self.inner.lock();
                 let retry = match st.nodes.get(&desired.node_id) {
-                    Some(old) if old.generation > generation => {
-                        return Err(OpenSmError::StaleGeneration {
+                    Some(old) => old.fence(&desired, generation).map_err(|stored| {
+                        OpenSmError::StaleGeneration {
                             sent: generation,
-                            stored: old.generation,
-                        })
-                    }
-                    Some(old) if old.generation == generation => {
-                        if !same_set(&old.memberships, &desired) {
-                            return Err(OpenSmError::StaleGeneration {
-                                sent: generation,
-                                stored: old.generation,
-                            });
+                            stored,
                         }
-                        true
-                    }
-                    _ => false,
+                    })?,
+                    None => false,
                 };
                 if !retry {
                     accepted = self.judge_grants(&st, &desired, grants)?;
@@ -812,11 +795,7 @@ impl OpenSmBackend {
         let held: BTreeSet<Guid> = {
             let st = self.inner.lock();
             match st.nodes.get(&desired.node_id) {
-                Some(old)
-                    if old.generation > generation
-                        || (old.generation == generation
-                            && !same_set(&old.memberships, desired)) =>
-                {
+                Some(old) if old.fence(desired, generation).is_err() => {
                     return Ok(Evidence::default());
                 }
                 Some(old) => old.memberships.port_guids.iter().copied().collect(),

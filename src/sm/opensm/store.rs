@@ -36,6 +36,27 @@ pub struct StoredNode {
 }
 
 impl StoredNode {
+    /// The fabric side's fencing rule for `set` at `generation` against this stored set:
+    /// `Ok(true)` a retry of it (same generation, same node, keys and ports), `Ok(false)` a
+    /// newer generation, `Err(stored generation)` an older generation or the same one with
+    /// another set (never answered Ok: it was not applied).
+    pub fn fence(&self, set: &NodeMemberships, generation: u64) -> Result<bool, u64> {
+        let ports = |m: &NodeMemberships| {
+            let mut guids = m.port_guids.clone();
+            guids.sort();
+            guids
+        };
+        let same = self.memberships.node_id == set.node_id
+            && self.memberships.keys == set.keys
+            && ports(&self.memberships) == ports(set);
+        match self.generation.cmp(&generation) {
+            std::cmp::Ordering::Greater => Err(self.generation),
+            std::cmp::Ordering::Equal if same => Ok(true),
+            std::cmp::Ordering::Equal => Err(self.generation),
+            std::cmp::Ordering::Less => Ok(false),
+        }
+    }
+
     /// What a restored store's record of a node becomes (fail closed): the store was found
     /// older than the one last written, so the node may have sent newer sets since, releases
     /// among them. The keys are kept out of the rendered region until the node's next set

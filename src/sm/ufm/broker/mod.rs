@@ -181,22 +181,14 @@ impl UfmBroker {
         let _serial = backend.serial.lock().await;
         let stored = self.lock().nodes.get(&node).cloned();
         let retry = match &stored {
-            Some(old) if old.generation > generation => {
-                return Err(BrokerError::StaleGeneration {
-                    sent: generation,
-                    stored: old.generation,
-                })
-            }
-            Some(old) if old.generation == generation => {
-                if !same_set(&old.memberships, &desired) {
-                    return Err(BrokerError::StaleGeneration {
+            Some(old) => {
+                old.fence(&desired, generation)
+                    .map_err(|stored| BrokerError::StaleGeneration {
                         sent: generation,
-                        stored: old.generation,
-                    });
-                }
-                true
+                        stored,
+                    })?
             }
-            _ => false,
+            None => false,
         };
         if !retry {
             self.admit(&desired, grants, generation, stored, check_ports)
@@ -404,12 +396,6 @@ impl UfmBroker {
             ),
         })
     }
-}
-
-/// The same node, keys and ports (the SM host's rule for a retry).
-fn same_set(a: &NodeMemberships, b: &NodeMemberships) -> bool {
-    let ports = |m: &NodeMemberships| -> BTreeSet<Guid> { m.port_guids.iter().copied().collect() };
-    a.node_id == b.node_id && a.keys == b.keys && ports(a) == ports(b)
 }
 
 #[async_trait]
