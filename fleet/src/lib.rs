@@ -20,6 +20,7 @@
 //! - `fleet`    the composition: followers, store writer, attach/release helpers, the guard's I/O
 //! - `cli`      the `fabric-fleet` binary's subcommands and exit codes
 
+#![forbid(unsafe_code)]
 pub mod backoff;
 pub mod cli;
 pub mod connect;
