@@ -1,19 +1,19 @@
-//! Group commit against a real OpenSM: NODES (default 500) HCAs on an ibsim leaf-spine fabric,
+//! Group commit against a real OpenSM: `--nodes` (default 500) HCAs on an ibsim leaf-spine fabric,
 //! every node sending its desired set to the SM host's backend at once (in-process, one task
-//! per node). Each of RUNS (default 3) runs prints: one heavy sweep of the unchanged fabric
-//! (median of SWEEPS, default 3), one verification pass (every table read once), a single
+//! per node). Each of `--runs` (default 3) runs prints: one heavy sweep of the unchanged fabric
+//! (median of `--sweeps`, default 3), one verification pass (every table read once), a single
 //! change (reply, key on the port), the attach storm and then the release storm (every node's
 //! set without its key, same backend) with group commit on (sweeps, all replies, every port's
 //! table right and its ratio to one heavy sweep, CPU seconds and peak RSS of this process,
-//! which hosts the backend, and of OpenSM), then OFF_NODES (default 20) attaches and releases
+//! which hosts the backend, and of OpenSM), then `--off-nodes` (default 20) attaches and releases
 //! with group commit off (one write + sweep each; extrapolated to all nodes). Tables are read
 //! by [`opensm_support::tables`] (one umad client, many SMPs in flight), first cross-checked
 //! against `smpquery`. Ends with min/median/max over the runs. Every wait has a deadline: a
 //! missed one prints a `TIMEOUT ...` line and the bench exits 1.
 //!
 //! Run: `cargo bench --bench opensm_commit` (needs ibsim-utils, opensm, infiniband-diags);
-//! the largest fabric ibsim accepts: `NODES=2000 PER_LEAF=47 cargo bench --bench opensm_commit`.
-//! `SPREAD_MS=N` spreads each storm's calls evenly over N milliseconds instead of sending them
+//! the largest fabric ibsim accepts: `cargo bench --bench opensm_commit -- --nodes 2000 --per-leaf 47`.
+//! `--spread-ms N` spreads each storm's calls evenly over N milliseconds instead of sending them
 //! all at once.
 
 mod opensm_support;
@@ -24,12 +24,13 @@ mod support;
 use fabric_agent::domain::{NodeMemberships, PKey};
 use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend};
 use opensm_support::{
-    backend, env_usize, finish, heavy_sweep, read_pass, secs, set_of, storm, summary,
-    summary_ratio, wait_tables, Check, TableReader, Usage, Want,
+    backend, finish, heavy_sweep, read_pass, secs, set_of, storm, summary, summary_ratio,
+    wait_tables, Check, TableReader, Usage, Want,
 };
 use rig::Fabric;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::arg_usize;
 
 const NODES_PER_TENANT: usize = 8;
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -74,7 +75,7 @@ fn storm_line(
     let sweeps_before = b.sweeps();
     let usage = Usage::start(fabric.opensm_pid());
     let t = Instant::now();
-    let spread = Duration::from_millis(env_usize("SPREAD_MS", 0) as u64);
+    let spread = Duration::from_millis(arg_usize("--spread-ms", 0) as u64);
     let (replied, failed, first) = storm(rt, b, sets, generation, DEADLINE, spread)?;
     let sweeps = b.sweeps() - sweeps_before;
     if failed > 0 {
@@ -116,7 +117,7 @@ fn run(
     // one untimed sweep (the previous run's last write is confirmed when OpenSM has re-read
     // the file, so its sweep may still be running, and its SUBNET UP would end a timed one).
     heavy_sweep(fabric, DEADLINE)?;
-    let mut sweeps = (0..env_usize("SWEEPS", 3).max(1))
+    let mut sweeps = (0..arg_usize("--sweeps", 3).max(1))
         .map(|_| heavy_sweep(fabric, DEADLINE))
         .collect::<Check<Vec<Duration>>>()?;
     sweeps.sort();
@@ -202,7 +203,7 @@ fn run(
 
     // Group commit off: one write + sweep per request, so only a prefix is sent: attached,
     // then released.
-    let off = env_usize("OFF_NODES", 20).min(ports.len());
+    let off = arg_usize("--off-nodes", 20).min(ports.len());
     let b = backend(fabric, false, Arc::new(InMemoryNodeStore::default()));
     let key = PKey::new(0x0f00 + r as u32).expect("key");
     for (what, with, generation) in [("attach", true, 1), ("release", false, 2)] {
@@ -263,10 +264,10 @@ fn main() {
     if opensm_support::tables::serve_if_child() {
         return;
     }
-    let nodes = env_usize("NODES", 500);
-    let runs = env_usize("RUNS", 3);
-    // ibsim holds at most 2,048 nodes, switches included: 2,000 HCAs need PER_LEAF=47.
-    let per_leaf = env_usize("PER_LEAF", 24);
+    let nodes = arg_usize("--nodes", 500);
+    let runs = arg_usize("--runs", 3);
+    // ibsim holds at most 2,048 nodes, switches included: 2,000 HCAs need --per-leaf 47.
+    let per_leaf = arg_usize("--per-leaf", 24);
     let Some(fabric) = opensm_support::start_fabric(nodes, per_leaf) else {
         return;
     };

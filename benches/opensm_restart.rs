@@ -1,9 +1,9 @@
-//! A restart of the SM-host backend on the daemon's real store: NODES (default 2000) node sets
+//! A restart of the SM-host backend on the daemon's real store: `--nodes` (default 2000) node sets
 //! stored in a redb file (`fabric_agent::store::Store` through the daemon's `StoredSmNodes`
 //! adapter, in a temp dir), then per restart: open the store, build the backend (it loads
 //! every stored set), send one node's new set, until that write is confirmed (written in the
-//! region with all the others, OpenSM seen re-reading it). On an ibsim fabric of NODES HCAs
-//! with a real OpenSM. RUNS (default 3) restarts; min/median/max.
+//! region with all the others, OpenSM seen re-reading it). On an ibsim fabric of `--nodes` HCAs
+//! with a real OpenSM. `--runs` (default 3) restarts; min/median/max.
 //!
 //! Run: `cargo bench --bench opensm_restart` (needs ibsim-utils, opensm).
 
@@ -16,11 +16,12 @@ use fabric_agent::daemon::StoredSmNodes;
 use fabric_agent::domain::PKey;
 use fabric_agent::sm::opensm::{NodeMembershipStore, StoredNode};
 use fabric_agent::store::Store;
-use opensm_support::{backend, env_usize, finish, secs, set_of, storm, summary, Check};
+use opensm_support::{backend, finish, secs, set_of, storm, summary, Check};
 use rig::Fabric;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::arg_usize;
 
 /// Events the store keeps (the daemon's lowest accepted bound).
 const RETAIN: u64 = 1000;
@@ -72,9 +73,9 @@ fn restart(
 }
 
 fn main() {
-    let nodes = env_usize("NODES", 2000);
-    let runs = env_usize("RUNS", 3);
-    let Some(fabric) = opensm_support::start_fabric(nodes, env_usize("PER_LEAF", 47)) else {
+    let nodes = arg_usize("--nodes", 2000);
+    let runs = arg_usize("--runs", 3);
+    let Some(fabric) = opensm_support::start_fabric(nodes, arg_usize("--per-leaf", 47)) else {
         return;
     };
     let ports = fabric.ports();

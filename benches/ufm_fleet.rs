@@ -22,11 +22,12 @@
 //! driven over its stdin), so the agents and the fake each have their own file-descriptor limit
 //! and runtime: in one process the old path at 2,000 agents ran out of descriptors.
 //!
-//! `cargo bench --bench ufm_fleet` (env `FLEET=100,1000,2000`, `RUNS=3`, `MODES=stamp` to skip
-//! the old path, `MODES=per-key` to run only the old path).
+//! `cargo bench --bench ufm_fleet -- [--fleet 100,1000,2000] [--runs 3] [--modes stamp|per-key]`
+//! (`--modes stamp` skips the old path, `--modes per-key` runs only the old path).
 
 #[path = "../tests/fake_ufm/mod.rs"]
 mod fake_ufm;
+mod support;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::sm::ufm::{MemoryLedgerStore, UfmConfig, UfmSm};
@@ -348,21 +349,13 @@ fn spread(mut v: Vec<f64>, digits: usize) -> String {
     )
 }
 
-fn env_list(name: &str, default: &str) -> Vec<usize> {
-    std::env::var(name)
-        .unwrap_or_else(|_| default.into())
-        .split(',')
-        .map(|s| s.trim().parse().expect("a number"))
-        .collect()
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return serve_fake().await;
     }
-    let fleet = env_list("FLEET", "100,1000,2000");
-    let runs = env_list("RUNS", "3")[0].max(1);
+    let fleet = support::arg_list("--fleet", "100,1000,2000");
+    let runs = support::arg_usize("--runs", 3).max(1);
     println!(
         "UFM fleet: {GUIDS} GUIDs and {KEYS} keys per agent, keys shared by pairs, one fake UFM on loopback \
          (its own process; the agents' process has 2 worker threads), ledger in memory, {ROUNDS} resync rounds per run, {runs} runs (min / median / max)"
@@ -381,11 +374,12 @@ async fn main() {
         if n <= 100 {
             cases.push((Mode::StampList, false));
         }
-        // `MODES=stamp` runs only the new path, `MODES=per-key` only the old one.
-        match std::env::var("MODES").as_deref() {
-            Ok("stamp") => cases.retain(|(m, _)| *m != Mode::PerKey),
-            Ok("per-key") => cases.retain(|(m, _)| *m == Mode::PerKey),
-            _ => {}
+        // `--modes stamp` runs only the new path, `--modes per-key` only the old one.
+        match support::arg_text("--modes").as_deref() {
+            Some("stamp") => cases.retain(|(m, _)| *m != Mode::PerKey),
+            Some("per-key") => cases.retain(|(m, _)| *m == Mode::PerKey),
+            None => {}
+            Some(other) => panic!("--modes {other}: expected stamp or per-key"),
         }
         for (mode, churn) in cases {
             // The old path (and churn, where every re-check reads every key) sends N x 32

@@ -51,14 +51,6 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// A failed wait or check: one line starting with `TIMEOUT` or `FAILED`.
 pub type Check<T> = Result<T, String>;
 
-/// `NAME` from the environment, or `default`.
-pub fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Seconds with three decimals.
 pub fn secs(d: Duration) -> String {
     format!("{:.3} s", d.as_secs_f64())

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 /// Set in the child's environment: serve table reads instead of running the bench.
 const CHILD_ENV: &str = "FABRIC_AGENT_TABLE_READER";
-/// Requests in flight at once (env `READ_WINDOW` overrides).
+/// Requests in flight at once (`--read-window N` overrides; the child gets it in `CHILD_ENV`).
 const WINDOW: usize = 64;
 /// Wait for one answer before it is sent again.
 const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
@@ -49,7 +49,10 @@ impl TableReader {
         let exe = std::env::current_exe().map_err(|e| format!("FAILED: current_exe: {e}"))?;
         let mut child = fabric
             .client_command(node, exe)
-            .env(CHILD_ENV, "1")
+            .env(
+                CHILD_ENV,
+                crate::support::arg_usize("--read-window", WINDOW).to_string(),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -148,7 +151,7 @@ pub fn serve_if_child() -> bool {
 }
 
 fn serve() -> Result<(), String> {
-    let window = std::env::var("READ_WINDOW")
+    let window = std::env::var(CHILD_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(WINDOW)

@@ -15,11 +15,35 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_fabric-agent");
 
 /// `--name N` from the command line, or `default`.
 pub fn arg(name: &str, default: u64) -> u64 {
-    std::env::args()
-        .skip_while(|a| a != name)
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    match arg_text(name) {
+        None => default,
+        Some(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} {v}: not a number")),
+    }
+}
+
+/// `--name N` from the command line as a count, or `default`.
+pub fn arg_usize(name: &str, default: usize) -> usize {
+    usize::try_from(arg(name, default as u64)).unwrap_or(default)
+}
+
+/// `--name A,B,C` from the command line as counts, or `default` (same form). A value that is
+/// not a list of numbers stops the bench with a message instead of measuring something else.
+pub fn arg_list(name: &str, default: &str) -> Vec<usize> {
+    let text = arg_text(name).unwrap_or_else(|| default.to_owned());
+    text.split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name} {text}: not a comma-separated list of counts"))
+        })
+        .collect()
+}
+
+/// `--name VALUE` from the command line, if given.
+pub fn arg_text(name: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != name).nth(1)
 }
 
 /// The `p` quantile (0..=1) of `samples`, in any order (nearest rank on a sorted copy); None
