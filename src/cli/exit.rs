@@ -10,6 +10,10 @@ pub const REFUSED: u8 = 1;
 pub const USAGE: u8 = 2;
 /// The configuration is invalid (sysexits EX_USAGE).
 pub const CONFIG: u8 = 64;
+/// `opensm check`/`apply`: the operator's partitions file is refused (sysexits EX_DATAERR).
+pub const DATA_ERROR: u8 = 65;
+/// `opensm check`: the file cannot be read (sysexits EX_NOINPUT).
+pub const NO_INPUT: u8 = 66;
 /// The daemon cannot be reached (sysexits EX_UNAVAILABLE).
 pub const UNREACHABLE: u8 = 69;
 /// The system refused a resource (sysexits EX_OSERR): the async runtime or signal handlers.
@@ -43,8 +47,18 @@ pub const TABLE: &[(u8, &str)] = &[
          (what check-config reports)",
     ),
     (
+        DATA_ERROR,
+        "data (`opensm check`/`apply`): the operator's partitions file is refused; its line and \
+         reason are printed and nothing is written",
+    ),
+    (
+        NO_INPUT,
+        "no input (`opensm check`): the file cannot be read",
+    ),
+    (
         UNREACHABLE,
-        "unavailable: the daemon cannot be reached, or it is stopping",
+        "unavailable: the daemon cannot be reached, or it is stopping (`opensm apply`: the file \
+         was written but OpenSM could not be signalled or was not seen confirming it)",
     ),
     (
         OS_ERROR,

@@ -12,8 +12,9 @@
 //! | 66   | the file to check cannot be read |
 //! | 69   | `apply`: written, but OpenSM could not be signalled or was not seen confirming it |
 
+use super::exit;
 use crate::config::Backend;
-use crate::sm::opensm::operator::{apply, load_operator_file, OperatorFileError};
+use crate::sm::opensm::operator::{apply, load_operator_file, ApplyError, OperatorFileError};
 use clap::Subcommand;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -57,11 +58,11 @@ fn check(file: &Path) -> ExitCode {
         }
         Err(e @ OperatorFileError::Read { .. }) => {
             eprintln!("error: {e}");
-            ExitCode::from(66)
+            ExitCode::from(exit::NO_INPUT)
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(65)
+            ExitCode::from(exit::DATA_ERROR)
         }
     }
 }
@@ -81,7 +82,7 @@ fn apply_configured(config_path: &Path) -> ExitCode {
                 "error: {} is not an OpenSM SM host's config (subnet_manager.backend = \"opensm\")",
                 config_path.display()
             );
-            return ExitCode::from(super::exit::CONFIG);
+            return ExitCode::from(exit::CONFIG);
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -91,7 +92,7 @@ fn apply_configured(config_path: &Path) -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(71);
+            return ExitCode::from(exit::OS_ERROR);
         }
     };
     match runtime.block_on(apply(&opensm)) {
@@ -111,7 +112,17 @@ fn apply_configured(config_path: &Path) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(e.exit_code())
+            ExitCode::from(apply_exit_code(&e))
         }
+    }
+}
+
+/// The exit code `opensm apply` ends with, from the table in [`exit`].
+fn apply_exit_code(e: &ApplyError) -> u8 {
+    match e {
+        ApplyError::NotConfigured(_) => exit::CONFIG,
+        ApplyError::Operator(_) | ApplyError::Live { .. } => exit::DATA_ERROR,
+        ApplyError::Io(_) | ApplyError::Unconfirmed(_) => exit::UNREACHABLE,
+        ApplyError::Rejected { .. } => exit::REFUSED,
     }
 }

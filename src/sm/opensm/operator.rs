@@ -141,18 +141,6 @@ pub enum ApplyError {
     },
 }
 
-impl ApplyError {
-    /// The exit code `fabric-agent opensm apply` ends with (see `cli::opensm`).
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            ApplyError::NotConfigured(_) => 64,
-            ApplyError::Operator(_) | ApplyError::Live { .. } => 65,
-            ApplyError::Io(_) | ApplyError::Unconfirmed(_) => 69,
-            ApplyError::Rejected { .. } => 1,
-        }
-    }
-}
-
 /// Installs the operator's file now: validate, compose with the live file's region, write
 /// atomically under the lock, force the sweeps and confirm by the sweep fence.
 pub async fn apply(config: &OpenSmConfig) -> Result<Applied, ApplyError> {
