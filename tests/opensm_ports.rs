@@ -1,0 +1,201 @@
+//! One partition per port, on an ibsim fabric with a real OpenSM and the SM-host agent: a host
+//! with two HCAs (ibsim's `node1` and `node2`, the host's `mlx5_0` and `mlx5_1`) runs instance
+//! X on mlx5_0 in partition A and instance Y on mlx5_1 in partition B. `smpquery` shows each
+//! key on its own HCA only; releasing X leaves Y untouched; while X is RELEASING (the SM-host
+//! agent stopped), an attach of partition C naming mlx5_0 is refused with the reason, and it
+//! is accepted once X is RELEASED.
+//!
+//! The host's agent reads its ports through sysfs, which the rig keeps equal to the fabric's
+//! tables (`rig/two_hca.rs`): ibsim attaches a process to one port only, as the kernel's
+//! sysfs shows every HCA of a real host. Skipped (with a message) when ibsim/OpenSM or the
+//! shim are not installed.
+
+mod common;
+#[path = "rig/mod.rs"]
+mod rig;
+#[path = "rig/two_hca.rs"]
+mod two_hca;
+
+use common::{
+    attach_on, free_port, get, has_base, partition, release, state, wait_state, CONVERGE,
+};
+use fabric_agent::proto::agent as pb;
+use fabric_agent::proto::agent::event::Kind;
+use rig::agents::{sm_config, Agent};
+use rig::process::DaemonProcess;
+use rig::Fabric;
+use std::path::{Path, PathBuf};
+use tonic::Code;
+
+/// The operator's file: ports are limited members of the default partition.
+const OPERATOR: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
+
+const HOST: &str = "host1";
+
+/// The host's agent: remote backend to the SM-host agent, sysfs observer on the mirror's tree,
+/// outside the shim (it talks to no umad device).
+fn start_host_agent(dir: &Path, sysfs: &Path, sm_port: u16) -> (DaemonProcess, PathBuf) {
+    let socket = dir.join(format!("{HOST}.sock"));
+    let config = dir.join(format!("{HOST}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "node_id = \"{HOST}\"\nfabric = \"fab1\"\nstate_dir = \"{d}/{HOST}-state\"\n\
+             [listen]\nunix_socket = \"{s}\"\n\
+             [subnet_manager]\nbackend = \"remote\"\n\
+             [subnet_manager.remote]\nendpoint = \"http://127.0.0.1:{sm_port}\"\n\
+             [observer]\nkind = \"sysfs\"\nsysfs_root = \"{r}\"\nfast_poll_ms = 50\nslow_poll_ms = 1000\n\
+             [reconciler]\nbackoff_max_ms = 1000\n",
+            d = dir.display(),
+            s = socket.display(),
+            r = sysfs.display(),
+        ),
+    )
+    .expect("write host config");
+    let cmd = std::process::Command::new(rig::process::BIN);
+    let log = dir.join(format!("{HOST}-agent.log"));
+    let agent = DaemonProcess::start(cmd, "host agent", &config, &socket, &log);
+    (agent, socket)
+}
+
+/// The P_Key table of `node`'s port as `smpquery` reads it.
+fn keys_of(fabric: &Fabric, node: &str) -> Vec<u16> {
+    fabric.pkeys(node)
+}
+
+/// Asserts that `node` holds `base` and none of `absent`.
+fn assert_keys(fabric: &Fabric, node: &str, base: u16, absent: &[u16]) {
+    let keys = keys_of(fabric, node);
+    assert!(
+        has_base(&keys, base),
+        "{node}: {base:#x} missing: {keys:x?}"
+    );
+    for other in absent {
+        assert!(
+            !has_base(&keys, *other),
+            "{node}: {other:#x} present: {keys:x?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hcas_carry_one_partition_each_and_a_new_tenant_waits_for_released() {
+    let Some(fabric) = Fabric::start(&two_hca::spec(HOST), OPERATOR) else {
+        common::skip("ibsim, OpenSM or umad2sim not installed");
+        return;
+    };
+    let root = fabric.dir().join("host1-sys");
+    let mirror = two_hca::SysfsMirror::start(&fabric, &root, &two_hca::HCAS);
+    let sm_port = free_port();
+    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, sm_port));
+    let (host, socket) = start_host_agent(fabric.dir(), mirror.root(), sm_port);
+    let mut c = rig::process::client(&socket).await;
+
+    // The host reports both HCAs as its ports.
+    let node = common::node(&mut c).await;
+    let devices: Vec<&str> = node.ports.iter().map(|p| p.device.as_str()).collect();
+    assert_eq!(devices, ["mlx5_0", "mlx5_1"], "{node:?}");
+
+    // X on mlx5_0 in A, Y on mlx5_1 in B: both ACTIVE, each key on its own HCA only.
+    let (a, b, cc) = (0x0a01u16, 0x0b01u16, 0x0c01u16);
+    for (instance, id, key, port) in [
+        ("vm-x", "ibpart_a", a, "mlx5_0/1"),
+        ("vm-y", "ibpart_b", b, "mlx5_1/1"),
+    ] {
+        let r = attach_on(instance, partition(id, key.into()), &[port], None);
+        c.attach_partition(r).await.expect("attach");
+    }
+    wait_state(&mut c, "vm-x", pb::AttachmentState::Active, CONVERGE).await;
+    wait_state(&mut c, "vm-y", pb::AttachmentState::Active, CONVERGE).await;
+    assert_keys(&fabric, "node1", a, &[b]);
+    assert_keys(&fabric, "node2", b, &[a]);
+    let x = get(&mut c, "vm-x").await;
+    assert!(x.named_ports, "{x:?}");
+    assert_eq!(x.ports.len(), 1, "{x:?}");
+    assert_eq!(x.ports[0].device, "mlx5_0", "{x:?}");
+
+    // The SM-host agent stops (by pid) and X is released: RELEASING, A still on mlx5_0.
+    sm.stop();
+    release(&mut c, "vm-x", None).await;
+    assert_eq!(
+        state(&get(&mut c, "vm-x").await),
+        pb::AttachmentState::Releasing
+    );
+
+    // Partition C on mlx5_0 is refused with the reason; a whole-node attach too (it covers
+    // mlx5_0). Nothing is stored.
+    for ports in [&["mlx5_0/1"][..], &[][..]] {
+        let r = attach_on("vm-z", partition("ibpart_c", cc.into()), ports, None);
+        let e = c.attach_partition(r).await.expect_err("refused");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{ports:?}: {e:?}");
+        for says in ["vm-x", "ibpart_a", "RELEASING", "mlx5_0/1"] {
+            assert!(
+                e.message().contains(says),
+                "{says:?} not in {}",
+                e.message()
+            );
+        }
+    }
+    let list = c
+        .list_attachments(pb::ListAttachmentsRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .attachments;
+    assert!(list.iter().all(|a| a.instance_id != "vm-z"), "{list:?}");
+    mirror.sync();
+    assert_eq!(
+        state(&get(&mut c, "vm-x").await),
+        pb::AttachmentState::Releasing
+    );
+    assert_keys(&fabric, "node1", a, &[b]);
+
+    // The SM-host agent is back: X goes RELEASED once A has left mlx5_0; B stays on mlx5_1.
+    sm.spawn(&fabric);
+    wait_state(&mut c, "vm-x", pb::AttachmentState::Released, CONVERGE).await;
+    let keys = keys_of(&fabric, "node1");
+    assert!(!has_base(&keys, a), "node1 still holds A: {keys:x?}");
+    assert_keys(&fabric, "node2", b, &[a]);
+    assert_eq!(
+        state(&get(&mut c, "vm-y").await),
+        pb::AttachmentState::Active
+    );
+
+    // Now C on mlx5_0 is accepted and goes ACTIVE there only.
+    let r = attach_on(
+        "vm-z",
+        partition("ibpart_c", cc.into()),
+        &["mlx5_0/1"],
+        None,
+    );
+    c.attach_partition(r)
+        .await
+        .expect("accepted after RELEASED");
+    wait_state(&mut c, "vm-z", pb::AttachmentState::Active, CONVERGE).await;
+    assert_keys(&fabric, "node1", cc, &[a, b]);
+    assert_keys(&fabric, "node2", b, &[a, cc]);
+
+    // Y was never touched: its one transition is to ACTIVE.
+    let log = common::events(&mut c, 0).await;
+    let y: Vec<i32> = log
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::AttachmentChanged(ch)) if ch.instance_id == "vm-y" => Some(ch.to),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        y.last(),
+        Some(&(pb::AttachmentState::Active as i32)),
+        "{y:?}"
+    );
+    let actives = y
+        .iter()
+        .filter(|s| **s == pb::AttachmentState::Active as i32)
+        .count();
+    assert_eq!(actives, 1, "vm-y left ACTIVE and came back: {y:?}");
+
+    host.stop();
+    sm.stop();
+    drop(mirror);
+}
