@@ -5,6 +5,10 @@
 //! agent stopped), an attach of partition C naming mlx5_0 is refused with the reason, and it
 //! is accepted once X is RELEASED.
 //!
+//! A second story: a covered HCA leaves the host during a release. While the subnet manager
+//! still shows its port, RELEASED waits; once the SA (asked through the host's other HCA) no
+//! longer shows it, RELEASED; and when it comes back, OpenSM programs it without the key.
+//!
 //! The host's agent reads its ports through sysfs, which the rig keeps equal to the fabric's
 //! tables (`rig/two_hca.rs`): ibsim attaches a process to one port only, as the kernel's
 //! sysfs shows every HCA of a real host. Skipped (with a message) when ibsim/OpenSM or the
@@ -32,26 +36,36 @@ const OPERATOR: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
 
 const HOST: &str = "host1";
 
-/// The host's agent: remote backend to the SM-host agent, sysfs observer on the mirror's tree,
-/// outside the shim (it talks to no umad device).
-fn start_host_agent(dir: &Path, sysfs: &Path, sm_port: u16) -> (DaemonProcess, PathBuf) {
-    let socket = dir.join(format!("{HOST}.sock"));
-    let config = dir.join(format!("{HOST}.toml"));
-    std::fs::write(
-        &config,
-        format!(
-            "node_id = \"{HOST}\"\nfabric = \"fab1\"\nstate_dir = \"{d}/{HOST}-state\"\n\
+/// The host's agent config: remote backend to the SM-host agent, sysfs observer on the
+/// mirror's tree (`observer` added to its table), listening on `socket`; `top` adds top-level
+/// settings.
+fn host_config(
+    dir: &Path,
+    sysfs: &Path,
+    sm_port: u16,
+    socket: &Path,
+    top: &str,
+    observer: &str,
+) -> String {
+    format!(
+            "node_id = \"{HOST}\"\nfabric = \"fab1\"\nstate_dir = \"{d}/{HOST}-state\"\n{top}\
              [listen]\nunix_socket = \"{s}\"\n\
              [subnet_manager]\nbackend = \"remote\"\n\
              [subnet_manager.remote]\nendpoint = \"http://127.0.0.1:{sm_port}\"\n\
-             [observer]\nkind = \"sysfs\"\nsysfs_root = \"{r}\"\nfast_poll_ms = 50\nslow_poll_ms = 1000\n\
+             [observer]\nkind = \"sysfs\"\nsysfs_root = \"{r}\"\nfast_poll_ms = 50\nslow_poll_ms = 1000\n{observer}\
              [reconciler]\nbackoff_max_ms = 1000\n",
-            d = dir.display(),
-            s = socket.display(),
-            r = sysfs.display(),
-        ),
+        d = dir.display(),
+        s = socket.display(),
+        r = sysfs.display(),
     )
-    .expect("write host config");
+}
+
+/// The host's agent outside the shim (it talks to no umad device).
+fn start_host_agent(dir: &Path, sysfs: &Path, sm_port: u16) -> (DaemonProcess, PathBuf) {
+    let socket = dir.join(format!("{HOST}.sock"));
+    let config = dir.join(format!("{HOST}.toml"));
+    std::fs::write(&config, host_config(dir, sysfs, sm_port, &socket, "", ""))
+        .expect("write host config");
     let cmd = std::process::Command::new(rig::process::BIN);
     let log = dir.join(format!("{HOST}-agent.log"));
     let agent = DaemonProcess::start(cmd, "host agent", &config, &socket, &log);
@@ -198,4 +212,188 @@ async fn two_hcas_carry_one_partition_each_and_a_new_tenant_waits_for_released()
     host.stop();
     sm.stop();
     drop(mirror);
+}
+
+/// Polls `done` on `instance` until it holds or `CONVERGE` passes; the last attachment seen.
+async fn poll(
+    c: &mut pb::fabric_agent_client::FabricAgentClient<tonic::transport::Channel>,
+    instance: &str,
+    done: impl Fn(&pb::Attachment) -> bool,
+) -> pb::Attachment {
+    common::poll_attachment(c, instance, CONVERGE, done).await
+}
+
+/// The reason of `instance`'s RELEASED event.
+async fn released_reason(
+    c: &mut pb::fabric_agent_client::FabricAgentClient<tonic::transport::Channel>,
+    instance: &str,
+) -> String {
+    common::events(c, 0)
+        .await
+        .into_iter()
+        .find_map(|e| match e.kind {
+            Some(Kind::AttachmentChanged(ch))
+                if ch.instance_id == instance && ch.to == pb::AttachmentState::Released as i32 =>
+            {
+                Some(ch.reason)
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no RELEASED event of {instance}"))
+}
+
+/// A fabric whose ports are limited members of the default partition (mlx5_1 a full member
+/// when `full_asking_port`), the mirror, the SM-host agent and the host's agent under the shim
+/// as mlx5_1 (ibsim's node2), asking the SA through it (the shim's umad0); X attached on
+/// mlx5_0 in A and ACTIVE.
+struct Story {
+    // Drop order: the agents (under the shim) before ibsim goes.
+    host: Agent,
+    sm: Agent,
+    mirror: two_hca::SysfsMirror,
+    fabric: Fabric,
+}
+
+const A: u16 = 0x0a01;
+
+async fn x_active_on_mlx5_0(full_asking_port: bool) -> Option<Story> {
+    let Some(fabric) = Fabric::start(&two_hca::spec(HOST), OPERATOR) else {
+        common::skip("ibsim, OpenSM or umad2sim not installed");
+        return None;
+    };
+    let mut top = "";
+    if full_asking_port {
+        // The operator makes mlx5_1 a full member of the default partition (a management
+        // port); the host's agent accepts that posture.
+        let guid = fabric.node_info("node2").port_guid;
+        fabric.set_partitions(&format!(
+            "Default=0x7fff : ALL=limited, SELF=full, {guid:#018x}=full ;\n"
+        ));
+        common::wait_for("mlx5_1 a full default member", CONVERGE, || {
+            keys_of(&fabric, "node2").contains(&0xffff)
+        });
+        top = "allow_full_default = true\n";
+    }
+    let root = fabric.dir().join("host1-sys");
+    let mirror = two_hca::SysfsMirror::start(&fabric, &root, &two_hca::HCAS);
+    let sm_port = free_port();
+    let sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, sm_port));
+    let socket = fabric.dir().join("node2.sock");
+    let config = host_config(
+        fabric.dir(),
+        &root,
+        sm_port,
+        &socket,
+        top,
+        "sa_umad_device = \"/dev/infiniband/umad0\"\n",
+    );
+    let host = Agent::start(&fabric, "node2", &config);
+    let mut c = host.client().await;
+    let r = attach_on("vm-x", partition("ibpart_a", A.into()), &["mlx5_0/1"], None);
+    c.attach_partition(r).await.expect("attach");
+    wait_state(&mut c, "vm-x", pb::AttachmentState::Active, CONVERGE).await;
+    assert_keys(&fabric, "node1", A, &[]);
+    Some(Story {
+        fabric,
+        mirror,
+        sm,
+        host,
+    })
+}
+
+impl Story {
+    /// mlx5_0 leaves the host (its sysfs directory is gone) while its port stays in the
+    /// fabric, and X is released: OpenSM drops A from the port, the host cannot see that, and
+    /// X stays RELEASING, naming the port, for as long as this waits.
+    async fn release_x_without_mlx5_0(&mut self) {
+        let mut c = self.host.client().await;
+        self.mirror.hide("mlx5_0");
+        release(&mut c, "vm-x", None).await;
+        common::wait_for("A off node1", CONVERGE, || {
+            !has_base(&keys_of(&self.fabric, "node1"), A)
+        });
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let x = get(&mut c, "vm-x").await;
+        assert_eq!(state(&x), pb::AttachmentState::Releasing, "{x:?}");
+        assert!(
+            x.reason.contains("mlx5_0/1") && x.reason.contains("missing"),
+            "{}",
+            x.reason
+        );
+    }
+
+    fn stop(mut self) {
+        self.host.stop();
+        self.sm.stop();
+        drop(self.mirror);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_hca_blocks_released_when_the_sa_hides_ports_from_the_asking_port() {
+    // Tenant ports are limited members of the default partition: the SA shows mlx5_1 no port
+    // outside its partitions, so its "no record" for mlx5_0 proves nothing.
+    let Some(mut story) = x_active_on_mlx5_0(false).await else {
+        return;
+    };
+    story.release_x_without_mlx5_0().await;
+    let mut c = story.host.client().await;
+    // Back on the host and read without the key: RELEASED.
+    story.mirror.show("mlx5_0");
+    let x = poll(&mut c, "vm-x", |x| {
+        state(x) == pb::AttachmentState::Released
+    })
+    .await;
+    assert_eq!(state(&x), pb::AttachmentState::Released, "{x:?}");
+    let why = released_reason(&mut c, "vm-x").await;
+    assert!(!why.contains("no longer shown"), "{why}");
+    story.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_covered_hca_gone_from_the_fabric_is_released_by_the_subnet_managers_word() {
+    // mlx5_1 is a full member of the default partition: the SA shows it every port.
+    let Some(mut story) = x_active_on_mlx5_0(true).await else {
+        return;
+    };
+    story.release_x_without_mlx5_0().await;
+    let mut c = story.host.client().await;
+    let guid = get(&mut c, "vm-x").await.ports[0].port_guid.clone();
+
+    // The port leaves the fabric (its link is cut) and OpenSM sweeps: the SA no longer shows
+    // its GUID, and the release completes on the subnet manager's word.
+    story
+        .fabric
+        .ibsim_console("Unlink \"node1\"")
+        .expect("unlink");
+    story.fabric.hup_opensm();
+    let x = poll(&mut c, "vm-x", |x| {
+        state(x) == pb::AttachmentState::Released
+    })
+    .await;
+    assert_eq!(state(&x), pb::AttachmentState::Released, "{x:?}");
+    let why = released_reason(&mut c, "vm-x").await;
+    assert!(
+        why.contains("no longer shown") && why.contains("mlx5_0/1"),
+        "{why}"
+    );
+
+    // Back in the fabric and on the host, without the key; X stays RELEASED.
+    story
+        .fabric
+        .ibsim_console("ReLink \"node1\"")
+        .expect("relink");
+    story.fabric.hup_opensm();
+    story.mirror.show("mlx5_0");
+    let node = common::node(&mut c).await;
+    assert!(
+        node.ports.iter().any(|p| p.port_guid == guid),
+        "mlx5_0 back: {node:?}"
+    );
+    assert!(!has_base(&keys_of(&story.fabric, "node1"), A));
+    assert_eq!(
+        state(&get(&mut c, "vm-x").await),
+        pb::AttachmentState::Released
+    );
+    story.stop();
 }

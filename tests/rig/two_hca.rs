@@ -13,10 +13,11 @@
 //! ```
 
 use crate::rig::{parse_pkeys, text_field, Fabric, FabricSpec, UMAD2SIM};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -39,6 +40,7 @@ pub fn spec(host: &str) -> FabricSpec {
 /// A thread that keeps a sysfs tree at `root` equal to what the fabric's ports hold.
 pub struct SysfsMirror {
     stop: Arc<AtomicBool>,
+    hidden: Arc<Mutex<BTreeSet<String>>>,
     rounds: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
     root: PathBuf,
@@ -174,11 +176,16 @@ impl SysfsMirror {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(AtomicU64::new(0));
+        let hidden: Arc<Mutex<BTreeSet<String>>> = Default::default();
         let thread = {
             let (stop, rounds, root) = (stop.clone(), rounds.clone(), root.to_owned());
+            let hidden = hidden.clone();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
                     for (node, device) in &hcas {
+                        if hidden.lock().expect("hidden").contains(device) {
+                            continue;
+                        }
                         if let Err(e) = mirror_one(&tools, &root, node, device) {
                             eprintln!("sysfs mirror: {}", e.trim_end());
                         }
@@ -190,6 +197,7 @@ impl SysfsMirror {
         };
         SysfsMirror {
             stop,
+            hidden,
             rounds,
             thread: Some(thread),
             root: root.to_owned(),
@@ -199,6 +207,23 @@ impl SysfsMirror {
     /// The tree's root (an observer's `sysfs_root`).
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The host loses `device` (a driver reset, an HCA pulled): the mirror stops writing it and
+    /// its directory leaves the tree.
+    pub fn hide(&self, device: &str) {
+        self.hidden
+            .lock()
+            .expect("hidden")
+            .insert(device.to_owned());
+        self.sync();
+        std::fs::remove_dir_all(self.root.join(device)).expect("remove the device's directory");
+    }
+
+    /// `device` is back: the mirror writes it again from the next round.
+    pub fn show(&self, device: &str) {
+        self.hidden.lock().expect("hidden").remove(device);
+        self.sync();
     }
 
     /// Blocks until two more complete rounds have been written: what the fabric held when
