@@ -150,13 +150,18 @@ async fn two_hcas_carry_one_partition_each_and_a_new_tenant_waits_for_released()
             );
         }
     }
-    let list = c
-        .list_attachments(pb::ListAttachmentsRequest::default())
-        .await
-        .expect("list")
-        .into_inner()
-        .attachments;
-    assert!(list.iter().all(|a| a.instance_id != "vm-z"), "{list:?}");
+    let stored = c
+        .get_attachment(pb::GetAttachmentRequest {
+            instance_id: "vm-z".into(),
+        })
+        .await;
+    assert_eq!(
+        stored
+            .map(|r| r.into_inner())
+            .expect_err("nothing stored")
+            .code(),
+        Code::NotFound
+    );
     mirror.sync();
     assert_eq!(
         state(&get(&mut c, "vm-x").await),

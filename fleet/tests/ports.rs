@@ -29,6 +29,19 @@ fn on(node: &str, instance: &str, id: &str, pkey: u32, port: &str) -> AttachSpec
     }
 }
 
+/// Attaches `spec`, which must be accepted; the attachment.
+async fn attached(
+    f: &fabric_fleet::Fleet,
+    spec: AttachSpec,
+) -> fabric_fleet::proto::agent::Attachment {
+    let what = format!("{} on {:?}", spec.instance_id, spec.ports);
+    f.attach(spec)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .attachment
+        .expect("attachment")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attach_names_its_ports_and_a_port_carries_one_partition() {
     let agent = Agent::start("node-p");
@@ -38,12 +51,7 @@ async fn an_attach_names_its_ports_and_a_port_carries_one_partition() {
     let f = fleet(&text, &dir.path().join("fleet.redb"));
     assert!(f.wait_settled(WAIT).await, "the node heard from");
 
-    let x = f
-        .attach(on("node-p", "vm-x", "ibpart_x", 0x31, "sim0/1"))
-        .await
-        .expect("attach on sim0/1")
-        .attachment
-        .expect("attachment");
+    let x = attached(&f, on("node-p", "vm-x", "ibpart_x", 0x31, "sim0/1")).await;
     assert_eq!(fabric_fleet::view::state_name(x.state), "ACTIVE", "{x:?}");
     assert!(x.named_ports, "{x:?}");
     let covered: Vec<(&str, u32)> = x
@@ -69,12 +77,7 @@ async fn an_attach_names_its_ports_and_a_port_carries_one_partition() {
         other => panic!("not the node's refusal: {other}"),
     }
     // On the other port: accepted.
-    let y = f
-        .attach(on("node-p", "vm-y", "ibpart_y", 0x32, "sim0/2"))
-        .await
-        .expect("attach on sim0/2")
-        .attachment
-        .expect("attachment");
+    let y = attached(&f, on("node-p", "vm-y", "ibpart_y", 0x32, "sim0/2")).await;
     assert_eq!(fabric_fleet::view::state_name(y.state), "ACTIVE", "{y:?}");
     assert_eq!(y.ports.len(), 1, "{y:?}");
     assert_eq!(y.ports[0].port_number, 2, "{y:?}");

@@ -208,6 +208,35 @@ impl SmpObserver {
             .await
     }
 
+    /// Sends one SA request to the subnet administrator at `sm_lid` and returns its answer:
+    /// `None` for "no records", an error for any other status than OK.
+    async fn sa_exchange(
+        &self,
+        sm_lid: u16,
+        request: &SaMadRepr,
+    ) -> Result<Option<SaMadRepr>, SmpError> {
+        let mut mad = [0u8; MAD_LEN];
+        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
+        let answer = self
+            .transport
+            .exchange(
+                Agent::SubnetAdministration,
+                MadAddress::subnet_administrator(sm_lid),
+                mad,
+            )
+            .await?;
+        let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..])?)?;
+        match response.status {
+            status::OK => Ok(Some(response)),
+            status::SA_NO_RECORDS => Ok(None),
+            other => Err(SmpError::Status {
+                attribute: request.attribute_id,
+                modifier: 0,
+                status: other,
+            }),
+        }
+    }
+
     /// Asks the subnet administrator at `sm_lid` for the NodeRecord of one port GUID (a
     /// GetTable narrowed by port GUID: one record, no RMPP). `None` when the SA knows no such
     /// port.
@@ -223,28 +252,9 @@ impl SmpObserver {
             &query,
             0,
         );
-        let mut mad = [0u8; MAD_LEN];
-        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
-        let answer = self
-            .transport
-            .exchange(
-                Agent::SubnetAdministration,
-                MadAddress::subnet_administrator(sm_lid),
-                mad,
-            )
-            .await?;
-        let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..])?)?;
-        match response.status {
-            status::OK => {}
-            status::SA_NO_RECORDS => return Ok(None),
-            other => {
-                return Err(SmpError::Status {
-                    attribute: attribute::NODE_RECORD,
-                    modifier: 0,
-                    status: other,
-                })
-            }
-        }
+        let Some(response) = self.sa_exchange(sm_lid, &request).await? else {
+            return Ok(None);
+        };
         let table = TableRecords::new(&response)?;
         Ok(node_record::find_by_port_guid(&table, port_guid)?)
     }
@@ -313,28 +323,9 @@ impl SmpObserver {
         component_mask: u64,
     ) -> Result<Option<PathRecordRepr>, SmpError> {
         let request = SaMadRepr::get(attribute::PATH_RECORD, component_mask, &query.to_bytes(), 0);
-        let mut mad = [0u8; MAD_LEN];
-        request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
-        let answer = self
-            .transport
-            .exchange(
-                Agent::SubnetAdministration,
-                MadAddress::subnet_administrator(sm_lid),
-                mad,
-            )
-            .await?;
-        let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..])?)?;
-        match response.status {
-            status::OK => {}
-            status::SA_NO_RECORDS => return Ok(None),
-            other => {
-                return Err(SmpError::Status {
-                    attribute: attribute::PATH_RECORD,
-                    modifier: 0,
-                    status: other,
-                })
-            }
-        }
+        let Some(response) = self.sa_exchange(sm_lid, &request).await? else {
+            return Ok(None);
+        };
         let record = PathRecordRepr::parse(&PathRecord::new_checked(&response.data[..])?)?;
         Ok(Some(record))
     }
