@@ -390,11 +390,10 @@ async fn a_covered_hca_gone_from_the_fabric_is_released_by_the_subnet_managers_w
         .expect("relink");
     story.fabric.hup_opensm();
     story.mirror.show("mlx5_0");
-    let node = common::node(&mut c).await;
-    assert!(
-        node.ports.iter().any(|p| p.port_guid == guid),
-        "mlx5_0 back: {node:?}"
-    );
+    common::until_node(&mut c, CONVERGE, "mlx5_0 back on the host", |n| {
+        n.ports.iter().any(|p| p.port_guid == guid)
+    })
+    .await;
     assert!(!has_base(&keys_of(&story.fabric, "node1"), A));
     assert_eq!(
         state(&get(&mut c, "vm-x").await),
