@@ -7,7 +7,9 @@
 //!
 //! A second story: a covered HCA leaves the host during a release. While the subnet manager
 //! still shows its port, RELEASED waits; once the SA (asked through the host's other HCA) no
-//! longer shows it, RELEASED; and when it comes back, OpenSM programs it without the key.
+//! longer shows it (asked through a port that is a full member of the default partition; a
+//! limited member's "no record" proves nothing and the release keeps waiting), RELEASED; a key
+//! left on the port while it was outside the fabric is gone once OpenSM sweeps it back in.
 //!
 //! The host's agent reads its ports through sysfs, which the rig keeps equal to the fabric's
 //! tables (`rig/two_hca.rs`): ibsim attaches a process to one port only, as the kernel's
@@ -395,6 +397,54 @@ async fn a_covered_hca_gone_from_the_fabric_is_released_by_the_subnet_managers_w
     })
     .await;
     assert!(!has_base(&keys_of(&story.fabric, "node1"), A));
+    assert_eq!(
+        state(&get(&mut c, "vm-x").await),
+        pb::AttachmentState::Released
+    );
+    story.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_left_on_a_port_outside_the_fabric_is_gone_when_the_port_returns() {
+    let Some(mut story) = x_active_on_mlx5_0(true).await else {
+        return;
+    };
+    let mut c = story.host.client().await;
+    // X is released while the SM-host agent is stopped, mlx5_0 leaves the host and its port
+    // leaves the fabric still holding A (OpenSM cannot reach it to take A off).
+    story.sm.stop();
+    story.mirror.hide("mlx5_0");
+    release(&mut c, "vm-x", None).await;
+    story
+        .fabric
+        .ibsim_console("Unlink \"node1\"")
+        .expect("unlink");
+    story.fabric.hup_opensm();
+    // The SM-host agent is back: the set without A is acknowledged, the SA has no record of
+    // the port, RELEASED.
+    story.sm.spawn(&story.fabric);
+    let x = poll(&mut c, "vm-x", |x| {
+        state(x) == pb::AttachmentState::Released
+    })
+    .await;
+    assert_eq!(state(&x), pb::AttachmentState::Released, "{x:?}");
+    assert!(released_reason(&mut c, "vm-x")
+        .await
+        .contains("no longer shown"));
+    assert!(
+        has_base(&keys_of(&story.fabric, "node1"), A),
+        "the port outside the fabric kept A"
+    );
+    // The port returns: OpenSM sweeps it in and programs it from partitions without A.
+    story
+        .fabric
+        .ibsim_console("ReLink \"node1\"")
+        .expect("relink");
+    story.fabric.hup_opensm();
+    common::wait_for("OpenSM took A off the returning port", CONVERGE, || {
+        !has_base(&keys_of(&story.fabric, "node1"), A)
+    });
+    story.mirror.show("mlx5_0");
     assert_eq!(
         state(&get(&mut c, "vm-x").await),
         pb::AttachmentState::Released
