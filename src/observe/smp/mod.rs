@@ -266,20 +266,32 @@ impl SmpObserver {
     /// asking port (OpenSM's `osm_physp_share_pkey`), so "no records" proves a port gone only
     /// when the asking port shares one with every port: when it is a full member of the default
     /// partition (0xFFFF), of which every port is a member. Asked through a limited member (a
-    /// tenant port's secure posture), every answer is [`Presence::Unknown`].
+    /// tenant port's secure posture), or through a port that is not ACTIVE, every answer is
+    /// [`Presence::Unknown`].
     pub async fn presence(&self, guids: &[Guid]) -> Vec<Presence> {
         let local = async {
             let node = self.node_info().await?;
             let port = self.port_info(node.local_port_num).await?;
             let keys = self.pkey_table(node.partition_cap).await?;
-            Ok::<_, SmpError>((port.master_sm_lid, keys))
+            Ok::<_, SmpError>((
+                port.master_sm_lid,
+                PortState::from_iba(port.port_state),
+                keys,
+            ))
         };
         let sm_lid = match local.await {
-            Ok((0, _)) => {
+            Ok((_, state, _)) if state != PortState::Active => {
+                let why = format!(
+                    "{} is {state:?}, not ACTIVE: the subnet administrator is not asked through it",
+                    self.device
+                );
+                return presence::unknown(guids, &why);
+            }
+            Ok((0, _, _)) => {
                 let why = format!("{} knows no master SM (SM LID 0)", self.device);
                 return presence::unknown(guids, &why);
             }
-            Ok((_, keys)) if !keys.contains(&PKeyValue::DEFAULT_FULL) => {
+            Ok((_, _, keys)) if !keys.contains(&PKeyValue::DEFAULT_FULL) => {
                 let why = format!(
                     "{} is not a full member of the default partition: the subnet \
                      administrator shows it only ports it shares a partition with, so its \
@@ -288,7 +300,7 @@ impl SmpObserver {
                 );
                 return presence::unknown(guids, &why);
             }
-            Ok((sm_lid, _)) => sm_lid,
+            Ok((sm_lid, _, _)) => sm_lid,
             Err(e) => {
                 let why = format!("the local port {} could not be read: {e}", self.device);
                 return presence::unknown(guids, &why);
