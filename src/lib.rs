@@ -19,7 +19,7 @@
 //! - [`agent`]    — command handling, the reconciler (pure `plan` + `runner`), event publishing
 //! - [`store`]    — durable desired state and the ordered event log (redb); its side-file mirror detects a restored database
 //! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm; `FabricSide` (what `fabric.sm.v1.Partitions` calls: the OpenSM SM host, `ufm::broker` the UFM broker), `grant_judge` (the fabric side's grant rules, pure)
-//! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined
+//! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined; `presence` (whether a covered port missing from the read has left the fabric, by the SA's word)
 //! - [`sim`]      — the embedded simulated fabric's port tables
 //! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O
 //! - [`sys`]      — the only unsafe code and the only `nix`/`libc` use: umad device I/O, libibverbs wrappers, user/group lookups, host name, signals (through pidfds to a named process), open flags

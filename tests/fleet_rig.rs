@@ -259,6 +259,7 @@ async fn fleet_client_guards_a_partition_on_the_ibsim_opensm_rig() {
                 partition: partition.clone(),
                 membership: Membership::Full,
                 wait_ms: Some(20_000),
+                ports: Vec::new(),
             })
             .await
             .unwrap_or_else(|e| panic!("attach {instance} on {node}: {e}"))

@@ -8,7 +8,7 @@ use crate::guard::{fabric_side, node_side, Blocker, Decision, GuardError};
 use crate::proto::agent::fabric_agent_client::FabricAgentClient;
 use crate::proto::agent::{
     AttachPartitionRequest, AttachPartitionResponse, Event, GetAttachmentRequest, Membership,
-    Partition, ReleaseInstanceRequest, ReleaseInstanceResponse,
+    Partition, PortName, ReleaseInstanceRequest, ReleaseInstanceResponse,
 };
 use crate::proto::grant::{self, Grant};
 use crate::proto::sm::partitions_client::PartitionsClient;
@@ -63,6 +63,9 @@ pub struct AttachSpec {
     pub membership: Membership,
     /// Wait up to this long for ACTIVE.
     pub wait_ms: Option<u32>,
+    /// The instance's ports (a partial-node instance): each a device and port number or a port
+    /// GUID. Empty: every fabric port of the node (a whole-node instance).
+    pub ports: Vec<PortName>,
 }
 
 /// The fleet client. Drop it or call [`Fleet::shutdown`] to stop following.
@@ -262,8 +265,7 @@ impl Fleet {
             membership: spec.membership as i32,
             wait_ms: spec.wait_ms,
             grant: Some(signed),
-            // Every fabric port of the node (a whole-node instance).
-            ports: Vec::new(),
+            ports: spec.ports,
         };
         client
             .attach_partition(request)

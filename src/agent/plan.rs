@@ -23,7 +23,8 @@
 //!   and none holding the key's base with any membership (a DOWN port counts as not holding
 //!   it: the SM reprograms a port before it can go ACTIVE again).
 //! - A covered port that is missing from the read or in an unknown state blocks both ACTIVE and
-//!   RELEASED; the attachment's reason names it.
+//!   RELEASED; the attachment's reason names it. One exception for RELEASED: a missing port the
+//!   subnet manager provably no longer shows (`Observed::gone`) counts as not holding the key.
 //! - Nothing changes when the inventory is unknown.
 
 use crate::domain::{
@@ -76,6 +77,9 @@ pub struct Observed<'a> {
     /// Whether tenant keys may be reported ACTIVE: false while a fabric port is a full member
     /// of the default partition and the operator has not accepted that.
     pub posture_ok: bool,
+    /// Covered ports missing from the read that the subnet manager, asked after that read,
+    /// no longer shows (see `observe::presence`): they do not block RELEASED.
+    pub gone: &'a BTreeSet<Guid>,
 }
 
 impl Observed<'_> {
@@ -136,13 +140,16 @@ struct Coverage<'a> {
     present: Vec<&'a PortInfo>,
     /// Covered ports the read could not judge (missing, or state unknown), named.
     blocked: Vec<String>,
+    /// Covered ports missing from the read and gone from the fabric, named.
+    gone: Vec<String>,
 }
 
 impl<'a> Coverage<'a> {
-    fn of(a: &Attachment, inventory: Option<&'a Inventory>) -> Coverage<'a> {
+    fn of(a: &Attachment, inventory: Option<&'a Inventory>, gone: &BTreeSet<Guid>) -> Coverage<'a> {
         let guids = a.covered_guids(inventory);
         let mut present = Vec::new();
         let mut blocked = Vec::new();
+        let mut left = Vec::new();
         for g in &guids {
             match inventory.and_then(|i| i.port(*g)) {
                 Some(p) if p.state != PortState::Unknown => present.push(p),
@@ -150,6 +157,7 @@ impl<'a> Coverage<'a> {
                     "{} is in an unknown state",
                     a.port_label(*g, inventory)
                 )),
+                None if gone.contains(g) => left.push(a.port_label(*g, inventory)),
                 None => blocked.push(format!(
                     "{} is missing from the port read",
                     a.port_label(*g, inventory)
@@ -160,6 +168,7 @@ impl<'a> Coverage<'a> {
             guids,
             present,
             blocked,
+            gone: left,
         }
     }
 
@@ -170,6 +179,7 @@ impl<'a> Coverage<'a> {
 
     fn all_hold(&self, value: PKeyValue) -> bool {
         self.blocked.is_empty()
+            && self.gone.is_empty()
             && !self.present.is_empty()
             && self
                 .present
@@ -213,7 +223,7 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
     let value = a.pkey_value();
     let key = a.partition.pkey;
     let inventory = observed.inventory?;
-    let cover = Coverage::of(a, Some(inventory));
+    let cover = Coverage::of(a, Some(inventory), observed.gone);
     let fresh = observed.read_after_ack;
     use AttachmentState::*;
     match state {
@@ -244,8 +254,9 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
                 Released,
                 format!(
                     "subnet manager acknowledged a set without {:#06x} on the covered ports; no \
-                     covered port holds it",
-                    value.base()
+                     covered port holds it{}",
+                    value.base(),
+                    gone_note(&cover)
                 ),
                 observed.evidence(&cover.present),
             ))
@@ -265,7 +276,7 @@ pub fn waiting_reason(
     observed: Observed<'_>,
 ) -> Option<String> {
     let key = a.partition.pkey;
-    let cover = Coverage::of(a, observed.inventory);
+    let cover = Coverage::of(a, observed.inventory, observed.gone);
     let waiting = matches!(
         a.state,
         AttachmentState::Programming
@@ -342,7 +353,24 @@ fn missing(cover: &Coverage<'_>, value: PKeyValue) -> String {
         .map(|p| format!("{}/{}", p.device, p.port_number))
         .collect();
     lacking.extend(cover.blocked.iter().cloned());
+    lacking.extend(
+        cover
+            .gone
+            .iter()
+            .map(|g| format!("{g} (gone from the fabric)")),
+    );
     format!("{value} missing on {}", lacking.join(", "))
+}
+
+/// The RELEASED reason's note on covered ports judged by the subnet manager's word.
+fn gone_note(cover: &Coverage<'_>) -> String {
+    if cover.gone.is_empty() {
+        return String::new();
+    }
+    format!(
+        " ({} missing here and no longer shown by the subnet manager)",
+        cover.gone.join(", ")
+    )
 }
 
 /// InfiniBand fabric ports that are full members of the default partition (0xFFFF), as

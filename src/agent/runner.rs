@@ -239,6 +239,12 @@ impl Loop {
         }
         let conditions = self.conditions(full_default, allow_full_default);
         batch.events.extend(self.condition_events(conditions));
+        let gone = match inventory {
+            Some(inv) => {
+                ports::gone_from_fabric(&*self.agent.shared.parts.observer, inv, &attachments).await
+            }
+            None => Default::default(),
+        };
         let observed = Observed {
             ack: self.ack.as_ref().map(|a| Ack {
                 generation: a.generation,
@@ -250,6 +256,7 @@ impl Loop {
             read_after_ack: self.ack.as_ref().is_some_and(|a| reading.started > a.at),
             read_unix_ns: reading.started_unix_ns,
             posture_ok,
+            gone: &gone,
         };
         let transitions = plan::plan(&attachments, observed);
         if transitions.iter().any(|t| t.to == AttachmentState::Drifted) {

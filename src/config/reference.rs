@@ -82,6 +82,7 @@ pub const KEYS: &[Key] = &[
     k("observer", "umad_device", "path", "\"/dev/infiniband/umad0\"", "umad device of the smp observer."),
     k("observer", "smp_timeout_ms", "integer", "200", "SMP reply timeout, milliseconds."),
     k("observer", "smp_retries", "integer", "3", "SMP retries after a timeout."),
+    k("observer", "sa_umad_device", "path", "none", "umad device of a port that stays in the fabric, through which the sysfs and verbs observers ask the subnet administrator whether a covered port missing from the read has left the fabric (README, \"Per port\"); none: such a port blocks RELEASED until it is back."),
     k("ports", "devices", "array of strings", "[]", "Device name patterns (* wildcard); with guids empty too, every InfiniBand port."),
     k("ports", "guids", "array of strings", "[]", "Port GUIDs."),
     k("events", "retain", "integer", "100000", "Keep at most this many newest events."),

@@ -174,6 +174,30 @@ impl NodeRecordRepr {
     }
 }
 
+/// The record of `port_guid` among a GetTable answer's records (`None`: no record is that
+/// port's). Only an exact match counts, whatever else an SA might answer; two records of one
+/// port are refused as malformed.
+pub fn find_by_port_guid(
+    table: &super::TableRecords<'_>,
+    port_guid: u64,
+) -> Result<Option<NodeRecordRepr>, MadError> {
+    let mut found = None;
+    for bytes in table.iter() {
+        let record = NodeRecordRepr::parse(&NodeRecord::new_checked(bytes)?)?;
+        if record.node_info.port_guid == port_guid {
+            if found.is_some() {
+                return Err(MadError::FieldRange {
+                    what: "SA NodeRecord by port GUID",
+                    field: "records for one port GUID",
+                    value: table.len() as u64,
+                });
+            }
+            found = Some(record);
+        }
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

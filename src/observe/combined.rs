@@ -4,8 +4,8 @@
 //! port selection decides which ports must hold them (by default every InfiniBand port: the
 //! simulated ones, not an rxe device, whose link layer is Ethernet).
 
-use super::{ObserveError, PortObserver};
-use crate::domain::Inventory;
+use super::{ObserveError, PortObserver, Presence};
+use crate::domain::{Guid, Inventory};
 use async_trait::async_trait;
 
 /// A real observer plus the simulated ports.
@@ -31,6 +31,11 @@ impl PortObserver for CombinedObserver {
         let mut inv = self.real.inventory().await?;
         inv.ports.extend(self.simulated.inventory().await?.ports);
         Ok(inv)
+    }
+
+    /// Asked of the real observer: the simulated ports never leave the embedded fabric.
+    async fn fabric_presence(&self, guids: &[Guid]) -> Vec<Presence> {
+        self.real.fabric_presence(guids).await
     }
 
     async fn changed(&self, pending: bool) {

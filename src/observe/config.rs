@@ -30,6 +30,12 @@ pub struct ObserverConfig {
     /// SMP retries after a timeout.
     #[serde(default = "default_smp_retries")]
     pub smp_retries: u32,
+    /// umad device through which the sysfs and verbs observers ask the subnet administrator
+    /// whether a covered port missing from the read is still in the fabric (a port expected to
+    /// stay up, e.g. another HCA's). None: they cannot ask, and such a port blocks RELEASED
+    /// until it is back. The smp observer asks through its own `umad_device`.
+    #[serde(default)]
+    pub sa_umad_device: Option<PathBuf>,
 }
 
 fn default_fast_poll() -> u64 {
@@ -61,6 +67,7 @@ impl Default for ObserverConfig {
             umad_device: default_umad(),
             smp_timeout_ms: default_smp_timeout(),
             smp_retries: default_smp_retries(),
+            sa_umad_device: None,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod combined;
 mod config;
 pub mod embedded;
 mod error;
+pub mod presence;
 pub mod smp;
 pub mod sysfs;
 pub mod verbs;
@@ -12,8 +13,9 @@ pub mod verbs;
 pub use config::{ObserverConfig, ObserverConfigError, ObserverKind};
 pub(crate) use error::read_blocking;
 pub use error::{NoDevices, ObserveError, ReadError};
+pub use presence::Presence;
 
-use crate::domain::Inventory;
+use crate::domain::{Guid, Inventory};
 use async_trait::async_trait;
 use std::time::Duration;
 
@@ -40,4 +42,18 @@ pub trait PortObserver: Send + Sync + 'static {
     /// `pending` asks for the fast cadence (a transition is awaited); otherwise the slow one.
     /// Must not busy-wait.
     async fn changed(&self, pending: bool);
+
+    /// What the subnet manager says of `guids` (covered ports missing from this node's read),
+    /// one answer per GUID in order, asked through a port of this node that is still in the
+    /// fabric (see [`presence`]). The default has no way to ask: every answer is
+    /// [`Presence::Unknown`], and such a port keeps blocking RELEASED.
+    async fn fabric_presence(&self, guids: &[Guid]) -> Vec<Presence> {
+        presence::unknown(
+            guids,
+            &format!(
+                "the {} observer cannot ask the subnet administrator",
+                self.kind()
+            ),
+        )
+    }
 }

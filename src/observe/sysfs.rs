@@ -8,7 +8,10 @@
 //! "fe80:0000:0000:0000:a088:c203:00f1:2e40" (the port GUID is its low 64 bits), `pkeys/<i>`
 //! "0xffff" with empty slots "0x0000"; the table size is the number of `pkeys` files.
 
-use super::{poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, ReadError};
+use super::presence::{self, SaPresence};
+use super::{
+    poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, Presence, ReadError,
+};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
 use crate::observe::ObserverConfig;
 use async_trait::async_trait;
@@ -23,6 +26,8 @@ pub struct SysfsObserver {
     root: PathBuf,
     fast_poll: Duration,
     slow_poll: Duration,
+    /// Where a missing port's presence in the fabric is asked (`sa_umad_device`).
+    presence: Option<SaPresence>,
 }
 
 impl SysfsObserver {
@@ -33,6 +38,7 @@ impl SysfsObserver {
             root: root.into(),
             fast_poll: config.fast_poll(),
             slow_poll: config.slow_poll(),
+            presence: SaPresence::configured(config),
         }
     }
 
@@ -57,6 +63,10 @@ impl PortObserver for SysfsObserver {
     async fn inventory(&self) -> Result<Inventory, ObserveError> {
         let root = self.root.clone();
         read_blocking("sysfs", move || read_inventory(&root)).await
+    }
+
+    async fn fabric_presence(&self, guids: &[Guid]) -> Vec<Presence> {
+        presence::ask_optional(self.presence.as_ref(), "sysfs", guids).await
     }
 
     async fn changed(&self, pending: bool) {

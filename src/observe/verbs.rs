@@ -14,7 +14,10 @@
 //! ([`ReadError::DevicesGone`]) until it returns: its ports are unknown, and leaving them out
 //! could make a key look absent from every fabric port (a false RELEASED).
 
-use super::{poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, ReadError};
+use super::presence::{self, SaPresence};
+use super::{
+    poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, Presence, ReadError,
+};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo, PortState};
 use crate::observe::ObserverConfig;
 use crate::sys::verbs::{AsyncEvent, AsyncEventKind, AsyncEvents, Device, DeviceList};
@@ -32,6 +35,8 @@ pub struct VerbsObserver {
     stale: AtomicBool,
     fast_poll: Duration,
     slow_poll: Duration,
+    /// Where a missing port's presence in the fabric is asked (`sa_umad_device`).
+    presence: Option<SaPresence>,
 }
 
 /// One generation of open devices and their event channels.
@@ -117,6 +122,7 @@ impl VerbsObserver {
             stale: AtomicBool::new(false),
             fast_poll: config.fast_poll(),
             slow_poll: config.slow_poll(),
+            presence: SaPresence::configured(config),
         })
     }
 
@@ -287,6 +293,10 @@ impl PortObserver for VerbsObserver {
                 Err(e)
             }
         }
+    }
+
+    async fn fabric_presence(&self, guids: &[Guid]) -> Vec<Presence> {
+        presence::ask_optional(self.presence.as_ref(), "verbs", guids).await
     }
 
     async fn changed(&self, pending: bool) {

@@ -3,12 +3,13 @@
 
 pub mod exit;
 mod grant_cmd;
+mod ports;
 mod report;
 
 use crate::fleet::{AttachSpec, Fleet, FleetError};
 use crate::grant::Signer;
 use crate::guard::Decision;
-use crate::proto::agent::{Membership, Partition};
+use crate::proto::agent::{Membership, Partition, PortName};
 use crate::registry::Registry;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -89,6 +90,10 @@ pub enum Command {
         /// Wait up to this many milliseconds for ACTIVE.
         #[arg(long)]
         wait_ms: Option<u32>,
+        /// A port of the instance (repeat for each): DEVICE/PORT (`mlx5_0/1`) or a port GUID
+        /// (`0x0002c903000e0b72`). None: every fabric port of the node.
+        #[arg(long = "port", value_parser = ports::parse_port)]
+        ports: Vec<PortName>,
     },
     /// Releases an instance (the instance was terminated).
     Release {
@@ -233,6 +238,7 @@ async fn run(cli: Cli) -> u8 {
             pkey,
             limited,
             wait_ms,
+            ports,
         } => {
             let Some(signing) = signing else {
                 eprintln!("fabric-fleet: the nodes file has no [signing] section");
@@ -263,6 +269,7 @@ async fn run(cli: Cli) -> u8 {
                     Membership::Full
                 },
                 wait_ms,
+                ports,
             };
             helper_result(fleet.attach(spec).await.map(|r| r.attachment))
         }

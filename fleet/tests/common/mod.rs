@@ -92,6 +92,7 @@ pub async fn attach(
             partition: partition.clone(),
             membership: fabric_fleet::proto::agent::Membership::Full,
             wait_ms: Some(10_000),
+            ports: Vec::new(),
         })
         .await
         .expect("attach")

@@ -77,6 +77,9 @@ fn carried_at(key: PKey, generation: u64) -> Carried {
     Carried::from_ledger(&ledger, generation)
 }
 
+/// No covered port gone from the fabric.
+static NONE_GONE: BTreeSet<Guid> = BTreeSet::new();
+
 fn observed<'a>(
     acc: Option<&'a NodeMemberships>,
     carried: &'a Carried,
@@ -93,6 +96,7 @@ fn observed<'a>(
         read_after_ack: true,
         read_unix_ns: 2_000,
         posture_ok: true,
+        gone: &NONE_GONE,
     }
 }
 
@@ -464,4 +468,47 @@ fn a_release_held_by_a_partition_mate_on_the_same_port_says_so() {
         why.contains("another instance") && why.contains("hca/1"),
         "{why}"
     );
+}
+
+#[test]
+fn a_missing_port_the_subnet_manager_no_longer_shows_does_not_block_released() {
+    let a = on_ports(Releasing, &[1, 2]);
+    let without = accepted(false, Membership::Full);
+    let carried = carried_by(Some(&without));
+    let only_1 = inv(vec![port(1, PortState::Active, &[])]);
+    let gone = BTreeSet::from([Guid(2)]);
+    let o = Observed {
+        gone: &gone,
+        ..observed(Some(&without), &carried, Some(&only_1))
+    };
+    let t = plan(std::slice::from_ref(&a), o);
+    assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), vec![Released]);
+    assert!(
+        t[0].reason.contains("hca/2") && t[0].reason.contains("no longer shown"),
+        "{}",
+        t[0].reason
+    );
+    // Port 1, still here, must be read without the key: gone ports excuse only themselves.
+    let held = inv(vec![port(1, PortState::Active, &[0x8012])]);
+    let o = Observed {
+        gone: &gone,
+        ..observed(Some(&without), &carried, Some(&held))
+    };
+    assert!(plan(std::slice::from_ref(&a), o).is_empty());
+    // The subnet manager's acknowledgement without the key is still required.
+    let with = accepted(true, Membership::Full);
+    let carried_with = carried_by(Some(&with));
+    let o = Observed {
+        gone: &gone,
+        ..observed(Some(&with), &carried_with, Some(&only_1))
+    };
+    assert!(plan(std::slice::from_ref(&a), o).is_empty());
+    // A gone port never counts towards ACTIVE.
+    let programming = on_ports(Programming, &[1, 2]);
+    let holds_1 = inv(vec![port(1, PortState::Active, &[0x8012])]);
+    let o = Observed {
+        gone: &gone,
+        ..observed(Some(&with), &carried_with, Some(&holds_1))
+    };
+    assert!(plan(std::slice::from_ref(&programming), o).is_empty());
 }

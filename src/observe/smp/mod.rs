@@ -6,12 +6,13 @@
 
 pub mod transport;
 
+use super::presence::{self, Presence};
 use super::{NoDevices, ObserveError, PortObserver, ReadError};
 use crate::domain::{Guid, Inventory, LinkLayer, PKeyValue, PortInfo as DomainPort, PortState};
 use crate::mad::{
-    attribute, path_record, pkey_table, smp::DATA_LEN, status, MadError, NodeInfo, NodeInfoRepr,
-    PKeyTable, PKeyTableRepr, PathRecord, PathRecordRepr, PortInfo, PortInfoRepr, SaMad, SaMadRepr,
-    Smp, SmpRepr, MAD_LEN,
+    attribute, get_table, node_record, path_record, pkey_table, smp::DATA_LEN, status, MadError,
+    NodeInfo, NodeInfoRepr, NodeRecordRepr, PKeyTable, PKeyTableRepr, PathRecord, PathRecordRepr,
+    PortInfo, PortInfoRepr, SaMad, SaMadRepr, Smp, SmpRepr, TableRecords, MAD_LEN,
 };
 use crate::observe::ObserverConfig;
 use crate::sys::umad::{self, MadAddress, UmadError};
@@ -207,15 +208,13 @@ impl SmpObserver {
             .await
     }
 
-    /// One SA PathRecord Get: `query`'s fields selected by `component_mask` must match.
-    /// `None` when the SA answers "no records".
-    pub async fn path_record(
+    /// Sends one SA request to the subnet administrator at `sm_lid` and returns its answer:
+    /// `None` for "no records", an error for any other status than OK.
+    async fn sa_exchange(
         &self,
         sm_lid: u16,
-        query: &PathRecordRepr,
-        component_mask: u64,
-    ) -> Result<Option<PathRecordRepr>, SmpError> {
-        let request = SaMadRepr::get(attribute::PATH_RECORD, component_mask, &query.to_bytes(), 0);
+        request: &SaMadRepr,
+    ) -> Result<Option<SaMadRepr>, SmpError> {
         let mut mad = [0u8; MAD_LEN];
         request.emit(&mut SaMad::new_unchecked(&mut mad[..]));
         let answer = self
@@ -228,16 +227,117 @@ impl SmpObserver {
             .await?;
         let response = SaMadRepr::parse(&SaMad::new_checked(&answer[..])?)?;
         match response.status {
-            status::OK => {}
-            status::SA_NO_RECORDS => return Ok(None),
-            other => {
-                return Err(SmpError::Status {
-                    attribute: attribute::PATH_RECORD,
-                    modifier: 0,
-                    status: other,
-                })
+            status::OK => Ok(Some(response)),
+            status::SA_NO_RECORDS => Ok(None),
+            other => Err(SmpError::Status {
+                attribute: request.attribute_id,
+                modifier: 0,
+                status: other,
+            }),
+        }
+    }
+
+    /// Asks the subnet administrator at `sm_lid` for the NodeRecord of one port GUID (a
+    /// GetTable narrowed by port GUID: one record, no RMPP). `None` when the SA knows no such
+    /// port.
+    pub async fn node_record(
+        &self,
+        sm_lid: u16,
+        port_guid: u64,
+    ) -> Result<Option<NodeRecordRepr>, SmpError> {
+        let query = NodeRecordRepr::by_port_guid(port_guid).to_bytes();
+        let request = get_table::request(
+            attribute::NODE_RECORD,
+            node_record::component::PORT_GUID,
+            &query,
+            0,
+        );
+        let Some(response) = self.sa_exchange(sm_lid, &request).await? else {
+            return Ok(None);
+        };
+        let table = TableRecords::new(&response)?;
+        Ok(node_record::find_by_port_guid(&table, port_guid)?)
+    }
+
+    /// What the subnet manager says of each of `guids`, asked through this observer's own port:
+    /// its master SM's LID from the port's PortInfo, then one NodeRecord query per GUID.
+    ///
+    /// The SA answers a NodeRecord query only with ports that share a partition with the
+    /// asking port (OpenSM's `osm_physp_share_pkey`), so "no records" proves a port gone only
+    /// when the asking port shares one with every port: when it is a full member of the default
+    /// partition (0xFFFF), of which every port is a member. Asked through a limited member (a
+    /// tenant port's secure posture), or through a port that is not ACTIVE, every answer is
+    /// [`Presence::Unknown`].
+    pub async fn presence(&self, guids: &[Guid]) -> Vec<Presence> {
+        let local = async {
+            let node = self.node_info().await?;
+            let port = self.port_info(node.local_port_num).await?;
+            let keys = self.pkey_table(node.partition_cap).await?;
+            Ok::<_, SmpError>((
+                port.master_sm_lid,
+                PortState::from_iba(port.port_state),
+                keys,
+            ))
+        };
+        let sm_lid = match local.await {
+            Ok((_, state, _)) if state != PortState::Active => {
+                let why = format!(
+                    "{} is {state:?}, not ACTIVE: the subnet administrator is not asked through it",
+                    self.device
+                );
+                return presence::unknown(guids, &why);
+            }
+            Ok((0, _, _)) => {
+                let why = format!("{} knows no master SM (SM LID 0)", self.device);
+                return presence::unknown(guids, &why);
+            }
+            Ok((_, _, keys)) if !keys.contains(&PKeyValue::DEFAULT_FULL) => {
+                let why = format!(
+                    "{} is not a full member of the default partition: the subnet \
+                     administrator shows it only ports it shares a partition with, so its \
+                     'no record' proves nothing",
+                    self.device
+                );
+                return presence::unknown(guids, &why);
+            }
+            Ok((sm_lid, _, _)) => sm_lid,
+            Err(e) => {
+                let why = format!("the local port {} could not be read: {e}", self.device);
+                return presence::unknown(guids, &why);
+            }
+        };
+        let mut out = Vec::with_capacity(guids.len());
+        for g in guids {
+            match self.node_record(sm_lid, g.0).await {
+                Ok(Some(_)) => out.push(Presence::Shown),
+                Ok(None) => out.push(Presence::Gone),
+                Err(e) => {
+                    // One failed question is enough: the rest are not asked, so an SA that does
+                    // not answer costs one timeout per pass, not one per port.
+                    let why = format!(
+                        "the subnet administrator (LID {sm_lid}) could not be asked through {}: {e}",
+                        self.device
+                    );
+                    out.extend(presence::unknown(&guids[out.len()..], &why));
+                    break;
+                }
             }
         }
+        out
+    }
+
+    /// One SA PathRecord Get: `query`'s fields selected by `component_mask` must match.
+    /// `None` when the SA answers "no records".
+    pub async fn path_record(
+        &self,
+        sm_lid: u16,
+        query: &PathRecordRepr,
+        component_mask: u64,
+    ) -> Result<Option<PathRecordRepr>, SmpError> {
+        let request = SaMadRepr::get(attribute::PATH_RECORD, component_mask, &query.to_bytes(), 0);
+        let Some(response) = self.sa_exchange(sm_lid, &request).await? else {
+            return Ok(None);
+        };
         let record = PathRecordRepr::parse(&PathRecord::new_checked(&response.data[..])?)?;
         Ok(Some(record))
     }
@@ -269,6 +369,10 @@ impl PortObserver for SmpObserver {
         Ok(Inventory {
             ports: vec![self.port().await?],
         })
+    }
+
+    async fn fabric_presence(&self, guids: &[Guid]) -> Vec<Presence> {
+        self.presence(guids).await
     }
 
     async fn changed(&self, pending: bool) {

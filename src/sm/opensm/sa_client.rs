@@ -15,9 +15,8 @@ use crate::mad::class;
 use crate::mad::header::same_transaction;
 use crate::mad::{
     attribute, get_table, header::MadHeader, method, node_record, pkey_table_record, status,
-    MadError, NodeInfo, NodeInfoRepr, NodeRecord, NodeRecordRepr, PKeyTableRecord,
-    PKeyTableRecordRepr, PortInfo, PortInfoRepr, SaMad, SaMadRepr, Smp, SmpRepr, TableRecords,
-    MAD_LEN,
+    MadError, NodeInfo, NodeInfoRepr, NodeRecordRepr, PKeyTableRecord, PKeyTableRecordRepr,
+    PortInfo, PortInfoRepr, SaMad, SaMadRepr, Smp, SmpRepr, TableRecords, MAD_LEN,
 };
 use crate::sys::umad::{AgentId, MadAddress, UmadError, UmadPort, QP0, QP1};
 use std::path::Path;
@@ -166,24 +165,7 @@ impl SaSession {
         };
         let malformed = |source| SaError::Malformed { what: WHAT, source };
         let table = TableRecords::new(&response).map_err(malformed)?;
-        let mut found = None;
-        for bytes in table.iter() {
-            let record = NodeRecord::new_checked(bytes)
-                .and_then(|p| NodeRecordRepr::parse(&p))
-                .map_err(malformed)?;
-            // Only an exact match counts, whatever else an SA might answer.
-            if record.node_info.port_guid == port_guid {
-                if found.is_some() {
-                    return Err(malformed(MadError::FieldRange {
-                        what: WHAT,
-                        field: "records for one port GUID",
-                        value: table.len() as u64,
-                    }));
-                }
-                found = Some(record);
-            }
-        }
-        Ok(found)
+        node_record::find_by_port_guid(&table, port_guid).map_err(malformed)
     }
 
     /// The SA's P_KeyTableRecord of block `block` of the port at `lid`: the keys the subnet
