@@ -1,7 +1,7 @@
 //! What the agent knows right now besides the store: the latest inventory and the subnet
 //! manager's health, and the node view built from them.
 
-use crate::domain::{AttachmentState, Condition, Inventory, PKey, PortInfo};
+use crate::domain::{AttachmentState, Condition, Inventory, PKey, PortInfo, SmState};
 use std::collections::BTreeMap;
 
 /// The subnet manager's health as the reconciler last saw it.
@@ -11,6 +11,8 @@ pub struct SmStatus {
     pub backend: String,
     /// Whether the last apply succeeded.
     pub reachable: bool,
+    /// Acknowledged, refused (answered and said no) or unreachable (no answer).
+    pub state: SmState,
     /// The last error; empty when healthy.
     pub last_error: String,
     /// When the last apply succeeded, Unix ns (0: never).
@@ -21,6 +23,33 @@ pub struct SmStatus {
     pub generation: u64,
     /// Keys in doubt: carried by an apply with no positive answer since.
     pub in_doubt: Vec<PKey>,
+    /// The apply waiting for the subnet manager's answer now, if any.
+    pub in_flight: Option<ApplyInFlight>,
+}
+
+/// An apply sent to the subnet manager and not yet answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyInFlight {
+    /// When it was sent (monotonic: the watchdog's probe measures it against the timeout).
+    pub since: std::time::Instant,
+    /// When it was sent, Unix ns.
+    pub since_unix_ns: i64,
+    /// Its generation.
+    pub generation: u64,
+    /// The keys it carries.
+    pub keys: Vec<PKey>,
+}
+
+impl ApplyInFlight {
+    /// The reason an attachment waiting on this apply shows: since when, to which backend.
+    pub fn reason(&self, backend: &str) -> String {
+        let secs = self.since.elapsed().as_secs();
+        format!(
+            "waiting for the apply in flight to the subnet manager ({backend}, generation {}, \
+             sent {secs}s ago)",
+            self.generation
+        )
+    }
 }
 
 pub(super) struct Status {
