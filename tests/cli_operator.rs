@@ -578,6 +578,12 @@ fn an_apply_in_flight_is_visible_since_when_and_to_whom() {
         node.contains("an apply carrying them is in flight"),
         "{node}"
     );
+    // [10] The in-doubt list spells the key as tables do, with its base.
+    assert!(
+        node.contains("in doubt: 0x8a12 (base 0x0a12), either membership"),
+        "{node}"
+    );
+    assert_eq!(sm["in_doubt_pkey_values"][0], "0x8a12", "{sm}");
     let o = cli(&sock, &["get", "i-1", "-o", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let a: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -364,7 +364,10 @@ impl Agent {
                 .as_ref()
                 .map(Inventory::tenant_key_capacity)
                 .unwrap_or(0),
-            sm: status.sm.clone(),
+            sm: SmStatus {
+                in_doubt_values: status::in_doubt_values(&status.sm.in_doubt, &attachments),
+                ..status.sm.clone()
+            },
             observer: parts.observer.kind().to_owned(),
             observer_reason: parts.observer_reason.clone(),
             counts: state_counts(&attachments).collect(),

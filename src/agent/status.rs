@@ -1,7 +1,10 @@
 //! What the agent knows right now besides the store: the latest inventory and the subnet
 //! manager's health, and the node view built from them.
 
-use crate::domain::{AttachmentState, Condition, Inventory, PKey, PortInfo, SmState};
+use crate::domain::{
+    Attachment, AttachmentState, Condition, Inventory, Membership, PKey, PKeyValue, PortInfo,
+    SmState,
+};
 use std::collections::BTreeMap;
 
 /// The subnet manager's health as the reconciler last saw it.
@@ -23,6 +26,9 @@ pub struct SmStatus {
     pub generation: u64,
     /// Keys in doubt: carried by an apply with no positive answer since.
     pub in_doubt: Vec<PKey>,
+    /// The same keys as the values the node's attachments give them (full membership when any
+    /// of them is full, as the desired set does); filled in the node view.
+    pub in_doubt_values: Vec<PKeyValue>,
     /// The apply waiting for the subnet manager's answer now, if any.
     pub in_flight: Option<ApplyInFlight>,
 }
@@ -98,4 +104,25 @@ pub struct NodeView {
     pub log_epoch: String,
     /// Standing conditions (insecure posture, a rejected partitions file, ...).
     pub conditions: Vec<Condition>,
+}
+
+/// Each key in doubt as the value the node's attachments give it: full when any attachment of
+/// the key is a full member (the desired set's rule), limited when all are limited, and the
+/// full value when no attachment names the key any more (only the base is known then).
+pub fn in_doubt_values(keys: &[PKey], attachments: &[Attachment]) -> Vec<PKeyValue> {
+    keys.iter()
+        .map(|k| {
+            let mut of_key = attachments
+                .iter()
+                .filter(|a| a.partition.pkey == *k)
+                .peekable();
+            let membership =
+                if of_key.peek().is_some() && of_key.all(|a| a.membership == Membership::Limited) {
+                    Membership::Limited
+                } else {
+                    Membership::Full
+                };
+            k.value(membership)
+        })
+        .collect()
 }

@@ -122,7 +122,7 @@ fn node_json(n: &pb::GetNodeResponse) -> Value {
         "subnet_manager": {"backend": sm.backend, "state": sm_view::state_name(sm.state), "reachable": sm.reachable,
                            "last_error": sm.last_error, "applies": sm.applies,
                            "generation": sm.generation, "last_apply": time(&sm.last_apply),
-                           "in_doubt_pkeys": keys(&sm.in_doubt_pkeys),
+                           "in_doubt_pkeys": keys(&sm.in_doubt_pkeys), "in_doubt_pkey_values": keys(&sm.in_doubt_pkey_values),
                            "apply_in_flight": sm.apply_in_flight_since.is_some().then(|| json!({
                                "since": time(&sm.apply_in_flight_since),
                                "generation": sm.apply_in_flight_generation}))},
@@ -133,13 +133,22 @@ fn node_json(n: &pb::GetNodeResponse) -> Value {
     })
 }
 
-/// The in-doubt list's line: the values are P_Key bases (either membership may be held), and
-/// why they are in doubt (an apply in flight, refused, or without an answer).
+/// The in-doubt list's line: each key as the value the node's attachments give it, with its
+/// base (either membership of the base may be held), and why they are in doubt (an apply in
+/// flight, refused, or without an answer).
 pub fn in_doubt_line(sm: &pb::SubnetManagerStatus) -> String {
+    let listed: Vec<String> = sm
+        .in_doubt_pkeys
+        .iter()
+        .enumerate()
+        .map(|(i, base)| match sm.in_doubt_pkey_values.get(i) {
+            Some(value) => format!("{value:#06x} (base {base:#06x})"),
+            None => format!("base {base:#06x}"),
+        })
+        .collect();
     format!(
-        "P_Key bases {} (either membership): {}; not RELEASED until a set without them is \
-         acknowledged",
-        keys(&sm.in_doubt_pkeys).join(", "),
+        "{}, either membership: {}; not RELEASED until a set without them is acknowledged",
+        listed.join(", "),
         sm_view::in_doubt_cause(sm)
     )
 }
