@@ -234,7 +234,11 @@ impl Loop {
         let mut again = false;
         let needed =
             self.force_apply || self.unacked || self.ack.as_ref().map(|a| &a.set) != Some(&desired);
-        if self.retry_at.is_some() && self.failed_set.as_ref().is_some_and(|f| *f != desired) {
+        // (Only with ports read: a set built without them is no request.)
+        if reading.inventory.is_some()
+            && self.retry_at.is_some()
+            && self.failed_set.as_ref().is_some_and(|f| *f != desired)
+        {
             // A new request since the failure: it is not the set that failed, so it goes now.
             tracing::debug!("the desired set changed since the failed apply; retrying now");
             self.retry_now();

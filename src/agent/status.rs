@@ -126,3 +126,41 @@ pub fn in_doubt_values(keys: &[PKey], attachments: &[Attachment]) -> Vec<PKeyVal
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{InstanceId, Partition};
+
+    fn att(id: &str, pkey: u32, membership: Membership) -> Attachment {
+        Attachment {
+            grant: None,
+            instance_id: InstanceId::parse(id).unwrap(),
+            partition: Partition::new("ibpart_a", "a", "ws", "acct", "fab1", pkey).unwrap(),
+            membership,
+            state: AttachmentState::Releasing,
+            reason: String::new(),
+            created_unix_ns: 0,
+            updated_unix_ns: 0,
+            ports: Vec::new(),
+            named_ports: false,
+        }
+    }
+
+    #[test]
+    fn a_key_in_doubt_is_spelled_with_the_membership_its_attachments_give_it() {
+        let k = |v| PKey::new(v).unwrap();
+        let limited = [att("i1", 0x12, Membership::Limited)];
+        let mixed = [
+            att("i1", 0x12, Membership::Limited),
+            att("i2", 0x12, Membership::Full),
+        ];
+        assert_eq!(in_doubt_values(&[k(0x12)], &limited), [PKeyValue(0x0012)]);
+        assert_eq!(in_doubt_values(&[k(0x12)], &mixed), [PKeyValue(0x8012)]);
+        // No attachment names it any more: full (only the base is known).
+        assert_eq!(
+            in_doubt_values(&[k(0x12), k(0x13)], &limited),
+            [PKeyValue(0x0012), PKeyValue(0x8013)]
+        );
+    }
+}
