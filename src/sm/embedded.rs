@@ -4,7 +4,9 @@
 //! Fault injection for tests and demos: when `fault_file` is set, every apply first reads it:
 //! `unreachable` fails the apply as unavailable, `slow <ms>` delays it, `refuse <text>` refuses
 //! it, `lose-reply` applies the set and then answers as unavailable (the reply was lost: the
-//! agent must treat the keys as in doubt); an absent or empty file means healthy.
+//! agent must treat the keys as in doubt); an absent or empty file means healthy. While the
+//! reconciler backs off after a failure, a change of the file is announced
+//! ([`SubnetManager::cause_changed`]) and the current set is sent at once.
 //!
 //! Fencing, like the real backends: an apply with a generation lower than the highest one
 //! accepted (or the same one with another set) is refused with [`SmError::StaleGeneration`].
