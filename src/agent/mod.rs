@@ -583,15 +583,28 @@ impl Agent {
                 reason = reason.as_str(),
                 "attachment changed"
             ),
+            // Raised is a warning; cleared is news.
             EventKind::ConditionChanged {
                 condition,
-                active,
+                active: true,
                 detail,
             } => tracing::warn!(
                 seq = e.seq,
                 node_id,
                 condition = condition.name(),
-                active,
+                active = true,
+                detail = detail.as_str(),
+                "condition changed"
+            ),
+            EventKind::ConditionChanged {
+                condition,
+                active: false,
+                detail,
+            } => tracing::info!(
+                seq = e.seq,
+                node_id,
+                condition = condition.name(),
+                active = false,
                 detail = detail.as_str(),
                 "condition changed"
             ),
