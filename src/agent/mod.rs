@@ -583,28 +583,15 @@ impl Agent {
                 reason = reason.as_str(),
                 "attachment changed"
             ),
-            // Raised is a warning; cleared is news.
             EventKind::ConditionChanged {
                 condition,
-                active: true,
+                active,
                 detail,
             } => tracing::warn!(
                 seq = e.seq,
                 node_id,
                 condition = condition.name(),
-                active = true,
-                detail = detail.as_str(),
-                "condition changed"
-            ),
-            EventKind::ConditionChanged {
-                condition,
-                active: false,
-                detail,
-            } => tracing::info!(
-                seq = e.seq,
-                node_id,
-                condition = condition.name(),
-                active = false,
+                active,
                 detail = detail.as_str(),
                 "condition changed"
             ),
