@@ -132,10 +132,25 @@ fn a_daemon_that_cannot_read_its_ports_still_answers() {
     let o = cli(&d.socket, &["node"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("ports: none read"), "{}", stdout(&o));
+    // [3] ... and names it as a standing condition, with the read's error.
+    assert!(
+        eventually(Duration::from_secs(10), || stdout(&cli(
+            &d.socket,
+            &["node"]
+        ))
+        .contains("CONDITION PORTS_UNREADABLE: the last port read failed")),
+        "{}",
+        stdout(&cli(&d.socket, &["node"]))
+    );
     let o = with_config(&d.config, &["doctor"], &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("OK    daemon"), "{}", stdout(&o));
     assert!(stdout(&o).contains("FAIL  observer"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("FAIL  condition PORTS_UNREADABLE"),
+        "{}",
+        stdout(&o)
+    );
     assert!(
         d.log().contains("cannot read the ports; serving anyway"),
         "{}",
@@ -159,10 +174,9 @@ fn views_wrap_carry_every_field_and_spell_each_value_once() {
     // [12] --wait takes human durations; the refusal keeps it PENDING: 75.
     let o = cli(&sock, &attach(long, "0a12", &["--wait", "2s"]));
     assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
-    // [2] The SM answered and refused: the node view says the apply failed and why, not
-    // UNREACHABLE.
+    // [2] The SM answered and refused: the node view says REFUSED and why, not UNREACHABLE.
     assert!(eventually(Duration::from_secs(10), || {
-        stdout(&cli(&sock, &["node"])).contains("last apply FAILED")
+        stdout(&cli(&sock, &["node"])).contains("REFUSED (it answered and said no)")
     }));
     let node = stdout(&cli(&sock, &["node"]));
     assert!(!node.contains("UNREACHABLE"), "{node}");
@@ -241,7 +255,10 @@ fn views_wrap_carry_every_field_and_spell_each_value_once() {
     let text = stdout(&o);
     assert!(text.contains("LID 2, SM LID 1"), "{text}");
     assert!(!text.contains("LID 0x"), "{text}");
-    assert!(text.contains("embedded: last apply acknowledged"), "{text}");
+    assert!(
+        text.contains("embedded: REACHABLE: last apply acknowledged"),
+        "{text}"
+    );
     let o = with_config(&d.config, &["doctor", "--json"], &[]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["verdict"], "OK", "{v}");
@@ -416,4 +433,277 @@ fn no_color_is_honoured_on_a_terminal() {
     let plain = on_a_terminal(Some("1"));
     assert!(plain.contains("configuration"), "{plain}");
     assert!(!plain.contains('\u{1b}'), "NO_COLOR=1: {plain:?}");
+}
+
+/// One scrape of the metrics endpoint on `port`: the body.
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics listener");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// `text` with every run of whitespace as one space (wrapped lines joined).
+fn words(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `node -o json`'s subnet_manager object.
+fn sm_json(socket: &Path) -> serde_json::Value {
+    let node: serde_json::Value =
+        serde_json::from_slice(&cli(socket, &["node", "-o", "json"]).stdout).unwrap();
+    node["subnet_manager"].clone()
+}
+
+#[test]
+fn refused_and_unreachable_are_different_states_everywhere() {
+    // [2] The SM answers and refuses: REFUSED in node (human and JSON), doctor, events and the
+    // sm_state metric; then it stops answering: UNREACHABLE in each.
+    let port = net::free_port();
+    let d = Daemon::start_with_fault(
+        Some("refuse the fabric manager's licence expired"),
+        "",
+        &format!(
+            "[reconciler]\nbackoff_max_ms = 300\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\n"
+        ),
+    );
+    let sock = d.socket.clone();
+    let o = cli(&sock, &attach("i-1", "0a12", &[]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        eventually(Duration::from_secs(10), || sm_json(&sock)["state"]
+            == "REFUSED"),
+        "{}",
+        sm_json(&sock)
+    );
+    let node = words(&stdout(&cli(&sock, &["node"])));
+    assert!(
+        node.contains("embedded: REFUSED (it answered and said no): subnet manager refused"),
+        "{node}"
+    );
+    assert!(node.contains("licence expired"), "{node}");
+    assert!(!node.contains("UNREACHABLE"), "{node}");
+    let doctor = words(&stdout(&with_config(&d.config, &["doctor"], &[])));
+    assert!(
+        doctor.contains("FAIL subnet manager") && doctor.contains("embedded: REFUSED"),
+        "{doctor}"
+    );
+    assert!(
+        scrape(port).contains("fabric_agent_sm_state{state=\"REFUSED\"} 1"),
+        "{}",
+        scrape(port)
+    );
+    // No answer at all now.
+    std::fs::write(d.fault_file(), "unreachable").unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || sm_json(&sock)["state"]
+            == "UNREACHABLE"),
+        "{}",
+        sm_json(&sock)
+    );
+    let node = words(&stdout(&cli(&sock, &["node"])));
+    assert!(
+        node.contains("embedded: UNREACHABLE (no answer): subnet manager unavailable"),
+        "{node}"
+    );
+    let doctor = words(&stdout(&with_config(&d.config, &["doctor"], &[])));
+    assert!(doctor.contains("embedded: UNREACHABLE"), "{doctor}");
+    let metrics = scrape(port);
+    assert!(
+        metrics.contains("fabric_agent_sm_state{state=\"UNREACHABLE\"} 1")
+            && metrics.contains("fabric_agent_sm_state{state=\"REFUSED\"} 0"),
+        "{metrics}"
+    );
+    // The events name each state once, in order.
+    let events = stdout(&cli(&sock, &["events"]));
+    let events = events.split_whitespace().collect::<Vec<_>>().join(" ");
+    let refused = events
+        .find("embedded REFUSED (it answered and said no): subnet manager refused")
+        .expect(&events);
+    let unreachable = events
+        .find("embedded UNREACHABLE (no answer): subnet manager unavailable")
+        .expect(&events);
+    assert!(refused < unreachable, "{events}");
+    let json: Vec<serde_json::Value> = stdout(&cli(&sock, &["events", "-o", "json"]))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &serde_json::Value| e["kind"] == "subnet_manager")
+        .collect();
+    let states: Vec<&str> = json
+        .iter()
+        .map(|e| e["detail"]["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["REFUSED", "UNREACHABLE"], "{json:?}");
+}
+
+#[test]
+fn an_apply_in_flight_is_visible_since_when_and_to_whom() {
+    // [4] A slow apply: node names it (generation, backend, since), the attachment's reason
+    // says it waits for it, its key is in doubt meanwhile, doctor warns.
+    let d = Daemon::start_with_fault(None, "", "");
+    let sock = d.socket.clone();
+    assert!(eventually(Duration::from_secs(10), || sm_json(&sock)
+        ["state"]
+        == "REACHABLE"));
+    std::fs::write(d.fault_file(), "slow 6000").unwrap();
+    let o = cli(&sock, &attach("i-1", "0a12", &[]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        eventually(Duration::from_secs(5), || !sm_json(&sock)
+            ["apply_in_flight"]
+            .is_null()),
+        "{}",
+        sm_json(&sock)
+    );
+    let sm = sm_json(&sock);
+    assert!(
+        sm["apply_in_flight"]["generation"].as_u64().unwrap() > 0,
+        "{sm}"
+    );
+    assert!(
+        sm["apply_in_flight"]["since"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z'),
+        "{sm}"
+    );
+    assert_eq!(sm["in_doubt_pkeys"][0], "0x0a12", "{sm}");
+    let node = words(&stdout(&cli(&sock, &["node"])));
+    assert!(node.contains("apply in flight: generation"), "{node}");
+    assert!(node.contains("sent to embedded at"), "{node}");
+    assert!(
+        node.contains("an apply carrying them is in flight"),
+        "{node}"
+    );
+    // [10] The in-doubt list spells the key as tables do, with its base.
+    assert!(
+        node.contains("in doubt: 0x8a12 (base 0x0a12), either membership"),
+        "{node}"
+    );
+    assert_eq!(sm["in_doubt_pkey_values"][0], "0x8a12", "{sm}");
+    let o = cli(&sock, &["get", "i-1", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let a: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(a["state"], "PENDING", "{a}");
+    assert!(
+        a["reason"].as_str().unwrap().starts_with(
+            "waiting for the apply in flight to the subnet manager (embedded, generation"
+        ),
+        "{a}"
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    let doctor = words(&stdout(&with_config(&d.config, &["doctor"], &[])));
+    assert!(doctor.contains("WARN apply in flight"), "{doctor}");
+    // Answered: nothing in flight, the reason is gone with the PENDING state.
+    std::fs::write(d.fault_file(), "").unwrap();
+    assert!(eventually(Duration::from_secs(15), || {
+        stdout(&cli(&sock, &["get", "i-1"])).contains("ACTIVE")
+    }));
+    assert!(sm_json(&sock)["apply_in_flight"].is_null());
+}
+
+#[test]
+fn a_new_request_or_a_changed_fault_is_tried_at_once() {
+    // [5] A refusal backs off for backoff_max_ms (60 s here). A new request is sent at once
+    // (the apply count moves within seconds), and clearing the fault gets ACTIVE within
+    // seconds, not after the old backoff.
+    let d = Daemon::start_with_fault(
+        Some("refuse maintenance window"),
+        "",
+        "[reconciler]\nbackoff_max_ms = 60000\n",
+    );
+    let sock = d.socket.clone();
+    assert!(eventually(Duration::from_secs(10), || sm_json(&sock)
+        ["state"]
+        == "REFUSED"));
+    let before = sm_json(&sock)["applies"].as_u64().unwrap();
+    let o = cli(&sock, &attach("i-1", "0a12", &[]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        eventually(Duration::from_secs(5), || sm_json(&sock)["applies"]
+            .as_u64()
+            .unwrap()
+            > before),
+        "a new request waited out the old backoff: {}",
+        sm_json(&sock)
+    );
+    assert!(eventually(Duration::from_secs(5), || {
+        stdout(&cli(&sock, &["get", "i-1"])).contains("maintenance window")
+    }));
+    std::fs::write(d.fault_file(), "").unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || stdout(&cli(
+            &sock,
+            &["get", "i-1"]
+        ))
+        .contains("ACTIVE")),
+        "the cleared fault waited out the backoff: {}",
+        stdout(&cli(&sock, &["get", "i-1"]))
+    );
+    assert!(d
+        .log()
+        .contains("the subnet manager's fault changed; retrying now"));
+}
+
+#[test]
+fn a_release_held_by_another_instance_names_it_and_values_carry_the_membership_bit() {
+    // [11] Two instances of one partition; the first is released: its reason names the
+    // instance that still holds the key, not the subnet manager.
+    let d = Daemon::start_with_fault(None, "", "");
+    let sock = d.socket.clone();
+    for i in ["i-1", "i-2"] {
+        let o = cli(&sock, &attach(i, "0a12", &["--wait", "10s"]));
+        assert_eq!(o.status.code(), Some(0), "{i}: {}", stderr(&o));
+    }
+    let o = cli(&sock, &["release", "--instance", "i-1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let reason = || {
+        let a: serde_json::Value =
+            serde_json::from_slice(&cli(&sock, &["get", "i-1", "-o", "json"]).stdout).unwrap();
+        a["reason"].as_str().unwrap_or_default().to_owned()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || reason()
+            .contains("instance i-2 of partition ibpart_a still holds it")),
+        "{}",
+        reason()
+    );
+    // [10] The reason and the journal's "attachment changed" records carry the value with
+    // the membership bit, as tables and events do.
+    assert!(reason().starts_with("0x8a12 stays on "), "{}", reason());
+    let log = d.log();
+    let changed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("attachment changed"))
+        .collect();
+    assert!(!changed.is_empty(), "{log}");
+    assert!(
+        changed.iter().all(|l| l.contains("pkey=0x8a12")),
+        "{changed:?}"
+    );
+}
+
+#[test]
+fn a_condition_is_logged_once() {
+    // The insecure posture is one journal record, not one from the reconciler and one from
+    // the event commit.
+    let d = Daemon::start_with_fault(None, "default_membership = \"full\"\n", "");
+    assert!(
+        eventually(Duration::from_secs(10), || stdout(&cli(
+            &d.socket,
+            &["node"]
+        ))
+        .contains("CONDITION FULL_DEFAULT_MEMBERSHIP")),
+        "{}",
+        stdout(&cli(&d.socket, &["node"]))
+    );
+    let log = d.log();
+    let records = log
+        .lines()
+        .filter(|l| l.contains("FULL_DEFAULT_MEMBERSHIP"))
+        .count();
+    assert_eq!(records, 1, "{log}");
 }

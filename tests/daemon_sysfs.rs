@@ -151,3 +151,101 @@ async fn rxe_rig_lists_roce_and_completes_against_the_embedded_tables() {
         pb::AttachmentState::Released
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_table_change_across_a_failed_read_is_reported() {
+    // The ports become unreadable, a key appears meanwhile, the ports come back: the change is
+    // reported against the last good read; PORTS_UNREADABLE stood meanwhile and clears.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    let away = tmp.path().join("sys-away");
+    mlx5_8x_active(&root);
+    let extra = format!(
+        "allow_full_default = true\n{}",
+        mlx5_8x_config(&root, "fast_poll_ms = 20\nslow_poll_ms = 100\n")
+    );
+    let mut d = Daemon::prepare(tmp.path(), &extra);
+    d.spawn(&[]);
+    let mut c = d.client().await;
+    let unreadable =
+        |n: &pb::GetNodeResponse| n.conditions.iter().any(|c| c.kind == "PORTS_UNREADABLE");
+    // The first read is done (the socket accepts connections before it is).
+    until_node(&mut c, Duration::from_secs(10), "the first read", |n| {
+        n.ports.iter().any(|p| p.device == IB[0])
+    })
+    .await;
+    std::fs::rename(&root, &away).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || d
+            .log()
+            .contains("reading ports failed")),
+        "{}",
+        d.log()
+    );
+    // The condition, as node shows it while the ports are away (checked at the end, so the
+    // port-table check below stands on its own).
+    let mut seen = None;
+    for _ in 0..100 {
+        let n = common::node(&mut c).await;
+        if let Some(cond) = n.conditions.iter().find(|c| c.kind == "PORTS_UNREADABLE") {
+            seen = Some(cond.detail.clone());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    set_pkey(&away, IB[0], 11, 0x8c44);
+    std::fs::rename(&away, &root).unwrap();
+    let table_changed = |evs: &[pb::Event]| {
+        evs.iter().any(|e| matches!(
+            &e.kind,
+            Some(pb::event::Kind::PkeyTableChanged(p)) if p.device == IB[0] && p.added == [0x8c44]
+        ))
+    };
+    for _ in 0..100 {
+        if table_changed(&events(&mut c, 0).await) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let evs = events(&mut c, 0).await;
+    assert!(table_changed(&evs), "{evs:?}");
+    let detail = seen.expect("PORTS_UNREADABLE while the ports were away");
+    assert!(
+        detail.starts_with("the last port read failed: "),
+        "{detail}"
+    );
+    until_node(
+        &mut c,
+        Duration::from_secs(10),
+        "the condition cleared",
+        |n| !unreadable(n),
+    )
+    .await;
+    let evs = events(&mut c, 0).await;
+    let conditions: Vec<(String, bool)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(pb::event::Kind::ConditionChanged(c))
+                if c.condition
+                    .as_ref()
+                    .is_some_and(|c| c.kind == "PORTS_UNREADABLE") =>
+            {
+                Some((
+                    c.condition
+                        .as_ref()
+                        .map(|c| c.kind.clone())
+                        .unwrap_or_default(),
+                    c.active,
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            ("PORTS_UNREADABLE".to_owned(), true),
+            ("PORTS_UNREADABLE".to_owned(), false)
+        ]
+    );
+}

@@ -5,7 +5,7 @@
 //! state, ports, conditions, the event log's bounds) are refreshed from the agent at each scrape,
 //! so they are never stale and cost nothing between scrapes.
 
-use crate::domain::{AttachmentState, ConditionKind};
+use crate::domain::{AttachmentState, ConditionKind, SmState};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,6 +35,8 @@ pub struct Metrics {
     applies: Family<Labels, Counter>,
     apply_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     sm_reachable: Gauge,
+    sm_state: Family<Labels, Gauge>,
+    apply_in_flight: Gauge<f64, std::sync::atomic::AtomicU64>,
     in_doubt: Gauge,
     generation: Gauge,
     reads: Family<Labels, Counter>,
@@ -86,6 +88,10 @@ pub struct Snapshot {
     pub conditions: Vec<ConditionKind>,
     /// Whether the last apply succeeded.
     pub sm_reachable: bool,
+    /// Acknowledged, refused or unreachable.
+    pub sm_state: SmState,
+    /// Age of the apply in flight, seconds (None: none in flight).
+    pub apply_in_flight_secs: Option<f64>,
     /// Keys in doubt.
     pub in_doubt: usize,
     /// Generation of the last apply.
@@ -107,6 +113,8 @@ impl Metrics {
             applies: Family::default(),
             apply_seconds: Family::new_with_constructor(latency_histogram),
             sm_reachable: Gauge::default(),
+            sm_state: Family::default(),
+            apply_in_flight: Gauge::default(),
             in_doubt: Gauge::default(),
             generation: Gauge::default(),
             reads: Family::default(),
@@ -154,6 +162,17 @@ impl Metrics {
             "sm_reachable",
             "1 when the last subnet-manager apply was acknowledged",
             m.sm_reachable.clone(),
+        );
+        registry.register(
+            "sm_state",
+            "1 for the subnet manager's state after the last apply: REACHABLE (acknowledged), \
+             REFUSED (answered and said no), UNREACHABLE (no answer), UNKNOWN (no apply yet)",
+            m.sm_state.clone(),
+        );
+        registry.register(
+            "sm_apply_in_flight_seconds",
+            "Age of the apply waiting for the subnet manager's answer (0 when none)",
+            m.apply_in_flight.clone(),
         );
         registry.register(
             "in_doubt_keys",
@@ -278,6 +297,13 @@ impl Metrics {
                 .set(1);
         }
         self.sm_reachable.set(i64::from(snapshot.sm_reachable));
+        for state in SmState::ALL {
+            self.sm_state
+                .get_or_create(&vec![("state", state.name().to_owned())])
+                .set(i64::from(state == snapshot.sm_state));
+        }
+        self.apply_in_flight
+            .set(snapshot.apply_in_flight_secs.unwrap_or(0.0));
         self.in_doubt.set(snapshot.in_doubt as i64);
         self.generation.set(snapshot.generation as i64);
         self.sweeps.set(snapshot.sweeps.unwrap_or(0) as i64);

@@ -18,7 +18,7 @@ mod watch;
 pub use admission::{AttachRequest, Covered};
 pub use error::{AgentError, CursorError, Refusal, StreamEnd};
 pub use reconciler_config::ReconcilerConfig;
-pub use status::{NodeView, SmStatus};
+pub use status::{ApplyInFlight, NodeView, SmStatus};
 pub use watch::{EventStream, WatchFrom, MAX_BATCH as MAX_WATCH_BATCH};
 
 use crate::domain::{
@@ -106,8 +106,6 @@ struct Shared {
     beats: tokio::sync::watch::Sender<u64>,
     /// Turns true when the daemon begins shutting down (ends WatchEvents streams).
     stopping: tokio::sync::watch::Sender<bool>,
-    /// When the apply in progress started (None: not applying).
-    applying_since: Mutex<Option<std::time::Instant>>,
     /// The durable apply ledger's current value (written only through [`Agent::commit`]).
     ledger: Mutex<ApplyLedger>,
     /// Prometheus metrics.
@@ -145,7 +143,6 @@ impl Agent {
                 wake: Notify::new(),
                 status: Mutex::new(status),
                 beats: tokio::sync::watch::channel(0).0,
-                applying_since: Mutex::new(None),
                 stopping: tokio::sync::watch::channel(false).0,
                 ledger: Mutex::new(ledger),
                 metrics,
@@ -282,19 +279,55 @@ impl Agent {
 
     /// One attachment by instance id.
     pub fn get(&self, instance_id: &str) -> Result<Attachment, AgentError> {
-        self.store()
+        let mut a = self
+            .store()
             .attachment(instance_id)?
-            .ok_or_else(|| AgentError::AttachmentNotFound(instance_id.to_owned()))
+            .ok_or_else(|| AgentError::AttachmentNotFound(instance_id.to_owned()))?;
+        self.show_in_flight(std::slice::from_mut(&mut a));
+        Ok(a)
     }
 
     /// Attachments matching a filter.
     pub fn list(&self, filter: &ListFilter) -> Result<Vec<Attachment>, AgentError> {
-        Ok(self
+        let mut all: Vec<Attachment> = self
             .store()
             .attachments()?
             .into_iter()
             .filter(|a| filter.matches(a))
-            .collect())
+            .collect();
+        self.show_in_flight(&mut all);
+        Ok(all)
+    }
+
+    /// While an apply is in flight, a waiting attachment whose key it carries (or whose
+    /// release it carries) says so, with since when and to which backend, instead of an empty
+    /// or stale reason. Shown on read only: nothing is stored.
+    fn show_in_flight(&self, attachments: &mut [Attachment]) {
+        let Some((in_flight, reason)) = ({
+            let status = self.status();
+            status
+                .sm
+                .in_flight
+                .as_ref()
+                .map(|f| (f.clone(), f.reason(&status.sm.backend)))
+        }) else {
+            return;
+        };
+        for a in attachments.iter_mut() {
+            let carried = in_flight.keys.contains(&a.partition.pkey);
+            let waits = match a.state {
+                AttachmentState::Pending => carried,
+                AttachmentState::Releasing => !carried,
+                _ => false,
+            };
+            if waits {
+                a.reason = if a.reason.is_empty() {
+                    reason.clone()
+                } else {
+                    format!("{reason}; last: {}", a.reason)
+                };
+            }
+        }
     }
 
     /// Up to `limit` attachments matching a filter whose instance id sorts after `after`,
@@ -305,9 +338,11 @@ impl Agent {
         after: Option<&str>,
         limit: usize,
     ) -> Result<AttachmentPage, AgentError> {
-        Ok(self
+        let mut page = self
             .store()
-            .attachments_page(after, limit, |a| filter.matches(a))?)
+            .attachments_page(after, limit, |a| filter.matches(a))?;
+        self.show_in_flight(&mut page.attachments);
+        Ok(page)
     }
 
     /// This node's view: ports, subnet manager, counts.
@@ -329,7 +364,10 @@ impl Agent {
                 .as_ref()
                 .map(Inventory::tenant_key_capacity)
                 .unwrap_or(0),
-            sm: status.sm.clone(),
+            sm: SmStatus {
+                in_doubt_values: status::in_doubt_values(&status.sm.in_doubt, &attachments),
+                ..status.sm.clone()
+            },
             observer: parts.observer.kind().to_owned(),
             observer_reason: parts.observer_reason.clone(),
             counts: state_counts(&attachments).collect(),
@@ -372,7 +410,7 @@ impl Agent {
     /// Wakes the reconciler and reports whether it went round its loop within `limit`, or is
     /// inside an apply that has not yet reached its own timeout: the watchdog's proof of life.
     pub async fn probe_reconciler(&self, limit: Duration) -> bool {
-        let applying = *self.shared.applying_since.lock().expect("applying lock");
+        let applying = self.status().sm.in_flight.as_ref().map(|f| f.since);
         if applying.is_some_and(|t| t.elapsed() < runner::APPLY_TIMEOUT) {
             return true;
         }
@@ -423,6 +461,12 @@ impl Agent {
             }
             snapshot.conditions = status.conditions.iter().map(|c| c.kind).collect();
             snapshot.sm_reachable = status.sm.reachable;
+            snapshot.sm_state = status.sm.state;
+            snapshot.apply_in_flight_secs = status
+                .sm
+                .in_flight
+                .as_ref()
+                .map(|f| f.since.elapsed().as_secs_f64());
             snapshot.in_doubt = status.sm.in_doubt.len();
             snapshot.generation = status.sm.generation;
         }
@@ -447,8 +491,19 @@ impl Agent {
                     count(AttachmentState::Releasing),
                     count(AttachmentState::Released),
                     n.sm.backend,
-                    if n.sm.reachable { "ok" } else { "unreachable" },
+                    match n.sm.state {
+                        crate::domain::SmState::Reachable => "ok",
+                        crate::domain::SmState::Refused => "refused",
+                        crate::domain::SmState::Unreachable => "unreachable",
+                        crate::domain::SmState::Unknown => "no apply yet",
+                    },
                 );
+                if let Some(f) = &n.sm.in_flight {
+                    line.push_str(&format!(
+                        "; apply in flight {}s",
+                        f.since.elapsed().as_secs()
+                    ));
+                }
                 if !n.sm.in_doubt.is_empty() {
                     line.push_str(&format!("; {} key(s) in doubt", n.sm.in_doubt.len()));
                 }
@@ -470,11 +525,10 @@ impl Agent {
         self.shared.ledger.lock().expect("ledger lock").clone()
     }
 
-    /// Marks an apply in progress (the watchdog's probe counts it as life until the apply's
-    /// own timeout) or done.
-    fn set_applying(&self, applying: bool) {
-        *self.shared.applying_since.lock().expect("applying lock") =
-            applying.then(std::time::Instant::now);
+    /// Marks an apply in flight (the watchdog's probe counts it as life until the apply's own
+    /// timeout; `node` and the waiting attachments show it) or done.
+    fn set_in_flight(&self, in_flight: Option<ApplyInFlight>) {
+        self.status().sm.in_flight = in_flight;
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, status::Status> {
@@ -506,7 +560,7 @@ impl Agent {
     }
 
     /// One journal record per committed state change, with fields an operator selects on
-    /// (`journalctl -u fabric-agent INSTANCE_ID=vm-42`, `PKEY=0x0a12`, `STATE=RELEASED`).
+    /// (`journalctl -u fabric-agent INSTANCE_ID=vm-42`, `PKEY=0x8a12` (the value ports hold, membership bit included), `STATE=RELEASED`).
     fn log_event(&self, e: &Event) {
         let node_id = self.shared.parts.node_id.as_str();
         match &e.kind {
@@ -523,7 +577,7 @@ impl Agent {
                 node_id,
                 instance_id = instance_id.as_str(),
                 partition_id = partition_id.as_str(),
-                pkey = %format!("{:#06x}", pkey_value.base()),
+                pkey = %pkey_value,
                 from = from.map_or("", |s| s.name()),
                 state = to.name(),
                 reason = reason.as_str(),

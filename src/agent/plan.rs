@@ -253,8 +253,8 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
             Some((
                 Released,
                 format!(
-                    "subnet manager acknowledged a set without {:#06x} on the covered ports; no \
-                     covered port holds it{}",
+                    "subnet manager acknowledged a set without {value} on the covered ports; no \
+                     covered port holds it in either membership (base {:#06x}){}",
                     value.base(),
                     gone_note(&cover)
                 ),
@@ -263,6 +263,55 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
         }
         _ => None,
     }
+}
+
+/// Why a RELEASING attachment's key stays on its ports: another instance of the same partition
+/// still wants it on a covered port. Names those instances and ports; None when no other
+/// instance holds it. This comes before the subnet manager's state: no answer from it would
+/// release the key while those instances want it.
+pub fn held_by_partition_mate(
+    a: &Attachment,
+    others: &[Attachment],
+    observed: Observed<'_>,
+) -> Option<String> {
+    if a.state != AttachmentState::Releasing {
+        return None;
+    }
+    let key = a.partition.pkey;
+    let guids = a.covered_guids(observed.inventory);
+    let mut ports = Vec::new();
+    let mut holders: Vec<&str> = Vec::new();
+    for g in &guids {
+        let mates: Vec<&str> = others
+            .iter()
+            .filter(|o| {
+                o.instance_id != a.instance_id
+                    && o.partition.pkey == key
+                    && o.state.wants_key()
+                    && o.covered_guids(observed.inventory).contains(g)
+            })
+            .map(|o| o.instance_id.as_str())
+            .collect();
+        if !mates.is_empty() {
+            ports.push(a.port_label(*g, observed.inventory));
+            holders.extend(mates);
+        }
+    }
+    holders.sort_unstable();
+    holders.dedup();
+    let (first, rest) = holders.split_first()?;
+    let named = if rest.is_empty() {
+        format!("instance {first}")
+    } else {
+        format!("instances {first}, {}", rest.join(", "))
+    };
+    Some(format!(
+        "{} stays on {}: {named} of partition {} still holds it there; RELEASED once no \
+         instance of the partition does",
+        a.pkey_value(),
+        ports.join(", "),
+        a.partition.id.as_str()
+    ))
 }
 
 /// Why an attachment that is waiting has not moved, when the reason lies with the node rather
@@ -295,32 +344,17 @@ pub fn waiting_reason(
             cover.blocked.join("; ")
         ));
     }
-    // Ports another instance of this partition still covers keep the key.
-    let shared: Vec<String> = cover
-        .guids
-        .iter()
-        .filter(|g| {
-            others.iter().any(|o| {
-                o.instance_id != a.instance_id
-                    && o.partition.pkey == key
-                    && o.state.wants_key()
-                    && o.covered_guids(observed.inventory).contains(g)
-            })
-        })
-        .map(|g| a.port_label(*g, observed.inventory))
-        .collect();
     match a.state {
-        AttachmentState::Releasing if !shared.is_empty() => Some(format!(
-            "{:#06x} stays on {}: another instance of partition {} still covers it",
-            key.base(),
-            shared.join(", "),
-            a.partition.id.as_str()
-        )),
-        AttachmentState::Releasing if !observed.acked_without_on(key, &cover.guids) => {
-            Some(format!(
-                "{:#06x} in doubt: waiting for the subnet manager to acknowledge a set without it",
-                key.base()
-            ))
+        AttachmentState::Releasing => {
+            if let Some(held) = held_by_partition_mate(a, others, observed) {
+                return Some(held);
+            }
+            (!observed.acked_without_on(key, &cover.guids)).then(|| {
+                format!(
+                    "{} in doubt: waiting for the subnet manager to acknowledge a set without it",
+                    a.pkey_value()
+                )
+            })
         }
         AttachmentState::Programming | AttachmentState::Drifted if !observed.posture_ok => Some(
             "a fabric port is a full member of the default partition (0xffff): tenant keys are \

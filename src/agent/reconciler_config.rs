@@ -9,7 +9,9 @@ pub struct ReconcilerConfig {
     /// First retry delay after a failed apply, milliseconds.
     #[serde(default = "default_backoff_initial")]
     pub backoff_initial_ms: u64,
-    /// Retry delay cap, milliseconds.
+    /// Retry delay cap, milliseconds; also the retry pace after a refusal. A new request (a
+    /// desired set other than the one that failed) or a changed embedded fault file is tried at
+    /// once.
     #[serde(default = "default_backoff_max")]
     pub backoff_max_ms: u64,
     /// Re-apply the desired set this often even when nothing changed (heals SM-side loss), seconds.

@@ -11,10 +11,10 @@
 
 use super::metrics::Timed;
 use super::plan::{self, Ack, Observed};
-use super::{changed_event, now_unix_ns, ports, Agent};
+use super::{changed_event, now_unix_ns, ports, Agent, ApplyInFlight};
 use crate::domain::{
     Attachment, AttachmentState, Carried, ConditionKind, EventKind, Guid, Inventory,
-    NodeMemberships, PKey, PKeyValue,
+    NodeMemberships, PKey, PKeyValue, SmState,
 };
 use crate::sm::{SmError, SmFailure};
 use crate::store::Batch;
@@ -44,6 +44,8 @@ struct AckRecord {
 /// One port read and when it started.
 struct Reading {
     inventory: Option<Inventory>,
+    /// Why the read failed (None when it succeeded).
+    error: Option<String>,
     started: Instant,
     started_unix_ns: i64,
 }
@@ -65,6 +67,13 @@ struct Loop {
     /// Resyncs scheduled so far (draws each one's jitter).
     resync_round: u64,
     sm_error: Option<String>,
+    /// What the subnet manager did with the last finished apply.
+    sm_state: SmState,
+    /// The set the last failed apply carried: a different desired set (a new request) is
+    /// sent at once instead of waiting out that failure's backoff.
+    failed_set: Option<NodeMemberships>,
+    /// The last inventory read successfully: port-table and port-state events compare
+    /// against it, so a change across a failed read is still reported.
     prev_inventory: Option<Inventory>,
     foreign_reported: BTreeSet<(Guid, PKeyValue)>,
     conditions: BTreeMap<ConditionKind, String>,
@@ -96,6 +105,8 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         resync_at: Instant::now() + resync_delay(agent_node_id.as_str(), 0, &cfg),
         resync_round: 0,
         sm_error: None,
+        sm_state: SmState::Unknown,
+        failed_set: None,
         prev_inventory,
         foreign_reported: BTreeSet::new(),
         conditions,
@@ -136,11 +147,17 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         .min()
         .expect("at least the heartbeat");
         let observer = l.agent.shared.parts.observer.clone();
+        let sm = l.agent.shared.parts.sm.clone();
+        let backing_off = retry.is_some();
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
             _ = l.agent.shared.wake.notified() => {}
             _ = observer.changed(pending) => {}
+            _ = sm.cause_changed(), if backing_off => {
+                tracing::info!("the subnet manager's fault changed; retrying now");
+                l.retry_now();
+            }
             _ = tokio::time::sleep_until(deadline) => {}
         }
         if Instant::now() >= l.resync_at {
@@ -181,6 +198,12 @@ impl Loop {
         self.agent.shared.beats.send_modify(|b| *b += 1);
     }
 
+    /// Drops the failure's backoff: the next pass applies at once.
+    fn retry_now(&mut self) {
+        self.retry_at = None;
+        self.backoff = Duration::from_millis(self.agent.shared.parts.reconciler.backoff_initial_ms);
+    }
+
     fn pending(&self) -> bool {
         self.unacked
             || self
@@ -211,6 +234,15 @@ impl Loop {
         let mut again = false;
         let needed =
             self.force_apply || self.unacked || self.ack.as_ref().map(|a| &a.set) != Some(&desired);
+        // (Only with ports read: a set built without them is no request.)
+        if reading.inventory.is_some()
+            && self.retry_at.is_some()
+            && self.failed_set.as_ref().is_some_and(|f| *f != desired)
+        {
+            // A new request since the failure: it is not the set that failed, so it goes now.
+            tracing::debug!("the desired set changed since the failed apply; retrying now");
+            self.retry_now();
+        }
         let due = self.retry_at.is_none_or(|t| Instant::now() >= t);
         if needed && due && reading.inventory.is_some() {
             // The grants come from the same snapshot as the set: never one for a key it lacks.
@@ -237,7 +269,13 @@ impl Loop {
                 .extend(ports::changes(self.prev_inventory.as_ref(), inv));
             self.foreign(inv, &attachments, &mut batch.events);
         }
-        let conditions = self.conditions(full_default, allow_full_default);
+        let mut conditions = self.conditions(full_default, allow_full_default);
+        if let Some(error) = &reading.error {
+            conditions.insert(
+                ConditionKind::PortsUnreadable,
+                format!("the last port read failed: {error}; no attachment changes state until the ports are read"),
+            );
+        }
         batch.events.extend(self.condition_events(conditions));
         let gone = match inventory {
             Some(inv) => {
@@ -266,7 +304,10 @@ impl Loop {
         self.commit(&attachments, transitions, observed, batch)
             .await?;
         self.forget_released_keys();
-        self.prev_inventory = reading.inventory;
+        // A failed read keeps the last good inventory: the next good one is compared with it.
+        if reading.inventory.is_some() {
+            self.prev_inventory = reading.inventory;
+        }
         Ok(again)
     }
 
@@ -276,19 +317,20 @@ impl Loop {
         let parts = &self.agent.shared.parts;
         let result = parts.observer.inventory().await;
         self.agent.metrics().read(result.is_ok(), started.elapsed());
-        let inventory = match result {
+        let (inventory, error) = match result {
             Ok(mut inv) => {
                 parts.selector.apply(&mut inv);
                 self.agent.status().inventory = Some(inv.clone());
-                Some(inv)
+                (Some(inv), None)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "reading ports failed; no state changes this pass");
-                None
+                (None, Some(e.to_string()))
             }
         };
         Reading {
             inventory,
+            error,
             started,
             started_unix_ns,
         }
@@ -318,9 +360,15 @@ impl Loop {
         self.carried.record(&desired, generation);
         // Until a positive answer, everything this apply carried is in doubt.
         self.unacked = true;
+        self.agent.status().sm.in_doubt = self.in_doubt();
         let sm = self.agent.shared.parts.sm.clone();
-        self.agent.set_applying(true);
         let sent = Instant::now();
+        self.agent.set_in_flight(Some(ApplyInFlight {
+            since: sent.into_std(),
+            since_unix_ns: now_unix_ns(),
+            generation,
+            keys: desired.keys.keys().copied().collect(),
+        }));
         let result = match tokio::time::timeout(
             APPLY_TIMEOUT,
             sm.apply_granted(&desired, &grants, generation),
@@ -330,7 +378,7 @@ impl Loop {
             Ok(r) => r,
             Err(_) => Err(SmError::Unreachable(SmFailure::TimedOut(APPLY_TIMEOUT))),
         };
-        self.agent.set_applying(false);
+        self.agent.set_in_flight(None);
         let outcome = match &result {
             Ok(_) => "ok",
             Err(SmError::Unreachable(_)) => "unavailable",
@@ -339,7 +387,7 @@ impl Loop {
         };
         self.agent.metrics().apply(outcome, sent.elapsed());
         let cfg = &self.agent.shared.parts.reconciler;
-        let was = self.sm_error.clone();
+        let was = self.sm_state;
         let applied = match result {
             Ok(outcome) => {
                 tracing::debug!(keys = desired.keys.len(), generation, detail = %outcome.detail, "applied");
@@ -356,6 +404,8 @@ impl Loop {
                 self.failures = 0;
                 self.stale_retries = 0;
                 self.sm_error = None;
+                self.sm_state = SmState::Reachable;
+                self.failed_set = None;
                 Applied::Acknowledged
             }
             Err(SmError::StaleGeneration { sent, stored })
@@ -404,8 +454,10 @@ impl Loop {
                 let jitter = jitter(self.agent.shared.parts.node_id.as_str(), self.failures);
                 self.retry_at = Some(Instant::now() + delay.mul_f64(jitter));
                 self.backoff = (self.backoff * 2).min(Duration::from_millis(cfg.backoff_max_ms));
-                tracing::warn!(error = %e, generation, retry_in = ?delay, "apply failed");
+                tracing::warn!(error = %e, sm_state = %e.state(), generation, retry_in = ?delay, "apply failed");
                 self.sm_error = Some(e.to_string());
+                self.sm_state = e.state();
+                self.failed_set = Some(desired);
                 Applied::Failed
             }
         };
@@ -413,19 +465,24 @@ impl Loop {
             let mut status = self.agent.status();
             status.sm.applies += 1;
             status.sm.reachable = self.sm_error.is_none();
+            status.sm.state = self.sm_state;
             status.sm.last_error = self.sm_error.clone().unwrap_or_default();
             status.sm.generation = generation;
             if matches!(applied, Applied::Acknowledged) {
                 status.sm.last_apply_unix_ns = now_unix_ns();
             }
         }
-        if was.is_some() != self.sm_error.is_some() {
+        // An event when the answer changes kind (first answer, acknowledged, refused, no
+        // answer); retries that fail the same way add none.
+        let state = self.sm_state;
+        if was != state && !(was == SmState::Unknown && state == SmState::Reachable) {
             let _guard = self.agent.shared.write.lock().await;
             self.agent.commit(Batch {
                 events: vec![EventKind::SubnetManagerChanged {
                     backend: self.agent.shared.parts.sm.backend().to_owned(),
                     reachable: self.sm_error.is_none(),
                     error: self.sm_error.clone().unwrap_or_default(),
+                    state,
                 }],
                 ..Default::default()
             })?;
@@ -501,8 +558,8 @@ impl Loop {
     fn condition_events(&mut self, now: BTreeMap<ConditionKind, String>) -> Vec<EventKind> {
         let mut events = Vec::new();
         for (kind, detail) in &now {
+            // Logged once, when the event commits (`Agent::log_event`).
             if self.conditions.get(kind) != Some(detail) {
-                tracing::warn!(condition = %kind, %detail, "condition raised");
                 events.push(EventKind::ConditionChanged {
                     condition: *kind,
                     active: true,
@@ -512,7 +569,6 @@ impl Loop {
         }
         for (kind, detail) in &self.conditions {
             if !now.contains_key(kind) {
-                tracing::info!(condition = %kind, "condition cleared");
                 events.push(EventKind::ConditionChanged {
                     condition: *kind,
                     active: false,
@@ -612,15 +668,15 @@ impl Loop {
             }
             batch.events.push(event);
         }
-        // Show why every attachment still waiting has not moved: the subnet manager's error, or
-        // the node's own reason (a key in doubt, the posture).
+        // Show why every attachment still waiting has not moved: another instance holding its
+        // key, the subnet manager's error, or the node's own reason (a key in doubt, the
+        // posture).
         for a in snapshot.iter().filter(|a| is_waiting(a.state)) {
             if touched.iter().any(|t| t.instance_id == a.instance_id) {
                 continue;
             }
-            let reason = self
-                .sm_error
-                .clone()
+            let reason = plan::held_by_partition_mate(a, snapshot, observed)
+                .or_else(|| self.sm_error.clone())
                 .or_else(|| plan::waiting_reason(a, snapshot, observed))
                 .unwrap_or_default();
             if a.reason == reason {

@@ -6,6 +6,7 @@ use crate::agent::{
 use crate::domain::{
     Attachment, AttachmentPort, AttachmentState, Condition, DomainError, Event, EventKind,
     Evidence, Guid, InstanceId, LinkLayer, Membership, Partition, PortInfo, PortName, PortState,
+    SmState,
 };
 use crate::proto::agent as pb;
 use std::time::Duration;
@@ -427,15 +428,31 @@ pub fn port_to_pb(p: &PortInfo) -> pb::Port {
     }
 }
 
+/// The subnet manager's state on the wire; `reachable` speaks for events recorded before the
+/// state was.
+fn sm_state_to_pb(state: SmState, reachable: bool) -> pb::SubnetManagerState {
+    match state {
+        SmState::Reachable => pb::SubnetManagerState::Reachable,
+        SmState::Refused => pb::SubnetManagerState::Refused,
+        SmState::Unreachable => pb::SubnetManagerState::Unreachable,
+        SmState::Unknown if reachable => pb::SubnetManagerState::Reachable,
+        SmState::Unknown => pb::SubnetManagerState::Unspecified,
+    }
+}
+
 fn sm_to_pb(s: &SmStatus) -> pb::SubnetManagerStatus {
     pb::SubnetManagerStatus {
         backend: s.backend.clone(),
         reachable: s.reachable,
+        state: sm_state_to_pb(s.state, s.reachable) as i32,
+        apply_in_flight_since: s.in_flight.as_ref().map(|f| timestamp(f.since_unix_ns)),
+        apply_in_flight_generation: s.in_flight.as_ref().map_or(0, |f| f.generation),
         last_error: s.last_error.clone(),
         last_apply: (s.last_apply_unix_ns > 0).then(|| timestamp(s.last_apply_unix_ns)),
         applies: s.applies,
         generation: s.generation,
         in_doubt_pkeys: s.in_doubt.iter().map(|k| u32::from(k.base())).collect(),
+        in_doubt_pkey_values: s.in_doubt_values.iter().map(|v| u32::from(v.0)).collect(),
     }
 }
 
@@ -541,10 +558,12 @@ pub fn event_to_pb(e: &Event, node_id: &str, log_epoch: &str) -> pb::Event {
             backend,
             reachable,
             error,
+            state,
         } => Kind::SubnetManagerChanged(pb::SubnetManagerChanged {
             backend: backend.clone(),
             reachable: *reachable,
             error: error.clone(),
+            state: sm_state_to_pb(*state, *reachable) as i32,
         }),
         EventKind::ForeignPKey {
             device,

@@ -347,35 +347,16 @@ fn default_partition(pkeys: &[u32], allow_full: bool) -> (Verdict, &'static str)
 fn daemon_checks(checks: &mut Checks, n: &pb::GetNodeResponse) {
     let sm = n.subnet_manager.clone().unwrap_or_default();
     let backend = sm.backend.to_lowercase();
-    if sm.reachable {
-        checks.add(
-            Verdict::Ok,
-            "subnet manager",
-            format!(
-                "{backend}: last apply acknowledged (generation {})",
-                sm.generation
-            ),
-        );
-    } else if sm.applies == 0 {
-        checks.add(
-            Verdict::Warn,
-            "subnet manager",
-            format!("{backend}: no apply yet"),
-        );
-    } else {
-        // The API says the last apply failed; its error says whether the manager refused it
-        // or did not answer. Naming it "unreachable" would send the operator to the network.
-        checks.add(
-            Verdict::Fail,
-            "subnet manager",
-            format!("{backend}: last apply failed: {}", sm.last_error),
-        );
+    let (verdict, summary) = super::sm_view::summary(&sm);
+    checks.add(verdict, "subnet manager", format!("{backend}: {summary}"));
+    if let Some((verdict, line)) = super::sm_view::in_flight(&sm) {
+        checks.add(verdict, "apply in flight", line);
     }
     if !sm.in_doubt_pkeys.is_empty() {
         checks.add(
             Verdict::Warn,
             "keys in doubt",
-            super::output::in_doubt_line(&sm.in_doubt_pkeys),
+            super::output::in_doubt_line(&sm),
         );
     }
     for c in &n.conditions {

@@ -15,6 +15,7 @@ pub mod reload;
 mod remote;
 pub mod secret_file;
 mod serve;
+mod sm_view;
 mod verdict;
 
 pub use reload::LogControl;

@@ -6,7 +6,7 @@
 //! [`WIDTH`] columns and wrap their last column instead of cutting it; `-o wide` adds columns;
 //! JSON carries every field the API has.
 
-use super::Format;
+use super::{sm_view, Format};
 use crate::proto::agent as pb;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -40,7 +40,8 @@ fn link_layer(v: i32) -> &'static str {
         .unwrap_or("?")
 }
 
-fn time(t: &Option<prost_types::Timestamp>) -> String {
+/// A timestamp as RFC 3339 with milliseconds; empty when unset.
+pub(super) fn time(t: &Option<prost_types::Timestamp>) -> String {
     t.as_ref()
         .and_then(|t| {
             let d = std::time::Duration::new(
@@ -118,9 +119,13 @@ fn node_json(n: &pb::GetNodeResponse) -> Value {
     json!({
         "node_id": n.node_id, "fabric": n.fabric, "agent_version": n.agent_version,
         "observer": n.observer, "observer_reason": n.observer_reason, "pkey_capacity": n.pkey_capacity,
-        "subnet_manager": {"backend": sm.backend, "reachable": sm.reachable, "last_error": sm.last_error, "applies": sm.applies,
+        "subnet_manager": {"backend": sm.backend, "state": sm_view::state_name(sm.state), "reachable": sm.reachable,
+                           "last_error": sm.last_error, "applies": sm.applies,
                            "generation": sm.generation, "last_apply": time(&sm.last_apply),
-                           "in_doubt_pkeys": keys(&sm.in_doubt_pkeys)},
+                           "in_doubt_pkeys": keys(&sm.in_doubt_pkeys), "in_doubt_pkey_values": keys(&sm.in_doubt_pkey_values),
+                           "apply_in_flight": sm.apply_in_flight_since.is_some().then(|| json!({
+                               "since": time(&sm.apply_in_flight_since),
+                               "generation": sm.apply_in_flight_generation}))},
         "conditions": n.conditions.iter().map(|c| json!({"kind": c.kind, "detail": c.detail})).collect::<Vec<_>>(),
         "attachment_counts": n.attachment_counts,
         "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq, "log_epoch": n.log_epoch,
@@ -128,24 +133,23 @@ fn node_json(n: &pb::GetNodeResponse) -> Value {
     })
 }
 
-/// The subnet manager's last apply, in words: the API says whether it succeeded, and its
-/// error says why not (a refusal and an unreachable manager both fail an apply).
-fn sm_status(sm: &pb::SubnetManagerStatus) -> String {
-    if sm.reachable {
-        "last apply acknowledged".to_owned()
-    } else if sm.applies == 0 && sm.last_error.is_empty() {
-        "no apply yet".to_owned()
-    } else {
-        format!("last apply FAILED{}", suffix(": ", &sm.last_error))
-    }
-}
-
-/// The in-doubt list's line: the values are P_Key bases (either membership may be held).
-pub fn in_doubt_line(bases: &[u32]) -> String {
+/// The in-doubt list's line: each key as the value the node's attachments give it, with its
+/// base (either membership of the base may be held), and why they are in doubt (an apply in
+/// flight, refused, or without an answer).
+pub fn in_doubt_line(sm: &pb::SubnetManagerStatus) -> String {
+    let listed: Vec<String> = sm
+        .in_doubt_pkeys
+        .iter()
+        .enumerate()
+        .map(|(i, base)| match sm.in_doubt_pkey_values.get(i) {
+            Some(value) => format!("{value:#06x} (base {base:#06x})"),
+            None => format!("base {base:#06x}"),
+        })
+        .collect();
     format!(
-        "P_Key bases {} (either membership): an apply carrying them got no positive answer; \
-         not RELEASED until a set without them is acknowledged",
-        keys(bases).join(", ")
+        "{}, either membership: {}; not RELEASED until a set without them is acknowledged",
+        listed.join(", "),
+        sm_view::in_doubt_cause(sm)
     )
 }
 
@@ -168,14 +172,17 @@ fn node_table(n: &pb::GetNodeResponse, wide: bool) {
         &format!(
             "{}: {}  (applies {}, generation {}{})",
             sm.backend.to_lowercase(),
-            sm_status(&sm),
+            sm_view::summary(&sm).1,
             sm.applies,
             sm.generation,
             suffix(", last ", &time(&sm.last_apply)),
         ),
     );
+    if let Some((_, line)) = sm_view::in_flight(&sm) {
+        print_wrapped("apply in flight: ", 2, &line);
+    }
     if !sm.in_doubt_pkeys.is_empty() {
-        print_wrapped("in doubt: ", 2, &in_doubt_line(&sm.in_doubt_pkeys));
+        print_wrapped("in doubt: ", 2, &in_doubt_line(&sm));
     }
     for c in &n.conditions {
         print_wrapped(&format!("CONDITION {}: ", c.kind), 2, &c.detail);
@@ -441,15 +448,11 @@ fn event_parts(e: &pb::Event) -> (&'static str, Value, String) {
         ),
         Some(Kind::SubnetManagerChanged(s)) => (
             "subnet_manager",
-            json!({"backend": s.backend, "reachable": s.reachable, "error": s.error}),
+            json!({"backend": s.backend, "state": sm_view::state_name(s.state), "reachable": s.reachable, "error": s.error}),
             format!(
                 "{} {}{}",
                 s.backend.to_lowercase(),
-                if s.reachable {
-                    "apply acknowledged"
-                } else {
-                    "apply FAILED"
-                },
+                sm_view::event_state(s.state, s.reachable),
                 suffix(": ", &s.error)
             ),
         ),

@@ -88,7 +88,7 @@ pub const KEYS: &[Key] = &[
     k("events", "retain", "integer", "100000", "Keep at most this many newest events."),
     k("events", "released_retain_secs", "integer", "604800", "Keep RELEASED attachments listed this many seconds."),
     k("reconciler", "backoff_initial_ms", "integer", "200", "First retry delay after a failed apply, milliseconds."),
-    k("reconciler", "backoff_max_ms", "integer", "30000", "Retry delay cap, milliseconds."),
+    k("reconciler", "backoff_max_ms", "integer", "30000", "Retry delay cap, milliseconds; also the retry pace after a refusal. A new request or a changed embedded fault file is tried at once."),
     k("reconciler", "resync_secs", "integer", "300", "Re-apply the desired set this often, seconds."),
     k("reconciler", "resync_jitter_pct", "integer", "10", "Resync jitter, percent (0-50)."),
     k("metrics", "enabled", "bool", "false", "Serve GET /metrics (OpenMetrics). listen or allow_remote without it is an error."),

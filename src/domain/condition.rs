@@ -28,6 +28,9 @@ pub enum ConditionKind {
     /// UFM executed an add of this node after the client had given up on it (a late write): a
     /// GUID re-appeared in a released key. It was removed; stands until the key's watch ends.
     UfmLateWrite,
+    /// The last port read failed (no device, no permission, the observer's root is gone): no
+    /// attachment changes state until the ports are read again. Clears at the next good read.
+    PortsUnreadable,
 }
 
 impl ConditionKind {
@@ -40,6 +43,7 @@ impl ConditionKind {
             ConditionKind::PartitionsFileUnconfirmed => "PARTITIONS_FILE_UNCONFIRMED",
             ConditionKind::StoreRolledBack => "STORE_ROLLED_BACK",
             ConditionKind::UfmLateWrite => "UFM_LATE_WRITE",
+            ConditionKind::PortsUnreadable => "PORTS_UNREADABLE",
         }
     }
 }

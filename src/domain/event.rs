@@ -1,4 +1,4 @@
-use super::{AttachmentPort, AttachmentState, ConditionKind, Guid, PKeyValue, PortState};
+use super::{AttachmentPort, AttachmentState, ConditionKind, Guid, PKeyValue, PortState, SmState};
 use serde::{Deserialize, Serialize};
 
 /// One entry of the node's durable, ordered event log.
@@ -65,14 +65,18 @@ pub enum EventKind {
         /// New state.
         to: PortState,
     },
-    /// The subnet manager became reachable or unreachable.
+    /// The subnet manager's answer changed: acknowledged, refused or no answer.
     SubnetManagerChanged {
         /// Backend name.
         backend: String,
         /// Whether the last apply succeeded.
         reachable: bool,
-        /// The error, when unreachable.
+        /// The error, when the last apply failed.
         error: String,
+        /// Acknowledged, refused or unreachable (`Unknown` in events recorded before the
+        /// state was).
+        #[serde(default)]
+        state: SmState,
     },
     /// A fabric port holds a key that no attachment asked for.
     ForeignPKey {

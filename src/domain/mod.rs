@@ -13,6 +13,7 @@ mod node;
 mod partition;
 mod pkey;
 mod port;
+mod sm_state;
 
 pub use attachment::{Attachment, AttachmentState, InstanceId};
 pub use condition::{Condition, ConditionKind};
@@ -30,3 +31,4 @@ pub use node::{is_safe_key_name, NodeId, KEY_NAME_MAX};
 pub use partition::{FabricName, Partition, PartitionId};
 pub use pkey::{PKey, PKeyValue};
 pub use port::{AttachmentPort, Inventory, LinkLayer, PortInfo, PortName, PortSelector, PortState};
+pub use sm_state::SmState;

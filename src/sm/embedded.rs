@@ -4,7 +4,9 @@
 //! Fault injection for tests and demos: when `fault_file` is set, every apply first reads it:
 //! `unreachable` fails the apply as unavailable, `slow <ms>` delays it, `refuse <text>` refuses
 //! it, `lose-reply` applies the set and then answers as unavailable (the reply was lost: the
-//! agent must treat the keys as in doubt); an absent or empty file means healthy.
+//! agent must treat the keys as in doubt); an absent or empty file means healthy. While the
+//! reconciler backs off after a failure, a change of the file is announced
+//! ([`SubnetManager::cause_changed`]) and the current set is sent at once.
 //!
 //! Fencing, like the real backends: an apply with a generation lower than the highest one
 //! accepted (or the same one with another set) is refused with [`SmError::StaleGeneration`].
@@ -104,8 +106,14 @@ pub struct EmbeddedSm {
     fabric: Arc<SimFabric>,
     apply_delay: Duration,
     fault_file: Option<PathBuf>,
+    /// The fault file's text as the last apply read it (None: no apply read it yet).
+    fault_seen: Mutex<Option<String>>,
     fence: Arc<Mutex<Fence>>,
 }
+
+/// How often [`SubnetManager::cause_changed`] re-reads the fault file while the reconciler
+/// waits out a failure.
+const FAULT_POLL: Duration = Duration::from_millis(200);
 
 /// The generations seen: what the fencing compares against.
 #[derive(Default)]
@@ -155,6 +163,7 @@ impl EmbeddedSm {
             fabric,
             apply_delay: Duration::from_millis(config.apply_delay_ms),
             fault_file: config.fault_file.clone(),
+            fault_seen: Mutex::new(None),
             fence: Arc::default(),
         }
     }
@@ -164,8 +173,9 @@ impl EmbeddedSm {
         let Some(path) = &self.fault_file else {
             return Ok(false);
         };
-        let text = tokio::fs::read_to_string(path).await.unwrap_or_default();
-        let line = text.trim();
+        let text = read_fault(path).await;
+        *self.fault_seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(text.clone());
+        let line = text.as_str();
         if line == "unreachable" {
             return Err(SmError::Unreachable(injected(InjectedFault::Outage)));
         }
@@ -186,6 +196,25 @@ impl EmbeddedSm {
 impl SubnetManager for EmbeddedSm {
     fn backend(&self) -> &'static str {
         "embedded"
+    }
+
+    async fn cause_changed(&self) {
+        let Some(path) = &self.fault_file else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(FAULT_POLL).await;
+            let seen = self
+                .fault_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(seen) = seen {
+                if seen != read_fault(path).await {
+                    return;
+                }
+            }
+        }
     }
 
     async fn apply(
@@ -247,6 +276,14 @@ fn keys_of_count(keys_of: &impl Fn(Guid) -> Vec<PKeyValue>, fabric: &SimFabric) 
     let all: std::collections::BTreeSet<PKeyValue> =
         fabric.port_guids().into_iter().flat_map(keys_of).collect();
     all.len()
+}
+
+/// The fault file's first meaningful text, trimmed; empty when absent or unreadable (healthy).
+async fn read_fault(path: &std::path::Path) -> String {
+    tokio::fs::read_to_string(path)
+        .await
+        .map(|t| t.trim().to_owned())
+        .unwrap_or_default()
 }
 
 fn injected(fault: InjectedFault) -> SmFailure {
@@ -366,5 +403,36 @@ mod tests {
         ));
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(!holds(&fabric, 0x12));
+    }
+
+    #[tokio::test]
+    async fn a_changed_fault_file_is_announced_and_an_unchanged_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let fault = dir.path().join("fault");
+        std::fs::write(&fault, "refuse not today\n").unwrap();
+        let fabric = Arc::new(SimFabric::new(
+            "node1",
+            2,
+            8,
+            PKeyValue::DEFAULT_LIMITED,
+            Box::new(Nowhere),
+        ));
+        let config = EmbeddedConfig {
+            fault_file: Some(fault.clone()),
+            ..EmbeddedConfig::default()
+        };
+        let sm = EmbeddedSm::new(fabric.clone(), &config);
+        let refused = sm.apply(&set(&fabric, &[0x12]), 1).await;
+        assert!(matches!(refused, Err(SmError::Refused(_))), "{refused:?}");
+        // The same fault (whitespace aside): nothing to announce.
+        std::fs::write(&fault, "refuse not today").unwrap();
+        let quiet = tokio::time::timeout(Duration::from_millis(600), sm.cause_changed()).await;
+        assert!(quiet.is_err(), "an unchanged fault is no news");
+        // Cleared: announced within a poll or two.
+        std::fs::write(&fault, "").unwrap();
+        tokio::time::timeout(Duration::from_secs(2), sm.cause_changed())
+            .await
+            .expect("a cleared fault is announced");
+        sm.apply(&set(&fabric, &[0x12]), 2).await.unwrap();
     }
 }

@@ -14,7 +14,7 @@ use crate::domain::SignedGrant;
 pub use fabric_side::{FabricSide, FabricSideError, PartitionMember, PartitionMembers};
 pub use opensm::{OpenSmBackend, OpenSmError, StoredNode};
 
-use crate::domain::{Condition, NodeMemberships};
+use crate::domain::{Condition, NodeMemberships, SmState};
 use crate::sim::SimError;
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -51,6 +51,15 @@ impl SmError {
             self,
             SmError::Unreachable(_) | SmError::StaleGeneration { .. }
         )
+    }
+
+    /// What this failure says about the subnet manager: it answered and refused (a refusal, or
+    /// a newer generation it holds), or it did not answer (no connection, timeout, lost reply).
+    pub fn state(&self) -> SmState {
+        match self {
+            SmError::Unreachable(_) => SmState::Unreachable,
+            SmError::Refused(_) | SmError::StaleGeneration { .. } => SmState::Refused,
+        }
     }
 }
 
@@ -146,6 +155,13 @@ pub trait SubnetManager: Send + Sync + 'static {
         let _ = grants;
         self.apply(desired, generation).await
     }
+    /// Resolves when something that may change the answer to the last apply changed (the
+    /// embedded backend's fault file): the reconciler then retries at once instead of waiting
+    /// out a refusal's backoff. Default: never (the backoff runs its course).
+    async fn cause_changed(&self) {
+        std::future::pending::<()>().await
+    }
+
     /// Standing conditions the backend sees now (e.g. OpenSM rejected a file, the operator's
     /// Default grants full membership to all). The reconciler reads them after every apply and
     /// reports changes as events. Default: none.

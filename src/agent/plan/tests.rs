@@ -465,9 +465,19 @@ fn a_release_held_by_a_partition_mate_on_the_same_port_says_so() {
     assert!(plan(std::slice::from_ref(&x), o).is_empty());
     let why = waiting_reason(&x, &both, o).unwrap();
     assert!(
-        why.contains("another instance") && why.contains("hca/1"),
+        why.starts_with("0x8012 stays on hca/1")
+            && why.contains(": instance i2 of partition ibpart_a still holds it"),
         "{why}"
     );
+    // Named before anything the subnet manager says: no answer from it releases the key.
+    assert_eq!(
+        held_by_partition_mate(&x, &both, o).as_deref(),
+        Some(why.as_str())
+    );
+    // The other instance released too: nothing holds it but the subnet manager's answer.
+    let mut y = both[1].clone();
+    y.state = Releasing;
+    assert_eq!(held_by_partition_mate(&x, &[x.clone(), y], o), None);
 }
 
 #[test]
