@@ -8,6 +8,7 @@ use crate::backoff::Backoff;
 use crate::proto::agent::fabric_agent_client::FabricAgentClient;
 use crate::proto::agent::{Event, GetNodeRequest, ListAttachmentsRequest, WatchEventsRequest};
 use crate::registry::FollowConfig;
+use crate::sm_state::SmState;
 use crate::view::{now_ms, NodeDurable, View};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -145,7 +146,10 @@ async fn open(
             .iter()
             .map(|c| (c.kind.clone(), c.detail.clone()))
             .collect();
-        live.sm_reachable = node.subnet_manager.as_ref().is_some_and(|s| s.reachable);
+        let sm = node.subnet_manager.clone().unwrap_or_default();
+        live.sm_reachable = sm.reachable;
+        live.sm_state = SmState::from_report(sm.state, sm.reachable);
+        live.sm_error = sm.last_error;
         entry.durable.clone()
     };
     if force_resync || durable.epoch.is_empty() || durable.epoch != node.log_epoch {

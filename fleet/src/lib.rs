@@ -13,6 +13,7 @@
 //! - `registry` the nodes file: nodes, SM hosts, signing keys, follower tuning
 //! - `connect`  channels: unix, loopback plaintext, mTLS with the expected identity
 //! - `backoff`  capped jittered reconnect delays
+//! - `sm_state` a node's subnet-manager state: reachable, refused, unreachable, unknown
 //! - `view`     the aggregated view and the rules for applying events (pure)
 //! - `store`    redb: node records (cursor + view) and the attach ledger
 //! - `follower` one node's resumable follower
@@ -30,6 +31,7 @@ pub mod grant;
 pub mod guard;
 pub mod proto;
 pub mod registry;
+pub mod sm_state;
 pub mod store;
 pub mod view;
 

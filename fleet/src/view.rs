@@ -8,6 +8,7 @@
 //! no longer shows (pruned, or the state directory was wiped) stays RELEASED: RELEASED is final.
 
 use crate::proto::agent::{event, Attachment, AttachmentState, Event};
+use crate::sm_state::SmState;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -192,8 +193,14 @@ pub struct NodeLive {
     pub settled: bool,
     /// Standing conditions by kind (GetNode, ConditionChanged).
     pub conditions: BTreeMap<String, String>,
-    /// The node's subnet-manager backend is reachable (GetNode, SubnetManagerChanged).
+    /// The node's subnet manager acknowledged the last apply (GetNode, SubnetManagerChanged);
+    /// false for a refusal and for no answer alike: [`NodeLive::sm_state`] tells them apart.
     pub sm_reachable: bool,
+    /// What the node's subnet manager did with the last apply: reachable, refused (up, said
+    /// no), unreachable (no answer) or unknown (GetNode, SubnetManagerChanged).
+    pub sm_state: SmState,
+    /// The node's word on the refusal or the missing answer; empty when acknowledged.
+    pub sm_error: String,
     /// Full resyncs done in this process.
     pub resyncs: u64,
     /// Events applied in this process.
@@ -231,7 +238,11 @@ impl NodeView {
                     }
                 }
             }
-            Some(event::Kind::SubnetManagerChanged(s)) => self.live.sm_reachable = s.reachable,
+            Some(event::Kind::SubnetManagerChanged(s)) => {
+                self.live.sm_reachable = s.reachable;
+                self.live.sm_state = SmState::from_report(s.state, s.reachable);
+                self.live.sm_error.clone_from(&s.error);
+            }
             _ => {}
         }
     }

@@ -124,39 +124,68 @@ async fn fabric_fleet_attach_takes_ports() {
     )
     .unwrap();
     let store = dir.path().join("fleet.redb");
+    let attach_with = |instance: &str, id: &str, pkey: &str, port: &str, more: &[&str]| {
+        let mut args = vec![
+            "attach",
+            "--node",
+            "node-c",
+            "--instance",
+            instance,
+            "--partition-id",
+            id,
+            "--name",
+            "p",
+            "--workspace",
+            "ws",
+            "--account",
+            "acct",
+            "--fabric",
+            "fab1",
+            "--pkey",
+            pkey,
+            "--wait-ms",
+            "10000",
+            "--port",
+            port,
+        ];
+        args.extend_from_slice(more);
+        fleet_cli(&nodes, &store, &args)
+    };
     let attach = |instance: &str, id: &str, pkey: &str, port: &str| {
-        fleet_cli(
-            &nodes,
-            &store,
-            &[
-                "attach",
-                "--node",
-                "node-c",
-                "--instance",
-                instance,
-                "--partition-id",
-                id,
-                "--name",
-                "p",
-                "--workspace",
-                "ws",
-                "--account",
-                "acct",
-                "--fabric",
-                "fab1",
-                "--pkey",
-                pkey,
-                "--wait-ms",
-                "10000",
-                "--port",
-                port,
-            ],
-        )
+        attach_with(instance, id, pkey, port, &[])
     };
     let out = attach("vm-a", "ibpart_a", "0x41", "sim0/2");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert!(text.contains("ACTIVE"), "{text}");
+    // instance, partition, state, P_Key with the membership bit, the ports covered, reason.
+    let fields: Vec<&str> = text.trim_end().split('\t').collect();
+    assert_eq!(
+        fields,
+        ["vm-a", "ibpart_a", "ACTIVE", "0x8041", "sim0/2", "-"],
+        "{text}"
+    );
+
+    // The same as JSON, on the other port (a second instance of the partition).
+    let out = attach_with("vm-a2", "ibpart_a", "0x41", "sim0/1", &["-o", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(doc["instance_id"], "vm-a2", "{doc}");
+    assert_eq!(doc["state"], "ACTIVE", "{doc}");
+    assert_eq!(doc["pkey"], "0x8041", "{doc}");
+    assert_eq!(doc["pkey_base"], "0x0041", "{doc}");
+    assert_eq!(doc["membership"], "FULL", "{doc}");
+    assert_eq!(doc["named_ports"], true, "{doc}");
+    let ports = doc["ports"].as_array().expect("ports");
+    assert_eq!(ports.len(), 1, "{doc}");
+    assert_eq!(ports[0]["name"], "sim0/1", "{doc}");
+    assert_eq!(ports[0]["device"], "sim0", "{doc}");
+    assert_eq!(ports[0]["port_number"], 1, "{doc}");
+    assert!(
+        ports[0]["port_guid"]
+            .as_str()
+            .is_some_and(|g| g.starts_with("0x")),
+        "{doc}"
+    );
 
     // sim0/2 carries ibpart_a now: ibpart_b is refused there with the node's reason.
     let out = attach("vm-b", "ibpart_b", "0x42", "sim0/2");

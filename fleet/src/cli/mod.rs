@@ -11,7 +11,7 @@ use crate::grant::Signer;
 use crate::guard::Decision;
 use crate::proto::agent::{Membership, Partition, PortName};
 use crate::registry::Registry;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -40,11 +40,26 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The shape of a command's answer on stdout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Tab-separated lines for people.
+    #[default]
+    Text,
+    /// One JSON document.
+    Json,
+}
+
 /// A subcommand.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Per node: reachable, epoch, cursor, lag, conditions.
-    Status,
+    /// Per node: reachable, subnet manager (REACHABLE, REFUSED, UNREACHABLE, UNKNOWN), epoch,
+    /// cursor, lag, conditions.
+    Status {
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
+    },
     /// A partition's instances and their states across nodes.
     Partition {
         /// The partition id (`ibpart_...`).
@@ -94,6 +109,9 @@ pub enum Command {
         /// (`0x0002c903000e0b72`). None: every fabric port of the node.
         #[arg(long = "port", value_parser = ports::parse_port)]
         ports: Vec<PortName>,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
     },
     /// Releases an instance (the instance was terminated).
     Release {
@@ -106,6 +124,9 @@ pub enum Command {
         /// Wait up to this many milliseconds for RELEASED.
         #[arg(long)]
         wait_ms: Option<u32>,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
     },
     /// Grant keys and one-off signing.
     #[command(subcommand)]
@@ -161,13 +182,19 @@ async fn run(cli: Cli) -> u8 {
     };
     let sync = Duration::from_secs(cli.sync_secs);
     match cli.command {
-        Command::Status => {
+        Command::Status { output } => {
             fleet.follow();
             fleet.wait_settled(sync).await;
-            print!(
-                "{}",
-                fleet.with_view(|v| report::status(fleet.registry(), v))
-            );
+            match output {
+                Format::Text => print!(
+                    "{}",
+                    fleet.with_view(|v| report::status(fleet.registry(), v))
+                ),
+                Format::Json => println!(
+                    "{}",
+                    fleet.with_view(|v| report::status_json(fleet.registry(), v))
+                ),
+            }
             fleet.shutdown().await;
             exit::OK
         }
@@ -239,6 +266,7 @@ async fn run(cli: Cli) -> u8 {
             limited,
             wait_ms,
             ports,
+            output,
         } => {
             let Some(signing) = signing else {
                 eprintln!("fabric-fleet: the nodes file has no [signing] section");
@@ -271,26 +299,34 @@ async fn run(cli: Cli) -> u8 {
                 wait_ms,
                 ports,
             };
-            helper_result(fleet.attach(spec).await.map(|r| r.attachment))
+            helper_result(fleet.attach(spec).await.map(|r| r.attachment), output)
         }
         Command::Release {
             node,
             instance,
             wait_ms,
+            output,
         } => helper_result(
             fleet
                 .release(&node, &instance, wait_ms)
                 .await
                 .map(|r| r.attachment),
+            output,
         ),
         Command::Grant(_) => unreachable!("handled before the runtime starts"),
     }
 }
 
-fn helper_result(r: Result<Option<crate::proto::agent::Attachment>, FleetError>) -> u8 {
+fn helper_result(
+    r: Result<Option<crate::proto::agent::Attachment>, FleetError>,
+    output: Format,
+) -> u8 {
     match r {
         Ok(Some(a)) => {
-            println!("{}", report::attachment_line(&a));
+            match output {
+                Format::Text => println!("{}", report::attachment_line(&a)),
+                Format::Json => println!("{}", report::attachment_json(&a)),
+            }
             exit::OK
         }
         Ok(None) => exit::OK,

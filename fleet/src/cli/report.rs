@@ -1,15 +1,18 @@
 //! Text shapes of the CLI's output.
 
 use crate::proto::agent::PortState;
-use crate::proto::agent::{event, Attachment, Event};
+use crate::proto::agent::{event, Attachment, AttachmentPort, Event, Membership};
 use crate::registry::Registry;
+use crate::sm_state::SmState;
 use crate::store::AttachRecord;
-use crate::view::{state_name, time_text, View};
+use crate::view::{state_name, time_text, NodeView, View};
+use serde_json::{json, Value};
 use std::fmt::Write;
 
 /// `status`: one line per node.
 pub fn status(registry: &Registry, view: &View) -> String {
-    let mut out = String::from("NODE\tREACHABLE\tEPOCH\tCURSOR\tLAG\tRESYNCS\tCONDITIONS\n");
+    let mut out =
+        String::from("NODE\tREACHABLE\tSUBNET MANAGER\tEPOCH\tCURSOR\tLAG\tRESYNCS\tCONDITIONS\n");
     for n in &registry.nodes {
         let v = view.nodes.get(&n.id).cloned().unwrap_or_default();
         let reach = if v.live.reachable {
@@ -40,14 +43,54 @@ pub fn status(registry: &Registry, view: &View) -> String {
         };
         let _ = writeln!(
             out,
-            "{}\t{reach}\t{epoch}\t{}\t{}\t{}\t{conditions}",
+            "{}\t{reach}\t{}\t{epoch}\t{}\t{}\t{}\t{conditions}",
             n.id,
+            sm_text(v.live.sm_state, &v.live.sm_error),
             v.durable.seq,
             v.lag(),
             v.live.resyncs
         );
     }
     out
+}
+
+/// A node's subnet-manager state with the node's word on it: `REACHABLE`, `REFUSED (why)`,
+/// `UNREACHABLE (why)`, `UNKNOWN`.
+fn sm_text(state: SmState, error: &str) -> String {
+    if error.is_empty() || state == SmState::Reachable {
+        state.to_string()
+    } else {
+        format!("{state} ({error})")
+    }
+}
+
+/// `status -o json`: one object per node, in the nodes file's order.
+pub fn status_json(registry: &Registry, view: &View) -> Value {
+    let nodes: Vec<Value> = registry
+        .nodes
+        .iter()
+        .map(|n| node_json(&n.id, &view.nodes.get(&n.id).cloned().unwrap_or_default()))
+        .collect();
+    json!({ "nodes": nodes })
+}
+
+fn node_json(id: &str, v: &NodeView) -> Value {
+    json!({
+        "node": id,
+        "reachable": v.live.reachable,
+        "unreachable_since": v.live.unreachable_since_ms.map(|ms| time_text(Some(ms))),
+        "last_error": v.live.last_error,
+        "log_epoch": v.durable.epoch,
+        "cursor": v.durable.seq,
+        "lag": v.lag(),
+        "resyncs": v.live.resyncs,
+        "conditions": v.live.conditions,
+        "subnet_manager": {
+            "state": v.live.sm_state,
+            "reachable": v.live.sm_reachable,
+            "error": v.live.sm_error,
+        },
+    })
 }
 
 /// `partition P`: every instance of the partition the nodes report, and ledger entries no node
@@ -85,16 +128,74 @@ pub fn partition(partition_id: &str, ledger: &[AttachRecord], view: &View) -> St
     out
 }
 
-/// One attachment, for attach and release.
+/// One attachment, for attach and release: instance, partition, state, P_Key (with the
+/// membership bit), the ports it covers, reason.
 pub fn attachment_line(a: &Attachment) -> String {
     format!(
-        "{}\t{}\t{}\t{:#06x}\t{}",
+        "{}\t{}\t{}\t{:#06x}\t{}\t{}",
         a.instance_id,
         a.partition.as_ref().map_or("", |p| p.id.as_str()),
         state_name(a.state),
         a.pkey_value,
+        ports_text(a),
         if a.reason.is_empty() { "-" } else { &a.reason }
     )
+}
+
+/// The ports an attachment covers, comma-separated (`sim0/1,sim0/2`, or the GUID of a port
+/// the node names by GUID only); `-` when the node recorded none, with `(whole node)` after a
+/// whole-node attachment's ports (a fabric port appearing later joins it too).
+fn ports_text(a: &Attachment) -> String {
+    let ports = if a.ports.is_empty() {
+        "-".to_owned()
+    } else {
+        a.ports.iter().map(port_name).collect::<Vec<_>>().join(",")
+    };
+    if a.named_ports {
+        ports
+    } else {
+        format!("{ports} (whole node)")
+    }
+}
+
+fn port_name(p: &AttachmentPort) -> String {
+    if p.device.is_empty() {
+        p.port_guid.clone()
+    } else {
+        format!("{}/{}", p.device, p.port_number)
+    }
+}
+
+/// One attachment as JSON, for attach and release with `-o json`.
+pub fn attachment_json(a: &Attachment) -> Value {
+    let partition = a.partition.clone().unwrap_or_default();
+    let membership = Membership::try_from(a.membership)
+        .unwrap_or(Membership::Unspecified)
+        .as_str_name()
+        .trim_start_matches("MEMBERSHIP_");
+    let ports: Vec<Value> = a
+        .ports
+        .iter()
+        .map(|p| {
+            json!({
+                "name": port_name(p),
+                "device": p.device,
+                "port_number": p.port_number,
+                "port_guid": p.port_guid,
+            })
+        })
+        .collect();
+    json!({
+        "instance_id": a.instance_id,
+        "partition_id": partition.id,
+        "state": state_name(a.state),
+        "pkey": format!("{:#06x}", a.pkey_value),
+        "pkey_base": format!("{:#06x}", partition.pkey),
+        "membership": membership,
+        "ports": ports,
+        "named_ports": a.named_ports,
+        "reason": a.reason,
+    })
 }
 
 /// One event of `watch`.
@@ -131,8 +232,9 @@ pub fn event_line(node: &str, ev: &Event) -> String {
             )
         }
         Some(event::Kind::SubnetManagerChanged(s)) => format!(
-            "subnet manager {} reachable={} {}",
-            s.backend, s.reachable, s.error
+            "subnet manager {} {}",
+            s.backend,
+            sm_text(SmState::from_report(s.state, s.reachable), &s.error)
         ),
         Some(event::Kind::ForeignPkey(f)) => {
             format!("foreign pkey {:#06x} on {}", f.pkey_value, f.port_guid)

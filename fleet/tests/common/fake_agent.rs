@@ -29,6 +29,8 @@ struct Inner {
     attachments: BTreeMap<String, Attachment>,
     /// Events up to this seq are no longer retained (WatchEvents from before: OUT_OF_RANGE).
     pruned_through: u64,
+    /// The subnet-manager status GetNode reports (none: an agent that reports none).
+    sm: Option<SubnetManagerStatus>,
 }
 
 fn now() -> prost_types::Timestamp {
@@ -50,6 +52,7 @@ impl FakeAgentState {
                 log: Vec::new(),
                 attachments: BTreeMap::new(),
                 pruned_through: 0,
+                sm: None,
             }),
             live: broadcast::channel(1024).0,
             down: tokio::sync::watch::channel(false).0,
@@ -143,6 +146,35 @@ impl FakeAgentState {
         ev
     }
 
+    /// Sets the subnet-manager status GetNode reports and appends the SubnetManagerChanged
+    /// event, as the agent does. `state` is the proto enum's number: 0 (UNSPECIFIED) with
+    /// `reachable` is what an agent older than the state sends.
+    pub fn set_sm(&self, state: i32, reachable: bool, error: &str) -> Event {
+        let mut i = self.inner.lock().unwrap();
+        i.sm = Some(SubnetManagerStatus {
+            backend: "fake".into(),
+            reachable,
+            last_error: error.into(),
+            state,
+            ..Default::default()
+        });
+        let ev = Event {
+            seq: i.log.len() as u64 + 1,
+            time: Some(now()),
+            node_id: self.node_id.clone(),
+            log_epoch: i.epoch.clone(),
+            kind: Some(event::Kind::SubnetManagerChanged(SubnetManagerChanged {
+                backend: "fake".into(),
+                reachable,
+                error: error.into(),
+                state,
+            })),
+        };
+        i.log.push(ev.clone());
+        let _ = self.live.send(ev.clone());
+        ev
+    }
+
     /// Appends a port-state event (load for the bench).
     pub fn port_flap(&self) {
         let mut i = self.inner.lock().unwrap();
@@ -192,6 +224,7 @@ impl FabricAgent for Fake {
             last_event_seq: i.log.len() as u64,
             first_event_seq: u64::from(!i.log.is_empty()),
             log_epoch: i.epoch.clone(),
+            subnet_manager: i.sm.clone(),
             ..Default::default()
         }))
     }

@@ -85,13 +85,33 @@ pub async fn attach(
     instance: &str,
     partition: &fabric_fleet::proto::agent::Partition,
 ) -> fabric_fleet::proto::agent::Attachment {
+    attach_waiting(fleet, node, instance, partition, Some(10_000)).await
+}
+
+/// Attaches through the fleet's helper (full membership) without waiting for ACTIVE.
+pub async fn attach_no_wait(
+    fleet: &fabric_fleet::Fleet,
+    node: &str,
+    instance: &str,
+    partition: &fabric_fleet::proto::agent::Partition,
+) -> fabric_fleet::proto::agent::Attachment {
+    attach_waiting(fleet, node, instance, partition, None).await
+}
+
+async fn attach_waiting(
+    fleet: &fabric_fleet::Fleet,
+    node: &str,
+    instance: &str,
+    partition: &fabric_fleet::proto::agent::Partition,
+    wait_ms: Option<u32>,
+) -> fabric_fleet::proto::agent::Attachment {
     fleet
         .attach(fabric_fleet::AttachSpec {
             node_id: node.into(),
             instance_id: instance.into(),
             partition: partition.clone(),
             membership: fabric_fleet::proto::agent::Membership::Full,
-            wait_ms: Some(10_000),
+            wait_ms,
             ports: Vec::new(),
         })
         .await
