@@ -149,7 +149,8 @@ fn a_non_root_unlisted_user_may_read_but_not_change() {
     for field in [
         "instance=\"vm-1\"",
         "partition=\"ibpart_a1\"",
-        "pkey=0x0a12",
+        "pkey=0x8a12",
+        "pkey_base=0x0a12",
         "membership=\"FULL\"",
         "result=Ok",
     ] {

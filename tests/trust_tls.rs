@@ -201,7 +201,9 @@ async fn typed_identities_validity_and_the_audit_line() {
         "method=\"AttachPartition\"",
         "instance=\"vm-7\"",
         "partition=\"ibpart_b7\"",
-        "pkey=0x0b07",
+        "pkey=0x8b07",
+        "pkey_base=0x0b07",
+        "membership=\"FULL\"",
         "result=Ok",
     ] {
         assert!(ok[0].contains(field), "{field} in {}", ok[0]);

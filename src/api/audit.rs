@@ -7,8 +7,16 @@
 //! connection shows it). The target sits under `fabric_agent` so that any filter that keeps
 //! the agent's own lines keeps the audit trail; `fabric_agent::audit=info` selects it alone.
 //! Client-supplied strings are logged in their quoted (escaped) form so they cannot forge lines.
+//!
+//! An attach or release names its key as every human view does, the 16-bit value with the
+//! membership bit (`pkey=0x8a12` full, `pkey=0x0a12` limited), and the base as asked in its own
+//! field for machines (`pkey_base=0x0a12`); `-` where the call does not say (a release before
+//! it is answered) or the value cannot be formed (membership or base invalid: the base field
+//! still shows what was asked).
 
 use super::caller::Caller;
+use crate::domain::{Membership, PKey};
+use std::fmt;
 use tonic::Status;
 
 /// The tracing target of audit lines.
@@ -36,10 +44,42 @@ pub struct Subject<'a> {
     pub instance: &'a str,
     /// The partition id (from the request, or the stored attachment for a release).
     pub partition: &'a str,
-    /// The P_Key base.
+    /// The P_Key base as asked.
     pub pkey: u32,
-    /// FULL or LIMITED (empty when unknown).
+    /// FULL or LIMITED (empty when unknown, INVALID when the request's value is not one).
     pub membership: &'a str,
+}
+
+impl Subject<'_> {
+    /// Whether the call says which key it concerns (a release says so only once answered).
+    fn names_a_key(&self) -> bool {
+        !self.membership.is_empty()
+    }
+
+    /// The `pkey` field: the 16-bit value with the membership bit, or `-`.
+    fn pkey_value(&self) -> impl fmt::Display {
+        let membership = match self.membership {
+            "FULL" => Some(Membership::Full),
+            "LIMITED" => Some(Membership::Limited),
+            _ => None,
+        };
+        let value = membership.and_then(|m| Some(PKey::new(self.pkey).ok()?.value(m).0));
+        Field(value.map(|v| format!("{v:#06x}")))
+    }
+
+    /// The `pkey_base` field: the base as asked, or `-` when the call does not name one.
+    fn pkey_base(&self) -> impl fmt::Display {
+        Field(self.names_a_key().then(|| format!("{:#06x}", self.pkey)))
+    }
+}
+
+/// A field's text, `-` when absent.
+struct Field(Option<String>);
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.as_deref().unwrap_or("-"))
+    }
 }
 
 /// Records the admission of one FabricAgent mutating call, before its handler runs, and
@@ -52,7 +92,8 @@ pub fn agent_admitted(caller: Option<&Caller>, method: &'static str, s: &Subject
         method,
         instance = ?s.instance,
         partition = ?s.partition,
-        pkey = %format_args!("{:#06x}", s.pkey),
+        pkey = %s.pkey_value(),
+        pkey_base = %s.pkey_base(),
         membership = s.membership,
         phase = "admitted",
         "audit"
@@ -129,7 +170,8 @@ pub fn agent_call(caller: Option<&Caller>, method: &str, s: &Subject<'_>, code: 
         method,
         instance = ?s.instance,
         partition = ?s.partition,
-        pkey = %format_args!("{:#06x}", s.pkey),
+        pkey = %s.pkey_value(),
+        pkey_base = %s.pkey_base(),
         membership = s.membership,
         result = ?code,
         "audit"
@@ -181,4 +223,34 @@ pub fn refused(peer: &str, path: &str, code: tonic::Code) {
         result = ?code,
         "audit"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Subject;
+
+    fn fields(pkey: u32, membership: &str) -> (String, String) {
+        let s = Subject {
+            instance: "vm-1",
+            partition: "ibpart_a",
+            pkey,
+            membership,
+        };
+        (s.pkey_value().to_string(), s.pkey_base().to_string())
+    }
+
+    #[test]
+    fn the_key_is_spelled_with_its_membership_bit_and_the_base_apart() {
+        assert_eq!(fields(0x0a12, "FULL"), ("0x8a12".into(), "0x0a12".into()));
+        assert_eq!(
+            fields(0x0a12, "LIMITED"),
+            ("0x0a12".into(), "0x0a12".into())
+        );
+        // What cannot be formed is not made up; the base says what was asked.
+        assert_eq!(fields(0x0a12, "INVALID"), ("-".into(), "0x0a12".into()));
+        assert_eq!(fields(0x8a12, "FULL"), ("-".into(), "0x8a12".into()));
+        assert_eq!(fields(0x7fff, "FULL"), ("-".into(), "0x7fff".into()));
+        // A release before it is answered names no key.
+        assert_eq!(fields(0, ""), ("-".into(), "-".into()));
+    }
 }
