@@ -6,7 +6,7 @@
 mod common;
 
 use common::agent::Agent;
-use common::{fake_sm, fleet, nodes_file, partition};
+use common::{fake_sm, fleet, fleet_cli, nodes_file, partition};
 use fabric_fleet::proto::agent::{Membership, PortName};
 use fabric_fleet::{AttachSpec, FleetError};
 use std::time::Duration;
@@ -82,23 +82,6 @@ async fn an_attach_names_its_ports_and_a_port_carries_one_partition() {
     assert_eq!(y.ports.len(), 1, "{y:?}");
     assert_eq!(y.ports[0].port_number, 2, "{y:?}");
     f.shutdown().await;
-}
-
-/// `fabric-fleet` with `args`, the nodes file and store given.
-fn fleet_cli(
-    nodes: &std::path::Path,
-    store: &std::path::Path,
-    args: &[&str],
-) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_fabric-fleet"))
-        .arg("--nodes")
-        .arg(nodes)
-        .arg("--store")
-        .arg(store)
-        .args(["--sync-secs", "2"])
-        .args(args)
-        .output()
-        .expect("run fabric-fleet")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

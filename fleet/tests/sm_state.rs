@@ -11,35 +11,20 @@ use common::fake_agent::{self, FakeAgentState};
 use common::{fake_sm, fleet, nodes_file, partition, wait_for};
 use fabric_fleet::proto::agent::SubnetManagerState as S;
 use fabric_fleet::sm_state::SmState;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// `fabric-fleet --nodes NODES --store STORE ARGS`, run off the runtime (the fakes serve on
-/// it meanwhile).
-async fn fleet_cli(nodes: &Path, store: &Path, args: &[&str]) -> std::process::Output {
-    let (nodes, store): (PathBuf, PathBuf) = (nodes.into(), store.into());
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_fabric-fleet"))
-            .arg("--nodes")
-            .arg(&nodes)
-            .arg("--store")
-            .arg(&store)
-            .args(["--sync-secs", "5"])
-            .args(&args)
-            .output()
-            .expect("run fabric-fleet")
-    })
-    .await
-    .unwrap()
+/// `fabric-fleet` with `args`, run off the runtime's worker (the fakes serve on it meanwhile).
+fn cli(nodes: &Path, store: &Path, args: &[&str]) -> std::process::Output {
+    tokio::task::block_in_place(|| common::fleet_cli(nodes, store, args))
 }
 
 /// The SM column of `status`'s line for `node`, and the node's `subnet_manager` object of
 /// `status -o json`.
-async fn status_of(nodes: &Path, store: &Path, node: &str) -> (String, serde_json::Value) {
-    let out = fleet_cli(nodes, store, &["status"]).await;
+fn status_of(nodes: &Path, store: &Path, node: &str) -> (String, serde_json::Value) {
+    let out = cli(nodes, store, &["status"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     let header: Vec<&str> = text.lines().next().unwrap().split('\t').collect();
@@ -52,7 +37,7 @@ async fn status_of(nodes: &Path, store: &Path, node: &str) -> (String, serde_jso
         .find(|l| l.starts_with(&format!("{node}\t")))
         .unwrap_or_else(|| panic!("no line for {node}: {text}"));
     let sm = line.split('\t').nth(col).unwrap().to_owned();
-    let out = fleet_cli(nodes, store, &["status", "-o", "json"]).await;
+    let out = cli(nodes, store, &["status", "-o", "json"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let json = doc["nodes"]
@@ -87,7 +72,7 @@ async fn refused_and_unreachable_are_told_apart_and_an_old_agent_falls_back_to_i
     std::fs::write(&nodes, &text).unwrap();
     let f = fleet(&text, &dir.path().join("lib.redb"));
     let store = dir.path().join("cli.redb");
-    let (col, json) = status_of(&nodes, &store, "sm-1").await;
+    let (col, json) = status_of(&nodes, &store, "sm-1");
     assert_eq!(col, "REFUSED (table full)");
     assert_eq!(json["state"], "REFUSED", "{json}");
     assert_eq!(json["reachable"], false, "{json}");
@@ -118,7 +103,7 @@ async fn refused_and_unreachable_are_told_apart_and_an_old_agent_falls_back_to_i
             (sm_state(&f, "sm-1") == (want, error.to_owned())).then_some(())
         })
         .await;
-        let (col, json) = status_of(&nodes, &store, "sm-1").await;
+        let (col, json) = status_of(&nodes, &store, "sm-1");
         assert_eq!(json["state"], want.name(), "{json}");
         assert_eq!(json["reachable"], reachable, "{json}");
         let expected = if error.is_empty() {
@@ -212,7 +197,7 @@ async fn a_real_agent_whose_subnet_manager_refuses_is_refused_not_unreachable() 
     .await;
     assert_eq!(state, SmState::Refused, "{error}");
     assert!(error.contains("not today"), "{error}");
-    let (col, json) = status_of(&nodes, &store, "sm-r").await;
+    let (col, json) = status_of(&nodes, &store, "sm-r");
     assert!(
         col.starts_with("REFUSED (") && col.contains("not today"),
         "{col}"
@@ -226,7 +211,7 @@ async fn a_real_agent_whose_subnet_manager_refuses_is_refused_not_unreachable() 
         (sm_state(&f, "sm-r").0 == SmState::Unreachable).then_some(())
     })
     .await;
-    let (col, json) = status_of(&nodes, &store, "sm-r").await;
+    let (col, json) = status_of(&nodes, &store, "sm-r");
     assert!(col.starts_with("UNREACHABLE"), "{col}");
     assert_eq!(json["state"], "UNREACHABLE", "{json}");
     f.shutdown().await;

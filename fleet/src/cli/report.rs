@@ -248,3 +248,56 @@ pub fn event_line(node: &str, ev: &Event) -> String {
     };
     format!("{node}\t{}:{}\t{what}", ev.log_epoch, ev.seq)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{attachment_json, attachment_line};
+    use crate::proto::agent::{Attachment, AttachmentPort, AttachmentState, Membership, Partition};
+
+    fn attachment(named_ports: bool, ports: Vec<AttachmentPort>) -> Attachment {
+        Attachment {
+            instance_id: "vm-1".into(),
+            partition: Some(Partition {
+                id: "ibpart_a".into(),
+                pkey: 0x0a12,
+                ..Default::default()
+            }),
+            membership: Membership::Limited as i32,
+            state: AttachmentState::Pending as i32,
+            reason: "waiting".into(),
+            pkey_value: 0x0a12,
+            ports,
+            named_ports,
+            ..Default::default()
+        }
+    }
+
+    fn port(device: &str, n: u32, guid: &str) -> AttachmentPort {
+        AttachmentPort {
+            device: device.into(),
+            port_number: n,
+            port_guid: guid.into(),
+        }
+    }
+
+    #[test]
+    fn the_line_names_the_ports_covered_and_says_whole_node() {
+        let named = attachment(true, vec![port("mlx5_0", 1, "0x1"), port("", 0, "0x2")]);
+        assert_eq!(
+            attachment_line(&named),
+            "vm-1\tibpart_a\tPENDING\t0x0a12\tmlx5_0/1,0x2\twaiting"
+        );
+        let whole = attachment(false, vec![port("mlx5_0", 1, "0x1")]);
+        assert_eq!(
+            attachment_line(&whole),
+            "vm-1\tibpart_a\tPENDING\t0x0a12\tmlx5_0/1 (whole node)\twaiting"
+        );
+        let old = attachment(false, Vec::new());
+        assert!(attachment_line(&old).contains("\t- (whole node)\t"));
+        let doc = attachment_json(&named);
+        assert_eq!(doc["membership"], "LIMITED");
+        assert_eq!(doc["pkey"], "0x0a12");
+        assert_eq!(doc["ports"][1]["name"], "0x2");
+        assert_eq!(doc["ports"][0]["port_guid"], "0x1");
+    }
+}

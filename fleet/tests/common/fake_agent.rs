@@ -125,12 +125,9 @@ impl FakeAgentState {
                 }],
                 ..Default::default()
             });
-        let ev = Event {
-            seq: i.log.len() as u64 + 1,
-            time: Some(now()),
-            node_id: self.node_id.clone(),
-            log_epoch: i.epoch.clone(),
-            kind: Some(event::Kind::AttachmentChanged(AttachmentChanged {
+        self.append(
+            &mut i,
+            event::Kind::AttachmentChanged(AttachmentChanged {
                 instance_id: instance.into(),
                 partition_id: partition.id.clone(),
                 pkey_value,
@@ -139,11 +136,8 @@ impl FakeAgentState {
                 reason: String::new(),
                 evidence,
                 ports: Vec::new(),
-            })),
-        };
-        i.log.push(ev.clone());
-        let _ = self.live.send(ev.clone());
-        ev
+            }),
+        )
     }
 
     /// Sets the subnet-manager status GetNode reports and appends the SubnetManagerChanged
@@ -158,17 +152,25 @@ impl FakeAgentState {
             state,
             ..Default::default()
         });
+        self.append(
+            &mut i,
+            event::Kind::SubnetManagerChanged(SubnetManagerChanged {
+                backend: "fake".into(),
+                reachable,
+                error: error.into(),
+                state,
+            }),
+        )
+    }
+
+    /// Appends an event of `kind` to the log and sends it to the open streams.
+    fn append(&self, i: &mut Inner, kind: event::Kind) -> Event {
         let ev = Event {
             seq: i.log.len() as u64 + 1,
             time: Some(now()),
             node_id: self.node_id.clone(),
             log_epoch: i.epoch.clone(),
-            kind: Some(event::Kind::SubnetManagerChanged(SubnetManagerChanged {
-                backend: "fake".into(),
-                reachable,
-                error: error.into(),
-                state,
-            })),
+            kind: Some(kind),
         };
         i.log.push(ev.clone());
         let _ = self.live.send(ev.clone());
@@ -178,21 +180,16 @@ impl FakeAgentState {
     /// Appends a port-state event (load for the bench).
     pub fn port_flap(&self) {
         let mut i = self.inner.lock().unwrap();
-        let ev = Event {
-            seq: i.log.len() as u64 + 1,
-            time: Some(now()),
-            node_id: self.node_id.clone(),
-            log_epoch: i.epoch.clone(),
-            kind: Some(event::Kind::PortStateChanged(PortStateChanged {
+        self.append(
+            &mut i,
+            event::Kind::PortStateChanged(PortStateChanged {
                 device: "fake_0".into(),
                 port_number: 1,
                 port_guid: self.port_guid.clone(),
                 from: PortState::Active as i32,
                 to: PortState::Active as i32,
-            })),
-        };
-        i.log.push(ev.clone());
-        let _ = self.live.send(ev);
+            }),
+        );
     }
 }
 

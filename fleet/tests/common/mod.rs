@@ -58,6 +58,23 @@ pub fn nodes_file(nodes: &[(&str, String)], sm_url: &str) -> String {
     text
 }
 
+/// `fabric-fleet --nodes NODES --store STORE --sync-secs 5 ARGS`, run to its end.
+pub fn fleet_cli(
+    nodes: &std::path::Path,
+    store: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fabric-fleet"))
+        .arg("--nodes")
+        .arg(nodes)
+        .arg("--store")
+        .arg(store)
+        .args(["--sync-secs", "5"])
+        .args(args)
+        .output()
+        .expect("run fabric-fleet")
+}
+
 /// Opens a fleet on `text` with the test signer and starts following.
 pub fn fleet(text: &str, store: &std::path::Path) -> fabric_fleet::Fleet {
     let registry = fabric_fleet::registry::Registry::parse(text).expect("nodes file");
