@@ -347,7 +347,10 @@ impl Partitions for PartitionsService {
     ) -> Result<Response<pb::PullNodeSetsResponse>, Status> {
         let caller = Caller::of(&request).cloned();
         let peer = match &caller {
-            Some(Caller::InsecureTest) | Some(Caller::Local { privileged: true, .. }) => true,
+            Some(Caller::InsecureTest)
+            | Some(Caller::Local {
+                privileged: true, ..
+            }) => true,
             Some(Caller::Cert { identity, .. }) => self.peers.matching(identity).is_some(),
             _ => false,
         };

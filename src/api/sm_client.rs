@@ -64,16 +64,16 @@ pub fn sm_host_channel(config: &RemoteConfig, url: &str) -> Result<Channel, Remo
         .connect_timeout(config.connect_timeout())
         .timeout(config.request_timeout());
     if url.starts_with("https://") {
-            let (Some(ca), Some(cert), Some(key)) = (&config.ca, &config.cert, &config.key) else {
-                return Err(RemoteConfigError::HttpsWithoutCertificates.into());
-            };
-            let mut tls = ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(read(ca)?))
-                .identity(Identity::from_pem(read(cert)?, read(key)?));
-            if let Some(d) = &config.domain_name {
-                tls = tls.domain_name(d.clone());
-            }
-            endpoint = endpoint.tls_config(tls)?;
+        let (Some(ca), Some(cert), Some(key)) = (&config.ca, &config.cert, &config.key) else {
+            return Err(RemoteConfigError::HttpsWithoutCertificates.into());
+        };
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(ca)?))
+            .identity(Identity::from_pem(read(cert)?, read(key)?));
+        if let Some(d) = &config.domain_name {
+            tls = tls.domain_name(d.clone());
+        }
+        endpoint = endpoint.tls_config(tls)?;
     }
     Ok(endpoint.connect_lazy())
 }
@@ -137,9 +137,7 @@ fn fold_answers(
     let Some(status) = first else {
         return Ok(ApplyOutcome {
             detail: if single {
-                format!(
-                    "SM host merged the memberships ({sweeps} sweeps requested there so far)"
-                )
+                format!("SM host merged the memberships ({sweeps} sweeps requested there so far)")
             } else {
                 "every SM host merged the memberships".to_owned()
             },
@@ -216,7 +214,10 @@ mod tests {
     fn every_host_must_acknowledge() {
         assert!(fold_answers(vec![("a", ok()), ("b", ok())], 7).is_ok());
         let err = fold_answers(
-            vec![("https://a", ok()), ("https://b", Err(Status::unavailable("down")))],
+            vec![
+                ("https://a", ok()),
+                ("https://b", Err(Status::unavailable("down"))),
+            ],
             7,
         )
         .unwrap_err();
@@ -226,7 +227,10 @@ mod tests {
         let err = fold_answers(
             vec![
                 ("a", Err(Status::unavailable("down"))),
-                ("b", Err(Status::new(Code::FailedPrecondition, "operator file"))),
+                (
+                    "b",
+                    Err(Status::new(Code::FailedPrecondition, "operator file")),
+                ),
             ],
             7,
         )

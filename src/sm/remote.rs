@@ -190,7 +190,9 @@ mod tests {
         c.endpoints.push("http://127.0.0.1:1".into());
         assert_eq!(
             c.validate(),
-            Err(RemoteConfigError::DuplicateEndpoint("http://127.0.0.1:1".into()))
+            Err(RemoteConfigError::DuplicateEndpoint(
+                "http://127.0.0.1:1".into()
+            ))
         );
         c.endpoints = vec!["http://127.0.0.1:1".into(), "http://smhost2:7443".into()];
         assert_eq!(c.validate(), Err(RemoteConfigError::PlaintextNotLoopback));
@@ -202,6 +204,9 @@ mod tests {
             endpoint: "http://127.0.0.1:7443".into(),
             ..RemoteConfig::default()
         };
-        assert_eq!(one.all_endpoints(), vec!["http://127.0.0.1:7443".to_owned()]);
+        assert_eq!(
+            one.all_endpoints(),
+            vec!["http://127.0.0.1:7443".to_owned()]
+        );
     }
 }

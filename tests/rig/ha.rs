@@ -88,7 +88,11 @@ impl SecondSm {
             &self.dir,
             "the second OpenSM's STANDBY",
             Duration::from_secs(30),
-            || Ok(fs::read_to_string(&log).unwrap_or_default().contains("Entering STANDBY state")),
+            || {
+                Ok(fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .contains("Entering STANDBY state"))
+            },
         );
     }
 
@@ -197,11 +201,20 @@ pub struct SmFiles<'a> {
 /// An SM-host agent's config with peers: OpenSM backend on `files`, Partitions served in
 /// plaintext on `port`, the peers' agents on `peers`, no port observed (a sysfs root without
 /// devices).
-pub fn ha_sm_config(fabric: &Fabric, name: &str, port: u16, files: &SmFiles, peers: &[u16]) -> String {
+pub fn ha_sm_config(
+    fabric: &Fabric,
+    name: &str,
+    port: u16,
+    files: &SmFiles,
+    peers: &[u16],
+) -> String {
     let d = fabric.dir().display();
     let empty = fabric.dir().join(format!("{name}-no-sysfs"));
     fs::create_dir_all(&empty).expect("empty sysfs root");
-    let peers: Vec<String> = peers.iter().map(|p| format!("\"http://127.0.0.1:{p}\"")).collect();
+    let peers: Vec<String> = peers
+        .iter()
+        .map(|p| format!("\"http://127.0.0.1:{p}\""))
+        .collect();
     format!(
         "node_id = \"{name}\"\nfabric = \"fab1\"\nstate_dir = \"{d}/{name}-state\"\n\
          [listen]\nunix_socket = \"{d}/{name}.sock\"\ntcp = \"127.0.0.1:{port}\"\ninsecure_plaintext_for_tests = true\n\
@@ -221,7 +234,10 @@ pub fn ha_sm_config(fabric: &Fabric, name: &str, port: u16, files: &SmFiles, pee
 
 /// A node agent's config sending every apply to the SM-host agents on `ports`.
 pub fn ha_node_config(fabric: &Fabric, node: &str, ports: &[u16]) -> String {
-    let endpoints: Vec<String> = ports.iter().map(|p| format!("\"http://127.0.0.1:{p}\"")).collect();
+    let endpoints: Vec<String> = ports
+        .iter()
+        .map(|p| format!("\"http://127.0.0.1:{p}\""))
+        .collect();
     super::agents::node_config(fabric, node, ports[0]).replace(
         &format!("endpoint = \"http://127.0.0.1:{}\"", ports[0]),
         &format!("endpoints = [{}]", endpoints.join(", ")),
@@ -252,7 +268,9 @@ pub fn pkeys_of(sock_name: &str, dir: &Path, node: &str) -> Option<Vec<u16>> {
         .stdin(Stdio::null())
         .output();
     match out {
-        Ok(o) if o.status.success() => Some(super::parse_pkeys(&String::from_utf8_lossy(&o.stdout))),
+        Ok(o) if o.status.success() => {
+            Some(super::parse_pkeys(&String::from_utf8_lossy(&o.stdout)))
+        }
         _ => None,
     }
 }
@@ -283,10 +301,55 @@ pub fn restart_rig_opensm(fabric: &mut Fabric) {
     fabric.opensm = ChildGuard::new("opensm", child);
     fs::write(dir.join("opensm.pid"), format!("{}\n", fabric.opensm.id())).expect("pid file");
     let log = dir.join("opensm.log");
-    wait_for(&dir, "the restarted OpenSM's state", fabric.start_timeout, || {
-        let text = fs::read_to_string(&log).unwrap_or_default();
-        Ok(text
+    wait_for(
+        &dir,
+        "the restarted OpenSM's state",
+        fabric.start_timeout,
+        || {
+            let text = fs::read_to_string(&log).unwrap_or_default();
+            Ok(text.get(offset..).is_some_and(|t| {
+                t.lines()
+                    .any(|l| l.contains("Entering ") && l.ends_with(" state"))
+            }))
+        },
+    );
+}
+
+/// Whether the rig's own OpenSM answers a SIGHUP with a `SUBNET UP` within `limit`.
+pub fn master_sweeps(fabric: &Fabric, limit: Duration) -> bool {
+    let offset = fabric.opensm_log().len();
+    fabric.hup_opensm();
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if fabric
+            .opensm_log()
             .get(offset..)
-            .is_some_and(|t| t.lines().any(|l| l.contains("Entering ") && l.ends_with(" state"))))
-    });
+            .is_some_and(|t| t.contains("SUBNET UP"))
+        {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// The rig (master OpenSM on the SM host, [`ha_options`]) plus a second OpenSM on HCA
+/// `second` as standby, the master checked to still sweep after the standby joined. Under
+/// ibsim the master sometimes stops sweeping for good right after the standby's trap 144
+/// (seen here with OpenSM 3.3.23); such a start is torn down and tried again (three tries).
+pub fn start_two_sms(
+    spec: &super::FabricSpec,
+    partitions: &str,
+    second: &str,
+) -> Option<(Fabric, SecondSm)> {
+    for attempt in 1..=3 {
+        let fabric = Fabric::start_with(spec, partitions, &ha_options())?;
+        let standby = SecondSm::start(&fabric, second, partitions);
+        std::thread::sleep(Duration::from_millis(300));
+        if master_sweeps(&fabric, Duration::from_secs(5)) {
+            return Some((fabric, standby));
+        }
+        eprintln!("rig: attempt {attempt}: the master OpenSM stopped sweeping after the standby joined; starting again");
+    }
+    panic!("rig: the master OpenSM stopped sweeping after the standby joined, three times");
 }

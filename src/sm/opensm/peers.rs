@@ -93,8 +93,7 @@ impl PeersConfig {
             return Err(PeersConfigError::NoPeers);
         }
         self.client().validate()?;
-        if self.peers.iter().any(|p| p.starts_with("https://")) && self.peer_identities.is_empty()
-        {
+        if self.peers.iter().any(|p| p.starts_with("https://")) && self.peer_identities.is_empty() {
             return Err(PeersConfigError::NoIdentities);
         }
         let range = 100..=600_000;

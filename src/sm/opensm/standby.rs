@@ -185,8 +185,11 @@ mod tests {
         let log = dir.path().join("opensm.log");
         let r = SmStateReader::new(log.clone());
         assert_eq!(r.state(), SmState::Unknown);
-        std::fs::write(&log, "x -> Entering DISCOVERING state\nx -> Entering STANDBY state\n")
-            .unwrap();
+        std::fs::write(
+            &log,
+            "x -> Entering DISCOVERING state\nx -> Entering STANDBY state\n",
+        )
+        .unwrap();
         assert_eq!(r.state(), SmState::Standby);
         let mut text = std::fs::read_to_string(&log).unwrap();
         text.push_str("x -> SUBNET UP\n");

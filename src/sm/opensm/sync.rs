@@ -161,9 +161,12 @@ impl PeerSync {
     /// backend now holds exactly that set at that generation, keeps the grants it came with, to
     /// forward to the peers.
     pub fn record(&self, desired: &NodeMemberships, grants: &[SignedGrant], generation: u64) {
-        let held = self.backend.node(desired.node_id.as_str()).is_some_and(|n| {
-            !n.gated && n.generation == generation && n.memberships.keys == desired.keys
-        });
+        let held = self
+            .backend
+            .node(desired.node_id.as_str())
+            .is_some_and(|n| {
+                !n.gated && n.generation == generation && n.memberships.keys == desired.keys
+            });
         if held {
             self.relay
                 .lock()
@@ -195,7 +198,11 @@ impl PeerSync {
                 }
             })
             .collect::<Vec<_>>();
-        tracing::debug!(peer = from, sets = sets.len(), "peer pulled the stored sets");
+        tracing::debug!(
+            peer = from,
+            sets = sets.len(),
+            "peer pulled the stored sets"
+        );
         PeerAnswer {
             host: self.local.clone(),
             caught_up: self.status().caught_up,
@@ -205,7 +212,11 @@ impl PeerSync {
 
     /// The sync state now.
     pub fn status(&self) -> SyncStatus {
-        let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut s = self
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         s.gated_nodes = self
             .backend
             .nodes()
@@ -240,13 +251,15 @@ impl PeerSync {
         }
         let wanted: Vec<PeerSet> = best
             .into_values()
-            .filter(|set| match self.backend.node(set.memberships.node_id.as_str()) {
-                None => true,
-                Some(mine) => {
-                    mine.generation < set.generation
-                        || (mine.generation == set.generation && mine.gated)
-                }
-            })
+            .filter(
+                |set| match self.backend.node(set.memberships.node_id.as_str()) {
+                    None => true,
+                    Some(mine) => {
+                        mine.generation < set.generation
+                            || (mine.generation == set.generation && mine.gated)
+                    }
+                },
+            )
             .collect();
         let adopted = futures::future::join_all(wanted.into_iter().map(|set| async move {
             let id = set.memberships.node_id.clone();
@@ -354,7 +367,11 @@ impl PeerSync {
     }
 
     /// Pulls every `every` until `stopped` turns true.
-    pub async fn run(self: Arc<Self>, every: Duration, mut stopped: tokio::sync::watch::Receiver<bool>) {
+    pub async fn run(
+        self: Arc<Self>,
+        every: Duration,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
