@@ -151,7 +151,7 @@ async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
     // node1's set reaches B only; A learns it from B, the grant verified here.
     let g = signed(&cp, "g1", "node1", KEY);
     b.side
-        .set_node(set("node1", 1, &[KEY]), &[g.clone()], 3)
+        .set_node(set("node1", 1, &[KEY]), std::slice::from_ref(&g), 3)
         .await
         .unwrap();
     a.sync.round().await;
