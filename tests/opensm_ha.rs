@@ -16,7 +16,8 @@ use common::{attach, attach_now, free_port, get, has_base, partition, release, s
 use fabric_agent::proto::agent as pb;
 use rig::agents::Agent;
 use rig::ha::{
-    ha_node_config, ha_sm_config, is_master, region_of, start_two_sms, SmFiles, SmHostAgent,
+    ha_node_config, ha_sm_config, is_master, region_of, sm_host_status, start_two_sms, SmFiles,
+    SmHostAgent,
 };
 use rig::{FabricSpec, LIMITED_DEFAULT_PARTITIONS};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -111,6 +112,11 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
     for (i, node) in NODES.iter().enumerate() {
         assert!(fabric.pkeys(node).contains(&key_of(i + 1)), "{node}");
     }
+    // Each SM host's GetNode says what its OpenSM is and that it caught up with its peer.
+    let (ha, hb) = (sm_host_status(&sm_a).await, sm_host_status(&sm_b).await);
+    assert_eq!((ha.role.as_str(), hb.role.as_str()), ("master", "standby"));
+    assert!(ha.caught_up && hb.caught_up, "{ha:?} {hb:?}");
+    assert_eq!(hb.peers[0].host, "smhost");
     let regions_match = || region_of(&a_partitions) == region_of(&b_partitions);
     assert!(
         regions_match(),
@@ -146,6 +152,12 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
         );
     }
     eprintln!("standby became master {takeover:?} after the master's death");
+    let hb = sm_host_status(&sm_b).await;
+    assert_eq!(hb.role, "master");
+    wait_until("B sees its peer gone", LONG, || async {
+        !sm_host_status(&sm_b).await.peers[0].last_error.is_empty()
+    })
+    .await;
 
     // A new attach (node5's first) is programmed by the new master; it cannot be confirmed
     // while the old master's agent is down, and its reason names that host.
@@ -204,6 +216,8 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
     })
     .await;
     assert!(!region_of(&a_partitions).contains(&format!("{:#06x}", released)));
+    let ha = sm_host_status(&sm_a).await;
+    assert!(ha.caught_up && ha.held_back_nodes.is_empty(), "{ha:?}");
 
     // Poll node1's port through the handover to the returning master.
     let seen = Arc::new(AtomicBool::new(false));

@@ -96,7 +96,12 @@ fn host(
         Arc::new(AcceptingReloader),
     )
     .unwrap();
-    let sync = PeerSync::new(backend.clone(), name.into(), vec![peer as Arc<dyn Peer>]);
+    let sync = PeerSync::new(
+        backend.clone(),
+        name.into(),
+        vec![peer as Arc<dyn Peer>],
+        None,
+    );
     let side = OpenSmSide::new(backend.clone(), None).with_sync(Some(sync.clone()));
     Host {
         file,

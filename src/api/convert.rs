@@ -436,6 +436,7 @@ fn sm_to_pb(s: &SmStatus) -> pb::SubnetManagerStatus {
         applies: s.applies,
         generation: s.generation,
         in_doubt_pkeys: s.in_doubt.iter().map(|k| u32::from(k.base())).collect(),
+        sm_host: None,
     }
 }
 

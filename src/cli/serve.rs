@@ -74,7 +74,8 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
             agent.clone(),
             config.node_id.to_string(),
             config.limits.clone(),
-        ),
+        )
+        .with_sm_host(peer_sync.clone()),
         partitions,
         stopped.clone(),
     ));

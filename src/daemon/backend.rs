@@ -170,7 +170,7 @@ fn build_ha(
     let state = Arc::new(SmStateReader::new(cfg.log_file.clone()));
     let reloader = Arc::new(StandbyAware::new(
         Arc::new(OpenSmReloader::new(&cfg)),
-        state,
+        state.clone(),
         &cfg,
     ));
     let backend = OpenSmBackend::with_reloader(
@@ -181,6 +181,11 @@ fn build_ha(
     )
     .map_err(StartError::OpenSm)?;
     let peers = crate::api::sm_peers::peers(ha).map_err(StartError::Remote)?;
-    let sync = PeerSync::new(backend.clone(), node_id.as_str().to_owned(), peers);
+    let sync = PeerSync::new(
+        backend.clone(),
+        node_id.as_str().to_owned(),
+        peers,
+        Some(state),
+    );
     Ok((backend, sync))
 }

@@ -353,3 +353,15 @@ pub fn start_two_sms(
     }
     panic!("rig: the master OpenSM stopped sweeping after the standby joined, three times");
 }
+
+/// The SM-host agent's `GetNode` view of itself among several SM hosts.
+pub async fn sm_host_status(agent: &SmHostAgent) -> fabric_agent::proto::agent::SmHostStatus {
+    let mut c = super::process::client(&agent.socket).await;
+    c.get_node(fabric_agent::proto::agent::GetNodeRequest {})
+        .await
+        .expect("GetNode")
+        .into_inner()
+        .subnet_manager
+        .and_then(|s| s.sm_host)
+        .expect("an SM host with peers shows sm_host")
+}

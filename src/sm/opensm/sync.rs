@@ -110,6 +110,8 @@ pub struct PeerStatus {
 /// The sync state shown by status and metrics.
 #[derive(Debug, Clone, Default)]
 pub struct SyncStatus {
+    /// This host's OpenSM as its log last announced it (`None`: not read).
+    pub role: Option<super::standby::SmState>,
     /// Every peer answered at least once since start (and this host took their sets).
     pub caught_up: bool,
     /// The peers that have not answered since start.
@@ -131,11 +133,18 @@ pub struct PeerSync {
     relay: Mutex<BTreeMap<NodeId, (u64, Vec<SignedGrant>)>>,
     status: Mutex<SyncStatus>,
     answered: Mutex<BTreeMap<String, bool>>,
+    role: Option<Arc<super::standby::SmStateReader>>,
 }
 
 impl PeerSync {
-    /// Sync for `backend` (built on a [`GatedStore`]) with `peers`; `local` is this host's node id.
-    pub fn new(backend: OpenSmBackend, local: String, peers: Vec<Arc<dyn Peer>>) -> Arc<PeerSync> {
+    /// Sync for `backend` (built on a [`GatedStore`]) with `peers`; `local` is this host's node
+    /// id; `role` reads this host's OpenSM state for the status.
+    pub fn new(
+        backend: OpenSmBackend,
+        local: String,
+        peers: Vec<Arc<dyn Peer>>,
+        role: Option<Arc<super::standby::SmStateReader>>,
+    ) -> Arc<PeerSync> {
         let answered = peers.iter().map(|p| (p.name().to_owned(), false)).collect();
         let status = SyncStatus {
             peers: peers
@@ -154,6 +163,7 @@ impl PeerSync {
             relay: Mutex::new(BTreeMap::new()),
             status: Mutex::new(status),
             answered: Mutex::new(answered),
+            role,
         })
     }
 
@@ -217,6 +227,7 @@ impl PeerSync {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        s.role = self.role.as_ref().map(|r| r.state());
         s.gated_nodes = self
             .backend
             .nodes()
