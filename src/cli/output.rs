@@ -582,6 +582,43 @@ pub fn event(e: &pb::Event, format: Format) {
     }
 }
 
+/// One line for an SM host among several: its OpenSM's role, the sync, each peer.
+fn sm_host_line(h: &crate::proto::agent::SmHostStatus) -> String {
+    let mut line = format!("opensm {}", h.role);
+    if h.caught_up {
+        line.push_str(", caught up with its peers");
+    } else {
+        line.push_str(&format!(
+            ", catching up with {}",
+            h.catching_up_with.join(", ")
+        ));
+    }
+    if !h.held_back_nodes.is_empty() {
+        line.push_str(&format!("; held back: {}", h.held_back_nodes.join(", ")));
+    }
+    if !h.disagreeing_nodes.is_empty() {
+        line.push_str(&format!(
+            "; peers disagree on: {}",
+            h.disagreeing_nodes.join(", ")
+        ));
+    }
+    for p in &h.peers {
+        let host = if p.host.is_empty() {
+            "?"
+        } else {
+            p.host.as_str()
+        };
+        line.push_str(&format!(
+            "; peer {} ({host}): {} nodes, last generation {}",
+            p.endpoint, p.nodes, p.last_generation
+        ));
+        if !p.last_error.is_empty() {
+            line.push_str(&format!(", last pull failed: {}", p.last_error));
+        }
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,41 +658,4 @@ mod tests {
         assert!(detail.get("from").is_none(), "{detail}");
         assert_eq!(summary, "i-1 ibpart_a 0x8a12 PENDING: attach requested");
     }
-}
-
-/// One line for an SM host among several: its OpenSM's role, the sync, each peer.
-fn sm_host_line(h: &crate::proto::agent::SmHostStatus) -> String {
-    let mut line = format!("opensm {}", h.role);
-    if h.caught_up {
-        line.push_str(", caught up with its peers");
-    } else {
-        line.push_str(&format!(
-            ", catching up with {}",
-            h.catching_up_with.join(", ")
-        ));
-    }
-    if !h.held_back_nodes.is_empty() {
-        line.push_str(&format!("; held back: {}", h.held_back_nodes.join(", ")));
-    }
-    if !h.disagreeing_nodes.is_empty() {
-        line.push_str(&format!(
-            "; peers disagree on: {}",
-            h.disagreeing_nodes.join(", ")
-        ));
-    }
-    for p in &h.peers {
-        let host = if p.host.is_empty() {
-            "?"
-        } else {
-            p.host.as_str()
-        };
-        line.push_str(&format!(
-            "; peer {} ({host}): {} nodes, last generation {}",
-            p.endpoint, p.nodes, p.last_generation
-        ));
-        if !p.last_error.is_empty() {
-            line.push_str(&format!(", last pull failed: {}", p.last_error));
-        }
-    }
-    line
 }
