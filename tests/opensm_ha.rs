@@ -323,3 +323,87 @@ fn states(log: &str) -> String {
         .collect();
     format!("{}\n...\n{}", states.join("\n"), tail(log, 25))
 }
+
+/// attach -> ACTIVE (and release -> RELEASED) with one SM host and with two, on the same fabric
+/// and the same master: node1 sends to the master's agent only, node2 to both. Prints the
+/// medians (docs/PERFORMANCE.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_to_active_with_one_and_with_two_sm_hosts() {
+    let Some((fabric, standby)) =
+        start_two_sms(&FabricSpec::new(1, 3), LIMITED_DEFAULT_PARTITIONS, "node3")
+    else {
+        common::skip("ibsim/opensm not installed");
+        return;
+    };
+    let (pa, pb_) = (free_port(), free_port());
+    let (a_pid, a_part, a_log) = (
+        fabric.opensm_pid_path(),
+        fabric.partitions_path(),
+        fabric.opensm_log_path(),
+    );
+    let (b_part, b_log, b_pid) = (
+        standby.partitions_path(),
+        standby.log_path(),
+        standby.pid_path(),
+    );
+    let a_files = SmFiles {
+        partitions: &a_part,
+        log: &a_log,
+        pid: &a_pid,
+    };
+    let b_files = SmFiles {
+        partitions: &b_part,
+        log: &b_log,
+        pid: &b_pid,
+    };
+    let _sm_a = SmHostAgent::start(
+        &fabric,
+        "smhost",
+        &ha_sm_config(&fabric, "smhost", pa, &a_files, &[pb_]),
+    );
+    let _sm_b = SmHostAgent::start(
+        &fabric,
+        "smhost2",
+        &ha_sm_config(&fabric, "smhost2", pb_, &b_files, &[pa]),
+    );
+    let one = Agent::start(&fabric, "node1", &ha_node_config(&fabric, "node1", &[pa]));
+    let two = Agent::start(
+        &fabric,
+        "node2",
+        &ha_node_config(&fabric, "node2", &[pa, pb_]),
+    );
+    let (mut c1, mut c2) = (one.client().await, two.client().await);
+    let (mut t1, mut t2) = (Vec::new(), Vec::new());
+    for round in 0..8u32 {
+        for (c, times, node) in [(&mut c1, &mut t1, 1u32), (&mut c2, &mut t2, 2u32)] {
+            let key = 0x0b00 + round * 4 + node;
+            let instance = format!("p-{node}-{round}");
+            let start = Instant::now();
+            let a = attach_now(
+                c,
+                attach(
+                    &instance,
+                    partition(&format!("ibpart_p{key:x}"), key),
+                    Some(30_000),
+                ),
+            )
+            .await;
+            assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
+            times.push(start.elapsed());
+            let r = release(c, &instance, Some(30_000)).await;
+            assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
+        }
+    }
+    let median = |t: &mut Vec<Duration>| {
+        t.sort();
+        t[t.len() / 2]
+    };
+    eprintln!(
+        "attach -> ACTIVE, median of {}: one SM host {:?}, two SM hosts {:?} (max {:?} / {:?})",
+        t1.len(),
+        median(&mut t1),
+        median(&mut t2),
+        t1.last().unwrap(),
+        t2.last().unwrap()
+    );
+}
