@@ -197,6 +197,20 @@ async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
     assert!(!file_has(&a, 0x0a22) && !file_has(&a, 0x0a33));
     assert_eq!(a.backend.node("node1").unwrap().generation, 3);
     assert!(file_has(&a, KEY));
+    // The peer keeps holding what this host refused: after a second pull, SM_HOSTS_DISAGREE.
+    assert!(
+        a.sync.conditions().is_empty(),
+        "one pull is not yet a disagreement"
+    );
+    a.sync.round().await;
+    let c = a.sync.conditions();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].kind.name(), "SM_HOSTS_DISAGREE");
+    assert!(
+        c[0].detail.contains("node2: this host none, b 9"),
+        "{}",
+        c[0].detail
+    );
     // A set nobody confirmed on the peer is not taken either.
     *to_b.forged.lock().unwrap() = Some(PeerAnswer {
         host: "b".into(),
@@ -217,6 +231,7 @@ async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
     a.sync.round().await;
     assert_eq!(a.backend.node("node1").unwrap().generation, 4);
     assert!(!file_has(&a, KEY));
+    assert!(a.sync.conditions().is_empty(), "{:?}", a.sync.conditions());
 }
 
 #[tokio::test]

@@ -93,7 +93,13 @@ pub(super) fn build(
                 }
             };
             opensm = Some(backend.clone());
-            Arc::new(backend)
+            match &sync {
+                Some(s) => Arc::new(crate::sm::opensm::sync::WithPeers {
+                    backend,
+                    sync: s.clone(),
+                }) as Arc<dyn SubnetManager>,
+                None => Arc::new(backend),
+            }
         }
         Backend::Remote => {
             let cfg = sm_cfg

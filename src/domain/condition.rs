@@ -28,6 +28,9 @@ pub enum ConditionKind {
     /// UFM executed an add of this node after the client had given up on it (a late write): a
     /// GUID re-appeared in a released key. It was removed; stands until the key's watch ends.
     UfmLateWrite,
+    /// An SM host among several: a peer SM host held another generation of some node's set than
+    /// this host in two pulls in a row (they should converge within one pull).
+    SmHostsDisagree,
 }
 
 impl ConditionKind {
@@ -40,6 +43,7 @@ impl ConditionKind {
             ConditionKind::PartitionsFileUnconfirmed => "PARTITIONS_FILE_UNCONFIRMED",
             ConditionKind::StoreRolledBack => "STORE_ROLLED_BACK",
             ConditionKind::UfmLateWrite => "UFM_LATE_WRITE",
+            ConditionKind::SmHostsDisagree => "SM_HOSTS_DISAGREE",
         }
     }
 }

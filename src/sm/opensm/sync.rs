@@ -118,10 +118,13 @@ pub struct SyncStatus {
     pub waiting_for: Vec<String>,
     /// Nodes whose stored set is still held back.
     pub gated_nodes: Vec<String>,
-    /// Nodes on which a peer and this host hold different generations after the last round.
+    /// Nodes on which a peer and this host held different generations after each of the last
+    /// two rounds (a transient difference converges within one pull).
     pub disagreements: Vec<String>,
     /// Per peer.
     pub peers: Vec<PeerStatus>,
+    /// The nodes that differed after the last round alone.
+    pub last_round_disagreements: std::collections::BTreeSet<String>,
 }
 
 /// Anti-entropy and the gate of one SM host.
@@ -354,7 +357,49 @@ impl PeerSync {
         if status.caught_up && !was {
             tracing::info!("caught up with every peer SM host");
         }
-        status.disagreements = disagreements.into_iter().collect();
+        let previous = std::mem::take(&mut status.last_round_disagreements);
+        status.disagreements = disagreements
+            .iter()
+            .filter(|n| previous.contains(*n))
+            .cloned()
+            .collect();
+        status.last_round_disagreements = disagreements;
+    }
+
+    /// `SM_HOSTS_DISAGREE` while peers hold other generations than this host (two pulls in a
+    /// row), naming the nodes and each peer's generation.
+    pub fn conditions(&self) -> Vec<crate::domain::Condition> {
+        let s = self.status();
+        if s.disagreements.is_empty() {
+            return Vec::new();
+        }
+        let mine: BTreeMap<String, u64> = self
+            .backend
+            .nodes()
+            .into_iter()
+            .map(|n| (n.memberships.node_id.to_string(), n.generation))
+            .collect();
+        let detail = s
+            .disagreements
+            .iter()
+            .map(|node| {
+                let peers: Vec<String> = s
+                    .peers
+                    .iter()
+                    .filter_map(|p| p.generations.get(node).map(|g| format!("{} {g}", p.name)))
+                    .collect();
+                format!(
+                    "{node}: this host {}, {}",
+                    mine.get(node).map_or("none".to_owned(), u64::to_string),
+                    peers.join(", ")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        vec![crate::domain::Condition {
+            kind: crate::domain::ConditionKind::SmHostsDisagree,
+            detail: format!("peer SM hosts hold other generations: {detail}"),
+        }]
     }
 
     /// At start, before the agent reports ready: one round (bounded by `timeout`), then the
@@ -393,5 +438,44 @@ impl PeerSync {
             }
             self.round().await;
         }
+    }
+}
+
+/// The SM host's [`crate::sm::SubnetManager`] with peers: the backend, whose conditions gain
+/// `SM_HOSTS_DISAGREE` from the sync.
+pub struct WithPeers {
+    /// The backend.
+    pub backend: OpenSmBackend,
+    /// Its sync.
+    pub sync: Arc<PeerSync>,
+}
+
+#[async_trait]
+impl crate::sm::SubnetManager for WithPeers {
+    fn backend(&self) -> &'static str {
+        crate::sm::SubnetManager::backend(&self.backend)
+    }
+
+    async fn apply(
+        &self,
+        desired: &NodeMemberships,
+        generation: u64,
+    ) -> Result<crate::sm::ApplyOutcome, crate::sm::SmError> {
+        crate::sm::SubnetManager::apply(&self.backend, desired, generation).await
+    }
+
+    async fn apply_granted(
+        &self,
+        desired: &NodeMemberships,
+        grants: &[SignedGrant],
+        generation: u64,
+    ) -> Result<crate::sm::ApplyOutcome, crate::sm::SmError> {
+        crate::sm::SubnetManager::apply_granted(&self.backend, desired, grants, generation).await
+    }
+
+    fn conditions(&self) -> Vec<crate::domain::Condition> {
+        let mut c = crate::sm::SubnetManager::conditions(&self.backend);
+        c.extend(self.sync.conditions());
+        c
     }
 }
