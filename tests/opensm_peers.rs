@@ -10,11 +10,11 @@ mod common;
 
 use async_trait::async_trait;
 use common::grants::{grant, GrantSigner};
+use common::memberships::memberships;
 use common::sm_host::AcceptingReloader;
 use fabric_agent::api::grant_v1::signed_grant_from_proto;
 use fabric_agent::domain::{
-    FabricName, GrantKey, GrantKeys, GrantPolicy, Guid, KeySetting, Membership, NodeId,
-    NodeMemberships, PKey, SignedGrant,
+    FabricName, GrantKey, GrantKeys, GrantPolicy, Membership, NodeMemberships, SignedGrant,
 };
 use fabric_agent::sm::opensm::fabric_side::OpenSmSide;
 use fabric_agent::sm::opensm::sync::{GatedStore, Peer, PeerAnswer, PeerSet, PeerSync};
@@ -113,23 +113,12 @@ fn host(
 }
 
 fn set(node: &str, guid: u64, keys: &[u32]) -> NodeMemberships {
-    NodeMemberships {
-        node_id: NodeId::parse(node).unwrap(),
-        port_guids: vec![Guid(guid)],
-        keys: keys
-            .iter()
-            .map(|k| {
-                (
-                    PKey::new(*k).unwrap(),
-                    KeySetting {
-                        membership: Membership::Full,
-                        name: format!("t{k:x}"),
-                        ports: None,
-                    },
-                )
-            })
-            .collect(),
-    }
+    memberships(
+        node,
+        [guid],
+        keys.iter().map(|k| (*k, Membership::Full)),
+        |k| format!("t{k:x}"),
+    )
 }
 
 fn signed(s: &GrantSigner, id: &str, node: &str, key: u32) -> SignedGrant {

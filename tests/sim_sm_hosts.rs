@@ -22,8 +22,9 @@
 mod common;
 
 use async_trait::async_trait;
+use common::memberships::memberships;
 use common::sm_host::AcceptingReloader;
-use fabric_agent::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
+use fabric_agent::domain::{Guid, Membership, NodeId, NodeMemberships, PKey};
 use fabric_agent::sm::opensm::fabric_side::OpenSmSide;
 use fabric_agent::sm::opensm::members::members_of;
 use fabric_agent::sm::opensm::sync::{GatedStore, Peer, PeerAnswer, PeerSync};
@@ -118,24 +119,12 @@ struct World {
 }
 
 fn set_of(n: &Node) -> NodeMemberships {
-    NodeMemberships {
-        node_id: n.id.clone(),
-        port_guids: vec![n.guid],
-        keys: n
-            .desired
-            .iter()
-            .map(|k| {
-                (
-                    PKey::new(*k).unwrap(),
-                    KeySetting {
-                        membership: Membership::Full,
-                        name: format!("t{k:x}"),
-                        ports: None,
-                    },
-                )
-            })
-            .collect(),
-    }
+    memberships(
+        n.id.as_str(),
+        [n.guid.0],
+        n.desired.iter().map(|k| (*k, Membership::Full)),
+        |k| format!("t{k:x}"),
+    )
 }
 
 impl World {

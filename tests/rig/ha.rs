@@ -64,22 +64,7 @@ impl SecondSm {
     }
 
     fn spawn(&mut self) {
-        let out = File::create(self.dir.join("opensm.out")).expect("opensm.out");
-        let child = Command::new(program(OPENSM))
-            .arg("-F")
-            .arg(self.dir.join("opensm.conf"))
-            .env("IBSIM_SOCKNAME", &self.sock_name)
-            .env("SIM_HOST", &self.node)
-            .env("LD_PRELOAD", UMAD2SIM)
-            .env("OSM_CACHE_DIR", &self.dir)
-            .env("OSM_TMP_DIR", &self.dir)
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("opensm.out"))
-            .stderr(out)
-            .process_group(0)
-            .spawn()
-            .expect("spawn the second opensm");
+        let child = spawn_opensm_in(&self.dir, &self.sock_name, &self.node);
         let guard = ChildGuard::new("second opensm", child);
         fs::write(self.pid_path(), format!("{}\n", guard.id())).expect("pid file");
         self.guard = Some(guard);
@@ -282,22 +267,7 @@ pub fn restart_rig_opensm(fabric: &mut Fabric) {
     fabric.opensm.stop(Duration::from_secs(5));
     let dir = fabric.dir.path().to_owned();
     let offset = fabric.opensm_log().len();
-    let out = File::create(dir.join("opensm.out")).expect("opensm.out");
-    let child = Command::new(program(OPENSM))
-        .arg("-F")
-        .arg(dir.join("opensm.conf"))
-        .env("IBSIM_SOCKNAME", &fabric.sock_name)
-        .env("SIM_HOST", super::SM_HOST)
-        .env("LD_PRELOAD", UMAD2SIM)
-        .env("OSM_CACHE_DIR", &dir)
-        .env("OSM_TMP_DIR", &dir)
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("opensm.out"))
-        .stderr(out)
-        .process_group(0)
-        .spawn()
-        .expect("spawn opensm");
+    let child = spawn_opensm_in(&dir, &fabric.sock_name, super::SM_HOST);
     fabric.opensm = ChildGuard::new("opensm", child);
     fs::write(dir.join("opensm.pid"), format!("{}\n", fabric.opensm.id())).expect("pid file");
     let log = dir.join("opensm.log");
@@ -364,4 +334,25 @@ pub async fn sm_host_status(agent: &SmHostAgent) -> fabric_agent::proto::agent::
         .subnet_manager
         .and_then(|s| s.sm_host)
         .expect("an SM host with peers shows sm_host")
+}
+
+/// Spawns OpenSM under the shim as `sim_host` with `dir/opensm.conf`, its cache and output in
+/// `dir`, in its own process group.
+fn spawn_opensm_in(dir: &Path, sock_name: &str, sim_host: &str) -> std::process::Child {
+    let out = File::create(dir.join("opensm.out")).expect("opensm.out");
+    Command::new(program(OPENSM))
+        .arg("-F")
+        .arg(dir.join("opensm.conf"))
+        .env("IBSIM_SOCKNAME", sock_name)
+        .env("SIM_HOST", sim_host)
+        .env("LD_PRELOAD", UMAD2SIM)
+        .env("OSM_CACHE_DIR", dir)
+        .env("OSM_TMP_DIR", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("opensm.out"))
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .expect("spawn opensm")
 }

@@ -306,14 +306,18 @@ impl PeerSync {
         self.note(views);
     }
 
-    /// Records what the round saw.
-    fn note(&self, views: Vec<(String, Result<PeerAnswer, String>)>) {
-        let mine: BTreeMap<String, u64> = self
-            .backend
+    /// The generation this host stores per node.
+    fn generations(&self) -> BTreeMap<String, u64> {
+        self.backend
             .nodes()
             .into_iter()
             .map(|n| (n.memberships.node_id.to_string(), n.generation))
-            .collect();
+            .collect()
+    }
+
+    /// Records what the round saw.
+    fn note(&self, views: Vec<(String, Result<PeerAnswer, String>)>) {
+        let mine = self.generations();
         let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         let mut disagreements = std::collections::BTreeSet::new();
@@ -373,12 +377,7 @@ impl PeerSync {
         if s.disagreements.is_empty() {
             return Vec::new();
         }
-        let mine: BTreeMap<String, u64> = self
-            .backend
-            .nodes()
-            .into_iter()
-            .map(|n| (n.memberships.node_id.to_string(), n.generation))
-            .collect();
+        let mine = self.generations();
         let detail = s
             .disagreements
             .iter()
