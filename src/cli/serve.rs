@@ -63,6 +63,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
             listener,
             agent.clone(),
             opensm.clone(),
+            peer_sync.clone(),
             stopped.clone(),
         ));
     }
