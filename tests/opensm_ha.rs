@@ -52,6 +52,7 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
         partitions: &a_partitions,
         log: &master_log,
         pid: &a_pid_path,
+        metrics: free_port(),
     };
     let (b_partitions, b_log, b_pid) = (
         standby.partitions_path(),
@@ -62,6 +63,7 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
         partitions: &b_partitions,
         log: &b_log,
         pid: &b_pid,
+        metrics: free_port(),
     };
     let mut sm_a = SmHostAgent::start(
         &fabric,
@@ -113,10 +115,19 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
         assert!(fabric.pkeys(node).contains(&key_of(i + 1)), "{node}");
     }
     // Each SM host's GetNode says what its OpenSM is and that it caught up with its peer.
+    wait_until("both SM hosts caught up with each other", LONG, || async {
+        sm_host_status(&sm_a).await.caught_up && sm_host_status(&sm_b).await.caught_up
+    })
+    .await;
     let (ha, hb) = (sm_host_status(&sm_a).await, sm_host_status(&sm_b).await);
     assert_eq!((ha.role.as_str(), hb.role.as_str()), ("master", "standby"));
-    assert!(ha.caught_up && hb.caught_up, "{ha:?} {hb:?}");
     assert_eq!(hb.peers[0].host, "smhost");
+    let m = rig::ha::scrape(b_files.metrics);
+    assert!(
+        m.contains("fabric_agent_sm_host_role{role=\"standby\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("fabric_agent_sm_host_caught_up 1"), "{m}");
     let regions_match = || region_of(&a_partitions) == region_of(&b_partitions);
     assert!(
         regions_match(),
@@ -244,19 +255,20 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
     // started again, which also repeats the handover the poller watches.
     for attempt in 1..=3 {
         rig::ha::restart_rig_opensm(&mut fabric);
-        wait_until("the old master takes mastership back", LONG, || async {
-            is_master(&master_log)
-        })
-        .await;
-        if rig::ha::master_sweeps(&fabric, Duration::from_secs(5)) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_master(&master_log) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if is_master(&master_log) && rig::ha::master_sweeps(&fabric, Duration::from_secs(5)) {
             eprintln!("the returning OpenSM is master again (start {attempt})");
             break;
         }
         assert!(
             attempt < 3,
-            "the returning master never swept after the handover"
+            "the returning master never took over and swept: {}",
+            tail(&fabric.opensm_log(), 20)
         );
-        eprintln!("the returning master stopped sweeping after the handover; starting it again");
+        eprintln!("the returning OpenSM did not take over, or stopped sweeping; starting it again");
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::SeqCst);
@@ -350,11 +362,13 @@ async fn attach_to_active_with_one_and_with_two_sm_hosts() {
         partitions: &a_part,
         log: &a_log,
         pid: &a_pid,
+        metrics: free_port(),
     };
     let b_files = SmFiles {
         partitions: &b_part,
         log: &b_log,
         pid: &b_pid,
+        metrics: free_port(),
     };
     let _sm_a = SmHostAgent::start(
         &fabric,

@@ -181,6 +181,8 @@ pub struct SmFiles<'a> {
     pub log: &'a Path,
     /// OpenSM's pid file.
     pub pid: &'a Path,
+    /// The agent's metrics port.
+    pub metrics: u16,
 }
 
 /// An SM-host agent's config with peers: OpenSM backend on `files`, Partitions served in
@@ -208,13 +210,26 @@ pub fn ha_sm_config(
          [subnet_manager.opensm.ownership]\nenabled = false\n\
          [subnet_manager.opensm_ha]\npeers = [{}]\nsync_interval_ms = 500\ncatch_up_timeout_ms = 5000\n\
          [observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\n\
-         [reconciler]\nbackoff_max_ms = 1000\n",
+         [reconciler]\nbackoff_max_ms = 1000\n\
+         [metrics]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n",
         files.partitions.display(),
         files.log.display(),
         files.pid.display(),
         peers.join(", "),
         empty.display(),
+        files.metrics,
     )
+}
+
+/// `GET /metrics` on `port`.
+pub fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out
 }
 
 /// A node agent's config sending every apply to the SM-host agents on `ports`.
