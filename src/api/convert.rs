@@ -453,6 +453,7 @@ fn sm_to_pb(s: &SmStatus) -> pb::SubnetManagerStatus {
         generation: s.generation,
         in_doubt_pkeys: s.in_doubt.iter().map(|k| u32::from(k.base())).collect(),
         in_doubt_pkey_values: s.in_doubt_values.iter().map(|v| u32::from(v.0)).collect(),
+        sm_host: None,
     }
 }
 

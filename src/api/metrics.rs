@@ -22,19 +22,24 @@ pub async fn serve(
     listener: TcpListener,
     agent: Agent,
     opensm: Option<OpenSmBackend>,
+    sync: Option<std::sync::Arc<crate::sm::opensm::sync::PeerSync>>,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let app =
-        Router::new().route(
-            "/metrics",
-            get(move || {
-                let agent = agent.clone();
-                let sweeps = opensm.as_ref().map(OpenSmBackend::sweeps);
-                async move {
-                    ([(CONTENT_TYPE, OPENMETRICS)], agent.metrics_text(sweeps)).into_response()
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let agent = agent.clone();
+            let sweeps = opensm.as_ref().map(OpenSmBackend::sweeps);
+            let sync = sync.clone();
+            async move {
+                let mut text = agent.metrics_text(sweeps);
+                if let Some(s) = &sync {
+                    text = super::sm_host_metrics::append(text, &s.status());
                 }
-            }),
-        );
+                ([(CONTENT_TYPE, OPENMETRICS)], text).into_response()
+            }
+        }),
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|stop| *stop).await;

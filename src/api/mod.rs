@@ -22,6 +22,8 @@ mod server;
 mod server_tls;
 mod service;
 pub mod sm_client;
+pub mod sm_host_metrics;
+pub mod sm_peers;
 pub mod sm_v1;
 mod socket_guard;
 

@@ -30,6 +30,7 @@ use tonic::{Request, Response, Status};
 pub struct PartitionsService {
     backend: Arc<dyn FabricSide>,
     nodes: NodeMapping,
+    peers: super::ClientAllowlist,
 }
 
 impl PartitionsService {
@@ -39,7 +40,13 @@ impl PartitionsService {
         PartitionsService {
             backend: Arc::new(backend),
             nodes: NodeMapping::default(),
+            peers: super::ClientAllowlist::default(),
         }
+    }
+
+    /// Peer SM hosts' certificate identities: they may pull every stored set (`PullNodeSets`).
+    pub fn with_peer_identities(self, peers: super::ClientAllowlist) -> Self {
+        PartitionsService { peers, ..self }
     }
 
     /// Uses this identity -> node mapping.
@@ -331,6 +338,38 @@ impl Partitions for PartitionsService {
             audit::code_of(&result),
         );
         result
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn pull_node_sets(
+        &self,
+        request: Request<pb::PullNodeSetsRequest>,
+    ) -> Result<Response<pb::PullNodeSetsResponse>, Status> {
+        let caller = Caller::of(&request).cloned();
+        let peer = match &caller {
+            Some(Caller::InsecureTest)
+            | Some(Caller::Local {
+                privileged: true, ..
+            }) => true,
+            Some(Caller::Cert { identity, .. }) => self.peers.matching(identity).is_some(),
+            _ => false,
+        };
+        if !peer {
+            let who = caller.map_or_else(|| "an unverified caller".to_owned(), |c| c.to_string());
+            tracing::warn!(caller = %who, "PullNodeSets refused: not a peer SM host");
+            return Err(Status::permission_denied(format!(
+                "{who} may not call PullNodeSets: only the peer SM hosts ([subnet_manager.opensm_ha] peer_identities) may"
+            )));
+        }
+        let from = request.into_inner().from_host;
+        self.backend
+            .peer_sets(&from)
+            .map(|a| Response::new(super::sm_peers::answer_to_proto(&a)))
+            .ok_or_else(|| {
+                Status::failed_precondition(
+                    "this host has no peer SM hosts ([subnet_manager.opensm_ha])",
+                )
+            })
     }
 
     #[tracing::instrument(skip_all)]

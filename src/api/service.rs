@@ -18,6 +18,7 @@ pub struct AgentService {
     node_id: String,
     limits: LimitsConfig,
     streams: StreamSlots,
+    sm_host: Option<std::sync::Arc<crate::sm::opensm::sync::PeerSync>>,
 }
 
 impl AgentService {
@@ -34,6 +35,18 @@ impl AgentService {
             node_id,
             streams: StreamSlots::new(limits.max_watch_streams),
             limits,
+            sm_host: None,
+        }
+    }
+
+    /// On an SM host with peers: `GetNode` shows its OpenSM's role and the anti-entropy.
+    pub fn with_sm_host(
+        self,
+        sync: Option<std::sync::Arc<crate::sm::opensm::sync::PeerSync>>,
+    ) -> AgentService {
+        AgentService {
+            sm_host: sync,
+            ..self
         }
     }
 
@@ -101,7 +114,11 @@ impl FabricAgent for AgentService {
         _: Request<pb::GetNodeRequest>,
     ) -> Result<Response<pb::GetNodeResponse>, Status> {
         let view = self.agent.node().map_err(convert::status)?;
-        Ok(Response::new(convert::node_to_pb(view)))
+        let mut node = convert::node_to_pb(view);
+        if let (Some(sync), Some(sm)) = (&self.sm_host, node.subnet_manager.as_mut()) {
+            sm.sm_host = Some(super::sm_peers::sync_status_to_pb(&sync.status()));
+        }
+        Ok(Response::new(node))
     }
 
     #[tracing::instrument(skip_all, fields(instance = %request.get_ref().instance_id))]

@@ -181,6 +181,9 @@ fn node_table(n: &pb::GetNodeResponse, wide: bool) {
     if let Some((_, line)) = sm_view::in_flight(&sm) {
         print_wrapped("apply in flight: ", 2, &line);
     }
+    if let Some(h) = &sm.sm_host {
+        print_wrapped("sm host: ", 2, &sm_host_line(h));
+    }
     if !sm.in_doubt_pkeys.is_empty() {
         print_wrapped("in doubt: ", 2, &in_doubt_line(&sm));
     }
@@ -580,6 +583,43 @@ pub fn event(e: &pb::Event, format: Format) {
         let head = event_head(&e.seq.to_string(), &time(&e.time), kind, node);
         print_wrapped(&head, head.chars().count(), &summary);
     }
+}
+
+/// One line for an SM host among several: its OpenSM's role, the sync, each peer.
+fn sm_host_line(h: &crate::proto::agent::SmHostStatus) -> String {
+    let mut line = format!("opensm {}", h.role);
+    if h.caught_up {
+        line.push_str(", caught up with its peers");
+    } else {
+        line.push_str(&format!(
+            ", catching up with {}",
+            h.catching_up_with.join(", ")
+        ));
+    }
+    if !h.held_back_nodes.is_empty() {
+        line.push_str(&format!("; held back: {}", h.held_back_nodes.join(", ")));
+    }
+    if !h.disagreeing_nodes.is_empty() {
+        line.push_str(&format!(
+            "; peers disagree on: {}",
+            h.disagreeing_nodes.join(", ")
+        ));
+    }
+    for p in &h.peers {
+        let host = if p.host.is_empty() {
+            "?"
+        } else {
+            p.host.as_str()
+        };
+        line.push_str(&format!(
+            "; peer {} ({host}): {} nodes, last generation {}",
+            p.endpoint, p.nodes, p.last_generation
+        ));
+        if !p.last_error.is_empty() {
+            line.push_str(&format!(", last pull failed: {}", p.last_error));
+        }
+    }
+    line
 }
 
 #[cfg(test)]

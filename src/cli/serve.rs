@@ -43,6 +43,8 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     // The socket is bound and served from the start, even when no port can be read: a
     // daemon that cannot see its ports must still answer `node` and `doctor` and say why.
     let partitions = built.partitions();
+    let peer_sync = built.sync.clone();
+    let peers_config = config.subnet_manager.opensm_ha.clone();
     let Daemon { agent, opensm, .. } = built;
     let Bound {
         grpc: listeners,
@@ -61,6 +63,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
             listener,
             agent.clone(),
             opensm.clone(),
+            peer_sync.clone(),
             stopped.clone(),
         ));
     }
@@ -72,7 +75,8 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
             agent.clone(),
             config.node_id.to_string(),
             config.limits.clone(),
-        ),
+        )
+        .with_sm_host(peer_sync.clone()),
         partitions,
         stopped.clone(),
     ));
@@ -89,6 +93,12 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         metrics = %metrics_at,
         "ready"
     );
+    // An SM host with peers catches up before READY: its OpenSM (ordered after the agent)
+    // must not read a region that holds sets nobody confirmed (docs/OPENSM.md).
+    if let (Some(sync), Some(ha)) = (&peer_sync, &peers_config) {
+        sync.catch_up(ha.catch_up_timeout()).await;
+        tokio::spawn(sync.clone().run(ha.sync_interval(), stopped.clone()));
+    }
     systemd::ready(&agent.status_line());
     // The pets start after READY=1: the watchdog's first tick is immediate, and a pet sent
     // before READY tells systemd nothing it can use.

@@ -26,6 +26,9 @@ pub struct SubnetManagerConfig {
     /// `ufm_broker`: with `backend = "ufm"`, serve `fabric.sm.v1` to the fabric's nodes.
     #[serde(default)]
     pub ufm_broker: Option<crate::sm::ufm::broker::BrokerConfig>,
+    /// `opensm_ha`: with `backend = "opensm"`, the fabric's other SM hosts (several SM hosts).
+    #[serde(default)]
+    pub opensm_ha: Option<crate::sm::opensm::peers::PeersConfig>,
 }
 
 /// Subnet-manager backend names.
@@ -89,6 +92,18 @@ impl SubnetManagerConfig {
             section
                 .as_ref()
                 .ok_or_else(|| invalid(key, format!("backend = \"{backend}\" needs [{key}]")))
+        }
+        if let Some(ha) = &self.opensm_ha {
+            if self.backend != Backend::Opensm {
+                return Err(invalid(
+                    "subnet_manager.opensm_ha",
+                    "names the fabric's other SM hosts, so it needs backend = \"opensm\"",
+                ));
+            }
+            ha.validate()
+                .map_err(rejected_by("subnet_manager.opensm_ha"))?;
+            crate::api::ClientAllowlist::parse(&ha.peer_identities)
+                .map_err(rejected_by("subnet_manager.opensm_ha.peer_identities"))?;
         }
         match self.backend {
             Backend::Embedded => self

@@ -27,6 +27,8 @@ pub(super) struct BuiltBackend {
     pub sa_members: Option<SaMembers>,
     /// On a UFM broker: the broker, which serves `fabric.sm.v1.Partitions` to the nodes.
     pub broker: Option<UfmBroker>,
+    /// On an OpenSM SM host with peers (`[subnet_manager.opensm_ha]`): the anti-entropy.
+    pub sync: Option<Arc<crate::sm::opensm::sync::PeerSync>>,
     /// The simulated fabric, when the embedded backend or the embedded observer uses it.
     pub sim: Option<Arc<SimFabric>>,
 }
@@ -53,6 +55,7 @@ pub(super) fn build(
     let mut opensm = None;
     let mut broker = None;
     let mut sa_members = None;
+    let mut sync = None;
     let sm: Arc<dyn SubnetManager> = match sm_cfg.backend {
         Backend::Embedded => Arc::new(EmbeddedSm::new(
             sim.clone().expect("sim built for the embedded backend"),
@@ -76,14 +79,27 @@ pub(super) fn build(
                      tenant's partition); set require = true with the control plane's keys"
                 );
             }
-            let backend = OpenSmBackend::new(
-                cfg,
-                node_id.as_str().to_owned(),
-                Arc::new(StoredSmNodes(store.clone())),
-            )
-            .map_err(StartError::OpenSm)?;
+            let backend = match &sm_cfg.opensm_ha {
+                None => OpenSmBackend::new(
+                    cfg,
+                    node_id.as_str().to_owned(),
+                    Arc::new(StoredSmNodes(store.clone())),
+                )
+                .map_err(StartError::OpenSm)?,
+                Some(ha) => {
+                    let (backend, s) = build_ha(cfg, ha, node_id, store)?;
+                    sync = Some(s);
+                    backend
+                }
+            };
             opensm = Some(backend.clone());
-            Arc::new(backend)
+            match &sync {
+                Some(s) => Arc::new(crate::sm::opensm::sync::WithPeers {
+                    backend,
+                    sync: s.clone(),
+                }) as Arc<dyn SubnetManager>,
+                None => Arc::new(backend),
+            }
         }
         Backend::Remote => {
             let cfg = sm_cfg
@@ -141,6 +157,41 @@ pub(super) fn build(
         opensm,
         sa_members,
         broker,
+        sync,
         sim,
     })
+}
+
+/// An SM host with peers: the store loads gated, a standby OpenSM's file is confirmed for its
+/// takeover, and the peers are pulled (`sm::opensm::sync`).
+fn build_ha(
+    cfg: crate::sm::opensm::OpenSmConfig,
+    ha: &crate::sm::opensm::peers::PeersConfig,
+    node_id: &NodeId,
+    store: &Arc<Store>,
+) -> Result<(OpenSmBackend, Arc<crate::sm::opensm::sync::PeerSync>), StartError> {
+    use crate::sm::opensm::reload::OpenSmReloader;
+    use crate::sm::opensm::standby::{SmStateReader, StandbyAware};
+    use crate::sm::opensm::sync::{GatedStore, PeerSync};
+    let state = Arc::new(SmStateReader::new(cfg.log_file.clone()));
+    let reloader = Arc::new(StandbyAware::new(
+        Arc::new(OpenSmReloader::new(&cfg)),
+        state.clone(),
+        &cfg,
+    ));
+    let backend = OpenSmBackend::with_reloader(
+        cfg,
+        node_id.as_str().to_owned(),
+        Arc::new(GatedStore(Arc::new(StoredSmNodes(store.clone())))),
+        reloader,
+    )
+    .map_err(StartError::OpenSm)?;
+    let peers = crate::api::sm_peers::peers(ha).map_err(StartError::Remote)?;
+    let sync = PeerSync::new(
+        backend.clone(),
+        node_id.as_str().to_owned(),
+        peers,
+        Some(state),
+    );
+    Ok((backend, sync))
 }

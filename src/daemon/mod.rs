@@ -36,6 +36,10 @@ pub struct Daemon {
     pub broker: Option<UfmBroker>,
     /// On an OpenSM SM host that asks the SA: where `ListPartitionMembers` asks it.
     sa_members: Option<crate::sm::opensm::sa_members::SaMembers>,
+    /// On an OpenSM SM host with peers: the anti-entropy (caught up before READY, then run).
+    pub sync: Option<Arc<crate::sm::opensm::sync::PeerSync>>,
+    /// The peers' identities that may pull this host's sets.
+    peer_identities: Vec<String>,
 }
 
 impl Daemon {
@@ -44,9 +48,19 @@ impl Daemon {
     pub fn partitions(&self) -> Option<crate::api::partitions::PartitionsService> {
         use crate::api::partitions::PartitionsService;
         match (&self.opensm, &self.broker) {
-            (Some(o), _) => Some(PartitionsService::new(
-                crate::sm::opensm::fabric_side::OpenSmSide::new(o.clone(), self.sa_members.clone()),
-            )),
+            (Some(o), _) => Some(
+                PartitionsService::new(
+                    crate::sm::opensm::fabric_side::OpenSmSide::new(
+                        o.clone(),
+                        self.sa_members.clone(),
+                    )
+                    .with_sync(self.sync.clone()),
+                )
+                .with_peer_identities(
+                    // Validated with the config: a list that does not parse allows no one.
+                    crate::api::ClientAllowlist::parse(&self.peer_identities).unwrap_or_default(),
+                ),
+            ),
             (None, Some(b)) => Some(PartitionsService::new(b.clone())),
             (None, None) => None,
         }
@@ -82,5 +96,12 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
         opensm: built.opensm,
         broker: built.broker,
         sa_members: built.sa_members,
+        sync: built.sync,
+        peer_identities: config
+            .subnet_manager
+            .opensm_ha
+            .as_ref()
+            .map(|h| h.peer_identities.clone())
+            .unwrap_or_default(),
     })
 }

@@ -105,6 +105,7 @@ impl NodeMembershipStore for StoredSmNodes {
                     grants: n.grants,
                     consumed: n.consumed,
                     revoked_instances: n.revoked_instances,
+                    gated: false,
                 };
                 if n.unconfirmed {
                     node.unconfirmed()

@@ -31,6 +31,9 @@ pub enum ConditionKind {
     /// The last port read failed (no device, no permission, the observer's root is gone): no
     /// attachment changes state until the ports are read again. Clears at the next good read.
     PortsUnreadable,
+    /// An SM host among several: a peer SM host held another generation of some node's set than
+    /// this host in two pulls in a row (they should converge within one pull).
+    SmHostsDisagree,
 }
 
 impl ConditionKind {
@@ -44,6 +47,7 @@ impl ConditionKind {
             ConditionKind::StoreRolledBack => "STORE_ROLLED_BACK",
             ConditionKind::UfmLateWrite => "UFM_LATE_WRITE",
             ConditionKind::PortsUnreadable => "PORTS_UNREADABLE",
+            ConditionKind::SmHostsDisagree => "SM_HOSTS_DISAGREE",
         }
     }
 }

@@ -73,4 +73,11 @@ pub trait FabricSide: Send + Sync + 'static {
 
     /// Standing conditions (shown by the service's callers through the agent).
     fn conditions(&self) -> Vec<Condition>;
+
+    /// Anti-entropy between SM hosts: every stored set with the grants it came with, for a
+    /// peer SM host (`from` names it). `None`: this fabric side has no peers.
+    fn peer_sets(&self, from: &str) -> Option<super::opensm::sync::PeerAnswer> {
+        let _ = from;
+        None
+    }
 }

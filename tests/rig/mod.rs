@@ -17,6 +17,7 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod ha;
 // The one process guard of the tests; a test crate that also uses tests/common compiles the
 // file twice, which is harmless (it holds no statics).
 #[allow(clippy::duplicate_mod)]

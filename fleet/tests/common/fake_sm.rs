@@ -48,6 +48,12 @@ impl Partitions for Fake {
     ) -> Result<Response<NodeMemberships>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn pull_node_sets(
+        &self,
+        _: Request<PullNodeSetsRequest>,
+    ) -> Result<Response<PullNodeSetsResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn revoke_instance(
         &self,
         _: Request<RevokeInstanceRequest>,

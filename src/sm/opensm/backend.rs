@@ -655,6 +655,7 @@ impl OpenSmBackend {
         }
         record.memberships = desired;
         record.generation = generation;
+        record.gated = false;
         st.nodes.insert(record.memberships.node_id.clone(), record);
     }
 

@@ -1,8 +1,11 @@
 //! The SM host as the fabric side of `fabric.sm.v1.Partitions`: [`FabricSide`] over the
-//! backend's own methods. [`OpenSmSide`] adds the SA's view for `ListPartitionMembers`.
+//! backend's own methods. [`OpenSmSide`] adds the SA's view for `ListPartitionMembers` and, with
+//! peer SM hosts, keeps the grants each accepted set came with and answers the peers' pulls
+//! ([`super::sync`]).
 
 use super::backend::OpenSmBackend;
 use super::sa_members::SaMembers;
+use super::sync::{PeerAnswer, PeerSync};
 use super::{Revocation, StoredNode};
 use crate::domain::{Condition, NodeId, NodeMemberships, PKey, SignedGrant};
 use crate::sm::fabric_side::{FabricSide, FabricSideError, PartitionMember, PartitionMembers};
@@ -21,13 +24,23 @@ pub const FALLBACK_SOURCE: &str = "partitions-file-fallback";
 pub struct OpenSmSide {
     backend: OpenSmBackend,
     sa: Option<SaMembers>,
+    sync: Option<std::sync::Arc<PeerSync>>,
 }
 
 impl OpenSmSide {
     /// `sa`: where to ask (`None`: the SA is never asked and the file answers, labelled as the
     /// fallback).
     pub fn new(backend: OpenSmBackend, sa: Option<SaMembers>) -> OpenSmSide {
-        OpenSmSide { backend, sa }
+        OpenSmSide {
+            backend,
+            sa,
+            sync: None,
+        }
+    }
+
+    /// With peer SM hosts: accepted sets are kept with their grants for the peers' pulls.
+    pub fn with_sync(self, sync: Option<std::sync::Arc<PeerSync>>) -> OpenSmSide {
+        OpenSmSide { sync, ..self }
     }
 }
 
@@ -43,11 +56,20 @@ impl FabricSide for OpenSmSide {
         grants: &[SignedGrant],
         generation: u64,
     ) -> Result<u64, FabricSideError> {
-        FabricSide::set_node(&self.backend, desired, grants, generation).await
+        let Some(sync) = &self.sync else {
+            return FabricSide::set_node(&self.backend, desired, grants, generation).await;
+        };
+        let result = FabricSide::set_node(&self.backend, desired.clone(), grants, generation).await;
+        sync.record(&desired, grants, generation);
+        result
     }
 
     fn node(&self, node: &NodeId) -> Option<StoredNode> {
         self.backend.node(node.as_str())
+    }
+
+    fn peer_sets(&self, from: &str) -> Option<PeerAnswer> {
+        self.sync.as_ref().map(|s| s.answer(from))
     }
 
     async fn revoke_instance(

@@ -17,6 +17,9 @@
 //! - [`sa_members`] — the ports the SA's P_KeyTableRecords show holding one key (`ListPartitionMembers`)
 //! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
 //! - [`fabric_side`] — the backend as [`crate::sm::FabricSide`] (what `fabric.sm.v1.Partitions` calls)
+//! - [`peers`]   — `[subnet_manager.opensm_ha]`: the fabric's other SM hosts (several SM hosts)
+//! - [`sync`]    — anti-entropy with the peers and the catch-up gate (highest generation wins)
+//! - [`standby`] — confirming a write to a standby OpenSM's file (it reads it when it takes over)
 
 pub mod backend;
 pub mod fabric_side;
@@ -27,6 +30,7 @@ pub mod model;
 pub mod operator;
 pub mod ownership;
 pub mod parse;
+pub mod peers;
 pub mod region;
 pub mod rejection;
 pub mod reload;
@@ -34,7 +38,9 @@ pub mod render;
 pub mod repair;
 pub mod sa_client;
 pub mod sa_members;
+pub mod standby;
 pub mod store;
+pub mod sync;
 
 pub use backend::{OpenSmBackend, OpenSmError, Revocation, SetOutcome};
 pub use ownership::OwnershipConfig;

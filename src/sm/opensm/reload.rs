@@ -143,7 +143,8 @@ impl OpenSmReloader {
         }
     }
 
-    fn opensm_pid(&self) -> Result<i32, ReloadError> {
+    /// OpenSM's pid, from `pid_file` or `pid`.
+    pub fn opensm_pid(&self) -> Result<i32, ReloadError> {
         if let Some(path) = &self.pid_file {
             let text = std::fs::read_to_string(path).map_err(|e| {
                 ReloadError::Unreachable(Unsignalled::PidFile {

@@ -33,6 +33,11 @@ pub struct StoredNode {
     pub consumed: BTreeSet<String>,
     /// Instances revoked on this node: grants naming them are refused.
     pub revoked_instances: BTreeSet<String>,
+    /// Held back by the catch-up gate of an SM host with peers (see
+    /// [`super::sync::GatedStore`]): loaded at start and not yet confirmed by the node or by a
+    /// caught-up peer, so its keys stay out of the region. The same generation is then not a
+    /// retry but the confirmation: it is judged and admitted like a newer one.
+    pub gated: bool,
 }
 
 impl StoredNode {
@@ -51,6 +56,7 @@ impl StoredNode {
             && ports(&self.memberships) == ports(set);
         match self.generation.cmp(&generation) {
             std::cmp::Ordering::Greater => Err(self.generation),
+            std::cmp::Ordering::Equal if self.gated => Ok(false),
             std::cmp::Ordering::Equal if same => Ok(true),
             std::cmp::Ordering::Equal => Err(self.generation),
             std::cmp::Ordering::Less => Ok(false),
@@ -68,6 +74,15 @@ impl StoredNode {
         self
     }
 
+    /// What the catch-up gate makes of a record loaded at start: its keys kept out of the
+    /// region (fail closed) until the node or a caught-up peer confirms this generation or
+    /// sends a newer one. Ports, generation and grant history stay.
+    pub fn gated(mut self) -> StoredNode {
+        self.memberships.keys.clear();
+        self.gated = true;
+        self
+    }
+
     /// A set with no grant history.
     pub fn new(memberships: NodeMemberships, generation: u64) -> StoredNode {
         StoredNode {
@@ -76,6 +91,7 @@ impl StoredNode {
             grants: Vec::new(),
             consumed: BTreeSet::new(),
             revoked_instances: BTreeSet::new(),
+            gated: false,
         }
     }
 }

@@ -1,0 +1,204 @@
+//! A standby OpenSM's file: confirmed without a sweep.
+//!
+//! A standby OpenSM programs nothing and ignores SIGHUP, so it never logs the `SUBNET UP` lines
+//! the sweep fence waits for: on an SM host whose OpenSM is standby every write would stay
+//! unconfirmed. But a standby reads the partitions file in the first heavy sweep after it enters
+//! MASTER, and every write is in place before its checkpoint is taken; so on such a host a write
+//! is confirmed when OpenSM's own log says it is in STANDBY (its last `Entering ... state` line)
+//! and the process is alive and named `process_name` (it is sent a SIGHUP through a pidfd,
+//! which a standby ignores and a just-promoted master turns into a sweep). A master, an OpenSM
+//! still discovering, or one that cannot be seen goes through the sweep fence as before.
+//!
+//! The state read here is also what the SM host reports as master/standby.
+
+use super::reload::{OpenSmReloader, ReloadError, ReloadReport, Reloader, Unsignalled};
+use super::OpenSmConfig;
+use async_trait::async_trait;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// OpenSM's state as its log last announced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SmState {
+    /// No `Entering ... state` line seen.
+    #[default]
+    Unknown,
+    /// `Entering DISCOVERING state`.
+    Discovering,
+    /// `Entering STANDBY state`.
+    Standby,
+    /// `Entering MASTER state`.
+    Master,
+    /// `Entering NOT-ACTIVE state` (or another state name).
+    NotActive,
+}
+
+impl SmState {
+    /// Lowercase name for status and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SmState::Unknown => "unknown",
+            SmState::Discovering => "discovering",
+            SmState::Standby => "standby",
+            SmState::Master => "master",
+            SmState::NotActive => "not-active",
+        }
+    }
+
+    /// The state a log line announces, if it is OpenSM's `Entering <STATE> state`.
+    pub fn of_line(line: &str) -> Option<SmState> {
+        let rest = &line[line.find("Entering ")? + "Entering ".len()..];
+        let name = rest.strip_suffix(" state")?;
+        Some(match name {
+            "MASTER" => SmState::Master,
+            "STANDBY" => SmState::Standby,
+            "DISCOVERING" => SmState::Discovering,
+            _ if name.chars().all(|c| c.is_ascii_uppercase() || c == '-') => SmState::NotActive,
+            _ => return None,
+        })
+    }
+}
+
+/// Reads OpenSM's state from its log, incrementally.
+#[derive(Debug)]
+pub struct SmStateReader {
+    log_file: PathBuf,
+    seen: Mutex<(u64, SmState)>,
+}
+
+impl SmStateReader {
+    /// Reads `log_file`.
+    pub fn new(log_file: PathBuf) -> SmStateReader {
+        SmStateReader {
+            log_file,
+            seen: Mutex::new((0, SmState::Unknown)),
+        }
+    }
+
+    /// The last state OpenSM's log announced (a rotated log is read from its start).
+    pub fn state(&self) -> SmState {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (lines, end) = super::reload::log_lines_and_end(&self.log_file, seen.0);
+        let rotated = end < seen.0;
+        if rotated {
+            seen.1 = SmState::Unknown;
+        }
+        if let Some(s) = lines.iter().rev().find_map(|l| SmState::of_line(l)) {
+            seen.1 = s;
+        }
+        seen.0 = end;
+        seen.1
+    }
+}
+
+/// The [`Reloader`] of an SM host with peers: a standby OpenSM's write is confirmed without a
+/// sweep (module docs); everything else is the inner reloader's.
+pub struct StandbyAware {
+    inner: Arc<dyn Reloader>,
+    state: Arc<SmStateReader>,
+    pid: OpenSmReloader,
+    process_name: String,
+}
+
+impl StandbyAware {
+    /// Wraps `inner`; OpenSM's pid and log come from `config`.
+    pub fn new(
+        inner: Arc<dyn Reloader>,
+        state: Arc<SmStateReader>,
+        config: &OpenSmConfig,
+    ) -> StandbyAware {
+        StandbyAware {
+            inner,
+            state,
+            pid: OpenSmReloader::new(config),
+            process_name: config.process_name.clone(),
+        }
+    }
+
+    fn standby_alive(&self) -> Result<bool, ReloadError> {
+        if self.state.state() != SmState::Standby {
+            return Ok(false);
+        }
+        let pid = self.pid.opensm_pid()?;
+        crate::sys::process::send_sighup_if_named(pid, &self.process_name).map_err(|e| {
+            ReloadError::Unreachable(match e {
+                crate::sys::process::NamedSignalError::Kernel(e) => Unsignalled::Signal {
+                    pid,
+                    source: Arc::new(e),
+                },
+                other => Unsignalled::NotOpenSm(Arc::new(other)),
+            })
+        })?;
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl Reloader for StandbyAware {
+    fn checkpoint(&self) -> u64 {
+        self.inner.checkpoint()
+    }
+
+    async fn reload(&self, checkpoint: u64) -> Result<ReloadReport, ReloadError> {
+        if self.standby_alive()? {
+            tracing::debug!("OpenSM is standby: the file is in place for its takeover");
+            return Ok(ReloadReport { file_read: true });
+        }
+        self.inner.reload(checkpoint).await
+    }
+
+    fn rejections_since(&self, offset: u64) -> (Vec<String>, u64) {
+        self.inner.rejections_since(offset)
+    }
+
+    fn log_identity(&self) -> Option<(u64, u64)> {
+        self.inner.log_identity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_from_opensm_lines() {
+        let l = |s: &str| format!("Dec 04 12:00:00 000000 [AB] 0x02 -> {s}");
+        assert_eq!(
+            SmState::of_line(&l("Entering MASTER state")),
+            Some(SmState::Master)
+        );
+        assert_eq!(
+            SmState::of_line(&l("Entering STANDBY state")),
+            Some(SmState::Standby)
+        );
+        assert_eq!(
+            SmState::of_line(&l("Entering DISCOVERING state")),
+            Some(SmState::Discovering)
+        );
+        assert_eq!(SmState::of_line(&l("SUBNET UP")), None);
+        assert_eq!(SmState::of_line(&l("Entering the fray state")), None);
+    }
+
+    #[test]
+    fn reader_follows_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("opensm.log");
+        let r = SmStateReader::new(log.clone());
+        assert_eq!(r.state(), SmState::Unknown);
+        std::fs::write(
+            &log,
+            "x -> Entering DISCOVERING state\nx -> Entering STANDBY state\n",
+        )
+        .unwrap();
+        assert_eq!(r.state(), SmState::Standby);
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        text.push_str("x -> SUBNET UP\n");
+        std::fs::write(&log, &text).unwrap();
+        assert_eq!(r.state(), SmState::Standby);
+        text.push_str("x -> Entering MASTER state\n");
+        std::fs::write(&log, &text).unwrap();
+        assert_eq!(r.state(), SmState::Master);
+        std::fs::write(&log, "y\n").unwrap();
+        assert_eq!(r.state(), SmState::Unknown);
+    }
+}

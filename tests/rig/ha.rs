@@ -1,0 +1,373 @@
+//! Several SM hosts on one rig: a second OpenSM (standby by priority) on one of the fabric's
+//! HCAs, with its own conf, log, partitions file, pid file and cache dir, and SM-host agents that
+//! run outside the shim (they need no umad: their own ports are not observed), so that killing
+//! one does not leak an ibsim client slot. The first OpenSM is the rig's own
+//! ([`super::Fabric`]), started with [`ha_options`].
+
+use super::process::{ChildGuard, DaemonProcess, BIN};
+use super::{program, wait_for, Fabric, FabricOptions, OPENSM, UMAD2SIM};
+use std::fs::{self, File};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// OpenSM settings both SMs share: the standby polls the master every second and takes over
+/// after two missed polls.
+pub const POLLING: [&str; 2] = ["sminfo_polling_timeout 1000", "polling_retry_number 2"];
+
+/// The rig's own OpenSM as the master: priority 15, with [`POLLING`].
+pub fn ha_options() -> FabricOptions {
+    let mut opensm_conf = vec!["sm_priority 15".to_owned()];
+    opensm_conf.extend(POLLING.iter().map(|s| (*s).to_owned()));
+    FabricOptions {
+        opensm_conf,
+        start_timeout: None,
+    }
+}
+
+/// A second OpenSM on HCA `node` (priority 10), in `<rig dir>/<node>-sm/`.
+pub struct SecondSm {
+    guard: Option<ChildGuard>,
+    /// Its directory: `opensm.conf`, `opensm.log`, `partitions.conf`, `opensm.pid`.
+    pub dir: PathBuf,
+    node: String,
+    sock_name: String,
+}
+
+impl SecondSm {
+    /// Writes its conf and `partitions` as its partitions file, starts it under the shim as
+    /// `node` and waits until its log says `Entering STANDBY state`.
+    pub fn start(fabric: &Fabric, node: &str, partitions: &str) -> SecondSm {
+        let dir = fabric.dir().join(format!("{node}-sm"));
+        fs::create_dir_all(&dir).expect("second SM dir");
+        fs::write(dir.join("partitions.conf"), partitions).expect("partitions");
+        let mut conf = format!(
+            "partition_config_file {}\nlog_file {}\ndump_files_dir {}\nforce_log_flush TRUE\nconsole off\nsm_priority 10\n",
+            dir.join("partitions.conf").display(),
+            dir.join("opensm.log").display(),
+            dir.display()
+        );
+        for line in POLLING {
+            conf.push_str(line);
+            conf.push('\n');
+        }
+        fs::write(dir.join("opensm.conf"), conf).expect("conf");
+        let mut sm = SecondSm {
+            guard: None,
+            dir,
+            node: node.to_owned(),
+            sock_name: fabric.sock_name().to_owned(),
+        };
+        sm.spawn();
+        sm
+    }
+
+    fn spawn(&mut self) {
+        let child = spawn_opensm_in(&self.dir, &self.sock_name, &self.node);
+        let guard = ChildGuard::new("second opensm", child);
+        fs::write(self.pid_path(), format!("{}\n", guard.id())).expect("pid file");
+        self.guard = Some(guard);
+        let log = self.log_path();
+        wait_for(
+            &self.dir,
+            "the second OpenSM's STANDBY",
+            Duration::from_secs(30),
+            || {
+                Ok(fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .contains("Entering STANDBY state"))
+            },
+        );
+    }
+
+    /// Its partitions file.
+    pub fn partitions_path(&self) -> PathBuf {
+        self.dir.join("partitions.conf")
+    }
+
+    /// Its log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("opensm.log")
+    }
+
+    /// Its pid file.
+    pub fn pid_path(&self) -> PathBuf {
+        self.dir.join("opensm.pid")
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+}
+
+/// Whether OpenSM's log at `path` last announced MASTER.
+pub fn is_master(path: &Path) -> bool {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .rev()
+        .find(|l| l.contains("Entering ") && l.ends_with(" state"))
+        .is_some_and(|l| l.contains("Entering MASTER state"))
+}
+
+/// An SM-host agent run outside the shim, stopped by pid when dropped.
+pub struct SmHostAgent {
+    /// Its node id.
+    pub name: String,
+    /// Its config file.
+    pub config: PathBuf,
+    /// Its unix socket.
+    pub socket: PathBuf,
+    /// Its log (appended across restarts).
+    pub log: PathBuf,
+    process: Option<DaemonProcess>,
+}
+
+impl SmHostAgent {
+    /// Writes `<dir>/<name>.toml` with `config` and starts the agent.
+    pub fn start(fabric: &Fabric, name: &str, config: &str) -> SmHostAgent {
+        let dir = fabric.dir();
+        let path = dir.join(format!("{name}.toml"));
+        fs::write(&path, config).expect("write SM-host agent config");
+        let mut a = SmHostAgent {
+            name: name.to_owned(),
+            config: path,
+            socket: dir.join(format!("{name}.sock")),
+            log: dir.join(format!("{name}-agent.log")),
+            process: None,
+        };
+        a.spawn();
+        a
+    }
+
+    /// Starts the (stopped) agent again with the same config.
+    pub fn spawn(&mut self) {
+        assert!(self.process.is_none(), "{} is running", self.name);
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .process_group(0);
+        self.process = Some(DaemonProcess::start(
+            cmd,
+            &format!("{} agent", self.name),
+            &self.config,
+            &self.socket,
+            &self.log,
+        ));
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.process.as_ref().expect("running").pid()
+    }
+
+    /// SIGKILL by pid and reap.
+    pub fn crash(&mut self) {
+        self.process.take().expect("running").crash();
+    }
+
+    /// Its output so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Where an SM-host agent's OpenSM lives.
+pub struct SmFiles<'a> {
+    /// OpenSM's partitions file.
+    pub partitions: &'a Path,
+    /// OpenSM's log.
+    pub log: &'a Path,
+    /// OpenSM's pid file.
+    pub pid: &'a Path,
+    /// The agent's metrics port.
+    pub metrics: u16,
+}
+
+/// An SM-host agent's config with peers: OpenSM backend on `files`, Partitions served in
+/// plaintext on `port`, the peers' agents on `peers`, no port observed (a sysfs root without
+/// devices).
+pub fn ha_sm_config(
+    fabric: &Fabric,
+    name: &str,
+    port: u16,
+    files: &SmFiles,
+    peers: &[u16],
+) -> String {
+    let d = fabric.dir().display();
+    let empty = fabric.dir().join(format!("{name}-no-sysfs"));
+    fs::create_dir_all(&empty).expect("empty sysfs root");
+    let peers: Vec<String> = peers
+        .iter()
+        .map(|p| format!("\"http://127.0.0.1:{p}\""))
+        .collect();
+    format!(
+        "node_id = \"{name}\"\nfabric = \"fab1\"\nstate_dir = \"{d}/{name}-state\"\n\
+         [listen]\nunix_socket = \"{d}/{name}.sock\"\ntcp = \"127.0.0.1:{port}\"\ninsecure_plaintext_for_tests = true\n\
+         [subnet_manager]\nbackend = \"opensm\"\n\
+         [subnet_manager.opensm]\npartitions_file = \"{}\"\nlog_file = \"{}\"\npid_file = \"{}\"\n\
+         [subnet_manager.opensm.ownership]\nenabled = false\n\
+         [subnet_manager.opensm_ha]\npeers = [{}]\nsync_interval_ms = 500\ncatch_up_timeout_ms = 5000\n\
+         [observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\n\
+         [reconciler]\nbackoff_max_ms = 1000\n\
+         [metrics]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n",
+        files.partitions.display(),
+        files.log.display(),
+        files.pid.display(),
+        peers.join(", "),
+        empty.display(),
+        files.metrics,
+    )
+}
+
+/// `GET /metrics` on `port`.
+pub fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out
+}
+
+/// A node agent's config sending every apply to the SM-host agents on `ports`.
+pub fn ha_node_config(fabric: &Fabric, node: &str, ports: &[u16]) -> String {
+    let endpoints: Vec<String> = ports
+        .iter()
+        .map(|p| format!("\"http://127.0.0.1:{p}\""))
+        .collect();
+    super::agents::node_config(fabric, node, ports[0]).replace(
+        &format!("endpoint = \"http://127.0.0.1:{}\"", ports[0]),
+        &format!("endpoints = [{}]", endpoints.join(", ")),
+    )
+}
+
+/// The agent's region of a partitions file (between the markers), or "" without one.
+pub fn region_of(path: &Path) -> String {
+    use fabric_agent::sm::opensm::region::{BEGIN_MARKER, END_MARKER};
+    let text = fs::read_to_string(path).unwrap_or_default();
+    match (text.find(BEGIN_MARKER), text.find(END_MARKER)) {
+        (Some(b), Some(e)) if b < e => text[b..e].to_owned(),
+        _ => String::new(),
+    }
+}
+
+/// `node`'s port 1 P_Key table by `smpquery` on the fabric with ibsim socket `sock_name` and rig
+/// dir `dir` (for a thread that polls while the test holds the [`Fabric`] mutably); `None` when
+/// the query failed.
+pub fn pkeys_of(sock_name: &str, dir: &Path, node: &str) -> Option<Vec<u16>> {
+    let out = Command::new(program("smpquery"))
+        .args(["-D", "pkeys", "0", "1"])
+        .env("LD_PRELOAD", UMAD2SIM)
+        .env("SIM_HOST", node)
+        .env("IBSIM_SOCKNAME", sock_name)
+        .current_dir(dir)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            Some(super::parse_pkeys(&String::from_utf8_lossy(&o.stdout)))
+        }
+        _ => None,
+    }
+}
+
+/// Starts the rig's own OpenSM again (after [`Fabric::stop_opensm`]) and waits until its log
+/// announces a state after this start (`Entering ... state`), not for `SUBNET UP`: a returning
+/// OpenSM may first be standby to the current master. `opensm.pid` gets the new pid.
+pub fn restart_rig_opensm(fabric: &mut Fabric) {
+    fabric.opensm.stop(Duration::from_secs(5));
+    let dir = fabric.dir.path().to_owned();
+    let offset = fabric.opensm_log().len();
+    let child = spawn_opensm_in(&dir, &fabric.sock_name, super::SM_HOST);
+    fabric.opensm = ChildGuard::new("opensm", child);
+    fs::write(dir.join("opensm.pid"), format!("{}\n", fabric.opensm.id())).expect("pid file");
+    let log = dir.join("opensm.log");
+    wait_for(
+        &dir,
+        "the restarted OpenSM's state",
+        fabric.start_timeout,
+        || {
+            let text = fs::read_to_string(&log).unwrap_or_default();
+            Ok(text.get(offset..).is_some_and(|t| {
+                t.lines()
+                    .any(|l| l.contains("Entering ") && l.ends_with(" state"))
+            }))
+        },
+    );
+}
+
+/// Whether the rig's own OpenSM answers a SIGHUP with a `SUBNET UP` within `limit`.
+pub fn master_sweeps(fabric: &Fabric, limit: Duration) -> bool {
+    let offset = fabric.opensm_log().len();
+    fabric.hup_opensm();
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if fabric
+            .opensm_log()
+            .get(offset..)
+            .is_some_and(|t| t.contains("SUBNET UP"))
+        {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// The rig (master OpenSM on the SM host, [`ha_options`]) plus a second OpenSM on HCA
+/// `second` as standby, the master checked to still sweep after the standby joined. Under
+/// ibsim the master sometimes stops sweeping for good right after the standby's trap 144
+/// (seen here with OpenSM 3.3.23); such a start is torn down and tried again (three tries).
+pub fn start_two_sms(
+    spec: &super::FabricSpec,
+    partitions: &str,
+    second: &str,
+) -> Option<(Fabric, SecondSm)> {
+    for attempt in 1..=3 {
+        let fabric = Fabric::start_with(spec, partitions, &ha_options())?;
+        let standby = SecondSm::start(&fabric, second, partitions);
+        std::thread::sleep(Duration::from_millis(300));
+        if master_sweeps(&fabric, Duration::from_secs(5)) {
+            return Some((fabric, standby));
+        }
+        eprintln!("rig: attempt {attempt}: the master OpenSM stopped sweeping after the standby joined; starting again");
+    }
+    panic!("rig: the master OpenSM stopped sweeping after the standby joined, three times");
+}
+
+/// The SM-host agent's `GetNode` view of itself among several SM hosts.
+pub async fn sm_host_status(agent: &SmHostAgent) -> fabric_agent::proto::agent::SmHostStatus {
+    let mut c = super::process::client(&agent.socket).await;
+    c.get_node(fabric_agent::proto::agent::GetNodeRequest {})
+        .await
+        .expect("GetNode")
+        .into_inner()
+        .subnet_manager
+        .and_then(|s| s.sm_host)
+        .expect("an SM host with peers shows sm_host")
+}
+
+/// Spawns OpenSM under the shim as `sim_host` with `dir/opensm.conf`, its cache and output in
+/// `dir`, in its own process group.
+fn spawn_opensm_in(dir: &Path, sock_name: &str, sim_host: &str) -> std::process::Child {
+    let out = File::create(dir.join("opensm.out")).expect("opensm.out");
+    Command::new(program(OPENSM))
+        .arg("-F")
+        .arg(dir.join("opensm.conf"))
+        .env("IBSIM_SOCKNAME", sock_name)
+        .env("SIM_HOST", sim_host)
+        .env("LD_PRELOAD", UMAD2SIM)
+        .env("OSM_CACHE_DIR", dir)
+        .env("OSM_TMP_DIR", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("opensm.out"))
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .expect("spawn opensm")
+}
