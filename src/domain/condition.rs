@@ -28,6 +28,12 @@ pub enum ConditionKind {
     /// UFM executed an add of this node after the client had given up on it (a late write): a
     /// GUID re-appeared in a released key. It was removed; stands until the key's watch ends.
     UfmLateWrite,
+    /// SM host: a node's stored set no longer passes the whole-file checks against the
+    /// operator's part of OpenSM's partitions file (a key the operator now defines, a port
+    /// table the operator's entries now fill). It is left out of the file (its ports hold none
+    /// of its keys), the other nodes' sets are written; the detail names the node. Stands until
+    /// the node's set passes again.
+    NodeSetQuarantined,
 }
 
 impl ConditionKind {
@@ -40,6 +46,7 @@ impl ConditionKind {
             ConditionKind::PartitionsFileUnconfirmed => "PARTITIONS_FILE_UNCONFIRMED",
             ConditionKind::StoreRolledBack => "STORE_ROLLED_BACK",
             ConditionKind::UfmLateWrite => "UFM_LATE_WRITE",
+            ConditionKind::NodeSetQuarantined => "NODE_SET_QUARANTINED",
         }
     }
 }
