@@ -83,6 +83,9 @@ pub struct Fabric {
     pub in_flight: BTreeMap<u64, Request>,
     /// The highest generation the node ever sent.
     pub max_generation_seen: u64,
+    /// The real SM-host backend between the node and a model OpenSM (`--opensm` runs): what it
+    /// holds or wrote may still be programmed.
+    pub sm_host: Option<super::model_opensm::SmHostView>,
 }
 
 impl Fabric {
@@ -98,12 +101,17 @@ impl Fabric {
             sm: SmNode::default(),
             in_flight: BTreeMap::new(),
             max_generation_seen: 0,
+            sm_host: None,
         }
     }
 
     /// Whether a request may still be taken by the SM (same incarnation, not fenced now).
     pub fn takeable(&self, r: &Request) -> bool {
-        r.epoch == self.sm.epoch && r.generation >= self.sm.stored_generation
+        let stored = match &self.sm_host {
+            Some(h) => h.stored_generation(),
+            None => self.sm.stored_generation,
+        };
+        r.epoch == self.sm.epoch && r.generation >= stored
     }
 
     /// Why base `b` may still reach or already is on one of the ports `guids` (None: it
@@ -125,6 +133,13 @@ impl Fabric {
                     self.sm.stored_generation
                 ));
             }
+        }
+        if let Some(why) = self
+            .sm_host
+            .as_ref()
+            .and_then(|h| h.may_program(base, guids))
+        {
+            return Some(why);
         }
         for (id, r) in &self.in_flight {
             if guids.iter().any(|g| gives(&r.keys, base, *g)) && self.takeable(r) {
