@@ -335,7 +335,15 @@ pub struct SmHost {
 /// Builds the real backend on a fresh partitions file, its model OpenSM and the node's link;
 /// registers the SM host with the world's oracle and starts OpenSM's own heavy sweeps.
 pub fn start(world: &Shared) -> SmHost {
-    let dir = tempfile::tempdir().expect("temp dir");
+    // In memory when the host has it: the backend fsyncs every write, and the simulation is
+    // about orderings, not disks.
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .expect("temp dir");
     let file = dir.path().join("partitions.conf");
     std::fs::write(&file, OPERATOR).expect("partitions file");
     let reloader = Arc::new(ModelOpenSm {
