@@ -7,51 +7,28 @@
 
 mod common;
 
-use common::sm_host::AcceptingReloader;
-use fabric_agent::domain::{
-    ConditionKind, Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey,
-};
-use fabric_agent::sm::opensm::{
-    InMemoryNodeStore, OpenSmBackend, OpenSmConfig, OpenSmError, OwnershipConfig,
-};
-use std::path::Path;
-use std::sync::Arc;
+use common::memberships;
+use common::sm_host::opensm_backend;
+use fabric_agent::domain::{ConditionKind, Guid, Membership, NodeMemberships};
+use fabric_agent::sm::opensm::{OpenSmBackend, OpenSmError};
+use std::path::{Path, PathBuf};
 
-const DEFAULT: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
-
-fn backend(file: &Path) -> OpenSmBackend {
-    OpenSmBackend::with_reloader(
-        OpenSmConfig {
-            partitions_file: file.to_owned(),
-            pid: Some(12345),
-            ownership: OwnershipConfig::disabled(),
-            ..OpenSmConfig::default()
-        },
-        "smhost".into(),
-        Arc::new(InMemoryNodeStore::default()),
-        Arc::new(AcceptingReloader),
-    )
-    .unwrap()
+/// A backend on a fresh partitions file holding only the Default entry.
+fn setup() -> (tempfile::TempDir, PathBuf, OpenSmBackend) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("partitions.conf");
+    std::fs::write(&file, "Default=0x7fff : ALL=limited, SELF=full ;\n").unwrap();
+    let sm = opensm_backend(&file);
+    (dir, file, sm)
 }
 
 fn set(node: &str, guid: u64, keys: &[u32]) -> NodeMemberships {
-    NodeMemberships {
-        node_id: NodeId::parse(node).unwrap(),
-        port_guids: vec![Guid(guid)],
-        keys: keys
-            .iter()
-            .map(|k| {
-                (
-                    PKey::new(*k).unwrap(),
-                    KeySetting {
-                        membership: Membership::Full,
-                        name: format!("t{k:x}"),
-                        ports: None,
-                    },
-                )
-            })
-            .collect(),
-    }
+    memberships(
+        node,
+        [guid],
+        keys.iter().map(|k| (*k, Membership::Full)),
+        |k| format!("t{k:x}"),
+    )
 }
 
 fn holds(file: &Path, guid: u64, key: u32) -> bool {
@@ -62,10 +39,7 @@ fn holds(file: &Path, guid: u64, key: u32) -> bool {
 
 #[tokio::test]
 async fn a_conflicting_stored_set_is_quarantined_and_the_others_are_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("partitions.conf");
-    std::fs::write(&file, DEFAULT).unwrap();
-    let sm = backend(&file);
+    let (_dir, file, sm) = setup();
     sm.set_node(set("a", 0x10, &[0x0a01]), 1).await.unwrap();
     sm.set_node(set("b", 0x20, &[0x0a02]), 1).await.unwrap();
     sm.set_node(set("c", 0x30, &[0x0a03]), 1).await.unwrap();
@@ -105,10 +79,7 @@ async fn a_conflicting_stored_set_is_quarantined_and_the_others_are_written() {
 
 #[tokio::test]
 async fn a_release_always_goes_through_and_a_refused_set_applies_its_removals() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("partitions.conf");
-    std::fs::write(&file, DEFAULT).unwrap();
-    let sm = backend(&file);
+    let (_dir, file, sm) = setup();
     sm.set_node(set("a", 0x10, &[0x0a01, 0x0a02, 0x0a03]), 1)
         .await
         .unwrap();
@@ -148,10 +119,7 @@ async fn a_release_always_goes_through_and_a_refused_set_applies_its_removals() 
 
 #[tokio::test]
 async fn a_port_held_by_another_node_refuses_its_keys_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("partitions.conf");
-    std::fs::write(&file, DEFAULT).unwrap();
-    let sm = backend(&file);
+    let (_dir, file, sm) = setup();
     sm.set_node(set("a", 0x10, &[0x0a01]), 1).await.unwrap();
     sm.set_node(set("b", 0x20, &[0x0a02]), 1).await.unwrap();
     // b releases 0x0a02 and claims a's port with 0x0a05: the claim is refused, the release

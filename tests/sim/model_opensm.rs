@@ -16,7 +16,7 @@
 //! be programmed" while the backend's stored set for the node gives it or the file on disk does.
 
 use super::schedule::PARTITIONS;
-use super::world::{show_keys, with, Keys, Shared, World, PORT_GUID_BASE};
+use super::world::{keys_of, show_keys, with, Keys, Shared, World, PORT_GUID_BASE};
 use async_trait::async_trait;
 use fabric_agent::domain::{NodeMemberships, PKey};
 use fabric_agent::sm::opensm::members::members_of;
@@ -218,24 +218,9 @@ impl SubnetManager for SmHostLink {
         desired: &NodeMemberships,
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
-        let keys: Keys = desired
-            .keys
-            .iter()
-            .map(|(k, s)| {
-                let ports = desired.guids_for(*k).into_iter().map(|g| g.0).collect();
-                (k.base(), (k.value(s.membership).0, ports))
-            })
-            .collect();
+        let keys = keys_of(desired);
         let (id, deliver, reply, lost, no_effect) = with(&self.world, |w| {
-            w.applies += 1;
-            let max = w.fabric.max_generation_seen;
-            if generation <= max {
-                let now = w.now_ms();
-                w.oracle.finding.get_or_insert(format!(
-                    "seen at t={now} ms: the node sent generation {generation}, not above {max}"
-                ));
-            }
-            w.fabric.max_generation_seen = max.max(generation);
+            w.note_apply(generation);
             let id = w.next_request;
             w.next_request += 1;
             let roll = if w.faults {
