@@ -5,7 +5,8 @@
 //! cargo run --release --example simulate -- --seed S          # replay one, schedule + trace
 //! ```
 //! Options: `--mixed-membership` lets two instances of one partition ask for different
-//! memberships.
+//! memberships; `--opensm` applies through the real SM-host backend (`OpenSmBackend`) and a
+//! model OpenSM process instead of the model SM.
 
 #[path = "../tests/sim/mod.rs"]
 mod sim;
@@ -42,6 +43,7 @@ fn parse() -> Result<Args, String> {
             "--seed" => a.replay = Some(num("--seed")?),
             "--keep-going" => a.keep_going = true,
             "--mixed-membership" => a.options.mixed_membership = true,
+            "--opensm" => a.options.opensm = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }

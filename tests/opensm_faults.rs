@@ -535,7 +535,8 @@ async fn a_restored_sm_host_store_never_puts_a_released_key_back_on_a_port() {
 
 /// A node whose whole state directory (the store's mirror included) is put back from a copy
 /// cannot see the rollback itself: the SM host's newer generation is the evidence, and the
-/// node raises STORE_ROLLED_BACK instead of moving past it silently.
+/// node raises STORE_ROLLED_BACK and starts a new log epoch above every seq it handed out,
+/// instead of moving past it silently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
     let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
@@ -560,6 +561,7 @@ async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
     let mut c = n1.client().await;
     let r = release(&mut c, "i-1", Some(20_000)).await;
     assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
+    let followed = node(&mut c).await;
     assert!(n1.stop().success());
 
     std::fs::remove_dir_all(&dir).unwrap();
@@ -575,9 +577,32 @@ async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
     };
     wait_until("STORE_ROLLED_BACK raised", CONVERGE, || {
         let mut c = c.clone();
-        async move { raised(&common::events(&mut c, 0).await) }
+        async move {
+            let n = node(&mut c.clone()).await;
+            raised(&common::events(&mut c, n.first_event_seq.saturating_sub(1)).await)
+        }
     })
     .await;
+    // The log went back with the store: a new epoch, and no seq a control plane followed
+    // before the restore is handed out again.
+    let mut c = c.clone();
+    let after = node(&mut c).await;
+    assert_ne!(after.log_epoch, followed.log_epoch, "a new epoch");
+    assert!(
+        after.first_event_seq > followed.last_event_seq,
+        "seqs reused: first {} after the followed {}",
+        after.first_event_seq,
+        followed.last_event_seq
+    );
+    let old = c
+        .watch_events(pb::WatchEventsRequest {
+            after_seq: followed.last_event_seq,
+            no_follow: true,
+            log_epoch: Some(followed.log_epoch.clone()),
+        })
+        .await
+        .expect_err("the followed cursor belongs to the old log");
+    assert_eq!(old.code(), Code::OutOfRange, "{old:?}");
     assert!(n1.stop().success());
     assert!(sm.stop().success());
 }

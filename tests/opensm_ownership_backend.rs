@@ -155,7 +155,7 @@ async fn only_new_ports_are_asked_about_and_refusals_change_nothing() {
     s.set_ok("node1", &[0x11], 0x51, 1).await;
     let file = std::fs::read(&s.path).unwrap();
     for (guid, forbidden) in [(0x30, true), (0x21, false), (0x99, false), (0x1, true)] {
-        let err = s.set_err("node1", &[0x11, guid], 0x52, 2).await;
+        let err = s.set_err("node1", &[0x11, guid], 0x51, 2).await;
         match err {
             OpenSmError::PortForbidden(_) => assert!(forbidden, "{guid:#x}: {err}"),
             OpenSmError::PortNotShown(_) => assert!(!forbidden, "{guid:#x}: {err}"),

@@ -434,6 +434,8 @@ impl Loop {
                             active: true,
                             detail: detail.clone(),
                         }],
+                        // The log went back with the store: a new epoch, no seq reused.
+                        restart_log: true,
                         ..Default::default()
                     })?;
                     self.conditions.insert(kind, detail);

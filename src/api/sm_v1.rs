@@ -139,7 +139,9 @@ pub fn status_of(e: &OpenSmError) -> Status {
         OpenSmError::PortForbidden(_) | OpenSmError::GrantRefused { .. } => {
             Status::permission_denied(msg)
         }
-        OpenSmError::GrantsNotRequired => Status::failed_precondition(msg),
+        OpenSmError::GrantsNotRequired | OpenSmError::Quarantined { .. } => {
+            Status::failed_precondition(msg)
+        }
         OpenSmError::NodeNotStored(_) => Status::not_found(msg),
         OpenSmError::Unreachable { .. }
         | OpenSmError::Unconfirmed { .. }

@@ -34,6 +34,12 @@ pub enum ConditionKind {
     /// An SM host among several: a peer SM host held another generation of some node's set than
     /// this host in two pulls in a row (they should converge within one pull).
     SmHostsDisagree,
+    /// SM host: a node's stored set no longer passes the whole-file checks against the
+    /// operator's part of OpenSM's partitions file (a key the operator now defines, a port
+    /// table the operator's entries now fill). It is left out of the file (its ports hold none
+    /// of its keys), the other nodes' sets are written; the detail names the node. Stands until
+    /// the node's set passes again.
+    NodeSetQuarantined,
 }
 
 impl ConditionKind {
@@ -48,6 +54,7 @@ impl ConditionKind {
             ConditionKind::UfmLateWrite => "UFM_LATE_WRITE",
             ConditionKind::PortsUnreadable => "PORTS_UNREADABLE",
             ConditionKind::SmHostsDisagree => "SM_HOSTS_DISAGREE",
+            ConditionKind::NodeSetQuarantined => "NODE_SET_QUARANTINED",
         }
     }
 }

@@ -15,6 +15,12 @@
 //! cursor is out of range), an apply ledger whose reserved generation is at least the
 //! mirror's, and a raised `STORE_ROLLED_BACK` condition ([`Store::rolled_back`]).
 //!
+//! A restore of the whole state directory (the mirror restored with the database) cannot be
+//! seen here; the fabric side's evidence (it holds a newer generation of the node's set than
+//! any this store sent) is, and the reconciler then commits a batch with
+//! [`Batch::restart_log`]: a new epoch and an empty log that continues [`RESTART_GAP`] seqs
+//! above the restored one, in the same transaction as the condition it raises.
+//!
 //! Conditions: the standing conditions are kept with the events that raise and clear them, in
 //! the same transaction ([`Store::conditions`]), so a restarted agent knows what it last
 //! reported.
@@ -51,6 +57,11 @@ const CONDITIONS: &str = "conditions";
 /// Present once the LIVE and RELEASED_AT indexes cover every attachment.
 const INDEXED: &str = "attachment_index_v1";
 
+/// How far a log restarted on the fabric side's evidence ([`Batch::restart_log`]) jumps its
+/// seq: the restored store cannot know how many seqs the lost writes handed out, so the gap is
+/// far beyond any a control plane may have followed (2^32 events).
+pub const RESTART_GAP: u64 = 1 << 32;
+
 /// The event log's identity: a random id created with the store, shown as 32 hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LogEpoch(u128);
@@ -81,7 +92,8 @@ pub struct AttachmentPage {
 pub struct Store {
     db: Database,
     retain: u64,
-    epoch: LogEpoch,
+    /// Changed only by a [`Batch::restart_log`] commit (under the write lock).
+    epoch: Mutex<LogEpoch>,
     /// The side file (None for a store in memory).
     mirror: Option<Mirror>,
     /// What the last write left (and the mirror holds); held for the whole of each write so
@@ -102,6 +114,12 @@ pub struct Batch {
     pub events: Vec<EventKind>,
     /// A new apply ledger to store with the rest.
     pub ledger: Option<ApplyLedger>,
+    /// Start a new log epoch before appending `events`: the store went back in time without
+    /// its mirror noticing (a whole state directory restored; the fabric side holds a newer
+    /// generation of this node's set). The old events go, and the log continues
+    /// [`RESTART_GAP`] seqs above the newest, so no seq the lost writes handed out is reused
+    /// and every old cursor is out of range.
+    pub restart_log: bool,
 }
 
 impl Batch {
@@ -111,6 +129,7 @@ impl Batch {
             && self.deletes.is_empty()
             && self.events.is_empty()
             && self.ledger.is_none()
+            && !self.restart_log
     }
 }
 
@@ -229,7 +248,7 @@ impl Store {
         Ok(Store {
             db,
             retain,
-            epoch,
+            epoch: Mutex::new(epoch),
             mirror,
             written: Mutex::new(written),
             rollback,
@@ -277,7 +296,7 @@ impl Store {
 
     /// The event log's epoch.
     pub fn epoch(&self) -> LogEpoch {
-        self.epoch
+        *self.epoch.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Up to `limit` attachments with an instance id greater than `after` (from the first when
@@ -338,7 +357,8 @@ impl Store {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        self.write(|txn, next| {
+        let mut restarted = None;
+        let appended = self.write(|txn, next| {
             let appended;
             {
                 let mut attachments = txn.open_table(ATTACHMENTS)?;
@@ -371,6 +391,15 @@ impl Store {
                     next.generation_reserved = ledger.generation_reserved;
                 }
                 let mut events = txn.open_table(EVENTS)?;
+                if batch.restart_log {
+                    let epoch = LogEpoch::generate();
+                    meta.insert(LOG_EPOCH, epoch.0.to_be_bytes().as_slice())?;
+                    events.retain(|_, _| false)?;
+                    let skipped = read_u64(&meta, LAST_SEQ)?.saturating_add(RESTART_GAP);
+                    meta.insert(LAST_SEQ, skipped.to_be_bytes().as_slice())?;
+                    tracing::error!(%epoch, first_seq = skipped + 1, "store went back in time (the fabric side holds newer sets): starting a new log epoch");
+                    restarted = Some(epoch);
+                }
                 appended = append(
                     &mut meta,
                     &mut events,
@@ -381,7 +410,11 @@ impl Store {
                 next.last_seq = read_u64(&meta, LAST_SEQ)?;
             }
             Ok(appended)
-        })
+        })?;
+        if let Some(epoch) = restarted {
+            *self.epoch.lock().unwrap_or_else(|p| p.into_inner()) = epoch;
+        }
+        Ok(appended)
     }
 
     /// Up to `limit` events with `seq > after`, oldest first.

@@ -347,3 +347,37 @@ fn a_restored_database_gets_a_new_epoch_a_higher_seq_and_the_generation_floor() 
     assert!(store.rolled_back().unwrap().contains("replaced"));
     assert!(store.last_seq().unwrap() > old_last + 2);
 }
+
+#[test]
+fn a_restart_on_the_fabric_sides_evidence_gets_a_new_epoch_and_reuses_no_seq() {
+    let store = Store::in_memory(1000).unwrap();
+    let raise = |restart_log| Batch {
+        events: vec![EventKind::ConditionChanged {
+            condition: ConditionKind::StoreRolledBack,
+            active: true,
+            detail: "newer generation on the fabric side".into(),
+        }],
+        restart_log,
+        ..Default::default()
+    };
+    store.commit(raise(false), 1).unwrap();
+    let (epoch, last) = (store.epoch(), store.last_seq().unwrap());
+    let appended = store.commit(raise(true), 2).unwrap();
+    assert_ne!(store.epoch(), epoch, "a new epoch");
+    assert_eq!(appended[0].seq, last + crate::store::RESTART_GAP + 1);
+    // The old events are gone: the log starts above every seq the lost writes could have used.
+    assert_eq!(
+        store.event_bounds().unwrap(),
+        (appended[0].seq, appended[0].seq)
+    );
+    assert!(store
+        .conditions()
+        .unwrap()
+        .contains_key(&ConditionKind::StoreRolledBack));
+    // A batch that only restarts the log is not empty.
+    assert!(!Batch {
+        restart_log: true,
+        ..Default::default()
+    }
+    .is_empty());
+}

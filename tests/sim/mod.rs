@@ -3,8 +3,12 @@
 //! runtime with paused time, every random choice drawn from one seed. An oracle checks the
 //! agent's durable event log against the model's truth at every change of the world.
 //!
+//! With `GenOptions::opensm` the node applies through a model network to the real SM-host
+//! backend (`OpenSmBackend`) in front of a model OpenSM process (`model_opensm`).
+//!
 //! Used by `tests/simulation.rs` (CI) and `examples/simulate.rs` (long runs, replays).
 
+pub mod model_opensm;
 pub mod model_ports;
 pub mod model_sm;
 pub mod oracle;

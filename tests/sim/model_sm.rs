@@ -6,7 +6,7 @@
 //! older than the one it holds (fencing), then programs the ports toward its config later, port
 //! by port. What it answered and what it did are kept apart: the oracle judges what it did.
 
-use super::world::{show_keys, with, Keys, Shared, World};
+use super::world::{keys_of, show_keys, with, Shared, World};
 use async_trait::async_trait;
 use fabric_agent::domain::NodeMemberships;
 use fabric_agent::sm::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
@@ -48,27 +48,9 @@ impl SubnetManager for ModelSm {
         desired: &NodeMemberships,
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
-        let keys: Keys = desired
-            .keys
-            .iter()
-            .map(|(k, s)| {
-                let ports = desired.guids_for(*k).into_iter().map(|g| g.0).collect();
-                (k.base(), (k.value(s.membership).0, ports))
-            })
-            .collect();
+        let keys = keys_of(desired);
         let (fate, id) = with(&self.world, |w| {
-            w.applies += 1;
-            // The node's generations increase across its whole life, crashes included (the
-            // old protocol sent 0 every time; that is not a regression of this check).
-            let max = w.fabric.max_generation_seen;
-            if generation != 0 && generation <= max {
-                let now = w.now_ms();
-                w.oracle.finding.get_or_insert(format!(
-                    "seen at t={now} ms: the node sent generation {generation}, not above {max} \
-                     which it sent before"
-                ));
-            }
-            w.fabric.max_generation_seen = max.max(generation);
+            w.note_apply(generation);
             let fate = choose_fate(w);
             let id = w.next_request;
             w.next_request += 1;

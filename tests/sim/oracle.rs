@@ -45,6 +45,13 @@ fn overlap(a: &[u64], b: &[u64]) -> bool {
 /// The checker's state.
 pub struct Oracle {
     store: Arc<Store>,
+    /// The log's epoch as last seen: a new one (the store went back in time, shown by the
+    /// fabric side's newer generation) restarts the log above every seq handed out.
+    epoch: fabric_agent::store::LogEpoch,
+    /// After such a restart: instances whose next event may start from any state (the events
+    /// between their last seen one and the restart went with the old log; a control plane
+    /// resynchronises with ListAttachments).
+    rebased: Option<BTreeSet<String>>,
     last_seq: u64,
     instances: BTreeMap<String, Known>,
     /// Bases reported RELEASED that nobody asked for since -> who reported it, on which ports.
@@ -68,7 +75,9 @@ impl Oracle {
     /// A checker of `store`'s log.
     pub fn new(store: Arc<Store>) -> Oracle {
         Oracle {
+            epoch: store.epoch(),
             store,
+            rebased: None,
             last_seq: 0,
             instances: BTreeMap::new(),
             guard: BTreeMap::new(),
@@ -105,8 +114,21 @@ impl Oracle {
             Ok(e) => e,
             Err(e) => return self.fail(now_ms, format!("reading the event log failed: {e}")),
         };
+        let mut restarted = false;
+        if self.store.epoch() != self.epoch {
+            self.epoch = self.store.epoch();
+            restarted = true;
+            self.rebased = Some(self.instances.keys().cloned().collect());
+            self.notes.push(format!(
+                "the log restarted under a new epoch {}",
+                self.epoch
+            ));
+        }
         for e in events {
-            if e.seq != self.last_seq + 1 {
+            // Gap-free, except at a restart of the log, which must leave every seq handed out
+            // before behind (no seq reused under any epoch).
+            let jump = std::mem::take(&mut restarted) && e.seq > self.last_seq + 1;
+            if e.seq != self.last_seq + 1 && !jump {
                 return self.fail(
                     now_ms,
                     format!("event log gap: after seq {} came {}", self.last_seq, e.seq),
@@ -136,7 +158,10 @@ impl Oracle {
                 from.map_or("new".to_owned(), |f| format!("{f:?}"))
             ));
             let prev = self.instances.get(&instance_id).map(|k| k.state);
-            if from != prev {
+            let rebased = self.rebased.as_mut().is_some_and(|r| {
+                r.remove(instance_id.as_str()) || !self.instances.contains_key(&instance_id)
+            });
+            if from != prev && !rebased {
                 return self.fail(
                     now_ms,
                     format!(

@@ -66,8 +66,10 @@ struct Node {
 
 struct Parts {
     store: Arc<Store>,
-    sm: Arc<ModelSm>,
+    sm: Arc<dyn fabric_agent::sm::SubnetManager>,
     observer: Arc<ModelObserver>,
+    /// The SM host of a `--opensm` run (kept for its temp directory).
+    sm_host: Option<super::model_opensm::SmHost>,
 }
 
 impl Parts {
@@ -111,9 +113,14 @@ async fn drive(schedule: Schedule) -> Outcome {
     let store = Arc::new(Store::in_memory(u64::MAX).expect("in-memory store"));
     let world = World::new(schedule.seed, store.clone());
     let t0 = world.lock().expect("world lock").t0;
+    let sm_host = schedule.opensm.then(|| super::model_opensm::start(&world));
     let parts = Parts {
         store,
-        sm: Arc::new(ModelSm::new(world.clone())),
+        sm: match &sm_host {
+            Some(h) => h.link.clone(),
+            None => Arc::new(ModelSm::new(world.clone())),
+        },
+        sm_host,
         observer: Arc::new(ModelObserver::new(
             world.clone(),
             Duration::from_millis(schedule.fast_poll_ms),
@@ -225,6 +232,18 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
         }
         Command::Faults(on) => {
             with(world, |w| w.faults = *on);
+            node
+        }
+        // With the SM host, OpenSM restarts (it reads the file again) and the SM host keeps
+        // the node's generation (another writer of the node's id is not modelled).
+        Command::SmRestart { .. } if parts.sm_host.is_some() => {
+            super::model_opensm::restart(world);
+            node
+        }
+        Command::GenerationConflict if parts.sm_host.is_some() => {
+            with(world, |w| {
+                w.log("sm: generation conflict skipped (SM host)")
+            });
             node
         }
         Command::SmRestart { keep_state } => {

@@ -95,6 +95,8 @@ pub struct Schedule {
     pub fast_poll_ms: u64,
     /// Whether the observer is woken by table changes (traps) or only polls.
     pub push_changes: bool,
+    /// Applies go through the real SM-host backend and a model OpenSM.
+    pub opensm: bool,
 }
 
 /// Options of the schedule generator.
@@ -102,6 +104,8 @@ pub struct Schedule {
 pub struct GenOptions {
     /// Let two instances of one partition ask for different memberships.
     pub mixed_membership: bool,
+    /// Apply through the real SM-host backend and a model OpenSM instead of the model SM.
+    pub opensm: bool,
 }
 
 /// Draws a schedule from `seed`.
@@ -214,6 +218,7 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
     Schedule {
         seed,
         steps,
+        opensm: options.opensm,
         fast_poll_ms,
         push_changes,
     }
@@ -279,10 +284,15 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "schedule of seed {} (observer fast poll {} ms, change push {}):",
+            "schedule of seed {} (observer fast poll {} ms, change push {}{}):",
             self.seed,
             self.fast_poll_ms,
-            if self.push_changes { "on" } else { "off" }
+            if self.push_changes { "on" } else { "off" },
+            if self.opensm {
+                ", the real SM-host backend and a model OpenSM"
+            } else {
+                ""
+            }
         )?;
         for s in &self.steps {
             writeln!(f, "  t={:>7} ms  {}", s.at_ms, s.command)?;

@@ -25,6 +25,18 @@ pub const DEFAULT_ENTRY: u16 = 0x7FFF;
 /// Keys by base -> the entry value (membership bit included) and the port GUIDs that get it.
 pub type Keys = BTreeMap<u16, (u16, Vec<u64>)>;
 
+/// What a node's set gives, as the model keeps it.
+pub fn keys_of(desired: &fabric_agent::domain::NodeMemberships) -> Keys {
+    desired
+        .keys
+        .iter()
+        .map(|(k, s)| {
+            let ports = desired.guids_for(*k).into_iter().map(|g| g.0).collect();
+            (k.base(), (k.value(s.membership).0, ports))
+        })
+        .collect()
+}
+
 /// Whether `keys` give `base` to the port `guid`.
 pub fn gives(keys: &Keys, base: u16, guid: u64) -> bool {
     keys.get(&base)
@@ -83,6 +95,9 @@ pub struct Fabric {
     pub in_flight: BTreeMap<u64, Request>,
     /// The highest generation the node ever sent.
     pub max_generation_seen: u64,
+    /// The real SM-host backend between the node and a model OpenSM (`--opensm` runs): what it
+    /// holds or wrote may still be programmed.
+    pub sm_host: Option<super::model_opensm::SmHostView>,
 }
 
 impl Fabric {
@@ -98,12 +113,17 @@ impl Fabric {
             sm: SmNode::default(),
             in_flight: BTreeMap::new(),
             max_generation_seen: 0,
+            sm_host: None,
         }
     }
 
     /// Whether a request may still be taken by the SM (same incarnation, not fenced now).
     pub fn takeable(&self, r: &Request) -> bool {
-        r.epoch == self.sm.epoch && r.generation >= self.sm.stored_generation
+        let stored = match &self.sm_host {
+            Some(h) => h.stored_generation(),
+            None => self.sm.stored_generation,
+        };
+        r.epoch == self.sm.epoch && r.generation >= stored
     }
 
     /// Why base `b` may still reach or already is on one of the ports `guids` (None: it
@@ -125,6 +145,13 @@ impl Fabric {
                     self.sm.stored_generation
                 ));
             }
+        }
+        if let Some(why) = self
+            .sm_host
+            .as_ref()
+            .and_then(|h| h.may_program(base, guids))
+        {
+            return Some(why);
         }
         for (id, r) in &self.in_flight {
             if guids.iter().any(|g| gives(&r.keys, base, *g)) && self.takeable(r) {
@@ -274,6 +301,22 @@ impl World {
             self.log(line);
             self.changes.notify_waiters();
         }
+    }
+
+    /// Counts an apply carrying `generation` and checks the node's generations strictly
+    /// increase over its whole life, crashes included (the old protocol sent 0 every time;
+    /// that is not a regression of this check).
+    pub fn note_apply(&mut self, generation: u64) {
+        self.applies += 1;
+        let max = self.fabric.max_generation_seen;
+        if generation != 0 && generation <= max {
+            let now = self.now_ms();
+            self.oracle.finding.get_or_insert(format!(
+                "seen at t={now} ms: the node sent generation {generation}, not above {max} \
+                 which it sent before"
+            ));
+        }
+        self.fabric.max_generation_seen = max.max(generation);
     }
 
     /// A random duration in `lo..hi` ms.

@@ -27,6 +27,7 @@
 //! [`super::repair`].
 
 use super::file::{read_or_empty, replace_atomically};
+use super::isolation;
 use super::model::PartitionsConf;
 use super::ownership::{
     judge, DirectoryError, Inventory, InventoryFileError, PortDirectory, Proof, Refusal,
@@ -178,6 +179,17 @@ pub enum OpenSmError {
     /// A revocation for a node the SM host holds no set of.
     #[error("no memberships stored for node {0:?}")]
     NodeNotStored(NodeId),
+    /// The node's stored set no longer passes the whole-file checks against the operator's
+    /// part (it changed since the set was admitted): the set is stored but left out of the
+    /// file (its ports hold none of its keys) until a set of the node passes again. The other
+    /// nodes' sets are written.
+    #[error("node {node:?}: set quarantined, none of its keys is in the partitions file: {reason}; send a set without the conflict (a release always goes through)")]
+    Quarantined {
+        /// The node.
+        node: NodeId,
+        /// Which check it fails.
+        reason: String,
+    },
 }
 
 impl From<RegionError> for OpenSmError {
@@ -245,11 +257,42 @@ pub struct SetOutcome {
 /// The result one commit hands to every caller it carried.
 type CommitResult = Result<String, OpenSmError>;
 
+/// What one commit did: its detail, and the nodes whose sets it left out of the file.
+struct Committed {
+    detail: String,
+    quarantined: BTreeMap<NodeId, String>,
+}
+
+impl Committed {
+    /// The answer for a caller that carried `node`'s set: an error when that set was left out.
+    fn answer(&self, node: Option<&NodeId>) -> CommitResult {
+        match node.and_then(|n| self.quarantined.get_key_value(n)) {
+            Some((node, reason)) => Err(OpenSmError::Quarantined {
+                node: node.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(self.detail.clone()),
+        }
+    }
+}
+
+/// What of a node's set is admitted ([`OpenSmBackend::judge_set`]).
+struct Admitted {
+    set: NodeMemberships,
+    moves: BTreeMap<Guid, NodeId>,
+    accepted: Option<Vec<AcceptedGrant>>,
+    /// When given, `set` is only the part of the request that could be admitted (refused ports
+    /// left out, or only its removals) and the caller gets this refusal after the commit.
+    refusal: Option<OpenSmError>,
+}
+
 /// What the fabric and the inventory said about a request's new ports.
 #[derive(Default)]
 struct Evidence {
     facts: super::ownership::FabricFacts,
     inventory: Inventory,
+    /// Why the fabric or the inventory could not be asked: every new port is unproven.
+    failure: Option<OpenSmError>,
 }
 
 struct State {
@@ -258,7 +301,12 @@ struct State {
     consumed: BTreeSet<String>,
     guid_owner: BTreeMap<Guid, NodeId>,
     operator: PartitionsConf,
-    pending: Vec<oneshot::Sender<CommitResult>>,
+    /// Callers waiting for the next commit, with the node whose set each one carried.
+    pending: Vec<(Option<NodeId>, oneshot::Sender<CommitResult>)>,
+    /// Requests admitted in part (a port refused, or only their removals), by node: the
+    /// request and its generation. The same request again is judged again, not refused as a
+    /// stale generation (the stored set differs from it).
+    partial: BTreeMap<NodeId, (u64, NodeMemberships)>,
     /// Admitted node sets not yet stored: the next commit stores them before it writes.
     unsaved: BTreeSet<NodeId>,
     committing: bool,
@@ -274,6 +322,24 @@ impl State {
             .filter_map(|id| self.nodes.get(&id).cloned())
             .collect();
         (self.nodes.clone(), unsaved)
+    }
+
+    /// [`StoredNode::fence`] for `set` against `old`, the node's stored set, except that a
+    /// request admitted only in part is judged again when it comes back with the same
+    /// generation (its port may be provable now), instead of being refused as another set.
+    fn fence(&self, old: &StoredNode, set: &NodeMemberships, generation: u64) -> Result<bool, u64> {
+        match old.fence(set, generation) {
+            Err(stored)
+                if stored == generation
+                    && self
+                        .partial
+                        .get(&set.node_id)
+                        .is_some_and(|(g, r)| *g == generation && r == set) =>
+            {
+                Ok(false)
+            }
+            other => other,
+        }
     }
 }
 
@@ -292,6 +358,8 @@ struct Health {
     /// `operator_file` mode: why the operator's file is refused (the previous live operator
     /// part is used meanwhile).
     operator_file_refused: Option<String>,
+    /// Nodes whose stored set the last commit left out of the file, and why.
+    quarantined: BTreeMap<NodeId, String>,
 }
 
 /// Where the copy of the last file OpenSM accepted lives: beside the file, hidden.
@@ -441,6 +509,7 @@ impl OpenSmBackend {
             rejected_bytes,
             log_mark,
             operator_file_refused: None,
+            quarantined: BTreeMap::new(),
         };
         let watch = Duration::from_millis(config.watch_ms);
         let backend = OpenSmBackend {
@@ -456,6 +525,7 @@ impl OpenSmBackend {
                     guid_owner,
                     operator,
                     pending: Vec::new(),
+                    partial: BTreeMap::new(),
                     unsaved: BTreeSet::new(),
                     committing: false,
                     health,
@@ -494,7 +564,7 @@ impl OpenSmBackend {
     /// a partitions file (an operator's edit).
     pub async fn resync(&self) -> Result<SetOutcome, OpenSmError> {
         let _alone = self.serial_unless_grouped().await;
-        let detail = self.commit().await?;
+        let detail = self.commit(None).await?;
         Ok(SetOutcome {
             sweeps: self.sweeps(),
             detail,
@@ -556,41 +626,161 @@ impl OpenSmBackend {
         // Without group commit each request is admitted and written alone: one write and one
         // sweep per request.
         let _alone = self.serial_unless_grouped().await;
-        {
+        let refusal = {
             let _admit = self.inner.admit.lock().await;
-            let mut moves = BTreeMap::new();
-            let mut accepted = None;
-            let retry = {
+            let admission = {
                 let st = self.inner.lock();
-                let retry = match st.nodes.get(&desired.node_id) {
-                    Some(old) => old.fence(&desired, generation).map_err(|stored| {
-                        OpenSmError::StaleGeneration {
-                            sent: generation,
-                            stored,
-                        }
-                    })?,
-                    None => false,
-                };
-                if !retry {
-                    accepted = self.judge_grants(&st, &desired, grants)?;
-                    moves = match &evidence {
-                        Some(ev) => self.prove_claims(&st, &desired, ev)?,
-                        None => BTreeMap::new(),
-                    };
-                    self.admissible(&st, &desired, &moves)?;
-                }
-                retry
+                self.judge_set(&st, &desired, grants, generation, evidence.as_ref())?
             };
-            if !retry {
-                self.admit(desired, generation, moves, accepted);
+            match admission {
+                None => None,
+                Some(Admitted {
+                    set,
+                    moves,
+                    accepted,
+                    refusal,
+                }) => {
+                    let mut st = self.inner.lock();
+                    match &refusal {
+                        Some(e) => {
+                            tracing::warn!(node_id = %desired.node_id, generation, error = %e, "set refused in part: the rest of it (at least its removals) is applied");
+                            st.partial
+                                .insert(desired.node_id.clone(), (generation, desired.clone()));
+                        }
+                        None => {
+                            st.partial.remove(&desired.node_id);
+                        }
+                    }
+                    drop(st);
+                    self.admit(set, generation, moves, accepted);
+                    refusal
+                }
             }
-        }
+        };
         drop(admitting);
-        let detail = self.commit().await?;
+        let detail = self.commit(Some(&desired.node_id)).await?;
+        if let Some(e) = refusal {
+            return Err(e);
+        }
         Ok(SetOutcome {
             sweeps: self.sweeps(),
             detail,
         })
+    }
+
+    /// Decides what of `desired` is admitted (under the admission lock); `None`: a retry of
+    /// the stored set (same generation), served again.
+    ///
+    /// Rules (docs/OPENSM.md, "Failure isolation"): the generation fences first. A port that
+    /// cannot be proven the node's, or that another node holds, is refused with its keys and
+    /// the rest of the set goes on. A set that only takes away from the stored one (a release)
+    /// needs no posture, operator-key or table check. A set refused for any other reason still
+    /// has its removals applied when it carries any (the node gets the refusal either way).
+    fn judge_set(
+        &self,
+        st: &State,
+        desired: &NodeMemberships,
+        grants: &[SignedGrant],
+        generation: u64,
+        evidence: Option<&Evidence>,
+    ) -> Result<Option<Admitted>, OpenSmError> {
+        let stored = st.nodes.get(&desired.node_id);
+        if let Some(old) = stored {
+            match st.fence(old, desired, generation) {
+                Ok(true) => return Ok(None),
+                Ok(false) => {}
+                Err(stored) => {
+                    return Err(OpenSmError::StaleGeneration {
+                        sent: generation,
+                        stored,
+                    })
+                }
+            }
+        }
+        let (moves, mut refused) = match evidence {
+            Some(ev) => self.prove_claims(st, desired, ev),
+            None => (BTreeMap::new(), BTreeMap::new()),
+        };
+        for g in &desired.port_guids {
+            if let Some(owner) = st.guid_owner.get(g) {
+                if owner != &desired.node_id && moves.get(g) != Some(owner) {
+                    refused.entry(*g).or_insert(OpenSmError::PortHeld {
+                        port: *g,
+                        owner: owner.clone(),
+                    });
+                }
+            }
+        }
+        let set = isolation::strip_ports(desired, &refused.keys().copied().collect());
+        // A port that is forbidden or another node's is refused even when it carries no key;
+        // an unproven one (the fabric does not show it yet, or cannot be asked) only when the
+        // request gives it a key: a keyless new port does not hold up a release.
+        let port_refusal = refused
+            .values()
+            .find(|e| {
+                matches!(
+                    e,
+                    OpenSmError::PortForbidden(_) | OpenSmError::PortHeld { .. }
+                )
+            })
+            .or_else(|| {
+                refused
+                    .iter()
+                    .find(|(g, _)| desired.keys.keys().any(|k| desired.gives(*k, **g)))
+                    .map(|(_, e)| e)
+            })
+            .cloned();
+        if let Some(e) = &port_refusal {
+            // Nothing else would change: refused, nothing stored or written.
+            let unchanged = match stored {
+                Some(old) => isolation::same_effect(&old.memberships, &set),
+                None => set.port_guids.is_empty(),
+            };
+            if unchanged {
+                return Err(e.clone());
+            }
+        }
+        let release = stored.is_some_and(|old| isolation::removes_only(&old.memberships, &set));
+        let checked = self.judge_grants(st, &set, grants).and_then(|accepted| {
+            if !release {
+                self.admissible(st, &set, &moves)?;
+            }
+            Ok(accepted)
+        });
+        match checked {
+            Ok(accepted) => Ok(Some(Admitted {
+                set,
+                moves,
+                accepted,
+                refusal: port_refusal,
+            })),
+            Err(e) => {
+                let Some(old) = stored else {
+                    return Err(e);
+                };
+                let part = isolation::removal_part(&old.memberships, &set);
+                if !isolation::takes_away(&old.memberships, &part) {
+                    return Err(e);
+                }
+                let accepted = self.requires_grants().then(|| {
+                    old.grants
+                        .iter()
+                        .filter(|g| {
+                            part.keys
+                                .get(&g.pkey)
+                                .is_some_and(|k| k.membership == g.membership)
+                        })
+                        .cloned()
+                        .collect()
+                });
+                Ok(Some(Admitted {
+                    set: part,
+                    moves: BTreeMap::new(),
+                    accepted,
+                    refusal: Some(e),
+                }))
+            }
+        }
     }
 
     /// Takes an admitted set in memory, marked unsaved (the next commit stores it). Ports that
@@ -739,7 +929,7 @@ impl OpenSmBackend {
             st.unsaved.insert(node.clone());
             tracing::warn!(node_id = %node, instance, revoked = ?out.revoked_grant_ids, removed = ?out.removed_pkeys.iter().map(ToString::to_string).collect::<Vec<_>>(), "instance revoked on the fabric side");
         }
-        self.commit().await?;
+        self.commit(None).await?;
         out.sweeps = self.sweeps();
         Ok(out)
     }
@@ -796,7 +986,7 @@ impl OpenSmBackend {
         let held: BTreeSet<Guid> = {
             let st = self.inner.lock();
             match st.nodes.get(&desired.node_id) {
-                Some(old) if old.fence(desired, generation).is_err() => {
+                Some(old) if st.fence(old, desired, generation).is_err() => {
                     return Ok(Evidence::default());
                 }
                 Some(old) => old.memberships.port_guids.iter().copied().collect(),
@@ -812,43 +1002,59 @@ impl OpenSmBackend {
         if new.is_empty() {
             return Ok(Evidence::default());
         }
-        let facts = directory.facts(&new).await.map_err(|e| {
-            let e = OpenSmError::FabricUnreachable(e);
+        // Fail closed: a port the fabric or the inventory cannot speak for is refused (with
+        // its keys); the rest of the set, its removals first, does not wait for it.
+        let unproven = |e: OpenSmError| {
             tracing::warn!(node_id = %desired.node_id, error = %e, "port claim refused");
-            e
-        })?;
+            Evidence {
+                failure: Some(e),
+                ..Evidence::default()
+            }
+        };
+        let facts = match directory.facts(&new).await {
+            Ok(facts) => facts,
+            Err(e) => return Ok(unproven(OpenSmError::FabricUnreachable(e))),
+        };
         let inventory = match &self.inner.config.ownership.inventory_file {
             Some(path) => {
                 let path = path.clone();
-                tokio::task::spawn_blocking(move || Inventory::load(&path))
+                match tokio::task::spawn_blocking(move || Inventory::load(&path))
                     .await
                     .map_err(|e| task_failed("inventory", e))?
-                    .map_err(|e| {
-                        let e = OpenSmError::Inventory(e);
-                        tracing::warn!(node_id = %desired.node_id, error = %e, "port claim refused");
-                        e
-                    })?
+                {
+                    Ok(inventory) => inventory,
+                    Err(e) => return Ok(unproven(OpenSmError::Inventory(e))),
+                }
             }
             None => Inventory::default(),
         };
-        Ok(Evidence { facts, inventory })
+        Ok(Evidence {
+            facts,
+            inventory,
+            failure: None,
+        })
     }
 
     /// Judges every GUID of `desired` not already in the node's stored set. Returns the ports
-    /// that move from another node; a refusal names the GUID and the reason, and is logged.
+    /// that move from another node, and the refused ports with why (each logged).
     fn prove_claims(
         &self,
         st: &State,
         desired: &NodeMemberships,
         evidence: &Evidence,
-    ) -> Result<BTreeMap<Guid, NodeId>, OpenSmError> {
+    ) -> (BTreeMap<Guid, NodeId>, BTreeMap<Guid, OpenSmError>) {
         let held: BTreeSet<Guid> = st
             .nodes
             .get(&desired.node_id)
             .map(|n| n.memberships.port_guids.iter().copied().collect())
             .unwrap_or_default();
         let mut moves = BTreeMap::new();
+        let mut refused = BTreeMap::new();
         for g in desired.port_guids.iter().filter(|g| !held.contains(g)) {
+            if let Some(e) = &evidence.failure {
+                refused.insert(*g, e.clone());
+                continue;
+            }
             let holder = st.guid_owner.get(g);
             let verdict = judge(
                 desired.node_id.as_str(),
@@ -870,18 +1076,19 @@ impl OpenSmBackend {
                 }
                 Err(refusal) => {
                     tracing::warn!(node_id = %desired.node_id, guid = %g, reason = %refusal, "port claim refused");
-                    return Err(match refusal {
+                    let e = match refusal {
                         Refusal::Forbidden { .. } | Refusal::OwnedByOther { .. } => {
                             OpenSmError::PortForbidden(refusal)
                         }
                         Refusal::NotAsked { .. } | Refusal::NotShown { .. } => {
                             OpenSmError::PortNotShown(refusal)
                         }
-                    });
+                    };
+                    refused.insert(*g, e);
                 }
             }
         }
-        Ok(moves)
+        (moves, refused)
     }
 
     /// Request checks against the other nodes and the operator's part of the file. Ports in
@@ -934,16 +1141,21 @@ impl OpenSmBackend {
     }
 
     /// Queues a commit and waits for the one that carries it (without group commit the caller
-    /// holds the serial lock and commits itself).
-    async fn commit(&self) -> CommitResult {
+    /// holds the serial lock and commits itself). `node`: the node whose set the caller
+    /// carries, answered with an error when the commit left that set out of the file.
+    async fn commit(&self, node: Option<&NodeId>) -> CommitResult {
         if !self.inner.config.group_commit {
             let (snapshot, unsaved) = self.inner.lock().snapshot();
-            return self.inner.commit_once(&snapshot, unsaved).await;
+            return self
+                .inner
+                .commit_once(&snapshot, unsaved)
+                .await
+                .and_then(|c| c.answer(node));
         }
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut st = self.inner.lock();
-            st.pending.push(tx);
+            st.pending.push((node.cloned(), tx));
             !std::mem::replace(&mut st.committing, true)
         };
         if start {
@@ -976,8 +1188,12 @@ impl Inner {
                 (std::mem::take(&mut st.pending), st.snapshot())
             };
             let result = self.commit_once(&snapshot, unsaved).await;
-            for w in waiters {
-                let _ = w.send(result.clone());
+            for (node, w) in waiters {
+                let answer = match &result {
+                    Ok(c) => c.answer(node.as_ref()),
+                    Err(e) => Err(e.clone()),
+                };
+                let _ = w.send(answer);
             }
         }
     }
@@ -1306,14 +1522,50 @@ impl Inner {
         &self,
         nodes: &BTreeMap<NodeId, StoredNode>,
         mut unsaved: Vec<StoredNode>,
-    ) -> CommitResult {
+    ) -> Result<Committed, OpenSmError> {
         let result = self.commit_steps(nodes, &mut unsaved).await;
+        let mut st = self.lock();
         if !unsaved.is_empty() {
-            let mut st = self.lock();
             st.unsaved
                 .extend(unsaved.into_iter().map(|n| n.memberships.node_id));
         }
-        result
+        result.map(|detail| Committed {
+            detail,
+            quarantined: st.health.quarantined.clone(),
+        })
+    }
+
+    /// The stored sets that no longer pass the whole-file checks against `operator` on their
+    /// own (see [`isolation::quarantine_reason`]), with why; logged when newly quarantined.
+    fn quarantine(
+        &self,
+        nodes: &BTreeMap<NodeId, StoredNode>,
+        operator: &PartitionsConf,
+    ) -> BTreeMap<NodeId, String> {
+        let out: BTreeMap<NodeId, String> = nodes
+            .iter()
+            .filter_map(|(id, n)| {
+                isolation::quarantine_reason(
+                    operator,
+                    &n.memberships,
+                    self.config.pkey_table_size,
+                    self.config.allow_both_pkeys,
+                )
+                .map(|e| (id.clone(), e.to_string()))
+            })
+            .collect();
+        let st = self.lock();
+        for (id, why) in &out {
+            if st.health.quarantined.get(id) != Some(why) {
+                tracing::warn!(node_id = %id, reason = %why, "node set quarantined: left out of the partitions file");
+            }
+        }
+        for id in st.health.quarantined.keys() {
+            if !out.contains_key(id) {
+                tracing::info!(node_id = %id, "node set no longer quarantined");
+            }
+        }
+        out
     }
 
     async fn commit_steps(
@@ -1340,12 +1592,26 @@ impl Inner {
             None => split_region(&current)?,
         };
         let operator = parts.parse()?;
+        // A stored set the operator's part now conflicts with is left out; the rest is written.
+        let quarantined = self.quarantine(nodes, &operator);
+        let served: std::borrow::Cow<'_, BTreeMap<NodeId, StoredNode>> = if quarantined.is_empty() {
+            std::borrow::Cow::Borrowed(nodes)
+        } else {
+            std::borrow::Cow::Owned(
+                nodes
+                    .iter()
+                    .filter(|(id, _)| !quarantined.contains_key(*id))
+                    .map(|(id, n)| (id.clone(), n.clone()))
+                    .collect(),
+            )
+        };
         {
             let mut st = self.lock();
             st.health.all_full = all_full_of(&self.config, &operator);
+            st.health.quarantined = quarantined;
             st.operator = operator.clone();
         }
-        let plan = self.plan(nodes, &operator);
+        let plan = self.plan(&served, &operator);
         check_operator_keys(&operator, plan.tenants.keys())?;
         let region = render_region(&plan);
         let bytes = compose(&parts, &region);
@@ -1608,6 +1874,20 @@ impl OpenSmBackend {
             out.push(Condition {
                 kind: ConditionKind::PartitionsFileUnconfirmed,
                 detail: why.clone(),
+            });
+        }
+        if !h.quarantined.is_empty() {
+            let nodes: Vec<String> = h
+                .quarantined
+                .iter()
+                .map(|(node, why)| format!("node {node}: {why}"))
+                .collect();
+            out.push(Condition {
+                kind: ConditionKind::NodeSetQuarantined,
+                detail: format!(
+                    "{}; left out of the partitions file (its ports hold none of its keys) until the node sends a set that passes",
+                    nodes.join(" | ")
+                ),
             });
         }
         out

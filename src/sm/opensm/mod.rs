@@ -13,6 +13,7 @@
 //! - [`sa_client`] — the local port and SA NodeRecords over umad (who owns a port GUID)
 //! - [`operator`] — the operator's own file (`operator_file`), `opensm apply`, the live file's lock
 //! - [`ownership`] — whether a claimed port GUID is the node's: fabric, inventory, holders
+//! - [`isolation`] — one node's problem stays that node's: refused ports, releases, quarantine
 //! - [`members`] — the ports the accepted partitions file puts in one key (`ListPartitionMembers`'s fallback)
 //! - [`sa_members`] — the ports the SA's P_KeyTableRecords show holding one key (`ListPartitionMembers`)
 //! - [`backend`] — merging nodes' sets, group commit, [`crate::sm::SubnetManager`]
@@ -24,6 +25,7 @@
 pub mod backend;
 pub mod fabric_side;
 pub mod file;
+pub mod isolation;
 pub mod log_check;
 pub mod members;
 pub mod model;

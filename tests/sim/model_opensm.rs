@@ -1,0 +1,392 @@
+//! The real SM-host backend in the simulation: the node's applies travel a model network to the
+//! real [`OpenSmBackend`] (admission, fencing, group commit, the file write, the sweep fence,
+//! the restore after a rejection), which writes a real partitions file in a temp directory and
+//! signals a *model OpenSM process* through the backend's [`Reloader`] seam.
+//!
+//! The model OpenSM reads the file (the strict parser, as OpenSM 3.3 reads it) at its heavy
+//! sweeps and programs the model ports from what it read. Its heavy sweeps come from the
+//! backend's signal (at once, late, or never: a slow or lost signal is answered "not seen
+//! re-reading" and the write stays unconfirmed), from its own triggers at random moments (a
+//! topology change: it reads whatever the file holds then, an unconfirmed write included), and
+//! from its restarts. Rejections are not in the mix: the backend never writes bytes OpenSM
+//! rejected again (OpenSM's verdict on a file is deterministic), so a model rejection of a
+//! valid file stalls the node for good (docs/SIMULATION.md, seed 30 of the first mix).
+//!
+//! What the SM host holds is part of the oracle's truth ([`SmHostView`]): a key is "may still
+//! be programmed" while the backend's stored set for the node gives it or the file on disk does.
+
+use super::schedule::PARTITIONS;
+use super::world::{keys_of, show_keys, with, Keys, Shared, World, PORT_GUID_BASE};
+use async_trait::async_trait;
+use fabric_agent::domain::{NodeMemberships, PKey};
+use fabric_agent::sm::opensm::members::members_of;
+use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
+use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, OwnershipConfig};
+use fabric_agent::sm::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
+use rand::Rng;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The node's id on the SM host.
+pub const NODE: &str = "node-a";
+/// How long the backend's sweep fence waits for OpenSM (the model answers "not seen" after it).
+const CHECK: Duration = Duration::from_millis(2_000);
+/// The operator's part of the file: tenant ports limited members of the default partition.
+const OPERATOR: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
+
+/// The SM host as the oracle sees it: the backend's stored set and the file on disk.
+#[derive(Clone)]
+pub struct SmHostView {
+    backend: OpenSmBackend,
+    file: PathBuf,
+}
+
+impl std::fmt::Debug for SmHostView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SmHostView({})", self.file.display())
+    }
+}
+
+impl SmHostView {
+    /// The generation the SM host holds for the node (0: none).
+    pub fn stored_generation(&self) -> u64 {
+        self.backend.node(NODE).map_or(0, |n| n.generation)
+    }
+
+    /// Why `base` may still reach one of the ports `guids` through the SM host (None: it
+    /// cannot): its stored set gives it, or the file on disk does (OpenSM reads it at its next
+    /// heavy sweep, whenever that comes).
+    pub fn may_program(&self, base: u16, guids: &[u64]) -> Option<String> {
+        if let Some(n) = self.backend.node(NODE) {
+            let set = &n.memberships;
+            for (k, _) in set.keys.iter().filter(|(k, _)| k.base() == base) {
+                if let Some(g) = guids
+                    .iter()
+                    .find(|g| set.gives(*k, fabric_agent::domain::Guid(**g)))
+                {
+                    return Some(format!(
+                        "the SM host's stored set for the node (generation {}) gives {base:#06x} \
+                         to port {g:#x}: its next write puts it in the file",
+                        n.generation
+                    ));
+                }
+            }
+        }
+        let bytes = std::fs::read(&self.file).unwrap_or_default();
+        let members = PKey::new(u32::from(base))
+            .ok()
+            .and_then(|k| members_of(&bytes, k))
+            .unwrap_or_default();
+        members.iter().find(|m| guids.contains(&m.guid.0)).map(|m| {
+            format!(
+                "the partitions file on disk gives {base:#06x} to port {:#x}: OpenSM reads \
+                     it at its next heavy sweep",
+                m.guid.0
+            )
+        })
+    }
+}
+
+/// What the model OpenSM holds when it reads `bytes`: the keys it gives the node's ports.
+/// `None`: the file does not load (OpenSM would reject it).
+fn read_file(bytes: &[u8]) -> Option<Keys> {
+    fabric_agent::sm::opensm::parse::parse(bytes).ok()?;
+    let mut keys = Keys::new();
+    for (_, _, base) in PARTITIONS {
+        let key = PKey::new(u32::from(base)).ok()?;
+        let members = members_of(bytes, key)?;
+        let mine: Vec<_> = members
+            .iter()
+            .filter(|m| m.guid.0 >= PORT_GUID_BASE && m.guid.0 < PORT_GUID_BASE + 16)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        // One membership per key and node in the region (the node's set gives one).
+        let full = mine.iter().any(|m| m.full);
+        let value = if full { base | 0x8000 } else { base };
+        keys.insert(base, (value, mine.iter().map(|m| m.guid.0).collect()));
+    }
+    Some(keys)
+}
+
+/// A heavy sweep of the model OpenSM: reads the file now and programs the ports from it.
+fn heavy_sweep(world: &Shared, file: &Path, why: &str) {
+    let bytes = std::fs::read(file).unwrap_or_default();
+    let sweeps = with(world, |w| {
+        match read_file(&bytes) {
+            Some(keys) => {
+                w.log(format!(
+                    "opensm: heavy sweep ({why}) read {}",
+                    show_keys(&keys)
+                ));
+                w.fabric.sm.config = Some(keys);
+            }
+            None => {
+                w.log(format!(
+                    "opensm: heavy sweep ({why}): the file does not load, tenant keys dropped"
+                ));
+                w.fabric.sm.config = Some(Keys::new());
+            }
+        }
+        super::model_sm::sweep_delays(w)
+    });
+    super::model_sm::start_sweeps(world, sweeps);
+}
+
+/// The model OpenSM process, as the backend's [`Reloader`] sees it.
+struct ModelOpenSm {
+    world: Shared,
+    file: PathBuf,
+}
+
+enum Signal {
+    /// Sweeps after the delay and is seen re-reading.
+    Sweep(Duration),
+    /// Sweeps after the delay, later than the fence waits: answered "not seen".
+    Slow(Duration),
+    /// The signal is lost: no sweep, answered "not seen".
+    Lost,
+}
+
+#[async_trait]
+impl Reloader for ModelOpenSm {
+    fn checkpoint(&self) -> u64 {
+        0
+    }
+
+    async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
+        let signal = with(&self.world, |w| {
+            let s = if !w.faults {
+                Signal::Sweep(w.ms(20, 200))
+            } else {
+                match w.rng.random_range(0..100) {
+                    0..=64 => Signal::Sweep(w.ms(20, 1_500)),
+                    65..=79 => Signal::Slow(w.ms(2_500, 20_000)),
+                    _ => Signal::Lost,
+                }
+            };
+            let what = match &s {
+                Signal::Sweep(d) => format!("sweeps in {} ms", d.as_millis()),
+                Signal::Slow(d) => format!("sweeps late, in {} ms", d.as_millis()),
+                Signal::Lost => "signal lost".into(),
+            };
+            w.log(format!("sm host: file written, OpenSM signalled: {what}"));
+            s
+        });
+        match signal {
+            Signal::Sweep(d) => {
+                tokio::time::sleep(d).await;
+                heavy_sweep(&self.world, &self.file, "signalled");
+                Ok(ReloadReport { file_read: true })
+            }
+            Signal::Slow(d) => {
+                let (world, file) = (self.world.clone(), self.file.clone());
+                world.lock().expect("world lock").sweeps_pending += 1;
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    world.lock().expect("world lock").sweeps_pending -= 1;
+                    heavy_sweep(&world, &file, "a late signal");
+                });
+                tokio::time::sleep(CHECK).await;
+                Ok(ReloadReport { file_read: false })
+            }
+            Signal::Lost => {
+                tokio::time::sleep(CHECK).await;
+                Ok(ReloadReport { file_read: false })
+            }
+        }
+    }
+}
+
+/// The node's link to the SM host: a model network (delays, lost replies, requests that land
+/// after the node gave up) in front of the real backend's `SetNodeMemberships`.
+pub struct SmHostLink {
+    world: Shared,
+    backend: OpenSmBackend,
+}
+
+#[async_trait]
+impl SubnetManager for SmHostLink {
+    fn backend(&self) -> &'static str {
+        "remote"
+    }
+
+    async fn apply(
+        &self,
+        desired: &NodeMemberships,
+        generation: u64,
+    ) -> Result<ApplyOutcome, SmError> {
+        let keys = keys_of(desired);
+        let (id, deliver, reply, lost, no_effect) = with(&self.world, |w| {
+            w.note_apply(generation);
+            let id = w.next_request;
+            w.next_request += 1;
+            let roll = if w.faults {
+                w.rng.random_range(0..100)
+            } else {
+                0
+            };
+            let (deliver, reply, lost, no_effect) = match roll {
+                0..=59 => (w.ms(1, 30), w.ms(1, 30), false, false),
+                60..=69 => (w.ms(1, 30), w.ms(1, 30), false, true),
+                70..=84 => (w.ms(1, 30), w.ms(1, 30), true, false),
+                85..=93 => (w.ms(500, 20_000), w.ms(1, 30), false, false),
+                // Slower than the node's apply timeout: it gives up, the request lands later.
+                _ => (w.ms(61_000, 120_000), w.ms(1, 30), false, false),
+            };
+            w.log(format!(
+                "agent: apply #{id} generation {generation} keys {} -> {}",
+                show_keys(&keys),
+                if no_effect {
+                    "lost on the way".to_owned()
+                } else {
+                    format!(
+                        "reaches the SM host in {} ms{}",
+                        deliver.as_millis(),
+                        if lost { ", its reply will be lost" } else { "" }
+                    )
+                }
+            ));
+            if !no_effect {
+                w.fabric.in_flight.insert(
+                    id,
+                    super::world::Request {
+                        generation,
+                        epoch: w.fabric.sm.epoch,
+                        keys: keys.clone(),
+                    },
+                );
+            }
+            w.apply_started.notify_waiters();
+            (id, deliver, reply, lost, no_effect)
+        });
+        if no_effect {
+            tokio::time::sleep(deliver).await;
+            return Err(SmError::Unreachable(injected(InjectedFault::Outage)));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (world, backend, mut set) = (self.world.clone(), self.backend.clone(), desired.clone());
+        set.node_id = fabric_agent::domain::NodeId::parse(NODE).expect("node id");
+        tokio::spawn(async move {
+            tokio::time::sleep(deliver).await;
+            let result = backend.set_node(set, generation).await;
+            with(&world, |w| {
+                w.fabric.in_flight.remove(&id);
+                match &result {
+                    Ok(_) => w.log(format!("sm host: request #{id} answered OK")),
+                    Err(e) => w.log(format!("sm host: request #{id} refused: {e}")),
+                }
+            });
+            let _ = tx.send(result);
+        });
+        let result = rx
+            .await
+            .unwrap_or_else(|_| {
+                Err(fabric_agent::sm::OpenSmError::Task {
+                    what: "network",
+                    source: None,
+                })
+            })
+            .map(|o| ApplyOutcome { detail: o.detail })
+            .map_err(SmError::from);
+        tokio::time::sleep(reply).await;
+        if lost {
+            with(&self.world, |w| {
+                w.log(format!("sm host: reply to apply #{id} lost"))
+            });
+            return Err(SmError::Unreachable(injected(InjectedFault::LostReply)));
+        }
+        result
+    }
+}
+
+fn injected(fault: InjectedFault) -> SmFailure {
+    SmFailure::Injected {
+        backend: "model network",
+        fault,
+    }
+}
+
+/// The SM host for one run: the link the node applies through, and the temp directory that
+/// holds the partitions file (kept alive with it).
+pub struct SmHost {
+    /// What the node's agent applies through.
+    pub link: Arc<SmHostLink>,
+    _dir: tempfile::TempDir,
+}
+
+/// Builds the real backend on a fresh partitions file, its model OpenSM and the node's link;
+/// registers the SM host with the world's oracle and starts OpenSM's own heavy sweeps.
+pub fn start(world: &Shared) -> SmHost {
+    // In memory when the host has it: the backend fsyncs every write, and the simulation is
+    // about orderings, not disks.
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .expect("temp dir");
+    let file = dir.path().join("partitions.conf");
+    std::fs::write(&file, OPERATOR).expect("partitions file");
+    let reloader = Arc::new(ModelOpenSm {
+        world: world.clone(),
+        file: file.clone(),
+    });
+    let backend = OpenSmBackend::with_directory(
+        OpenSmConfig {
+            partitions_file: file.clone(),
+            pid: Some(1),
+            ownership: OwnershipConfig::disabled(),
+            watch_ms: 0,
+            ..OpenSmConfig::default()
+        },
+        "smhost".into(),
+        Arc::new(InMemoryNodeStore::default()),
+        reloader,
+        None,
+    )
+    .expect("the SM host's backend");
+    world.lock().expect("world lock").fabric.sm_host = Some(SmHostView {
+        backend: backend.clone(),
+        file: file.clone(),
+    });
+    tokio::spawn(own_sweeps(world.clone(), file));
+    SmHost {
+        link: Arc::new(SmHostLink {
+            world: world.clone(),
+            backend,
+        }),
+        _dir: dir,
+    }
+}
+
+/// OpenSM's heavy sweeps of its own (a topology change somewhere in the fabric), at random
+/// moments while faults are on: each reads whatever the file holds then.
+async fn own_sweeps(world: Shared, file: PathBuf) {
+    loop {
+        let wait = with(&world, |w: &mut World| w.ms(5_000, 60_000));
+        tokio::time::sleep(wait).await;
+        let faults = world.lock().expect("world lock").faults;
+        if faults {
+            heavy_sweep(&world, &file, "a topology change");
+        }
+    }
+}
+
+/// OpenSM restarts: it reads the file again at start and programs from it.
+pub fn restart(world: &Shared) {
+    let file = world
+        .lock()
+        .expect("world lock")
+        .fabric
+        .sm_host
+        .as_ref()
+        .map(|h| h.file.clone());
+    with(world, |w| w.log("opensm: restarted"));
+    if let Some(file) = file {
+        heavy_sweep(world, &file, "restart");
+    }
+}
