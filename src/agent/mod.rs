@@ -2,16 +2,21 @@
 //!
 //! Commands validate, persist durably and then wake the reconciler; the reconciler
 //! (`runner`) applies the node's desired set through the subnet manager, reads the ports through
-//! the observer and commits the state changes that `plan` decides. Every state change and its
+//! the observer and commits the state changes that `plan` decides. What the node knows of the
+//! subnet manager (acknowledged, in doubt, the apply ledger) is decided in `sm_knowledge`; the
+//! rules are the README's truth rules. Every state change and its
 //! event are committed together before the event is published.
 
 mod admission;
+mod conditions;
 mod error;
 pub mod metrics;
 mod plan;
 mod ports;
 mod reconciler_config;
 mod runner;
+mod schedule;
+mod sm_knowledge;
 mod status;
 mod watch;
 
@@ -216,9 +221,11 @@ impl Agent {
                         named_ports: covered.named,
                     };
                     let event = changed_event(&a, None, "attach requested");
-                    // The key will be sent soon: cover it in the ledger now, in the same commit,
-                    // so the reconciler's apply needs no write of its own.
-                    let ledger = self.ledger().covering(0, [&a.partition.pkey]);
+                    // The key will be sent soon: cover it in the ledger now, in the same commit.
+                    let ledger = sm_knowledge::SmKnowledge::ledger_for_attach(
+                        &self.ledger(),
+                        a.partition.pkey,
+                    );
                     self.commit(Batch {
                         upserts: vec![a.clone()],
                         events: vec![event],
