@@ -12,7 +12,7 @@ use super::metrics::Timed;
 use super::plan::{self, Observed};
 use super::schedule::Schedule;
 use super::sm_knowledge::SmKnowledge;
-use super::{changed_event, now_unix_ns, ports, Agent, ApplyInFlight};
+use super::{changed_event, ports, Agent, ApplyInFlight};
 use crate::domain::{
     Attachment, AttachmentState, ConditionKind, EventKind, Guid, Inventory, NodeMemberships,
     SmState,
@@ -247,7 +247,7 @@ impl Loop {
 
     async fn read_ports(&mut self) -> Reading {
         let started = Instant::now();
-        let started_unix_ns = now_unix_ns();
+        let started_unix_ns = self.agent.now_unix_ns();
         let parts = &self.agent.shared.parts;
         let result = parts.observer.inventory().await;
         self.agent.metrics().read(result.is_ok(), started.elapsed());
@@ -294,7 +294,7 @@ impl Loop {
         let sent = Instant::now();
         self.agent.set_in_flight(Some(ApplyInFlight {
             since: sent.into_std(),
-            since_unix_ns: now_unix_ns(),
+            since_unix_ns: self.agent.now_unix_ns(),
             generation,
             keys: desired.keys.keys().copied().collect(),
         }));
@@ -320,7 +320,8 @@ impl Loop {
             Ok(outcome) => {
                 tracing::debug!(keys = desired.keys.len(), generation, detail = %outcome.detail, "applied");
                 self.acked_at = Some(Instant::now());
-                self.knows.acknowledged(generation, desired, now_unix_ns());
+                self.knows
+                    .acknowledged(generation, desired, self.agent.now_unix_ns());
                 self.force_apply = false;
                 self.schedule.acknowledged();
                 self.sm_error = None;
@@ -380,7 +381,7 @@ impl Loop {
             status.sm.last_error = self.sm_error.clone().unwrap_or_default();
             status.sm.generation = generation;
             if matches!(applied, Applied::Acknowledged) {
-                status.sm.last_apply_unix_ns = now_unix_ns();
+                status.sm.last_apply_unix_ns = self.agent.now_unix_ns();
             }
         }
         // An event when the answer changes kind (first answer, acknowledged, refused, no
@@ -412,7 +413,7 @@ impl Loop {
         mut batch: Batch,
     ) -> Result<(), super::AgentError> {
         let _guard = self.agent.shared.write.lock().await;
-        let now = now_unix_ns();
+        let now = self.agent.now_unix_ns();
         let mut touched: Vec<Attachment> = Vec::new();
         let mut latencies = Vec::new();
         for t in transitions {
@@ -497,7 +498,9 @@ impl Loop {
         };
         let retain =
             i64::try_from(self.agent.shared.parts.released_retain.as_nanos()).unwrap_or(i64::MAX);
-        let due_in = oldest.saturating_add(retain).saturating_sub(now_unix_ns());
+        let due_in = oldest
+            .saturating_add(retain)
+            .saturating_sub(self.agent.now_unix_ns());
         // An absolute time, so a busy loop that recomputes it still reaches it; pruning is
         // housekeeping, so at most one attempt a second (what fell due meanwhile goes too).
         let due = Instant::now() + Duration::from_nanos(u64::try_from(due_in).unwrap_or(0));
@@ -508,7 +511,8 @@ impl Loop {
         self.prune_not_before = Instant::now() + PRUNE_EVERY;
         let _guard = self.agent.shared.write.lock().await;
         let retain = self.agent.shared.parts.released_retain;
-        let cutoff = now_unix_ns() - i64::try_from(retain.as_nanos()).unwrap_or(i64::MAX);
+        let cutoff =
+            self.agent.now_unix_ns() - i64::try_from(retain.as_nanos()).unwrap_or(i64::MAX);
         match self.agent.store().expired_released(cutoff) {
             Ok(ids) if !ids.is_empty() => {
                 let batch = Batch {
