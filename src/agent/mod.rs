@@ -2,20 +2,27 @@
 //!
 //! Commands validate, persist durably and then wake the reconciler; the reconciler
 //! (`runner`) applies the node's desired set through the subnet manager, reads the ports through
-//! the observer and commits the state changes that `plan` decides. Every state change and its
+//! the observer and commits the state changes that `plan` decides. What the node knows of the
+//! subnet manager (acknowledged, in doubt, the apply ledger) is decided in `sm_knowledge`; the
+//! rules are the README's truth rules. Every state change and its
 //! event are committed together before the event is published.
 
 mod admission;
+mod clock;
+mod conditions;
 mod error;
 pub mod metrics;
 mod plan;
 mod ports;
 mod reconciler_config;
 mod runner;
+mod schedule;
+mod sm_knowledge;
 mod status;
 mod watch;
 
 pub use admission::{AttachRequest, Covered};
+pub use clock::{Clock, RuntimeClock, SystemClock};
 pub use error::{AgentError, CursorError, Refusal, StreamEnd};
 pub use reconciler_config::ReconcilerConfig;
 pub use status::{ApplyInFlight, NodeView, SmStatus};
@@ -30,7 +37,7 @@ use crate::sm::SubnetManager;
 use crate::store::{AttachmentPage, Batch, Store};
 use admission::Admission;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{broadcast, Notify};
 
 /// The longest an RPC may wait for a state.
@@ -86,6 +93,8 @@ pub struct AgentParts {
     pub allow_full_default: bool,
     /// `[grants]`: whether an attach needs the control plane's grant, and its keys.
     pub grants: crate::domain::GrantPolicy,
+    /// The wall clock: timestamps and the released-attachment retention.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// A cheap handle to the running agent.
@@ -112,12 +121,10 @@ struct Shared {
     metrics: metrics::Metrics,
 }
 
-/// Unix time in nanoseconds.
+/// Unix time in nanoseconds, from the system clock (the agent itself reads its
+/// [`AgentParts::clock`]).
 pub fn now_unix_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    SystemClock.now_unix_ns()
 }
 
 impl Agent {
@@ -202,7 +209,7 @@ impl Agent {
             )? {
                 Admission::Existing(a) => (*a, false),
                 Admission::Create(covered) => {
-                    let now = now_unix_ns();
+                    let now = self.now_unix_ns();
                     let a = Attachment {
                         instance_id: request.instance_id,
                         partition: request.partition,
@@ -216,9 +223,11 @@ impl Agent {
                         named_ports: covered.named,
                     };
                     let event = changed_event(&a, None, "attach requested");
-                    // The key will be sent soon: cover it in the ledger now, in the same commit,
-                    // so the reconciler's apply needs no write of its own.
-                    let ledger = self.ledger().covering(0, [&a.partition.pkey]);
+                    // The key will be sent soon: cover it in the ledger now, in the same commit.
+                    let ledger = sm_knowledge::SmKnowledge::ledger_for_attach(
+                        &self.ledger(),
+                        a.partition.pkey,
+                    );
                     self.commit(Batch {
                         upserts: vec![a.clone()],
                         events: vec![event],
@@ -257,7 +266,7 @@ impl Agent {
                 let from = a.state;
                 a.state = AttachmentState::Releasing;
                 a.reason.clear();
-                a.updated_unix_ns = now_unix_ns();
+                a.updated_unix_ns = self.now_unix_ns();
                 let event = changed_event(&a, Some(from), "instance terminated");
                 self.commit(Batch {
                     upserts: vec![a.clone()],
@@ -431,7 +440,7 @@ impl Agent {
             ..Default::default()
         };
         if let Ok(attachments) = self.store().attachments() {
-            let now = now_unix_ns();
+            let now = self.now_unix_ns();
             snapshot.attachments = state_counts(&attachments).collect();
             snapshot.oldest_releasing_secs = attachments
                 .iter()
@@ -521,6 +530,11 @@ impl Agent {
     }
 
     /// The apply ledger as last committed.
+    /// Now, by the agent's clock.
+    fn now_unix_ns(&self) -> i64 {
+        self.shared.parts.clock.now_unix_ns()
+    }
+
     fn ledger(&self) -> ApplyLedger {
         self.shared.ledger.lock().expect("ledger lock").clone()
     }
@@ -540,7 +554,7 @@ impl Agent {
         let ledger = batch.ledger.clone();
         let durable = !batch.is_empty();
         let started = std::time::Instant::now();
-        let events = self.store().commit(batch, now_unix_ns())?;
+        let events = self.store().commit(batch, self.now_unix_ns())?;
         if durable {
             self.metrics().commit(started.elapsed());
         }

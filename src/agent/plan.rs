@@ -1,35 +1,15 @@
-//! The reconciler's pure core: given the attachments, the subnet manager's last acknowledgement,
-//! which keys earlier applies may have carried to which ports, and what the ports hold, which
-//! state changes are true now. No I/O, no clock.
+//! The reconciler's pure core: given the attachments, what the node knows of the subnet manager
+//! (`sm_knowledge`) and what the ports hold, which state changes are true now. No I/O, no clock.
 //!
-//! Every rule is read per covered port: an attachment covers the ports fixed at its admission
-//! (a partial-node attachment) or, for a whole-node one, those plus every fabric port read now.
-//! The truth rules, strictest reading first, because a wrong RELEASED lets the cloud reuse a
-//! node that can still reach another tenant:
-//! - An apply is *acknowledged* only by a positive answer. Any other outcome leaves every
-//!   (port, key) it carried *in doubt*: it may have reached the subnet manager.
-//! - PENDING -> PROGRAMMING once an acknowledged apply gave the key with this membership to
-//!   every covered port present.
-//! - PROGRAMMING / DRIFTED -> ACTIVE once, besides that acknowledgement, a port read that
-//!   started after it shows every covered port present, ACTIVE (INIT and ARMED pass no
-//!   traffic) and holding the exact entry (base and membership bit), with at least one covered
-//!   port, and the node's posture allows tenant keys (no fabric port a full member of the
-//!   default partition, unless the operator accepted it).
-//! - ACTIVE -> DRIFTED when any covered port lacks the entry, is not ACTIVE or is missing (the
-//!   runner then re-applies).
-//! - RELEASING -> RELEASED once, for every covered port, an acknowledged apply not giving the
-//!   key to that port was issued after the last attempt that carried it there, and a port read
-//!   that started after that acknowledgement shows every covered port present, its state known,
-//!   and none holding the key's base with any membership (a DOWN port counts as not holding
-//!   it: the SM reprograms a port before it can go ACTIVE again).
-//! - A covered port that is missing from the read or in an unknown state blocks both ACTIVE and
-//!   RELEASED; the attachment's reason names it. One exception for RELEASED: a missing port the
-//!   subnet manager provably no longer shows (`Observed::gone`) counts as not holding the key.
-//! - Nothing changes when the inventory is unknown.
+//! The rules are stated once, in the README ("When ACTIVE and RELEASED are said (the truth
+//! rules)"); what the node knows of the subnet manager's side (acknowledged, in doubt) is
+//! decided in `sm_knowledge`. This module adds the port-read half, per covered port, and chains
+//! PENDING -> PROGRAMMING -> ACTIVE, ACTIVE -> DRIFTED and RELEASING -> RELEASED from them.
 
+use super::sm_knowledge::SmKnowledge;
 use crate::domain::{
-    Attachment, AttachmentState, Carried, Evidence, Guid, Inventory, KeySetting, LinkLayer,
-    Membership, NodeId, NodeMemberships, PKey, PKeyValue, PortInfo, PortReading, PortState,
+    Attachment, AttachmentState, Evidence, Guid, Inventory, KeySetting, LinkLayer, Membership,
+    NodeId, NodeMemberships, PKeyValue, PortInfo, PortReading, PortState,
 };
 use std::collections::BTreeSet;
 
@@ -48,29 +28,15 @@ pub struct Transition {
     pub evidence: Option<Evidence>,
 }
 
-/// The subnet manager's last positive answer in this process's life.
-#[derive(Debug, Clone, Copy)]
-pub struct Ack<'a> {
-    /// The acknowledged apply's generation.
-    pub generation: u64,
-    /// The set it carried.
-    pub set: &'a NodeMemberships,
-    /// When the answer arrived, Unix nanoseconds (for the evidence).
-    pub unix_ns: i64,
-}
-
 /// What the reconciler knows besides the attachments.
 #[derive(Debug, Clone, Copy)]
 pub struct Observed<'a> {
-    /// The last acknowledged apply since start (None: none yet).
-    pub ack: Option<Ack<'a>>,
-    /// For every (port, key) an apply may have carried: the generation of the last such
-    /// attempt (acknowledged or not). Keys from before a restart count as carried to every port
-    /// just before this process's first generation.
-    pub carried: &'a Carried,
+    /// What the node knows of the subnet manager: its last acknowledgement and what is in
+    /// doubt.
+    pub sm: &'a SmKnowledge,
     /// The latest port inventory with `fabric_port` marked (None: unreadable).
     pub inventory: Option<&'a Inventory>,
-    /// Whether that read started after the acknowledgement in `ack`.
+    /// Whether that read started after the subnet manager's last acknowledgement.
     pub read_after_ack: bool,
     /// When that read started, Unix nanoseconds (for the evidence).
     pub read_unix_ns: i64,
@@ -83,38 +49,8 @@ pub struct Observed<'a> {
 }
 
 impl Observed<'_> {
-    /// Whether an acknowledged apply gave `key` with `membership` to every port in `guids`.
-    fn acked_with(&self, key: PKey, membership: Membership, guids: &[Guid]) -> bool {
-        self.ack.is_some_and(|a| {
-            a.set
-                .keys
-                .get(&key)
-                .is_some_and(|s| s.membership == membership)
-                && guids.iter().all(|g| a.set.gives(key, *g))
-        })
-    }
-
-    /// Whether, for every port in `guids`, an acknowledged apply not giving `key` to it was
-    /// issued after the last attempt that carried it there.
-    pub fn acked_without_on(&self, key: PKey, guids: &[Guid]) -> bool {
-        self.ack.is_some_and(|a| {
-            guids.iter().all(|g| {
-                !a.set.gives(key, *g) && self.carried.last(key, *g).is_none_or(|c| c < a.generation)
-            })
-        })
-    }
-
-    /// Whether an acknowledged apply without `key` on any port was issued after the last
-    /// attempt that carried it anywhere (the durable ledger may then forget it).
-    pub fn acked_without(&self, key: PKey) -> bool {
-        self.ack.is_some_and(|a| {
-            a.set.guids_for(key).is_empty()
-                && self.carried.last_any(key).is_none_or(|g| g < a.generation)
-        })
-    }
-
     fn evidence(&self, ports: &[&PortInfo]) -> Option<Evidence> {
-        let ack = self.ack?;
+        let ack = self.sm.ack()?;
         Some(Evidence {
             sm_generation: ack.generation,
             sm_ack_unix_ns: ack.unix_ns,
@@ -227,13 +163,19 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
     let fresh = observed.read_after_ack;
     use AttachmentState::*;
     match state {
-        Pending if observed.acked_with(key, a.membership, &cover.present_guids()) => Some((
-            Programming,
-            "subnet manager acknowledged the key".into(),
-            None,
-        )),
+        Pending
+            if observed
+                .sm
+                .acked_with(key, a.membership, &cover.present_guids()) =>
+        {
+            Some((
+                Programming,
+                "subnet manager acknowledged the key".into(),
+                None,
+            ))
+        }
         Programming | Drifted
-            if observed.acked_with(key, a.membership, &cover.guids)
+            if observed.sm.acked_with(key, a.membership, &cover.guids)
                 && fresh
                 && cover.all_hold(value)
                 && observed.posture_ok =>
@@ -246,7 +188,7 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
         }
         Active if !cover.all_hold(value) => Some((Drifted, missing(&cover, value), None)),
         Releasing
-            if observed.acked_without_on(key, &cover.guids)
+            if observed.sm.acked_without_on(key, &cover.guids)
                 && fresh
                 && cover.none_hold(value.base()) =>
         {
@@ -349,7 +291,7 @@ pub fn waiting_reason(
             if let Some(held) = held_by_partition_mate(a, others, observed) {
                 return Some(held);
             }
-            (!observed.acked_without_on(key, &cover.guids)).then(|| {
+            (!observed.sm.acked_without_on(key, &cover.guids)).then(|| {
                 format!(
                     "{} in doubt: waiting for the subnet manager to acknowledge a set without it",
                     a.pkey_value()

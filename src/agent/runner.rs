@@ -3,23 +3,22 @@
 //! changes and standing conditions, then sleep until something happens. Idle costs nothing: it
 //! waits on a wake-up, the observer's change signal, a retry or resync deadline, or shutdown.
 //!
-//! Write-ahead: before an apply is sent, the apply ledger (src/domain/ledger.rs) durably covers
-//! its generation and every key it carries. An apply that gets no positive answer leaves those
-//! keys in doubt, and the loop keeps sending the current desired set until one is acknowledged,
-//! even when the desired set went back to the last acknowledged one: the failed apply may have
-//! reached the subnet manager.
+//! What the node knows of the subnet manager (acknowledged, in doubt, the apply ledger) is
+//! decided in `sm_knowledge`, the rules stated in the README's truth rules; when to send, in
+//! `schedule`; the standing conditions, in `conditions`. This loop does the I/O they ask for.
 
+use super::conditions::Conditions;
 use super::metrics::Timed;
-use super::plan::{self, Ack, Observed};
-use super::{changed_event, now_unix_ns, ports, Agent, ApplyInFlight};
+use super::plan::{self, Observed};
+use super::schedule::Schedule;
+use super::sm_knowledge::SmKnowledge;
+use super::{changed_event, ports, Agent, ApplyInFlight};
 use crate::domain::{
-    Attachment, AttachmentState, Carried, ConditionKind, EventKind, Guid, Inventory,
-    NodeMemberships, PKey, PKeyValue, SmState,
+    Attachment, AttachmentState, ConditionKind, EventKind, Guid, Inventory, NodeMemberships,
+    SmState,
 };
 use crate::sm::{SmError, SmFailure};
 use crate::store::Batch;
-use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{Hash, Hasher};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -30,16 +29,6 @@ pub(super) const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
 const HEARTBEAT: Duration = Duration::from_secs(60);
 /// Released attachments are pruned at most this often.
 const PRUNE_EVERY: Duration = Duration::from_secs(1);
-/// Stale-generation answers retried at once before backing off.
-const STALE_RETRIES: u32 = 3;
-
-/// The subnet manager's last positive answer.
-struct AckRecord {
-    generation: u64,
-    set: NodeMemberships,
-    at: Instant,
-    unix_ns: i64,
-}
 
 /// One port read and when it started.
 struct Reading {
@@ -52,31 +41,19 @@ struct Reading {
 
 struct Loop {
     agent: Agent,
-    ack: Option<AckRecord>,
-    /// (Port, key) -> generation of the last apply attempt that carried it.
-    carried: Carried,
-    next_generation: u64,
-    /// An apply since the last acknowledgement got no positive answer.
-    unacked: bool,
+    /// What the node knows of the subnet manager.
+    knows: SmKnowledge,
+    /// When the last acknowledgement arrived (evidence needs a read started after it).
+    acked_at: Option<Instant>,
     force_apply: bool,
-    retry_at: Option<Instant>,
-    backoff: Duration,
-    failures: u64,
-    stale_retries: u32,
-    resync_at: Instant,
-    /// Resyncs scheduled so far (draws each one's jitter).
-    resync_round: u64,
+    schedule: Schedule,
     sm_error: Option<String>,
     /// What the subnet manager did with the last finished apply.
     sm_state: SmState,
-    /// The set the last failed apply carried: a different desired set (a new request) is
-    /// sent at once instead of waiting out that failure's backoff.
-    failed_set: Option<NodeMemberships>,
     /// The last inventory read successfully: port-table and port-state events compare
     /// against it, so a change across a failed read is still reported.
     prev_inventory: Option<Inventory>,
-    foreign_reported: BTreeSet<(Guid, PKeyValue)>,
-    conditions: BTreeMap<ConditionKind, String>,
+    conditions: Conditions,
     /// No prune before this (one attempt a second at most, whether it succeeded or not).
     prune_not_before: Instant,
 }
@@ -84,31 +61,19 @@ struct Loop {
 pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     let cfg = agent.shared.parts.reconciler.clone();
     let prev_inventory = agent.status().inventory.clone();
-    let ledger = agent.ledger();
-    // Keys from before this start may have been sent with any generation up to the reserved
-    // one; this process's generations all lie above it.
-    let before = ledger.generation_reserved;
-    let agent_node_id = agent.shared.parts.node_id.clone();
-    let conditions = agent.reported_conditions();
+    let knows = SmKnowledge::resume(&agent.ledger());
+    let schedule = Schedule::new(agent.shared.parts.node_id.as_str(), cfg, Instant::now());
+    let conditions = Conditions::new(agent.reported_conditions());
     let mut l = Loop {
         agent,
-        ack: None,
-        carried: Carried::from_ledger(&ledger, before),
-        next_generation: before.saturating_add(1),
-        unacked: false,
+        knows,
+        acked_at: None,
         // Confirm the desired set with the SM once after every start.
         force_apply: true,
-        retry_at: None,
-        backoff: Duration::from_millis(cfg.backoff_initial_ms),
-        failures: 0,
-        stale_retries: 0,
-        resync_at: Instant::now() + resync_delay(agent_node_id.as_str(), 0, &cfg),
-        resync_round: 0,
+        schedule,
         sm_error: None,
         sm_state: SmState::Unknown,
-        failed_set: None,
         prev_inventory,
-        foreign_reported: BTreeSet::new(),
         conditions,
         prune_not_before: Instant::now(),
     };
@@ -132,13 +97,11 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             continue;
         }
         let pending = l.pending();
-        // A retry deadline already past (the ports were unreadable, so no apply happened)
-        // must not wake the loop at once, again and again: the observer's poll wakes it.
-        let retry = l.retry_at.filter(|t| *t > Instant::now());
+        let retry = l.schedule.retry_ahead(Instant::now());
         let prune_at = l.prune_at();
         let deadline = [
             retry,
-            Some(l.resync_at),
+            Some(l.schedule.resync_at()),
             prune_at,
             Some(Instant::now() + HEARTBEAT),
         ]
@@ -156,14 +119,11 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             _ = observer.changed(pending) => {}
             _ = sm.cause_changed(), if backing_off => {
                 tracing::info!("the subnet manager's fault changed; retrying now");
-                l.retry_now();
+                l.schedule.retry_now();
             }
             _ = tokio::time::sleep_until(deadline) => {}
         }
-        if Instant::now() >= l.resync_at {
-            l.resync_round += 1;
-            l.resync_at = Instant::now()
-                + resync_delay(l.agent.shared.parts.node_id.as_str(), l.resync_round, &cfg);
+        if l.schedule.resync_due(Instant::now()) {
             l.force_apply = true;
             l.prune_released().await;
         } else if prune_at.is_some_and(|t| Instant::now() >= t) {
@@ -173,39 +133,13 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     tracing::info!("reconciler stopped");
 }
 
-/// A retry delay's jitter factor in [0.8, 1.2): spread across a fleet (it depends on the node
-/// id) yet reproducible (no process-global randomness), so a run can be replayed exactly.
-fn jitter(node_id: &str, attempt: u64) -> f64 {
-    let mut h = std::hash::DefaultHasher::new();
-    (node_id, attempt).hash(&mut h);
-    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
-    0.8 + 0.4 * unit
-}
-
-/// The wait before resync `round`: `resync_secs` times a factor uniform in
-/// [1 - pct/100, 1 + pct/100], drawn from the node id and the round (spread across a fleet,
-/// reproducible per node).
-fn resync_delay(node_id: &str, round: u64, cfg: &crate::config::ReconcilerConfig) -> Duration {
-    let mut h = std::hash::DefaultHasher::new();
-    (node_id, "resync", round).hash(&mut h);
-    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
-    let spread = f64::from(cfg.resync_jitter_pct.min(50)) / 100.0;
-    Duration::from_secs(cfg.resync_secs).mul_f64(1.0 + spread * (2.0 * unit - 1.0))
-}
-
 impl Loop {
     fn beat(&self) {
         self.agent.shared.beats.send_modify(|b| *b += 1);
     }
 
-    /// Drops the failure's backoff: the next pass applies at once.
-    fn retry_now(&mut self) {
-        self.retry_at = None;
-        self.backoff = Duration::from_millis(self.agent.shared.parts.reconciler.backoff_initial_ms);
-    }
-
     fn pending(&self) -> bool {
-        self.unacked
+        self.knows.unacked()
             || self
                 .agent
                 .store()
@@ -232,18 +166,14 @@ impl Loop {
             &attachments,
         );
         let mut again = false;
-        let needed =
-            self.force_apply || self.unacked || self.ack.as_ref().map(|a| &a.set) != Some(&desired);
+        let needed = self.force_apply
+            || self.knows.unacked()
+            || self.knows.ack().map(|a| &a.set) != Some(&desired);
         // (Only with ports read: a set built without them is no request.)
-        if reading.inventory.is_some()
-            && self.retry_at.is_some()
-            && self.failed_set.as_ref().is_some_and(|f| *f != desired)
-        {
-            // A new request since the failure: it is not the set that failed, so it goes now.
+        if reading.inventory.is_some() && self.schedule.desired(&desired) {
             tracing::debug!("the desired set changed since the failed apply; retrying now");
-            self.retry_now();
         }
-        let due = self.retry_at.is_none_or(|t| Instant::now() >= t);
+        let due = self.schedule.due(Instant::now());
         if needed && due && reading.inventory.is_some() {
             // The grants come from the same snapshot as the set: never one for a key it lacks.
             let grants = plan::grants(&desired, &attachments);
@@ -267,16 +197,24 @@ impl Loop {
             batch
                 .events
                 .extend(ports::changes(self.prev_inventory.as_ref(), inv));
-            self.foreign(inv, &attachments, &mut batch.events);
+            batch
+                .events
+                .extend(self.conditions.foreign(inv, &attachments));
         }
-        let mut conditions = self.conditions(full_default, allow_full_default);
+        let mut conditions = self.conditions.now(
+            self.agent.shared.parts.sm.conditions(),
+            full_default,
+            allow_full_default,
+            self.knows.ack().is_some(),
+        );
         if let Some(error) = &reading.error {
             conditions.insert(
                 ConditionKind::PortsUnreadable,
                 format!("the last port read failed: {error}; no attachment changes state until the ports are read"),
             );
         }
-        batch.events.extend(self.condition_events(conditions));
+        batch.events.extend(self.conditions.changes(conditions));
+        self.agent.status().conditions = self.conditions.standing();
         let gone = match inventory {
             Some(inv) => {
                 ports::gone_from_fabric(&*self.agent.shared.parts.observer, inv, &attachments).await
@@ -284,14 +222,9 @@ impl Loop {
             None => Default::default(),
         };
         let observed = Observed {
-            ack: self.ack.as_ref().map(|a| Ack {
-                generation: a.generation,
-                set: &a.set,
-                unix_ns: a.unix_ns,
-            }),
-            carried: &self.carried,
+            sm: &self.knows,
             inventory,
-            read_after_ack: self.ack.as_ref().is_some_and(|a| reading.started > a.at),
+            read_after_ack: self.acked_at.is_some_and(|at| reading.started > at),
             read_unix_ns: reading.started_unix_ns,
             posture_ok,
             gone: &gone,
@@ -303,7 +236,8 @@ impl Loop {
         }
         self.commit(&attachments, transitions, observed, batch)
             .await?;
-        self.forget_released_keys();
+        self.knows.forget_released();
+        self.agent.status().sm.in_doubt = self.knows.in_doubt();
         // A failed read keeps the last good inventory: the next good one is compared with it.
         if reading.inventory.is_some() {
             self.prev_inventory = reading.inventory;
@@ -313,7 +247,7 @@ impl Loop {
 
     async fn read_ports(&mut self) -> Reading {
         let started = Instant::now();
-        let started_unix_ns = now_unix_ns();
+        let started_unix_ns = self.agent.now_unix_ns();
         let parts = &self.agent.shared.parts;
         let result = parts.observer.inventory().await;
         self.agent.metrics().read(result.is_ok(), started.elapsed());
@@ -342,30 +276,25 @@ impl Loop {
         desired: NodeMemberships,
         grants: Vec<crate::domain::SignedGrant>,
     ) -> Result<Applied, super::AgentError> {
-        let generation = self.next_generation;
-        self.next_generation = generation.saturating_add(1);
-        {
+        let generation = {
+            // Write-ahead: the ledger covers the apply durably before it is sent.
             let _guard = self.agent.shared.write.lock().await;
-            if let Some(ledger) = self
-                .agent
-                .ledger()
-                .covering(generation, desired.keys.keys())
-            {
+            let (generation, ledger) = self.knows.begin_apply(&self.agent.ledger(), &desired);
+            if let Some(ledger) = ledger {
                 self.agent.commit(Batch {
                     ledger: Some(ledger),
                     ..Default::default()
                 })?;
             }
-        }
-        self.carried.record(&desired, generation);
-        // Until a positive answer, everything this apply carried is in doubt.
-        self.unacked = true;
-        self.agent.status().sm.in_doubt = self.in_doubt();
+            generation
+        };
+        self.knows.carrying(&desired, generation);
+        self.agent.status().sm.in_doubt = self.knows.in_doubt();
         let sm = self.agent.shared.parts.sm.clone();
         let sent = Instant::now();
         self.agent.set_in_flight(Some(ApplyInFlight {
             since: sent.into_std(),
-            since_unix_ns: now_unix_ns(),
+            since_unix_ns: self.agent.now_unix_ns(),
             generation,
             keys: desired.keys.keys().copied().collect(),
         }));
@@ -386,31 +315,20 @@ impl Loop {
             Err(SmError::StaleGeneration { .. }) => "stale_generation",
         };
         self.agent.metrics().apply(outcome, sent.elapsed());
-        let cfg = &self.agent.shared.parts.reconciler;
         let was = self.sm_state;
         let applied = match result {
             Ok(outcome) => {
                 tracing::debug!(keys = desired.keys.len(), generation, detail = %outcome.detail, "applied");
-                self.ack = Some(AckRecord {
-                    generation,
-                    set: desired,
-                    at: Instant::now(),
-                    unix_ns: now_unix_ns(),
-                });
-                self.unacked = false;
+                self.acked_at = Some(Instant::now());
+                self.knows
+                    .acknowledged(generation, desired, self.agent.now_unix_ns());
                 self.force_apply = false;
-                self.retry_at = None;
-                self.backoff = Duration::from_millis(cfg.backoff_initial_ms);
-                self.failures = 0;
-                self.stale_retries = 0;
+                self.schedule.acknowledged();
                 self.sm_error = None;
                 self.sm_state = SmState::Reachable;
-                self.failed_set = None;
                 Applied::Acknowledged
             }
-            Err(SmError::StaleGeneration { sent, stored })
-                if self.stale_retries < STALE_RETRIES =>
-            {
+            Err(SmError::StaleGeneration { sent, stored }) if self.schedule.stale_retry() => {
                 // Another of our sets, newer by its generation, is stored there (e.g. sent by an
                 // earlier life whose ledger was lost): move past it and send the current set.
                 tracing::info!(
@@ -418,15 +336,17 @@ impl Loop {
                     stored,
                     "subnet manager holds a newer generation; moving past it"
                 );
-                self.stale_retries += 1;
-                self.next_generation = self.next_generation.max(stored.saturating_add(1));
-                self.retry_at = None;
+                self.knows.move_past(stored);
                 // Before this process's first acknowledgement, a newer set on the fabric side is
                 // proof that the store lost writes (restored with its mirror, or replaced):
                 // raise it, never move on silently.
                 let kind = ConditionKind::StoreRolledBack;
-                if self.ack.is_none() && !self.conditions.contains_key(&kind) {
-                    let detail = format!("the subnet manager holds generation {stored} of this node, newer than any the store sent ({sent}): the store lost writes (restored or replaced), or another agent uses this node id");
+                let detail = self
+                    .knows
+                    .ack()
+                    .is_none()
+                    .then(|| self.conditions.rolled_back(sent, stored));
+                if let Some(detail) = detail.flatten() {
                     let _guard = self.agent.shared.write.lock().await;
                     self.agent.commit(Batch {
                         events: vec![EventKind::ConditionChanged {
@@ -438,28 +358,20 @@ impl Loop {
                         restart_log: true,
                         ..Default::default()
                     })?;
-                    self.conditions.insert(kind, detail);
+                    self.conditions.raised(kind, detail);
                 }
                 Applied::RetryNow
             }
             Err(e) => {
                 if let SmError::StaleGeneration { stored, .. } = &e {
-                    self.next_generation = self.next_generation.max(stored.saturating_add(1));
+                    self.knows.move_past(*stored);
                 }
-                // Permanent refusals are retried too (an operator may fix them), just slowly.
-                let delay = if e.is_transient() {
-                    self.backoff
-                } else {
-                    Duration::from_millis(cfg.backoff_max_ms)
-                };
-                self.failures += 1;
-                let jitter = jitter(self.agent.shared.parts.node_id.as_str(), self.failures);
-                self.retry_at = Some(Instant::now() + delay.mul_f64(jitter));
-                self.backoff = (self.backoff * 2).min(Duration::from_millis(cfg.backoff_max_ms));
+                let delay = self
+                    .schedule
+                    .failed(e.is_transient(), desired, Instant::now());
                 tracing::warn!(error = %e, sm_state = %e.state(), generation, retry_in = ?delay, "apply failed");
                 self.sm_error = Some(e.to_string());
                 self.sm_state = e.state();
-                self.failed_set = Some(desired);
                 Applied::Failed
             }
         };
@@ -471,7 +383,7 @@ impl Loop {
             status.sm.last_error = self.sm_error.clone().unwrap_or_default();
             status.sm.generation = generation;
             if matches!(applied, Applied::Acknowledged) {
-                status.sm.last_apply_unix_ns = now_unix_ns();
+                status.sm.last_apply_unix_ns = self.agent.now_unix_ns();
             }
         }
         // An event when the answer changes kind (first answer, acknowledged, refused, no
@@ -492,130 +404,6 @@ impl Loop {
         Ok(applied)
     }
 
-    /// Keys in doubt: carried by an attempt with no acknowledgement since.
-    fn in_doubt(&self) -> Vec<PKey> {
-        let acked = self.ack.as_ref().map_or(0, |a| a.generation);
-        self.carried.in_doubt(acked)
-    }
-
-    /// Drops keys an acknowledged apply removed from the in-memory record (the durable ledger
-    /// drops them in `commit`).
-    fn forget_released_keys(&mut self) {
-        if let Some(ack) = &self.ack {
-            self.carried.forget_settled(&ack.set, ack.generation);
-        }
-        self.agent.status().sm.in_doubt = self.in_doubt();
-    }
-
-    /// The standing conditions now: the backend's and the node's own posture. Without a port
-    /// read the posture stays as last seen.
-    fn conditions(
-        &self,
-        full_default: Option<Vec<String>>,
-        allow_full_default: bool,
-    ) -> BTreeMap<ConditionKind, String> {
-        let mut now: BTreeMap<ConditionKind, String> = self
-            .agent
-            .shared
-            .parts
-            .sm
-            .conditions()
-            .into_iter()
-            .map(|c| (c.kind, c.detail))
-            .collect();
-        let kind = ConditionKind::FullDefaultMembership;
-        match full_default {
-            Some(ports) if !ports.is_empty() => {
-                let accepted = if allow_full_default {
-                    "; accepted by allow_full_default"
-                } else {
-                    "; tenant keys are not reported ACTIVE until allow_full_default = true"
-                };
-                now.insert(
-                    kind,
-                    format!(
-                        "{} full member of the default partition (0xffff): every tenant can reach this node{accepted}",
-                        ports.join(", ")
-                    ),
-                );
-            }
-            Some(_) => {}
-            None => {
-                if let Some(d) = self.conditions.get(&kind) {
-                    now.insert(kind, d.clone());
-                }
-            }
-        }
-        // A store rollback stands until this process's first acknowledged apply: its
-        // generations lie above the restored ledger's floor, so the fabric side then holds the
-        // node's current set again.
-        let rolled_back = ConditionKind::StoreRolledBack;
-        if let (None, Some(d)) = (&self.ack, self.conditions.get(&rolled_back)) {
-            now.insert(rolled_back, d.clone());
-        }
-        now
-    }
-
-    /// Events for conditions raised, changed or cleared; records the new set.
-    fn condition_events(&mut self, now: BTreeMap<ConditionKind, String>) -> Vec<EventKind> {
-        let mut events = Vec::new();
-        for (kind, detail) in &now {
-            // Logged once, when the event commits (`Agent::log_event`).
-            if self.conditions.get(kind) != Some(detail) {
-                events.push(EventKind::ConditionChanged {
-                    condition: *kind,
-                    active: true,
-                    detail: detail.clone(),
-                });
-            }
-        }
-        for (kind, detail) in &self.conditions {
-            if !now.contains_key(kind) {
-                events.push(EventKind::ConditionChanged {
-                    condition: *kind,
-                    active: false,
-                    detail: detail.clone(),
-                });
-            }
-        }
-        self.agent.status().conditions = now
-            .iter()
-            .map(|(kind, detail)| crate::domain::Condition {
-                kind: *kind,
-                detail: detail.clone(),
-            })
-            .collect();
-        self.conditions = now;
-        events
-    }
-
-    fn foreign(
-        &mut self,
-        inv: &Inventory,
-        attachments: &[Attachment],
-        events: &mut Vec<EventKind>,
-    ) {
-        let known: BTreeSet<u16> = attachments
-            .iter()
-            .filter(|a| a.state != AttachmentState::Released)
-            .map(|a| a.partition.pkey.base())
-            .collect();
-        let mut seen = BTreeSet::new();
-        for (port, key) in ports::foreign_keys(inv, &known) {
-            seen.insert((port.port_guid, key));
-            if !self.foreign_reported.contains(&(port.port_guid, key)) {
-                tracing::warn!(device = %port.device, port = port.port_number, pkey = %key, "foreign P_Key on a fabric port");
-                events.push(EventKind::ForeignPKey {
-                    device: port.device.clone(),
-                    port_number: port.port_number,
-                    port_guid: port.port_guid,
-                    pkey_value: key,
-                });
-            }
-        }
-        self.foreign_reported = seen;
-    }
-
     /// Commits transitions (re-checked against the current state under the write lock, so a
     /// command that changed an attachment meanwhile wins) plus reason updates, port events and
     /// the ledger without the keys an acknowledged apply removed.
@@ -627,7 +415,7 @@ impl Loop {
         mut batch: Batch,
     ) -> Result<(), super::AgentError> {
         let _guard = self.agent.shared.write.lock().await;
-        let now = now_unix_ns();
+        let now = self.agent.now_unix_ns();
         let mut touched: Vec<Attachment> = Vec::new();
         let mut latencies = Vec::new();
         for t in transitions {
@@ -691,12 +479,7 @@ impl Loop {
                 }
             }
         }
-        let ledger = self.agent.ledger();
-        let mut kept = ledger.clone();
-        kept.keys.retain(|k| !observed.acked_without(*k));
-        if kept != ledger {
-            batch.ledger = Some(kept);
-        }
+        batch.ledger = self.knows.ledger_after_ack(&self.agent.ledger());
         batch.upserts = touched;
         self.agent.commit(batch)?;
         for (which, elapsed) in latencies {
@@ -717,7 +500,9 @@ impl Loop {
         };
         let retain =
             i64::try_from(self.agent.shared.parts.released_retain.as_nanos()).unwrap_or(i64::MAX);
-        let due_in = oldest.saturating_add(retain).saturating_sub(now_unix_ns());
+        let due_in = oldest
+            .saturating_add(retain)
+            .saturating_sub(self.agent.now_unix_ns());
         // An absolute time, so a busy loop that recomputes it still reaches it; pruning is
         // housekeeping, so at most one attempt a second (what fell due meanwhile goes too).
         let due = Instant::now() + Duration::from_nanos(u64::try_from(due_in).unwrap_or(0));
@@ -728,7 +513,8 @@ impl Loop {
         self.prune_not_before = Instant::now() + PRUNE_EVERY;
         let _guard = self.agent.shared.write.lock().await;
         let retain = self.agent.shared.parts.released_retain;
-        let cutoff = now_unix_ns() - i64::try_from(retain.as_nanos()).unwrap_or(i64::MAX);
+        let cutoff =
+            self.agent.now_unix_ns() - i64::try_from(retain.as_nanos()).unwrap_or(i64::MAX);
         match self.agent.store().expired_released(cutoff) {
             Ok(ids) if !ids.is_empty() => {
                 let batch = Batch {
@@ -763,60 +549,4 @@ fn is_waiting(s: AttachmentState) -> bool {
             | AttachmentState::Drifted
             | AttachmentState::Releasing
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{jitter, resync_delay};
-    use crate::config::ReconcilerConfig;
-
-    #[test]
-    fn resync_jitter_spreads_a_fleet_restarted_at_once() {
-        let cfg = ReconcilerConfig {
-            resync_secs: 300,
-            resync_jitter_pct: 10,
-            ..ReconcilerConfig::default()
-        };
-        // 2,000 nodes started together: their first resyncs, by 6-second bucket.
-        let delays: Vec<f64> = (0..2000)
-            .map(|n| resync_delay(&format!("node-{n}"), 0, &cfg).as_secs_f64())
-            .collect();
-        assert!(delays.iter().all(|d| (270.0..=330.0).contains(d)));
-        let mut buckets = [0usize; 10];
-        for d in &delays {
-            let bucket = (1..10u32)
-                .take_while(|b| *d >= 270.0 + 6.0 * f64::from(*b))
-                .count();
-            buckets[bucket] += 1;
-        }
-        // Uniform: about 200 per bucket; none empty, none holding a crowd.
-        assert!(
-            buckets.iter().all(|b| (120..=280).contains(b)),
-            "{buckets:?}"
-        );
-        // Each round draws again; the same node and round give the same wait.
-        assert_ne!(
-            resync_delay("node-1", 1, &cfg),
-            resync_delay("node-1", 2, &cfg)
-        );
-        assert_eq!(
-            resync_delay("node-1", 1, &cfg),
-            resync_delay("node-1", 1, &cfg)
-        );
-        let none = ReconcilerConfig {
-            resync_jitter_pct: 0,
-            ..cfg
-        };
-        assert_eq!(resync_delay("node-1", 3, &none).as_secs(), 300);
-    }
-
-    #[test]
-    fn jitter_is_reproducible_and_bounded() {
-        for attempt in 0..1000 {
-            let j = jitter("gpu-node-17", attempt);
-            assert!((0.8..1.2).contains(&j), "{j}");
-            assert_eq!(j, jitter("gpu-node-17", attempt));
-        }
-        assert_ne!(jitter("gpu-node-17", 1), jitter("gpu-node-18", 1));
-    }
 }

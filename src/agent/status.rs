@@ -24,7 +24,7 @@ pub struct SmStatus {
     pub applies: u64,
     /// The generation of the last apply attempted.
     pub generation: u64,
-    /// Keys in doubt: carried by an apply with no positive answer since.
+    /// Keys in doubt (`sm_knowledge::SmKnowledge::in_doubt`; the README's truth rules).
     pub in_doubt: Vec<PKey>,
     /// The same keys as the values the node's attachments give them (full membership when any
     /// of them is full, as the desired set does); filled in the node view.

@@ -241,6 +241,7 @@ mod tests {
             reconciler: ReconcilerConfig::default(),
             released_retain: Duration::from_secs(3600),
             allow_full_default: false,
+            clock: Arc::new(crate::agent::SystemClock),
         })
         .unwrap();
         agent.read_ports().await.unwrap();

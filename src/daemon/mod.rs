@@ -88,6 +88,7 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
         reconciler: config.reconciler.clone(),
         released_retain: Duration::from_secs(config.events.released_retain_secs),
         allow_full_default: config.allow_full_default,
+        clock: Arc::new(crate::agent::SystemClock),
     })
     .map_err(StartError::Agent)?;
     Ok(Daemon {

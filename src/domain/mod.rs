@@ -25,7 +25,7 @@ pub use grant::{
 };
 pub use guid::Guid;
 pub use ident::{validate_label, LabelRules};
-pub use ledger::{ApplyLedger, Carried};
+pub use ledger::ApplyLedger;
 pub use membership::{KeySetting, Membership, NodeMemberships};
 pub use node::{is_safe_key_name, NodeId, KEY_NAME_MAX};
 pub use partition::{FabricName, Partition, PartitionId};

@@ -57,6 +57,9 @@ pub fn run_seed(seed: u64, options: GenOptions) -> Outcome {
     rt.block_on(drive(schedule))
 }
 
+/// The simulated wall clock's reading at the world's start (2026-01-01T00:00:00Z).
+const SIM_EPOCH_UNIX_NS: i64 = 1_767_225_600_000_000_000;
+
 /// One incarnation of the agent.
 struct Node {
     agent: Agent,
@@ -88,6 +91,10 @@ impl Parts {
             reconciler: ReconcilerConfig::default(),
             released_retain: Duration::from_secs(3650 * 86_400),
             allow_full_default: false,
+            clock: Arc::new(fabric_agent::agent::RuntimeClock::new(
+                SIM_EPOCH_UNIX_NS,
+                with(world, |w| w.t0),
+            )),
         })
         .expect("agent from the store");
         // Like `serve`: the first inventory before anything else, retried.

@@ -1,7 +1,8 @@
+use super::super::sm_knowledge::{Ack, Carried, SmKnowledge};
 use super::*;
 use crate::domain::{ApplyLedger, AttachmentPort};
 use crate::domain::{
-    Guid, InstanceId, LinkLayer, Membership, PKeyValue, Partition, PortInfo, PortState,
+    Guid, InstanceId, LinkLayer, Membership, PKey, PKeyValue, Partition, PortInfo, PortState,
 };
 use AttachmentState::*;
 
@@ -80,18 +81,20 @@ fn carried_at(key: PKey, generation: u64) -> Carried {
 /// No covered port gone from the fabric.
 static NONE_GONE: BTreeSet<Guid> = BTreeSet::new();
 
-fn observed<'a>(
-    acc: Option<&'a NodeMemberships>,
-    carried: &'a Carried,
-    i: Option<&'a Inventory>,
-) -> Observed<'a> {
+/// What the node knows when `acc` (if any) was acknowledged as generation 2 and `carried` was
+/// sent.
+fn knows(acc: Option<&NodeMemberships>, carried: &Carried) -> SmKnowledge {
+    let ack = acc.map(|set| Ack {
+        generation: 2,
+        set: set.clone(),
+        unix_ns: 1_000,
+    });
+    SmKnowledge::with(ack, carried.clone())
+}
+
+fn observed<'a>(sm: &'a SmKnowledge, i: Option<&'a Inventory>) -> Observed<'a> {
     Observed {
-        ack: acc.map(|set| Ack {
-            generation: 2,
-            set,
-            unix_ns: 1_000,
-        }),
-        carried,
+        sm,
         inventory: i,
         read_after_ack: true,
         read_unix_ns: 2_000,
@@ -106,7 +109,7 @@ fn states(
     i: Option<&Inventory>,
 ) -> Vec<AttachmentState> {
     let carried = carried_by(acc);
-    plan(std::slice::from_ref(a), observed(acc, &carried, i))
+    plan(std::slice::from_ref(a), observed(&knows(acc, &carried), i))
         .iter()
         .map(|t| t.to)
         .collect()
@@ -165,7 +168,7 @@ fn active_key_vanishing_is_drift_and_returning_is_active() {
     let carried = carried_by(Some(&acc));
     let t = plan(
         std::slice::from_ref(&a),
-        observed(Some(&acc), &carried, Some(&gone)),
+        observed(&knows(Some(&acc), &carried), Some(&gone)),
     );
     assert_eq!(t.len(), 1);
     assert_eq!(t[0].to, Drifted);
@@ -237,12 +240,14 @@ fn a_key_in_doubt_is_never_released() {
     let clean = inv(vec![port(1, PortState::Active, &[])]);
     let key = a.partition.pkey;
     let carried = carried_at(key, 3);
-    let o = observed(Some(&without), &carried, Some(&clean));
+    let sm = knows(Some(&without), &carried);
+    let o = observed(&sm, Some(&clean));
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
     assert!(waiting_reason(&a, &[], o).unwrap().contains("in doubt"));
     // An earlier attempt (generation 1) is superseded by the acknowledged generation 2.
     let carried = carried_at(key, 1);
-    let o = observed(Some(&without), &carried, Some(&clean));
+    let sm = knows(Some(&without), &carried);
+    let o = observed(&sm, Some(&clean));
     let t = plan(std::slice::from_ref(&a), o);
     assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), vec![Released]);
     let evidence = t[0].evidence.as_ref().expect("RELEASED carries evidence");
@@ -258,11 +263,13 @@ fn evidence_must_come_from_a_read_after_the_acknowledgement() {
     let clean = inv(vec![port(1, PortState::Active, &[])]);
     let holding = inv(vec![port(1, PortState::Active, &[0x8012])]);
     let carried = Carried::default();
-    let mut o = observed(Some(&without), &carried, Some(&clean));
+    let sm = knows(Some(&without), &carried);
+    let mut o = observed(&sm, Some(&clean));
     o.read_after_ack = false;
     assert!(plan(&[att(Releasing, Membership::Full)], o).is_empty());
     let carried = carried_by(Some(&with));
-    let mut o = observed(Some(&with), &carried, Some(&holding));
+    let sm = knows(Some(&with), &carried);
+    let mut o = observed(&sm, Some(&holding));
     o.read_after_ack = false;
     let t = plan(&[att(Programming, Membership::Full)], o);
     assert!(t.is_empty(), "{t:?}");
@@ -284,7 +291,8 @@ fn an_insecure_posture_blocks_active_until_accepted() {
         "the SM's own port is exempt"
     );
     let carried = carried_by(Some(&with));
-    let mut o = observed(Some(&with), &carried, Some(&i));
+    let sm = knows(Some(&with), &carried);
+    let mut o = observed(&sm, Some(&i));
     o.posture_ok = false;
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
     assert!(waiting_reason(&a, &[], o)
@@ -388,7 +396,8 @@ fn a_missing_or_unknown_covered_port_blocks_released_and_names_the_port() {
     let without = accepted(false, Membership::Full);
     let carried = carried_by(Some(&without));
     let gone = inv(vec![port(1, PortState::Active, &[])]);
-    let o = observed(Some(&without), &carried, Some(&gone));
+    let sm = knows(Some(&without), &carried);
+    let o = observed(&sm, Some(&gone));
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
     let why = waiting_reason(&a, &[], o).unwrap();
     assert!(why.contains("hca/2") && why.contains("missing"), "{why}");
@@ -396,14 +405,16 @@ fn a_missing_or_unknown_covered_port_blocks_released_and_names_the_port() {
         port(1, PortState::Active, &[]),
         port(2, PortState::Unknown, &[]),
     ]);
-    let o = observed(Some(&without), &carried, Some(&unknown));
+    let sm = knows(Some(&without), &carried);
+    let o = observed(&sm, Some(&unknown));
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
     assert!(waiting_reason(&a, &[], o)
         .unwrap()
         .contains("unknown state"));
     // Back and read without the key: RELEASED, the evidence naming both ports.
     let back = two_ports();
-    let o = observed(Some(&without), &carried, Some(&back));
+    let sm = knows(Some(&without), &carried);
+    let o = observed(&sm, Some(&back));
     let t = plan(std::slice::from_ref(&a), o);
     assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), vec![Released]);
     assert_eq!(t[0].evidence.as_ref().unwrap().ports.len(), 2);
@@ -413,7 +424,7 @@ fn a_missing_or_unknown_covered_port_blocks_released_and_names_the_port() {
     let held = inv(vec![port(1, PortState::Active, &[0x8012])]);
     let t = plan(
         std::slice::from_ref(&active),
-        observed(Some(&with), &carried_by(Some(&with)), Some(&held)),
+        observed(&knows(Some(&with), &carried_by(Some(&with))), Some(&held)),
     );
     assert_eq!(t[0].to, Drifted);
     assert!(t[0].reason.contains("hca/2"), "{}", t[0].reason);
@@ -440,7 +451,8 @@ fn released_on_one_port_while_the_same_key_stays_on_another() {
     let mut carried = Carried::default();
     carried.record(&both, 1);
     carried.record(&only_y, 2);
-    let o = observed(Some(&only_y), &carried, Some(&i));
+    let sm = knows(Some(&only_y), &carried);
+    let o = observed(&sm, Some(&i));
     let t = plan(&[x.clone(), y.clone()], o);
     assert_eq!(
         t.iter().map(|t| (t.index, t.to)).collect::<Vec<_>>(),
@@ -448,7 +460,8 @@ fn released_on_one_port_while_the_same_key_stays_on_another() {
     );
     // Had the later attempt carried A to port 1 too, port 1 would be in doubt.
     carried.record(&both, 3);
-    let o = observed(Some(&only_y), &carried, Some(&i));
+    let sm = knows(Some(&only_y), &carried);
+    let o = observed(&sm, Some(&i));
     assert!(plan(std::slice::from_ref(&x), o).is_empty());
 }
 
@@ -461,7 +474,8 @@ fn a_release_held_by_a_partition_mate_on_the_same_port_says_so() {
     let both = [x.clone(), y];
     let set = desired(&n(), vec![Guid(1)], Some(&i), &both);
     let carried = carried_by(Some(&set));
-    let o = observed(Some(&set), &carried, Some(&i));
+    let sm = knows(Some(&set), &carried);
+    let o = observed(&sm, Some(&i));
     assert!(plan(std::slice::from_ref(&x), o).is_empty());
     let why = waiting_reason(&x, &both, o).unwrap();
     assert!(
@@ -485,11 +499,12 @@ fn a_missing_port_the_subnet_manager_no_longer_shows_does_not_block_released() {
     let a = on_ports(Releasing, &[1, 2]);
     let without = accepted(false, Membership::Full);
     let carried = carried_by(Some(&without));
+    let sm = knows(Some(&without), &carried);
     let only_1 = inv(vec![port(1, PortState::Active, &[])]);
     let gone = BTreeSet::from([Guid(2)]);
     let o = Observed {
         gone: &gone,
-        ..observed(Some(&without), &carried, Some(&only_1))
+        ..observed(&sm, Some(&only_1))
     };
     let t = plan(std::slice::from_ref(&a), o);
     assert_eq!(t.iter().map(|t| t.to).collect::<Vec<_>>(), vec![Released]);
@@ -502,15 +517,16 @@ fn a_missing_port_the_subnet_manager_no_longer_shows_does_not_block_released() {
     let held = inv(vec![port(1, PortState::Active, &[0x8012])]);
     let o = Observed {
         gone: &gone,
-        ..observed(Some(&without), &carried, Some(&held))
+        ..observed(&sm, Some(&held))
     };
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
     // The subnet manager's acknowledgement without the key is still required.
     let with = accepted(true, Membership::Full);
     let carried_with = carried_by(Some(&with));
+    let sm = knows(Some(&with), &carried_with);
     let o = Observed {
         gone: &gone,
-        ..observed(Some(&with), &carried_with, Some(&only_1))
+        ..observed(&sm, Some(&only_1))
     };
     assert!(plan(std::slice::from_ref(&a), o).is_empty());
     // A gone port never counts towards ACTIVE.
@@ -518,7 +534,7 @@ fn a_missing_port_the_subnet_manager_no_longer_shows_does_not_block_released() {
     let holds_1 = inv(vec![port(1, PortState::Active, &[0x8012])]);
     let o = Observed {
         gone: &gone,
-        ..observed(Some(&with), &carried_with, Some(&holds_1))
+        ..observed(&sm, Some(&holds_1))
     };
     assert!(plan(std::slice::from_ref(&programming), o).is_empty());
 }
