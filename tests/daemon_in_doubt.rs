@@ -39,7 +39,10 @@ async fn a_lost_reply_keeps_the_key_in_doubt_until_a_set_without_it_is_acknowled
 
     // The instance is terminated before any apply was acknowledged. The desired set is now
     // empty, as it was at start; RELEASED must still wait: the set with the key may be (and
-    // here is) on its way to the ports.
+    // here is) on its way to the ports. The SM now takes nothing more, so the empty set (sent
+    // at once: it differs from the set that failed) cannot overtake the delayed one and the
+    // key stays on the ports until the SM answers again.
+    std::fs::write(&fault, "unreachable\n").unwrap();
     let r = release(&mut c, "i-1", Some(1000)).await;
     assert_eq!(state(&r), pb::AttachmentState::Releasing);
     let n = until_node(
