@@ -81,6 +81,45 @@ impl SecondSm {
         );
     }
 
+    /// Stops it by pid (SIGTERM, then SIGKILL) and starts it again with the same conf; waits
+    /// until its log announces a state after this start (MASTER when no other SM is alive).
+    pub fn restart(&mut self) {
+        if let Some(mut guard) = self.guard.take() {
+            guard.stop(Duration::from_secs(5));
+        }
+        let offset = self.log().len();
+        let child = spawn_opensm_in(&self.dir, &self.sock_name, &self.node);
+        let guard = ChildGuard::new("second opensm", child);
+        fs::write(self.pid_path(), format!("{}\n", guard.id())).expect("pid file");
+        self.guard = Some(guard);
+        let log = self.log_path();
+        wait_for(
+            &self.dir,
+            "the restarted second OpenSM's state",
+            Duration::from_secs(30),
+            || {
+                Ok(fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .get(offset..)
+                    .is_some_and(|t| {
+                        t.lines()
+                            .any(|l| l.contains("Entering ") && l.ends_with(" state"))
+                    }))
+            },
+        );
+    }
+
+    /// Whether its log shows a `SUBNET UP` after its last `Entering MASTER state`.
+    pub fn swept_as_master(&self) -> bool {
+        let log = self.log();
+        log.contains("Entering MASTER state")
+            && log
+                .rsplit("Entering MASTER state")
+                .next()
+                .unwrap_or_default()
+                .contains("SUBNET UP")
+    }
+
     /// Its partitions file.
     pub fn partitions_path(&self) -> PathBuf {
         self.dir.join("partitions.conf")
