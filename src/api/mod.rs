@@ -21,6 +21,7 @@ pub mod proto;
 mod server;
 mod server_tls;
 mod service;
+pub mod settings;
 pub mod sm_client;
 pub mod sm_host_metrics;
 pub mod sm_peers;

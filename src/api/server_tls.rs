@@ -9,7 +9,7 @@
 //! UNAUTHENTICATED and the reason (see [`super::caller::Policy`]) instead of a bare TLS alert.
 
 use super::conn_limits::{BoundedConn, ConnLimits, Refused};
-use crate::config::TlsConfig;
+use super::settings::TlsConfig;
 use crate::sys::dirwatch::{Change, DirWatch};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;

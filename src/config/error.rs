@@ -57,3 +57,13 @@ pub(super) fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigErr
         reason: reason.into(),
     }
 }
+
+impl From<crate::api::settings::SettingsError> for ConfigError {
+    fn from(e: crate::api::settings::SettingsError) -> ConfigError {
+        use crate::api::settings::SettingsError;
+        match e {
+            SettingsError::Invalid { key, reason } => ConfigError::Invalid { key, reason },
+            SettingsError::Rejected { key, source } => ConfigError::Section { key, source },
+        }
+    }
+}

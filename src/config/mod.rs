@@ -5,8 +5,6 @@
 mod error;
 mod events;
 mod grants;
-mod limits;
-mod listen;
 mod log;
 mod metrics;
 mod ports;
@@ -16,13 +14,14 @@ mod subnet_manager;
 mod tests;
 
 pub use crate::agent::ReconcilerConfig;
+pub use crate::api::settings::{
+    BadSocketMode, LimitsConfig, ListenConfig, SocketMode, TlsConfig, DEFAULT_SOCKET,
+};
 pub use crate::domain::GrantPolicy;
 pub use crate::observe::{ObserverConfig, ObserverKind};
 pub use error::ConfigError;
 pub use events::EventsConfig;
 pub use grants::{decode_public_key, GrantKeyConfig, GrantsConfig, GrantsSettings};
-pub use limits::LimitsConfig;
-pub use listen::{BadSocketMode, ListenConfig, SocketMode, TlsConfig, DEFAULT_SOCKET};
 pub use log::{check_filter as check_log_filter, LogConfig};
 pub use metrics::MetricsConfig;
 pub use ports::PortsConfig;

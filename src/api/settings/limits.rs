@@ -1,6 +1,6 @@
 //! `[limits]`: the gRPC listeners' resource bounds.
 
-use super::error::{invalid, ConfigError};
+use super::{invalid, SettingsError};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -134,7 +134,7 @@ impl Default for LimitsConfig {
 
 impl LimitsConfig {
     /// Every bound is usable: non-zero, and the request timeout outlasts the longest wait.
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), SettingsError> {
         if self.max_watch_streams == 0 {
             return Err(invalid("limits.max_watch_streams", "must be at least 1"));
         }

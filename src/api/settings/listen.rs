@@ -1,6 +1,6 @@
 //! `[listen]` and `[listen.tls]`: the unix socket, the TCP listener and its mTLS.
 
-use super::error::{invalid, rejected_by, ConfigError};
+use super::{invalid, rejected_by, SettingsError};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -102,7 +102,7 @@ impl ListenConfig {
     }
 
     /// The TCP listener is mTLS, or plaintext on loopback for test rigs; TLS lists parse.
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), SettingsError> {
         if self.plaintext_loopback.is_some() {
             return Err(invalid(
                 "listen.plaintext_loopback",
@@ -174,7 +174,7 @@ pub struct TlsConfig {
 
 impl TlsConfig {
     /// The allowlists parse, name someone, and the node mapping is one of its two forms.
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), SettingsError> {
         for (key, list) in [
             ("listen.tls.allowed_clients", &self.allowed_clients),
             ("listen.tls.partitions_clients", &self.partitions_clients),
