@@ -16,6 +16,7 @@ mod remote;
 pub mod secret_file;
 mod serve;
 mod sm_view;
+mod timestamp;
 mod verdict;
 
 pub use reload::LogControl;

@@ -6,6 +6,7 @@
 //! [`WIDTH`] columns and wrap their last column instead of cutting it; `-o wide` adds columns;
 //! JSON carries every field the API has.
 
+use super::timestamp::time;
 use super::{sm_view, Format};
 use crate::proto::agent as pb;
 use serde_json::{json, Value};
@@ -38,19 +39,6 @@ fn link_layer(v: i32) -> &'static str {
     pb::LinkLayer::try_from(v)
         .map(|s| s.as_str_name().trim_start_matches("LINK_LAYER_"))
         .unwrap_or("?")
-}
-
-/// A timestamp as RFC 3339 with milliseconds; empty when unset.
-pub(super) fn time(t: &Option<prost_types::Timestamp>) -> String {
-    t.as_ref()
-        .and_then(|t| {
-            let d = std::time::Duration::new(
-                u64::try_from(t.seconds).ok()?,
-                u32::try_from(t.nanos).ok()?,
-            );
-            Some(humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + d).to_string())
-        })
-        .unwrap_or_default()
 }
 
 fn port_json(p: &pb::Port) -> Value {

@@ -64,7 +64,7 @@ pub fn in_flight(sm: &pb::SubnetManagerStatus) -> Option<(Verdict, String)> {
             "generation {} sent to {} at {} ({age}s ago), waiting for its answer",
             sm.apply_in_flight_generation,
             sm.backend.to_lowercase(),
-            super::output::time(&sm.apply_in_flight_since),
+            super::timestamp::time(&sm.apply_in_flight_since),
         ),
     ))
 }
