@@ -7,7 +7,7 @@
 //!
 //! # Layout
 //! Dependencies point downward: `api` -> `agent` -> {`sm`, `observe`, `store`} -> {`mad`, `sys`,
-//! `sim`, `domain`}. At the top, above `api`, sit `cli` (the commands) and `daemon` (the
+//! `embedded_fabric`, `domain`}. At the top, above `api`, sit `cli` (the commands) and `daemon` (the
 //! composition root `cli serve` calls): the only modules that name concrete backends and
 //! observers. `config` composes the settings structs that `agent`, `sm`, `observe` and `api`
 //! own; nothing below `daemon`/`cli` reads the whole [`config::Config`].
@@ -20,7 +20,7 @@
 //! - [`store`]    — durable desired state and the ordered event log (redb); its side-file mirror detects a restored database
 //! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm; `FabricSide` (what `fabric.sm.v1.Partitions` calls: the OpenSM SM host, `ufm::broker` the UFM broker), `grant_judge` (the fabric side's grant rules, pure); `opensm::{peers, sync, standby}` several SM hosts (peers, anti-entropy and the catch-up gate, a standby's file)
 //! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined; `presence` (whether a covered port missing from the read has left the fabric, by the SA's word)
-//! - [`sim`]      — the embedded simulated fabric's port tables
+//! - [`embedded_fabric`] — the embedded backend's simulated fabric: its port tables (not the deterministic simulation, which is `tests/sim`)
 //! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O
 //! - [`sys`]      — the only unsafe code and the only `nix`/`libc` use: umad device I/O, libibverbs wrappers, user/group lookups, host name, signals (through pidfds to a named process), open flags
 //! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events, grants (Ed25519 verification, rotating key sets, typed refusals): pure types
@@ -37,10 +37,10 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod domain;
+pub mod embedded_fabric;
 pub mod mad;
 pub mod observe;
 pub use api::proto;
-pub mod sim;
 pub mod sm;
 pub mod store;
 #[allow(unsafe_code)] // the one place for it: every block carries a `// SAFETY:` comment

@@ -203,8 +203,8 @@ mod tests {
     use crate::domain::{
         FabricName, GrantPolicy, InstanceId, Membership, NodeId, PKeyValue, Partition, PortSelector,
     };
+    use crate::embedded_fabric::{PersistError, SimFabric, SimPersistence};
     use crate::observe::embedded::EmbeddedObserver;
-    use crate::sim::{PersistError, SimFabric, SimPersistence};
     use crate::sm::embedded::{EmbeddedConfig, EmbeddedSm};
     use crate::store::Store;
     use futures::StreamExt;

@@ -6,7 +6,7 @@ use super::StartError;
 use crate::api::sm_client::RemoteSm;
 use crate::config::{Backend, Config, ObserverKind};
 use crate::domain::NodeId;
-use crate::sim::SimFabric;
+use crate::embedded_fabric::SimFabric;
 use crate::sm::embedded::EmbeddedSm;
 use crate::sm::opensm::sa_members::SaMembers;
 use crate::sm::opensm::OpenSmBackend;

@@ -4,11 +4,11 @@
 use super::StartError;
 use crate::config::{Config, ObserverKind};
 use crate::domain::Inventory;
+use crate::embedded_fabric::SimFabric;
 use crate::observe::combined::CombinedObserver;
 use crate::observe::embedded::EmbeddedObserver;
 use crate::observe::smp::SmpObserver;
 use crate::observe::PortObserver;
-use crate::sim::SimFabric;
 use std::sync::Arc;
 
 /// The observer and why it was chosen (shown by `fabric-agent node`).

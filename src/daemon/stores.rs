@@ -1,7 +1,7 @@
 //! The store adapters the backends persist through: each keeps one backend's state in the
 //! agent's store (its own table or meta key), so the backends depend on their traits only.
 
-use crate::sim::SimPersistence;
+use crate::embedded_fabric::SimPersistence;
 use crate::sm::opensm::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use crate::sm::ufm::{LedgerStoreError, UfmLedgerStore};
 use crate::store::Store;
@@ -167,7 +167,7 @@ impl SimPersistence for StoredSimTables {
         serde_json::from_slice(&bytes).ok()
     }
 
-    fn save(&self, tables: &[Vec<u16>]) -> Result<(), crate::sim::PersistError> {
+    fn save(&self, tables: &[Vec<u16>]) -> Result<(), crate::embedded_fabric::PersistError> {
         let bytes = serde_json::to_vec(tables)?;
         Ok(self.0.set_meta(SIM_TABLES, &bytes)?)
     }

@@ -2,7 +2,7 @@
 
 use super::{ObserveError, PortObserver};
 use crate::domain::Inventory;
-use crate::sim::SimFabric;
+use crate::embedded_fabric::SimFabric;
 use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::Duration;

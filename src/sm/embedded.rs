@@ -17,7 +17,7 @@
 
 use super::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
 use crate::domain::{Guid, Membership, NodeMemberships, PKeyValue};
-use crate::sim::SimFabric;
+use crate::embedded_fabric::SimFabric;
 use async_trait::async_trait;
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -146,7 +146,7 @@ impl Fence {
         fabric: &SimFabric,
         generation: u64,
         keys_of: &impl Fn(Guid) -> Vec<PKeyValue>,
-    ) -> Result<bool, crate::sim::SimError> {
+    ) -> Result<bool, crate::embedded_fabric::SimError> {
         if generation < self.landed {
             return Ok(false);
         }
@@ -297,7 +297,7 @@ fn injected(fault: InjectedFault) -> SmFailure {
 mod tests {
     use super::*;
     use crate::domain::{KeySetting, NodeId, PKey};
-    use crate::sim::{PersistError, SimPersistence};
+    use crate::embedded_fabric::{PersistError, SimPersistence};
     use std::collections::BTreeMap;
 
     struct Nowhere;

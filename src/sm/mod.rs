@@ -15,7 +15,7 @@ pub use fabric_side::{FabricSide, FabricSideError, PartitionMember, PartitionMem
 pub use opensm::{OpenSmBackend, OpenSmError, StoredNode};
 
 use crate::domain::{Condition, NodeMemberships, SmState};
-use crate::sim::SimError;
+use crate::embedded_fabric::SimError;
 use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::Duration;
