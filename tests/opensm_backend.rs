@@ -8,7 +8,7 @@ mod common;
 use async_trait::async_trait;
 use fabric_agent::domain::ConditionKind;
 use fabric_agent::domain::{Guid, Membership, NodeMemberships};
-use fabric_agent::sm::opensm::backend::{accepted_copy_path, rejected_copy_path};
+use fabric_agent::sm::opensm::file::{accepted_copy_path, rejected_copy_path};
 use fabric_agent::sm::opensm::parse::parse;
 use fabric_agent::sm::opensm::region::{
     split_region, Collision, RegionError, BEGIN_MARKER, END_MARKER,

@@ -26,6 +26,7 @@
 //! `watch_ms`, also those logged while the agent was down (the log mark is persisted); see
 //! [`super::repair`].
 
+use super::file::{accepted_copy_path, rejected_copy_path};
 use super::file::{read_or_empty, replace_atomically};
 use super::isolation;
 use super::model::PartitionsConf;
@@ -53,7 +54,7 @@ use crate::domain::{
 use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -360,24 +361,6 @@ struct Health {
     operator_file_refused: Option<String>,
     /// Nodes whose stored set the last commit left out of the file, and why.
     quarantined: BTreeMap<NodeId, String>,
-}
-
-/// Where the copy of the last file OpenSM accepted lives: beside the file, hidden.
-pub fn accepted_copy_path(partitions_file: &Path) -> PathBuf {
-    let name = partitions_file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "partitions.conf".into());
-    partitions_file.with_file_name(format!(".{name}.fabric-agent-accepted"))
-}
-
-/// Where an operator's edit that OpenSM rejected is kept when the accepted file is restored.
-pub fn rejected_copy_path(partitions_file: &Path) -> PathBuf {
-    let name = partitions_file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "partitions.conf".into());
-    partitions_file.with_file_name(format!("{name}.rejected"))
 }
 
 async fn blocking<T: Send + 'static>(

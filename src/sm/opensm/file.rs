@@ -82,6 +82,24 @@ pub fn replace_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Where the copy of the last file OpenSM accepted lives: beside the file, hidden.
+pub fn accepted_copy_path(partitions_file: &Path) -> PathBuf {
+    let name = partitions_file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "partitions.conf".into());
+    partitions_file.with_file_name(format!(".{name}.fabric-agent-accepted"))
+}
+
+/// Where an operator's edit that OpenSM rejected is kept when the accepted file is restored.
+pub fn rejected_copy_path(partitions_file: &Path) -> PathBuf {
+    let name = partitions_file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "partitions.conf".into());
+    partitions_file.with_file_name(format!("{name}.rejected"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

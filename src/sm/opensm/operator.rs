@@ -179,7 +179,7 @@ pub async fn apply(config: &OpenSmConfig) -> Result<Applied, ApplyError> {
     let mark = reloader.checkpoint();
     match reloader.reload(mark).await {
         Ok(r) if r.file_read => {
-            let copy = super::backend::accepted_copy_path(&live);
+            let copy = super::file::accepted_copy_path(&live);
             replace_atomically(&copy, &bytes)?;
             Ok(Applied {
                 bytes: bytes.len(),
