@@ -113,6 +113,11 @@ pub fn revoke(record: &mut StoredNode, instance: &str) -> (Vec<String>, Vec<PKey
     record.revoked_instances.insert(instance.to_owned());
     let ids: Vec<String> = revoked.into_iter().map(|g| g.grant_id).collect();
     record.consumed.extend(ids.iter().cloned());
+    record
+        .revoked_grants
+        .entry(instance.to_owned())
+        .or_default()
+        .extend(ids.iter().cloned());
     let justified: BTreeSet<PKey> = record.grants.iter().map(|g| g.pkey).collect();
     let removed: Vec<PKey> = record
         .memberships
@@ -125,6 +130,37 @@ pub fn revoke(record: &mut StoredNode, instance: &str) -> (Vec<String>, Vec<PKey
         record.memberships.keys.remove(k);
     }
     (ids, removed)
+}
+
+/// Applies a revocation another SM host recorded for `record`'s node (`instance`, and the grant
+/// ids it consumed there) exactly as [`revoke`] would here, the peer's grant ids consumed too.
+/// Union only: `None` when the record already holds all of it (nothing changes), else the
+/// newly consumed ids and the removed keys. A peer can add revocations, never take one away.
+pub fn learn_revocation(
+    record: &mut StoredNode,
+    instance: &str,
+    grant_ids: &BTreeSet<String>,
+) -> Option<(Vec<String>, Vec<PKey>)> {
+    let known = record.revoked_grants.get(instance);
+    if record.revoked_instances.contains(instance)
+        && grant_ids
+            .iter()
+            .all(|id| known.is_some_and(|k| k.contains(id)))
+    {
+        return None;
+    }
+    let (mut ids, removed) = revoke(record, instance);
+    for id in grant_ids {
+        if record.consumed.insert(id.clone()) {
+            ids.push(id.clone());
+        }
+    }
+    record
+        .revoked_grants
+        .entry(instance.to_owned())
+        .or_default()
+        .extend(grant_ids.iter().cloned());
+    Some((ids, removed))
 }
 
 #[cfg(test)]
@@ -247,5 +283,27 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, GrantError::Consumed { .. }));
+    }
+
+    #[test]
+    fn a_learned_revocation_is_applied_once_and_only_adds() {
+        let p = policy();
+        let want = set(&[0x0a11, 0x0b22]);
+        let grants = [
+            signed("g-a", "node1", "i-1", 0x0a11),
+            signed("g-b", "node1", "i-2", 0x0b22),
+        ];
+        let accepted = judge(&p, &BTreeSet::new(), None, &want, &grants).unwrap();
+        let mut record = StoredNode::new(want, 1);
+        replace_grants(&mut record, accepted);
+        let ids: BTreeSet<String> = ["g-a".to_owned(), "g-x".to_owned()].into();
+        let (consumed, removed) = learn_revocation(&mut record, "i-1", &ids).unwrap();
+        assert_eq!(consumed, vec!["g-a".to_owned(), "g-x".to_owned()]);
+        assert_eq!(removed, vec![PKey::new(0x0a11).unwrap()]);
+        assert_eq!(record.revoked_grants["i-1"], ids);
+        assert!(learn_revocation(&mut record, "i-1", &ids).is_none());
+        assert!(learn_revocation(&mut record, "i-1", &BTreeSet::new()).is_none());
+        assert!(!record.consumed.contains("g-b"));
+        assert_eq!(record.memberships.keys.len(), 1);
     }
 }
