@@ -114,6 +114,21 @@ fn host(
     }
 }
 
+/// Hosts `a` and `b` (`b` on `store_b`), each pulling the other; and the peers `a` and `b`
+/// pull through (to b, to a).
+fn pair(
+    dir: &Path,
+    signer: &GrantSigner,
+    store_b: Arc<InMemoryNodeStore>,
+) -> (Host, Host, Arc<TestPeer>, Arc<TestPeer>) {
+    let (to_b, to_a) = (test_peer("b"), test_peer("a"));
+    let a = host(dir, "a", Arc::default(), signer, to_b.clone());
+    let b = host(dir, "b", store_b, signer, to_a.clone());
+    *to_b.real.lock().unwrap() = Some(b.sync.clone());
+    *to_a.real.lock().unwrap() = Some(a.sync.clone());
+    (a, b, to_b, to_a)
+}
+
 fn set(node: &str, guid: u64, keys: &[u32]) -> NodeMemberships {
     memberships(
         node,
@@ -138,11 +153,7 @@ fn file_has(h: &Host, key: u32) -> bool {
 async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
     let dir = tempfile::tempdir().unwrap();
     let cp = GrantSigner::new("cp");
-    let (to_b, to_a) = (test_peer("b"), test_peer("a"));
-    let a = host(dir.path(), "a", Arc::default(), &cp, to_b.clone());
-    let b = host(dir.path(), "b", Arc::default(), &cp, to_a.clone());
-    *to_b.real.lock().unwrap() = Some(b.sync.clone());
-    *to_a.real.lock().unwrap() = Some(a.sync.clone());
+    let (a, b, to_b, _) = pair(dir.path(), &cp, Arc::default());
 
     // node1's set reaches B only; A learns it from B, the grant verified here.
     let g = signed(&cp, "g1", "node1", KEY);
@@ -314,11 +325,7 @@ fn durably_revoked(store: &InMemoryNodeStore, node: &str, grant: &str) -> bool {
 async fn a_revocation_on_one_host_is_applied_by_its_peer_and_the_grant_refused_there() {
     let dir = tempfile::tempdir().unwrap();
     let cp = GrantSigner::new("cp");
-    let (to_b, to_a) = (test_peer("b"), test_peer("a"));
-    let a = host(dir.path(), "a", Arc::default(), &cp, to_b.clone());
-    let b = host(dir.path(), "b", Arc::default(), &cp, to_a.clone());
-    *to_b.real.lock().unwrap() = Some(b.sync.clone());
-    *to_a.real.lock().unwrap() = Some(a.sync.clone());
+    let (a, b, _, to_a) = pair(dir.path(), &cp, Arc::default());
 
     // node1 reached both hosts; node2 (key 0x0a22) reached A only.
     let (g1, g2) = (
@@ -390,11 +397,8 @@ async fn a_revocation_on_one_host_is_applied_by_its_peer_and_the_grant_refused_t
 async fn a_host_down_during_a_revocation_learns_it_at_its_next_pull() {
     let dir = tempfile::tempdir().unwrap();
     let cp = GrantSigner::new("cp");
-    let (to_b, to_a) = (test_peer("b"), test_peer("a"));
     let store_b: Arc<InMemoryNodeStore> = Arc::default();
-    let a = host(dir.path(), "a", Arc::default(), &cp, to_b.clone());
-    let b = host(dir.path(), "b", store_b.clone(), &cp, to_a.clone());
-    *to_a.real.lock().unwrap() = Some(a.sync.clone());
+    let (a, b, _, to_a) = pair(dir.path(), &cp, store_b.clone());
     let g1 = signed(&cp, "g1", "node1", KEY);
     for h in [&a, &b] {
         h.side

@@ -256,17 +256,23 @@ mod tests {
         assert!(matches!(e, GrantError::Consumed { .. }));
     }
 
-    #[test]
-    fn a_revocation_consumes_the_instance_and_drops_its_keys() {
-        let p = policy();
+    /// node1 holding 0x0a11 by instance i-1 (grant g-a) and 0x0b22 by i-2 (g-b).
+    fn two_instances(p: &GrantPolicy) -> StoredNode {
         let want = set(&[0x0a11, 0x0b22]);
         let grants = [
             signed("g-a", "node1", "i-1", 0x0a11),
             signed("g-b", "node1", "i-2", 0x0b22),
         ];
-        let accepted = judge(&p, &BTreeSet::new(), None, &want, &grants).unwrap();
+        let accepted = judge(p, &BTreeSet::new(), None, &want, &grants).unwrap();
         let mut record = StoredNode::new(want, 1);
         replace_grants(&mut record, accepted);
+        record
+    }
+
+    #[test]
+    fn a_revocation_consumes_the_instance_and_drops_its_keys() {
+        let p = policy();
+        let mut record = two_instances(&p);
         let (ids, removed) = revoke(&mut record, "i-1");
         assert_eq!(ids, vec!["g-a".to_owned()]);
         assert_eq!(removed, vec![PKey::new(0x0a11).unwrap()]);
@@ -287,15 +293,7 @@ mod tests {
 
     #[test]
     fn a_learned_revocation_is_applied_once_and_only_adds() {
-        let p = policy();
-        let want = set(&[0x0a11, 0x0b22]);
-        let grants = [
-            signed("g-a", "node1", "i-1", 0x0a11),
-            signed("g-b", "node1", "i-2", 0x0b22),
-        ];
-        let accepted = judge(&p, &BTreeSet::new(), None, &want, &grants).unwrap();
-        let mut record = StoredNode::new(want, 1);
-        replace_grants(&mut record, accepted);
+        let mut record = two_instances(&policy());
         let ids: BTreeSet<String> = ["g-a".to_owned(), "g-x".to_owned()].into();
         let (consumed, removed) = learn_revocation(&mut record, "i-1", &ids).unwrap();
         assert_eq!(consumed, vec!["g-a".to_owned(), "g-x".to_owned()]);
