@@ -132,6 +132,15 @@ pub fn revoke(record: &mut StoredNode, instance: &str) -> (Vec<String>, Vec<PKey
     (ids, removed)
 }
 
+/// Whether `record` already holds the revocation of `instance` with every one of `grant_ids`.
+pub fn holds_revocation(record: &StoredNode, instance: &str, grant_ids: &BTreeSet<String>) -> bool {
+    let known = record.revoked_grants.get(instance);
+    record.revoked_instances.contains(instance)
+        && grant_ids
+            .iter()
+            .all(|id| known.is_some_and(|k| k.contains(id)))
+}
+
 /// Applies a revocation another SM host recorded for `record`'s node (`instance`, and the grant
 /// ids it consumed there) exactly as [`revoke`] would here, the peer's grant ids consumed too.
 /// Union only: `None` when the record already holds all of it (nothing changes), else the
@@ -141,12 +150,7 @@ pub fn learn_revocation(
     instance: &str,
     grant_ids: &BTreeSet<String>,
 ) -> Option<(Vec<String>, Vec<PKey>)> {
-    let known = record.revoked_grants.get(instance);
-    if record.revoked_instances.contains(instance)
-        && grant_ids
-            .iter()
-            .all(|id| known.is_some_and(|k| k.contains(id)))
-    {
+    if holds_revocation(record, instance, grant_ids) {
         return None;
     }
     let (mut ids, removed) = revoke(record, instance);

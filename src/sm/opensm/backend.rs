@@ -925,7 +925,14 @@ impl OpenSmBackend {
         &self,
         learned: &[(NodeId, String, BTreeSet<String>)],
     ) -> Result<Vec<(NodeId, String)>, OpenSmError> {
-        if !self.requires_grants() || learned.is_empty() {
+        let new = |st: &State| {
+            learned.iter().any(|(node, instance, ids)| {
+                st.nodes
+                    .get(node)
+                    .is_none_or(|r| !crate::sm::grant_judge::holds_revocation(r, instance, ids))
+            })
+        };
+        if !self.requires_grants() || !new(&self.inner.lock()) {
             return Ok(Vec::new());
         }
         let _alone = self.serial_unless_grouped().await;
