@@ -3,8 +3,10 @@
 //! grant verified with its own keys), so a peer cannot put in a key the control plane never
 //! granted, nor one signed by another key; per node the highest generation wins; a restarted
 //! host holds back every stored set (its file has none of their keys) until a caught-up peer or
-//! the node confirms it, and a set released while it was down never comes back. The fabric-level
-//! story (two OpenSMs, failover, smpquery) is tests/opensm_ha.rs.
+//! the node confirms it, and a set released while it was down never comes back. A revocation on
+//! one host reaches the others by the same pull (a host down during it included): the revoked
+//! key leaves their files, and a set still carrying the revoked grant is refused there too. The
+//! fabric-level story (two OpenSMs, failover, smpquery) is tests/opensm_ha.rs.
 
 mod common;
 
@@ -112,6 +114,21 @@ fn host(
     }
 }
 
+/// Hosts `a` and `b` (`b` on `store_b`), each pulling the other; and the peers `a` and `b`
+/// pull through (to b, to a).
+fn pair(
+    dir: &Path,
+    signer: &GrantSigner,
+    store_b: Arc<InMemoryNodeStore>,
+) -> (Host, Host, Arc<TestPeer>, Arc<TestPeer>) {
+    let (to_b, to_a) = (test_peer("b"), test_peer("a"));
+    let a = host(dir, "a", Arc::default(), signer, to_b.clone());
+    let b = host(dir, "b", store_b, signer, to_a.clone());
+    *to_b.real.lock().unwrap() = Some(b.sync.clone());
+    *to_a.real.lock().unwrap() = Some(a.sync.clone());
+    (a, b, to_b, to_a)
+}
+
 fn set(node: &str, guid: u64, keys: &[u32]) -> NodeMemberships {
     memberships(
         node,
@@ -136,11 +153,7 @@ fn file_has(h: &Host, key: u32) -> bool {
 async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
     let dir = tempfile::tempdir().unwrap();
     let cp = GrantSigner::new("cp");
-    let (to_b, to_a) = (test_peer("b"), test_peer("a"));
-    let a = host(dir.path(), "a", Arc::default(), &cp, to_b.clone());
-    let b = host(dir.path(), "b", Arc::default(), &cp, to_a.clone());
-    *to_b.real.lock().unwrap() = Some(b.sync.clone());
-    *to_a.real.lock().unwrap() = Some(a.sync.clone());
+    let (a, b, to_b, _) = pair(dir.path(), &cp, Arc::default());
 
     // node1's set reaches B only; A learns it from B, the grant verified here.
     let g = signed(&cp, "g1", "node1", KEY);
@@ -179,6 +192,7 @@ async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
                 confirmed: true,
             },
         ],
+        revocations: Vec::new(),
     });
     a.sync.round().await;
     assert!(a.backend.node("node2").is_none());
@@ -210,6 +224,7 @@ async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
             grants: Vec::new(),
             confirmed: false,
         }],
+        revocations: Vec::new(),
     });
     a.sync.round().await;
     assert_eq!(a.backend.node("node1").unwrap().generation, 3);
@@ -290,4 +305,145 @@ async fn a_restarted_host_holds_every_set_back_until_it_is_confirmed() {
         .unwrap();
     assert!(file_has(&a, k2));
     let _ = a.store.transactions();
+}
+
+fn refused_as_denied(r: Result<u64, fabric_agent::sm::FabricSideError>) {
+    let e = r.expect_err("a set carrying a revoked grant must be refused");
+    let status = fabric_agent::api::sm_v1::status_of_fabric_side(&e);
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+}
+
+fn durably_revoked(store: &InMemoryNodeStore, node: &str, grant: &str) -> bool {
+    store.load_all().unwrap().iter().any(|n| {
+        n.memberships.node_id.as_str() == node
+            && n.revoked_instances.contains("i-1")
+            && n.consumed.contains(grant)
+    })
+}
+
+#[tokio::test]
+async fn a_revocation_on_one_host_is_applied_by_its_peer_and_the_grant_refused_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = GrantSigner::new("cp");
+    let (a, b, _, to_a) = pair(dir.path(), &cp, Arc::default());
+
+    // node1 reached both hosts; node2 (key 0x0a22) reached A only.
+    let (g1, g2) = (
+        signed(&cp, "g1", "node1", KEY),
+        signed(&cp, "g2", "node2", 0x0a22),
+    );
+    for h in [&a, &b] {
+        h.side
+            .set_node(set("node1", 1, &[KEY]), std::slice::from_ref(&g1), 3)
+            .await
+            .unwrap();
+    }
+    a.side
+        .set_node(set("node2", 2, &[0x0a22]), std::slice::from_ref(&g2), 5)
+        .await
+        .unwrap();
+
+    // The control plane revokes both instances on A alone.
+    for node in ["node1", "node2"] {
+        let node = fabric_agent::domain::NodeId::parse(node).unwrap();
+        a.side.revoke_instance(&node, "i-1").await.unwrap();
+    }
+    assert!(!file_has(&a, KEY) && !file_has(&a, 0x0a22));
+    assert!(file_has(&b, KEY), "B has not pulled yet");
+
+    // B pulls A: it revokes the same, durably, and its file loses the key.
+    b.sync.round().await;
+    assert!(!file_has(&b, KEY));
+    assert!(durably_revoked(&b.store, "node1", "g1"));
+    assert!(durably_revoked(&b.store, "node2", "g2"));
+    assert_eq!(b.backend.node("node1").unwrap().generation, 3);
+
+    // The node keeps sending sets carrying the revoked grant, to B: refused, nothing written.
+    refused_as_denied(
+        b.side
+            .set_node(set("node1", 1, &[KEY]), std::slice::from_ref(&g1), 4)
+            .await,
+    );
+    refused_as_denied(
+        b.side
+            .set_node(set("node2", 2, &[0x0a22]), std::slice::from_ref(&g2), 6)
+            .await,
+    );
+    assert!(!file_has(&b, KEY) && !file_has(&b, 0x0a22));
+
+    // A peer cannot un-revoke: an answer without the revocations (and a set carrying the
+    // revoked grant) changes nothing here.
+    *to_a.forged.lock().unwrap() = Some(PeerAnswer {
+        host: "a".into(),
+        caught_up: true,
+        sets: vec![PeerSet {
+            memberships: set("node1", 1, &[KEY]),
+            generation: 9,
+            grants: vec![g1.clone()],
+            confirmed: true,
+        }],
+        revocations: Vec::new(),
+    });
+    b.sync.round().await;
+    assert!(!file_has(&b, KEY));
+    assert!(durably_revoked(&b.store, "node1", "g1"));
+    // B forwards the revocations it learned, and never the revoked grant.
+    let answer = b.sync.answer("c");
+    assert_eq!(answer.revocations.len(), 2);
+    assert!(answer.sets.iter().all(|s| s.grants.is_empty()));
+}
+
+#[tokio::test]
+async fn a_host_down_during_a_revocation_learns_it_at_its_next_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = GrantSigner::new("cp");
+    let store_b: Arc<InMemoryNodeStore> = Arc::default();
+    let (a, b, _, to_a) = pair(dir.path(), &cp, store_b.clone());
+    let g1 = signed(&cp, "g1", "node1", KEY);
+    for h in [&a, &b] {
+        h.side
+            .set_node(set("node1", 1, &[KEY]), std::slice::from_ref(&g1), 3)
+            .await
+            .unwrap();
+    }
+
+    // B is down while the control plane revokes on A.
+    let Host { backend, sync, .. } = b;
+    drop((backend, sync));
+    let node1 = fabric_agent::domain::NodeId::parse("node1").unwrap();
+    a.side.revoke_instance(&node1, "i-1").await.unwrap();
+
+    // B restarts and catches up from A: the revocation is recorded in its store.
+    let b = host(dir.path(), "b", store_b.clone(), &cp, to_a.clone());
+    assert!(file_has(&b, KEY), "the stale file before the agent ran");
+    assert!(b.sync.catch_up(std::time::Duration::from_secs(1)).await);
+    assert!(!file_has(&b, KEY));
+    assert!(durably_revoked(&store_b, "node1", "g1"));
+
+    // A's revoked set confirmed B's held-back one, so the node's retry of its old set is not
+    // the same set any more, and its next set still carries the revoked grant: both refused,
+    // and the key stays out of B's file.
+    assert!(b
+        .side
+        .set_node(set("node1", 1, &[KEY]), std::slice::from_ref(&g1), 3)
+        .await
+        .is_err());
+    refused_as_denied(
+        b.side
+            .set_node(set("node1", 1, &[KEY]), std::slice::from_ref(&g1), 4)
+            .await,
+    );
+    assert!(!file_has(&b, KEY));
+    // And a restart of B keeps it (durable), even with A unreachable.
+    let Host { backend, sync, .. } = b;
+    drop((backend, sync));
+    *to_a.real.lock().unwrap() = None;
+    let b = host(dir.path(), "b", store_b, &cp, to_a);
+    assert!(!b.sync.catch_up(std::time::Duration::from_secs(1)).await);
+    refused_as_denied(
+        b.side
+            .set_node(set("node1", 1, &[KEY]), std::slice::from_ref(&g1), 5)
+            .await,
+    );
+    assert!(!file_has(&b, KEY));
 }

@@ -7,10 +7,11 @@
 use super::grant_v1::{signed_grant_from_proto, signed_grant_to_proto};
 use super::sm_client::{sm_host_channel, RemoteError};
 use super::sm_v1::{memberships_from_proto, memberships_to_proto};
+use crate::domain::NodeId;
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_client::PartitionsClient;
 use crate::sm::opensm::peers::PeersConfig;
-use crate::sm::opensm::sync::{Peer, PeerAnswer, PeerSet};
+use crate::sm::opensm::sync::{Peer, PeerAnswer, PeerRevocation, PeerSet};
 use async_trait::async_trait;
 use std::sync::Arc;
 use tonic::transport::Channel;
@@ -59,7 +60,33 @@ pub fn answer_to_proto(a: &PeerAnswer) -> pb::PullNodeSetsResponse {
                 }
             })
             .collect(),
+        revocations: a
+            .revocations
+            .iter()
+            .map(|r| pb::RevokedInstance {
+                node_id: r.node.to_string(),
+                instance_id: r.instance.clone(),
+                grant_ids: r.grant_ids.iter().cloned().collect(),
+            })
+            .collect(),
     }
+}
+
+/// A peer's revocation as received, or why it is left out (a bad node, instance or grant id).
+fn revocation_from_proto(r: pb::RevokedInstance) -> Result<PeerRevocation, String> {
+    let node =
+        NodeId::try_from(r.node_id.clone()).map_err(|e| format!("node id {:?}: {e}", r.node_id))?;
+    if let Some(bad) = std::iter::once(&r.instance_id)
+        .chain(&r.grant_ids)
+        .find(|id| !crate::domain::is_grant_id(id))
+    {
+        return Err(format!("{bad:?} is not 1-128 characters [A-Za-z0-9._:-]"));
+    }
+    Ok(PeerRevocation {
+        node,
+        instance: r.instance_id,
+        grant_ids: r.grant_ids.into_iter().collect(),
+    })
 }
 
 /// A peer's answer as received: every set that converts (the others are logged and left out).
@@ -92,10 +119,21 @@ pub fn answer_from_proto(peer: &str, r: pb::PullNodeSetsResponse) -> PeerAnswer 
             }
         })
         .collect();
+    let revocations = r
+        .revocations
+        .into_iter()
+        .filter_map(|rev| {
+            let node = rev.node_id.clone();
+            revocation_from_proto(rev)
+                .inspect_err(|e| tracing::warn!(peer, node_id = %node, error = %e, "peer sent a revocation that does not convert; left out"))
+                .ok()
+        })
+        .collect();
     PeerAnswer {
         host: r.host,
         caught_up: r.caught_up,
         sets,
+        revocations,
     }
 }
 
@@ -161,8 +199,20 @@ mod tests {
                 grants: Vec::new(),
                 confirmed: true,
             }],
+            revocations: vec![PeerRevocation {
+                node: m.node_id.clone(),
+                instance: "i-1".into(),
+                grant_ids: ["g-1".to_owned()].into(),
+            }],
         };
         let mut wire = answer_to_proto(&a);
+        let mut bad = wire.clone();
+        bad.revocations.push(pb::RevokedInstance {
+            node_id: "node1".into(),
+            instance_id: "i 2".into(),
+            grant_ids: Vec::new(),
+        });
+        assert_eq!(answer_from_proto("p", bad).revocations, a.revocations);
         let back = answer_from_proto("p", wire.clone());
         assert_eq!(back.sets.len(), 1);
         assert_eq!(back.sets[0].memberships, m);

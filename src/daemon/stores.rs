@@ -40,6 +40,9 @@ struct StoredSmNode {
     consumed: std::collections::BTreeSet<String>,
     #[serde(default)]
     revoked_instances: std::collections::BTreeSet<String>,
+    // Absent in records written before revocations were shared with peer SM hosts.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    revoked_grants: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
     /// Loaded from a store found restored from a copy, and not rewritten since: kept out of the
     /// rendered region (see [`StoredNode::unconfirmed`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -105,6 +108,7 @@ impl NodeMembershipStore for StoredSmNodes {
                     grants: n.grants,
                     consumed: n.consumed,
                     revoked_instances: n.revoked_instances,
+                    revoked_grants: n.revoked_grants,
                     gated: false,
                 };
                 if n.unconfirmed {
@@ -130,6 +134,7 @@ impl NodeMembershipStore for StoredSmNodes {
                     grants: n.grants.clone(),
                     consumed: n.consumed.clone(),
                     revoked_instances: n.revoked_instances.clone(),
+                    revoked_grants: n.revoked_grants.clone(),
                     unconfirmed: false,
                 })?;
                 Ok((n.memberships.node_id.to_string(), bytes))

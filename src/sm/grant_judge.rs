@@ -113,6 +113,11 @@ pub fn revoke(record: &mut StoredNode, instance: &str) -> (Vec<String>, Vec<PKey
     record.revoked_instances.insert(instance.to_owned());
     let ids: Vec<String> = revoked.into_iter().map(|g| g.grant_id).collect();
     record.consumed.extend(ids.iter().cloned());
+    record
+        .revoked_grants
+        .entry(instance.to_owned())
+        .or_default()
+        .extend(ids.iter().cloned());
     let justified: BTreeSet<PKey> = record.grants.iter().map(|g| g.pkey).collect();
     let removed: Vec<PKey> = record
         .memberships
@@ -125,6 +130,41 @@ pub fn revoke(record: &mut StoredNode, instance: &str) -> (Vec<String>, Vec<PKey
         record.memberships.keys.remove(k);
     }
     (ids, removed)
+}
+
+/// Whether `record` already holds the revocation of `instance` with every one of `grant_ids`.
+pub fn holds_revocation(record: &StoredNode, instance: &str, grant_ids: &BTreeSet<String>) -> bool {
+    let known = record.revoked_grants.get(instance);
+    record.revoked_instances.contains(instance)
+        && grant_ids
+            .iter()
+            .all(|id| known.is_some_and(|k| k.contains(id)))
+}
+
+/// Applies a revocation another SM host recorded for `record`'s node (`instance`, and the grant
+/// ids it consumed there) exactly as [`revoke`] would here, the peer's grant ids consumed too.
+/// Union only: `None` when the record already holds all of it (nothing changes), else the
+/// newly consumed ids and the removed keys. A peer can add revocations, never take one away.
+pub fn learn_revocation(
+    record: &mut StoredNode,
+    instance: &str,
+    grant_ids: &BTreeSet<String>,
+) -> Option<(Vec<String>, Vec<PKey>)> {
+    if holds_revocation(record, instance, grant_ids) {
+        return None;
+    }
+    let (mut ids, removed) = revoke(record, instance);
+    for id in grant_ids {
+        if record.consumed.insert(id.clone()) {
+            ids.push(id.clone());
+        }
+    }
+    record
+        .revoked_grants
+        .entry(instance.to_owned())
+        .or_default()
+        .extend(grant_ids.iter().cloned());
+    Some((ids, removed))
 }
 
 #[cfg(test)]
@@ -220,17 +260,23 @@ mod tests {
         assert!(matches!(e, GrantError::Consumed { .. }));
     }
 
-    #[test]
-    fn a_revocation_consumes_the_instance_and_drops_its_keys() {
-        let p = policy();
+    /// node1 holding 0x0a11 by instance i-1 (grant g-a) and 0x0b22 by i-2 (g-b).
+    fn two_instances(p: &GrantPolicy) -> StoredNode {
         let want = set(&[0x0a11, 0x0b22]);
         let grants = [
             signed("g-a", "node1", "i-1", 0x0a11),
             signed("g-b", "node1", "i-2", 0x0b22),
         ];
-        let accepted = judge(&p, &BTreeSet::new(), None, &want, &grants).unwrap();
+        let accepted = judge(p, &BTreeSet::new(), None, &want, &grants).unwrap();
         let mut record = StoredNode::new(want, 1);
         replace_grants(&mut record, accepted);
+        record
+    }
+
+    #[test]
+    fn a_revocation_consumes_the_instance_and_drops_its_keys() {
+        let p = policy();
+        let mut record = two_instances(&p);
         let (ids, removed) = revoke(&mut record, "i-1");
         assert_eq!(ids, vec!["g-a".to_owned()]);
         assert_eq!(removed, vec![PKey::new(0x0a11).unwrap()]);
@@ -247,5 +293,19 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, GrantError::Consumed { .. }));
+    }
+
+    #[test]
+    fn a_learned_revocation_is_applied_once_and_only_adds() {
+        let mut record = two_instances(&policy());
+        let ids: BTreeSet<String> = ["g-a".to_owned(), "g-x".to_owned()].into();
+        let (consumed, removed) = learn_revocation(&mut record, "i-1", &ids).unwrap();
+        assert_eq!(consumed, vec!["g-a".to_owned(), "g-x".to_owned()]);
+        assert_eq!(removed, vec![PKey::new(0x0a11).unwrap()]);
+        assert_eq!(record.revoked_grants["i-1"], ids);
+        assert!(learn_revocation(&mut record, "i-1", &ids).is_none());
+        assert!(learn_revocation(&mut record, "i-1", &BTreeSet::new()).is_none());
+        assert!(!record.consumed.contains("g-b"));
+        assert_eq!(record.memberships.keys.len(), 1);
     }
 }

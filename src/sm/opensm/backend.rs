@@ -886,28 +886,9 @@ impl OpenSmBackend {
                 .nodes
                 .get_mut(node)
                 .ok_or_else(|| OpenSmError::NodeNotStored(node.clone()))?;
-            let (revoked, kept): (Vec<AcceptedGrant>, Vec<AcceptedGrant>) = record
-                .grants
-                .drain(..)
-                .partition(|g| g.instance_id == instance);
-            record.grants = kept;
-            record.revoked_instances.insert(instance.to_owned());
-            for g in &revoked {
-                record.consumed.insert(g.grant_id.clone());
-                st.consumed.insert(g.grant_id.clone());
-                out.revoked_grant_ids.push(g.grant_id.clone());
-            }
-            let justified: BTreeSet<PKey> = record.grants.iter().map(|g| g.pkey).collect();
-            let removed: Vec<PKey> = record
-                .memberships
-                .keys
-                .keys()
-                .filter(|k| !justified.contains(k))
-                .copied()
-                .collect();
-            for k in &removed {
-                record.memberships.keys.remove(k);
-            }
+            let (ids, removed) = crate::sm::grant_judge::revoke(record, instance);
+            st.consumed.extend(ids.iter().cloned());
+            out.revoked_grant_ids = ids;
             out.removed_pkeys = removed;
             st.unsaved.insert(node.clone());
             tracing::warn!(node_id = %node, instance, revoked = ?out.revoked_grant_ids, removed = ?out.removed_pkeys.iter().map(ToString::to_string).collect::<Vec<_>>(), "instance revoked on the fabric side");
@@ -915,6 +896,54 @@ impl OpenSmBackend {
         self.commit(None).await?;
         out.sweeps = self.sweeps();
         Ok(out)
+    }
+
+    /// Records revocations a peer SM host holds (node, instance, the grant ids it consumed) as
+    /// if [`OpenSmBackend::revoke_instance`] had been called here for each, then writes and
+    /// confirms like a set when any changed something. Union only: what this host already holds
+    /// changes nothing, and nothing is ever un-revoked. A node this host holds no set for gets a
+    /// record with the revocations alone, so its first set here is judged against them.
+    /// Returns the revocations that changed something.
+    pub async fn learn_revocations(
+        &self,
+        learned: &[(NodeId, String, BTreeSet<String>)],
+    ) -> Result<Vec<(NodeId, String)>, OpenSmError> {
+        let new = |st: &State| {
+            learned.iter().any(|(node, instance, ids)| {
+                st.nodes
+                    .get(node)
+                    .is_none_or(|r| !crate::sm::grant_judge::holds_revocation(r, instance, ids))
+            })
+        };
+        if !self.requires_grants() || !new(&self.inner.lock()) {
+            return Ok(Vec::new());
+        }
+        let _alone = self.serial_unless_grouped().await;
+        let mut changed = Vec::new();
+        {
+            let _admit = self.inner.admit.lock().await;
+            let mut st = self.inner.lock();
+            let st = &mut *st;
+            for (node, instance, grant_ids) in learned {
+                let record = st
+                    .nodes
+                    .entry(node.clone())
+                    .or_insert_with(|| StoredNode::revocations_only(node.clone()));
+                let Some((ids, removed)) =
+                    crate::sm::grant_judge::learn_revocation(record, instance, grant_ids)
+                else {
+                    continue;
+                };
+                st.consumed.extend(ids.iter().cloned());
+                st.unsaved.insert(node.clone());
+                tracing::warn!(node_id = %node, instance, revoked = ?ids, removed = ?removed.iter().map(ToString::to_string).collect::<Vec<_>>(), "instance revoked on a peer SM host: revoked here too");
+                changed.push((node.clone(), instance.clone()));
+            }
+        }
+        if !changed.is_empty() {
+            self.commit(None).await?;
+        }
+        Ok(changed)
     }
 
     /// The ports OpenSM's last accepted partitions file puts in `pkey` (the copy kept beside

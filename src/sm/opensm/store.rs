@@ -10,7 +10,7 @@
 //! A store found restored from a copy at open: every stored set is marked unconfirmed and loads
 //! without its keys ([`StoredNode::unconfirmed`]) until that node's next set is stored.
 
-use crate::domain::{Membership, NodeMemberships, PKey};
+use crate::domain::{Membership, NodeId, NodeMemberships, PKey};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +33,10 @@ pub struct StoredNode {
     pub consumed: BTreeSet<String>,
     /// Instances revoked on this node: grants naming them are refused.
     pub revoked_instances: BTreeSet<String>,
+    /// The grant ids each revocation consumed, by revoked instance: what this host tells its
+    /// peer SM hosts so they revoke the same (an instance revoked before this was recorded has
+    /// none listed). Only ever grows.
+    pub revoked_grants: BTreeMap<String, BTreeSet<String>>,
     /// Held back by the catch-up gate of an SM host with peers (see
     /// [`super::sync::GatedStore`]): loaded at start and not yet confirmed by the node or by a
     /// caught-up peer, so its keys stay out of the region. The same generation is then not a
@@ -77,7 +81,12 @@ impl StoredNode {
     /// What the catch-up gate makes of a record loaded at start: its keys kept out of the
     /// region (fail closed) until the node or a caught-up peer confirms this generation or
     /// sends a newer one. Ports, generation and grant history stay.
+    /// A record holding only revocations learned from a peer (generation 0, no set) holds
+    /// nothing back and is loaded as it is.
     pub fn gated(mut self) -> StoredNode {
+        if self.generation == 0 {
+            return self;
+        }
         self.memberships.keys.clear();
         self.gated = true;
         self
@@ -91,8 +100,28 @@ impl StoredNode {
             grants: Vec::new(),
             consumed: BTreeSet::new(),
             revoked_instances: BTreeSet::new(),
+            revoked_grants: BTreeMap::new(),
             gated: false,
         }
+    }
+
+    /// A record of `node` holding no set (generation 0: any set of the node is newer), only the
+    /// revocations a peer SM host told this one about, so the node's first set here is judged
+    /// against them.
+    pub fn revocations_only(node: NodeId) -> StoredNode {
+        StoredNode::new(
+            NodeMemberships {
+                node_id: node,
+                port_guids: Vec::new(),
+                keys: BTreeMap::new(),
+            },
+            0,
+        )
+    }
+
+    /// Whether this record holds a node's set (not only learned revocations).
+    pub fn has_set(&self) -> bool {
+        self.generation > 0
     }
 }
 

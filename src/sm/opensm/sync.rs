@@ -26,7 +26,7 @@ use super::backend::OpenSmBackend;
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use crate::domain::{NodeId, NodeMemberships, SignedGrant};
 use async_trait::async_trait;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -44,6 +44,19 @@ pub struct PeerSet {
     pub confirmed: bool,
 }
 
+/// An instance revoked on a node, as the answering host holds it: the asking host revokes the
+/// same ([`OpenSmBackend::learn_revocations`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerRevocation {
+    /// The node the instance was revoked on.
+    pub node: NodeId,
+    /// The revoked instance.
+    pub instance: String,
+    /// The grant ids the revocation consumed on the answering host (none for a revocation
+    /// recorded before they were kept).
+    pub grant_ids: BTreeSet<String>,
+}
+
 /// A peer's answer to a pull.
 #[derive(Debug, Clone, Default)]
 pub struct PeerAnswer {
@@ -53,6 +66,8 @@ pub struct PeerAnswer {
     pub caught_up: bool,
     /// Its sets.
     pub sets: Vec<PeerSet>,
+    /// Every revocation it holds, for every node it has a record of (held back or not).
+    pub revocations: Vec<PeerRevocation>,
 }
 
 /// One peer SM host, reached over `fabric.sm.v1` (the client lives in the api layer).
@@ -189,19 +204,37 @@ impl PeerSync {
     }
 
     /// This host's answer to a peer's pull: every stored set that is not held back, with the
-    /// grants it came with.
+    /// grants it came with (less the ones revoked since), and every revocation it holds.
     pub fn answer(&self, from: &str) -> PeerAnswer {
         let relay = self.relay.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let sets = self
-            .backend
-            .nodes()
+        let nodes = self.backend.nodes();
+        let revocations = nodes
+            .iter()
+            .flat_map(|n| {
+                n.revoked_instances.iter().map(|instance| PeerRevocation {
+                    node: n.memberships.node_id.clone(),
+                    instance: instance.clone(),
+                    grant_ids: n.revoked_grants.get(instance).cloned().unwrap_or_default(),
+                })
+            })
+            .collect();
+        let sets = nodes
             .into_iter()
-            .filter(|n| !n.gated)
+            .filter(|n| !n.gated && n.has_set())
             .map(|n| {
                 let grants = relay
                     .get(&n.memberships.node_id)
                     .filter(|(g, _)| *g == n.generation)
-                    .map(|(_, grants)| grants.clone())
+                    .map(|(_, grants)| {
+                        grants
+                            .iter()
+                            .filter(|g| {
+                                !n.consumed.contains(&g.grant.grant_id)
+                                    && !n.revoked_instances.contains(&g.grant.instance_id)
+                            })
+                            .cloned()
+                            .collect()
+                    })
                     .unwrap_or_default();
                 PeerSet {
                     generation: n.generation,
@@ -220,6 +253,7 @@ impl PeerSync {
             host: self.local.clone(),
             caught_up: self.status().caught_up,
             sets,
+            revocations,
         }
     }
 
@@ -241,8 +275,10 @@ impl PeerSync {
         s
     }
 
-    /// Pulls every peer once (concurrently) and takes, per node, any confirmed set newer than
-    /// this host's (or confirming a held-back one), each judged by this host's admission.
+    /// Pulls every peer once (concurrently), first revokes here every revocation a peer holds
+    /// (union: so no set carrying a revoked grant is taken below, nor kept), then takes, per
+    /// node, any confirmed set newer than this host's (or confirming a held-back one), each
+    /// judged by this host's admission.
     pub async fn round(&self) {
         let answers = futures::future::join_all(self.peers.iter().map(|p| {
             let p = p.clone();
@@ -250,6 +286,7 @@ impl PeerSync {
             async move { (p.name().to_owned(), p.pull(&local).await) }
         }))
         .await;
+        self.learn_revocations(&answers).await;
         let mut best: BTreeMap<NodeId, PeerSet> = BTreeMap::new();
         let mut views: Vec<(String, Result<PeerAnswer, String>)> = Vec::new();
         for (name, answer) in answers {
@@ -306,11 +343,36 @@ impl PeerSync {
         self.note(views);
     }
 
+    /// Revokes here what the peers revoked (the union of their answers); a failed write is
+    /// stored and retried by the next commit, and logged.
+    async fn learn_revocations(&self, answers: &[(String, Result<PeerAnswer, String>)]) {
+        let learned: BTreeSet<(NodeId, String, BTreeSet<String>)> = answers
+            .iter()
+            .filter_map(|(_, a)| a.as_ref().ok())
+            .flat_map(|a| a.revocations.iter())
+            .map(|r| (r.node.clone(), r.instance.clone(), r.grant_ids.clone()))
+            .collect();
+        let learned: Vec<_> = learned.into_iter().collect();
+        match self.backend.learn_revocations(&learned).await {
+            Ok(changed) if !changed.is_empty() => {
+                tracing::info!(
+                    revocations = changed.len(),
+                    "took revocations from the peer SM hosts"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "took revocations from the peer SM hosts; OpenSM has not confirmed the file yet")
+            }
+        }
+    }
+
     /// The generation this host stores per node.
     fn generations(&self) -> BTreeMap<String, u64> {
         self.backend
             .nodes()
             .into_iter()
+            .filter(StoredNode::has_set)
             .map(|n| (n.memberships.node_id.to_string(), n.generation))
             .collect()
     }
