@@ -26,6 +26,17 @@ use std::time::{Duration, Instant};
 
 const NODES: [&str; 4] = ["node1", "node2", "node3", "node4"];
 const LONG: Duration = Duration::from_secs(60);
+/// How long a heavy sweep may take before OpenSM is taken for stuck (a sweep takes well under a
+/// second here, but a loaded 2-core machine stretches it).
+const SWEEP_LIMIT: Duration = Duration::from_secs(20);
+
+/// The two tests each run two OpenSMs and six agents on their own fabric: one at a time, so
+/// neither's OpenSM timing (polls, sweeps) nor the other's figures depend on the other's load.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The full P_Key of node `i`'s (1-based) tenant key.
 fn key_of(i: usize) -> u16 {
@@ -33,7 +44,9 @@ fn key_of(i: usize) -> u16 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // a lock between the two tests' own runtimes
 async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_released_key_back() {
+    let _serial = one_at_a_time();
     // node6 is the second SM host; node5 a node that attaches only while the master is down.
     let Some((mut fabric, mut standby)) =
         start_two_sms(&FabricSpec::new(1, 6), LIMITED_DEFAULT_PARTITIONS, "node6")
@@ -151,7 +164,7 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
     // again (it reads the same file, which its agent keeps): the ports keep their tables
     // meanwhile, so the check below still sees what the failover left on them.
     for attempt in 1..=3 {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + SWEEP_LIMIT;
         while !standby.swept_as_master() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -274,7 +287,7 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
         while !is_master(&master_log) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if is_master(&master_log) && rig::ha::master_sweeps(&fabric, Duration::from_secs(5)) {
+        if is_master(&master_log) && rig::ha::master_sweeps(&fabric, SWEEP_LIMIT) {
             eprintln!("the returning OpenSM is master again (start {attempt})");
             break;
         }
@@ -355,7 +368,9 @@ fn states(log: &str) -> String {
 /// and the same master: node1 sends to the master's agent only, node2 to both. Prints the
 /// medians (docs/PERFORMANCE.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // a lock between the two tests' own runtimes
 async fn attach_to_active_with_one_and_with_two_sm_hosts() {
+    let _serial = one_at_a_time();
     let Some((fabric, standby)) =
         start_two_sms(&FabricSpec::new(1, 3), LIMITED_DEFAULT_PARTITIONS, "node3")
     else {

@@ -370,7 +370,7 @@ pub fn start_two_sms(
         let fabric = Fabric::start_with(spec, partitions, &ha_options())?;
         let standby = SecondSm::start(&fabric, second, partitions);
         std::thread::sleep(Duration::from_millis(300));
-        if master_sweeps(&fabric, Duration::from_secs(5)) {
+        if master_sweeps(&fabric, Duration::from_secs(20)) {
             return Some((fabric, standby));
         }
         eprintln!("rig: attempt {attempt}: the master OpenSM stopped sweeping after the standby joined; starting again");
