@@ -16,6 +16,26 @@ cargo clippy --workspace --all-targets -- -D warnings
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
+# The two-SM-host failover test on ibsim (tests/opensm_ha.rs) is #[ignore]d in the run above:
+# OpenSM 3.3.23 under ibsim sometimes stops sweeping for good after a handover (about one run in
+# five on a 2-core machine), a fault of the simulated fabric's SM, not of the agent. It runs here
+# up to three times; a failed SAFETY assertion (a tenant key lost in the failover, a released key
+# back on a port) fails at once.
+ha_log="$(mktemp)"
+ha_passed=0
+for attempt in 1 2 3; do
+  if cargo test -q --test opensm_ha -- --ignored 2>&1 | tee "$ha_log"; then
+    ha_passed=1
+    break
+  fi
+  if grep -q "SAFETY:" "$ha_log"; then
+    echo "opensm_ha: a safety assertion failed (see above)" >&2
+    exit 1
+  fi
+  echo "opensm_ha: try $attempt failed on the simulated fabric's OpenSM; trying again" >&2
+done
+rm -f "$ha_log"
+[ "$ha_passed" = 1 ] || { echo "opensm_ha: failed three times" >&2; exit 1; }
 # The reconciler's deterministic simulation, long run (docs/SIMULATION.md).
 cargo run --release --example simulate -- --seeds 20000
 scripts/fuzz-smoke.sh

@@ -44,6 +44,8 @@ fn key_of(i: usize) -> u16 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by scripts/test.sh with up to three tries: OpenSM 3.3.23 under ibsim sometimes \
+            stops sweeping after a handover; a SAFETY assertion fails at once"]
 #[allow(clippy::await_holding_lock)] // a lock between the two tests' own runtimes
 async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_released_key_back() {
     let _serial = one_at_a_time();
@@ -187,7 +189,7 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
         let keys = fabric.pkeys(node);
         assert!(
             keys.contains(&key_of(i + 1)),
-            "{node} lost its key after the failover: {keys:x?}"
+            "SAFETY: {node} lost its key after the failover: {keys:x?}"
         );
     }
     eprintln!("standby became master {takeover:?} after the master's death");
@@ -254,7 +256,10 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
         regions_match()
     })
     .await;
-    assert!(!region_of(&a_partitions).contains(&format!("{:#06x}", released)));
+    assert!(
+        !region_of(&a_partitions).contains(&format!("{:#06x}", released)),
+        "SAFETY: the returning host's region still gives node1 the released key"
+    );
     let ha = sm_host_status(&sm_a).await;
     assert!(ha.caught_up && ha.held_back_nodes.is_empty(), "{ha:?}");
 
@@ -304,7 +309,7 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
     assert!(polls.load(Ordering::SeqCst) > 10, "too few polls");
     assert!(
         !seen.load(Ordering::SeqCst),
-        "the released key came back on node1's port during the handover"
+        "SAFETY: the released key came back on node1's port during the handover"
     );
 
     // Both hosts acknowledge again: RELEASED for node1, ACTIVE for the new attach, and every
