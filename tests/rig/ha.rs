@@ -63,11 +63,16 @@ impl SecondSm {
         sm
     }
 
-    fn spawn(&mut self) {
+    /// Starts its process and writes its pid file.
+    fn spawn_process(&mut self) {
         let child = spawn_opensm_in(&self.dir, &self.sock_name, &self.node);
         let guard = ChildGuard::new("second opensm", child);
         fs::write(self.pid_path(), format!("{}\n", guard.id())).expect("pid file");
         self.guard = Some(guard);
+    }
+
+    fn spawn(&mut self) {
+        self.spawn_process();
         let log = self.log_path();
         wait_for(
             &self.dir,
@@ -88,10 +93,7 @@ impl SecondSm {
             guard.stop(Duration::from_secs(5));
         }
         let offset = self.log().len();
-        let child = spawn_opensm_in(&self.dir, &self.sock_name, &self.node);
-        let guard = ChildGuard::new("second opensm", child);
-        fs::write(self.pid_path(), format!("{}\n", guard.id())).expect("pid file");
-        self.guard = Some(guard);
+        self.spawn_process();
         let log = self.log_path();
         wait_for(
             &self.dir,
