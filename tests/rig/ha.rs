@@ -5,8 +5,8 @@
 //! ([`super::Fabric`]), started with [`ha_options`].
 
 use super::process::{ChildGuard, DaemonProcess, BIN};
-use super::{program, wait_for, Fabric, FabricOptions, OPENSM, UMAD2SIM};
-use std::fs::{self, File};
+use super::{program, wait_for, Fabric, FabricOptions, UMAD2SIM};
+use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -65,7 +65,7 @@ impl SecondSm {
 
     /// Starts its process and writes its pid file.
     fn spawn_process(&mut self) {
-        let child = spawn_opensm_in(&self.dir, &self.sock_name, &self.node);
+        let child = super::opensm_process(&self.dir, &self.sock_name, &self.node);
         let guard = ChildGuard::new("second opensm", child);
         fs::write(self.pid_path(), format!("{}\n", guard.id())).expect("pid file");
         self.guard = Some(guard);
@@ -327,7 +327,7 @@ pub fn restart_rig_opensm(fabric: &mut Fabric) {
     for attempt in 1..=3 {
         fabric.opensm.stop(Duration::from_secs(5));
         let offset = fabric.opensm_log().len();
-        let child = spawn_opensm_in(&dir, &fabric.sock_name, super::SM_HOST);
+        let child = super::opensm_process(&dir, &fabric.sock_name, super::SM_HOST);
         fabric.opensm = ChildGuard::new("opensm", child);
         fs::write(dir.join("opensm.pid"), format!("{}\n", fabric.opensm.id())).expect("pid file");
         let announced = || {
@@ -405,25 +405,4 @@ pub async fn sm_host_status(agent: &SmHostAgent) -> fabric_agent::proto::agent::
         .subnet_manager
         .and_then(|s| s.sm_host)
         .expect("an SM host with peers shows sm_host")
-}
-
-/// Spawns OpenSM under the shim as `sim_host` with `dir/opensm.conf`, its cache and output in
-/// `dir`, in its own process group.
-fn spawn_opensm_in(dir: &Path, sock_name: &str, sim_host: &str) -> std::process::Child {
-    let out = File::create(dir.join("opensm.out")).expect("opensm.out");
-    Command::new(program(OPENSM))
-        .arg("-F")
-        .arg(dir.join("opensm.conf"))
-        .env("IBSIM_SOCKNAME", sock_name)
-        .env("SIM_HOST", sim_host)
-        .env("LD_PRELOAD", UMAD2SIM)
-        .env("OSM_CACHE_DIR", dir)
-        .env("OSM_TMP_DIR", dir)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("opensm.out"))
-        .stderr(out)
-        .process_group(0)
-        .spawn()
-        .expect("spawn opensm")
 }

@@ -311,17 +311,15 @@ fn opensm_conf(dir: &Path, extra: &[String]) -> String {
     out
 }
 
-/// Starts OpenSM on the SM host with the rig's `opensm.conf`, waits (up to `timeout`) until its
-/// log shows one more "SUBNET UP" after byte `log_offset` (the log may also have been
-/// truncated), and writes its pid to `opensm.pid`.
-fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize, timeout: Duration) -> ChildGuard {
-    let conf = dir.join("opensm.conf");
+/// Spawns OpenSM under the shim as `sim_host` with `dir/opensm.conf`, its cache and output in
+/// `dir`, in its own process group.
+fn opensm_process(dir: &Path, sock_name: &str, sim_host: &str) -> std::process::Child {
     let out = File::create(dir.join("opensm.out")).expect("opensm.out");
-    let opensm = Command::new(program(OPENSM))
+    Command::new(program(OPENSM))
         .arg("-F")
-        .arg(&conf)
+        .arg(dir.join("opensm.conf"))
         .env("IBSIM_SOCKNAME", sock_name)
-        .env("SIM_HOST", SM_HOST)
+        .env("SIM_HOST", sim_host)
         .env("LD_PRELOAD", UMAD2SIM)
         .env("OSM_CACHE_DIR", dir)
         .env("OSM_TMP_DIR", dir)
@@ -331,8 +329,14 @@ fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize, timeout: Duratio
         .stderr(out)
         .process_group(0)
         .spawn()
-        .expect("spawn opensm");
-    let mut opensm = ChildGuard::new("opensm", opensm);
+        .expect("spawn opensm")
+}
+
+/// Starts OpenSM on the SM host with the rig's `opensm.conf`, waits (up to `timeout`) until its
+/// log shows one more "SUBNET UP" after byte `log_offset` (the log may also have been
+/// truncated), and writes its pid to `opensm.pid`.
+fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize, timeout: Duration) -> ChildGuard {
+    let mut opensm = ChildGuard::new("opensm", opensm_process(dir, sock_name, SM_HOST));
     let fabric_log = dir.join("opensm.log");
     wait_for(dir, "OpenSM's SUBNET UP", timeout, || {
         if opensm.exited() {
