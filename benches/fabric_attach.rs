@@ -5,8 +5,7 @@
 //!
 //! Run: `cargo bench --bench fabric_attach` (`-- --cycles N` to change the count).
 
-#[path = "../tests/rig/mod.rs"]
-mod rig;
+use testkit::rig;
 mod support;
 
 use fabric_agent::proto::agent as pb;

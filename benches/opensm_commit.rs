@@ -17,8 +17,7 @@
 //! all at once.
 
 mod opensm_support;
-#[path = "../tests/rig/mod.rs"]
-mod rig;
+use testkit::rig;
 mod support;
 
 use fabric_agent::domain::{NodeMemberships, PKey};

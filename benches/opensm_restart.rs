@@ -8,8 +8,7 @@
 //! Run: `cargo bench --bench opensm_restart` (needs ibsim-utils, opensm).
 
 mod opensm_support;
-#[path = "../tests/rig/mod.rs"]
-mod rig;
+use testkit::rig;
 mod support;
 
 use fabric_agent::daemon::StoredSmNodes;

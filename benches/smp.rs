@@ -4,8 +4,7 @@
 //! Run: `cargo bench --bench smp`. The measuring side must run under umad2sim, so this program
 //! starts a rig and re-executes itself under the shim as node "node1".
 
-#[path = "../tests/rig/mod.rs"]
-mod rig;
+use testkit::rig;
 mod support;
 
 use fabric_agent::config::ObserverConfig;

@@ -2,8 +2,7 @@
 //! (loopback, no TLS). Prints a table; run with `cargo bench --bench ufm` (`-- --applies N` per
 //! latency row, default 200).
 
-#[path = "../tests/fake_ufm/mod.rs"]
-mod fake_ufm;
+use testkit::fake_ufm;
 mod support;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};

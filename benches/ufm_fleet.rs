@@ -25,8 +25,7 @@
 //! `cargo bench --bench ufm_fleet -- [--fleet 100,1000,2000] [--runs 3] [--modes stamp|per-key]`
 //! (`--modes stamp` skips the old path, `--modes per-key` runs only the old path).
 
-#[path = "../tests/fake_ufm/mod.rs"]
-mod fake_ufm;
+use testkit::fake_ufm;
 mod support;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};

@@ -8,8 +8,7 @@
 //! memberships; `--opensm` applies through the real SM-host backend (`OpenSmBackend`) and a
 //! model OpenSM process instead of the model SM.
 
-#[path = "../tests/sim/mod.rs"]
-mod sim;
+use testkit::sim;
 
 use std::process::ExitCode;
 use std::time::Instant;

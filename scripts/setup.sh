@@ -7,7 +7,7 @@
 # journald test), qemu-system-x86 + debootstrap + e2fsprogs (scripts/vm-rig.sh: the Debian 12
 # guest with a real kernel that tests/vm_rxe.rs boots; the guest's kernel comes from inside its
 # own root, so the host installs no kernel package), prometheus (its promtool checks and
-# unit-tests packaging/prometheus/fabric-agent.rules.yml in tests/alert_rules.rs; Debian 12 has
+# unit-tests packaging/prometheus/fabric-agent.rules.yml in tests/ops/alert_rules.rs; Debian 12 has
 # 2.42). Idempotent.
 set -euo pipefail
 

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-# A test that cannot run here fails instead of skipping (tests/common/skip.rs); so does a
+# A test that cannot run here fails instead of skipping (testkit/src/common/skip.rs); so does a
 # fuzz or bench smoke run that finds a tool missing.
 export FABRIC_TEST_STRICT=1
 
@@ -16,7 +16,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
-# The two-SM-host failover test on ibsim (tests/opensm_ha.rs) is #[ignore]d in the run above:
+# The two-SM-host failover test on ibsim (tests/opensm/ha.rs) is #[ignore]d in the run above:
 # OpenSM 3.3.23 under ibsim sometimes stops sweeping for good after a handover (about one run in
 # five on a 2-core machine), a fault of the simulated fabric's SM, not of the agent. It runs here
 # up to three times; a failed SAFETY assertion (a tenant key lost in the failover, a released key
@@ -24,7 +24,7 @@ cargo test --workspace 2>&1 | tee "$log"
 ha_log="$(mktemp)"
 ha_passed=0
 for attempt in 1 2 3; do
-  if cargo test -q --test opensm_ha -- --ignored 2>&1 | tee "$ha_log"; then
+  if cargo test -q --test opensm ha:: -- --ignored 2>&1 | tee "$ha_log"; then
     ha_passed=1
     break
   fi

@@ -20,7 +20,7 @@
 //! - [`store`]    — durable desired state and the ordered event log (redb); its side-file mirror detects a restored database
 //! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm; `FabricSide` (what `fabric.sm.v1.Partitions` calls: the OpenSM SM host, `ufm::broker` the UFM broker), `grant_judge` (the fabric side's grant rules, pure); `opensm::{peers, sync, standby}` several SM hosts (peers, anti-entropy and the catch-up gate, a standby's file)
 //! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined; `presence` (whether a covered port missing from the read has left the fabric, by the SA's word)
-//! - [`embedded_fabric`] — the embedded backend's simulated fabric: its port tables (not the deterministic simulation, which is `tests/sim`)
+//! - [`embedded_fabric`] — the embedded backend's simulated fabric: its port tables (not the deterministic simulation, which is `testkit/src/sim`)
 //! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O
 //! - [`sys`]      — the only unsafe code and the only `nix`/`libc` use: umad device I/O, libibverbs wrappers, user/group lookups, host name, signals (through pidfds to a named process), open flags
 //! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events, grants (Ed25519 verification, rotating key sets, typed refusals): pure types

@@ -7,7 +7,7 @@
 //! guest's real systemd (start, reload, verify, stop on a host without procps), and
 //! docs/RXE.md's embedded-backend story through the CLI.
 
-mod common;
+use testkit::common;
 #[path = "vm/guest.rs"]
 mod guest;
 #[path = "vm/rig.rs"]

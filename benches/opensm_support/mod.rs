@@ -4,7 +4,7 @@
 //! RSS from /proc, and min/median/max of repeated runs.
 //!
 //! Included by each OpenSM bench next to the rig and the bench support:
-//! `#[path = "../tests/rig/mod.rs"] mod rig;`, `mod support;` and `mod opensm_support;`.
+//! `use testkit::rig;`, `mod support;` and `mod opensm_support;`.
 
 #![allow(dead_code)] // each bench uses a part
 

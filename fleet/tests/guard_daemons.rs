@@ -1,7 +1,7 @@
 //! The fleet client against real `fabric-agent` daemons (embedded fabric, one temp dir each,
 //! started and stopped by pid). The fabric's own view comes from a fake SM host
 //! (`tests/common/fake_sm.rs`) the test controls, so it can lie or lag at will; the real SM
-//! host's `ListPartitionMembers` is exercised by the root crate's `tests/fleet_rig.rs`.
+//! host's `ListPartitionMembers` is exercised by the root crate's `tests/opensm/fleet.rs`.
 
 mod common;
 

@@ -103,7 +103,7 @@ pid_file = \"$work/opensm.pid\"
 
 # Port ownership (which GUIDs a node may claim) is proven by SA queries from this process; under
 # the umad2sim shim one process cannot run those beside its own SMP observer (the shim routes a
-# management class to one device), so the demo turns the check off. tests/opensm_ownership.rs
+# management class to one device), so the demo turns the check off. tests/opensm/ownership.rs
 # exercises it on ibsim with the SM host observing through a fixture instead.
 [subnet_manager.opensm.ownership]
 enabled = false

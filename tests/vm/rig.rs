@@ -102,7 +102,7 @@ fn boot(scenarios: &[&str]) -> Option<GuestRun> {
     link_or_copy(Path::new(crate::common::BIN), &bin.join("fabric-agent"));
     link_or_copy(&std::env::current_exe().unwrap(), &bin.join("vm_rxe"));
 
-    // The .deb of the binary under test, built as tests/deb.rs builds it.
+    // The .deb of the binary under test, built as tests/ops/deb.rs builds it.
     let deb_dir = share.join("deb");
     let packaged = Command::new("bash")
         .args([

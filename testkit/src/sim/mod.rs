@@ -1,0 +1,48 @@
+//! A deterministic simulation of the agent's reconciler: the real agent (store, commands,
+//! reconciler) against a model subnet manager and a model port observer, on one current-thread
+//! runtime with paused time, every random choice drawn from one seed. An oracle checks the
+//! agent's durable event log against the model's truth at every change of the world.
+//!
+//! With `GenOptions::opensm` the node applies through a model network to the real SM-host
+//! backend (`OpenSmBackend`) in front of a model OpenSM process (`model_opensm`).
+//!
+//! Used by `tests/simulation` (CI) and `examples/simulate.rs` (long runs, replays).
+
+pub mod model_opensm;
+pub mod model_ports;
+pub mod model_sm;
+pub mod oracle;
+pub mod run;
+pub mod schedule;
+pub mod world;
+
+pub use run::{run_seed, Outcome};
+pub use schedule::GenOptions;
+
+/// A failing seed's report: the finding, the schedule, the trace (its last `tail` lines, or
+/// all) and how to replay it.
+pub fn report(o: &Outcome, tail: Option<usize>) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "SIMULATION FAILURE, seed {}\nfinding: {}\n\n{}\n",
+        o.schedule.seed,
+        o.finding.as_deref().unwrap_or("none"),
+        o.schedule
+    ));
+    let skip = tail.map_or(0, |n| o.trace.len().saturating_sub(n));
+    s.push_str(&format!(
+        "trace ({} of {} lines):\n",
+        o.trace.len() - skip,
+        o.trace.len()
+    ));
+    for line in &o.trace[skip..] {
+        s.push_str("  ");
+        s.push_str(line);
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        "replay: cargo run --release --example simulate -- --seed {}\n",
+        o.schedule.seed
+    ));
+    s
+}

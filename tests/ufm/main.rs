@@ -1,0 +1,10 @@
+//! Integration tests: the UFM backend against the fake UFM: the backend, the broker, a fleet of nodes, the ledger of late writes and TLS.
+//!
+//! One test binary per area (a link per binary is the slow step on a small CI machine); the
+//! shared helpers, the ibsim rig, the fake UFM and the simulation harness are in `testkit`.
+
+mod backend;
+mod broker;
+mod fleet;
+mod ledger;
+mod tls;
