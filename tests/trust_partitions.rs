@@ -9,7 +9,7 @@ mod common;
 use common::pki::Pki;
 use common::sm_host::opensm_backend;
 use fabric_agent::api::client::{tcp, ClientTls};
-use fabric_agent::api::partitions::PartitionsService;
+use fabric_agent::api::PartitionsService;
 use fabric_agent::api::{ClientAllowlist, Guarded, NodeMapping, Policy, TlsReloader};
 use fabric_agent::config::TlsConfig;
 use fabric_agent::proto::sm as pb;
@@ -92,7 +92,7 @@ impl SmHost {
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let limits = fabric_agent::api::conn_limits::ConnLimits::new(
+        let limits = fabric_agent::api::gate::conn_limits::ConnLimits::new(
             64,
             16,
             std::time::Duration::from_secs(10),

@@ -2,16 +2,16 @@
 //! when configured (mTLS with per-service allowlists and reloadable TLS material, or plaintext
 //! loopback on a test rig).
 
-use super::auth::ClientAllowlist;
-use super::caller::{Guarded, LocalPolicy, Policy};
-use super::conn_limits::ConnLimits;
-use super::limits::{self, InFlightLimitLayer};
-use super::node_identity::NodeMapping;
-use super::partitions::PartitionsService;
+use super::agent_v1::AgentService;
+use super::gate::conn_limits::ConnLimits;
+use super::gate::limits::{self, InFlightLimitLayer};
+use super::gate::socket_guard;
+use super::gate::{
+    ClientAllowlist, ClientIdError, Guarded, LocalPolicy, NodeMapping, NodeMappingError, Policy,
+};
 use super::server_tls::TlsReloader;
 use super::settings::ListenConfig;
-use super::socket_guard;
-use super::AgentService;
+use super::sm_v1::PartitionsService;
 use crate::proto::agent::fabric_agent_server::FabricAgentServer;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,11 +45,11 @@ pub enum ServeError {
         /// The list's key.
         key: &'static str,
         /// Why.
-        source: super::ClientIdError,
+        source: ClientIdError,
     },
     /// The identity -> node mapping is refused.
     #[error("TLS: {0}")]
-    NodeMapping(#[from] super::NodeMappingError),
+    NodeMapping(#[from] NodeMappingError),
     /// A TCP listener without TLS (and without the test-only plaintext switch).
     #[error("TLS: TCP needs [listen.tls] or insecure_plaintext_for_tests")]
     TcpWithoutTls,

@@ -45,8 +45,8 @@ pub struct Daemon {
 impl Daemon {
     /// The `fabric.sm.v1.Partitions` service, when this host is a fabric side (an OpenSM SM
     /// host or a UFM broker).
-    pub fn partitions(&self) -> Option<crate::api::partitions::PartitionsService> {
-        use crate::api::partitions::PartitionsService;
+    pub fn partitions(&self) -> Option<crate::api::PartitionsService> {
+        use crate::api::PartitionsService;
         match (&self.opensm, &self.broker) {
             (Some(o), _) => Some(
                 PartitionsService::new(

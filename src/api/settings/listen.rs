@@ -180,7 +180,7 @@ impl TlsConfig {
             ("listen.tls.partitions_clients", &self.partitions_clients),
             ("listen.tls.operator_clients", &self.operator_clients),
         ] {
-            crate::api::ClientAllowlist::parse(list).map_err(rejected_by(key))?;
+            crate::api::gate::ClientAllowlist::parse(list).map_err(rejected_by(key))?;
         }
         if self.allowed_clients.is_empty()
             && self.partitions_clients.is_empty()
@@ -191,7 +191,7 @@ impl TlsConfig {
                 "must name at least one client identity (or partitions_clients on the SM host)",
             ));
         }
-        crate::api::NodeMapping::from_config(
+        crate::api::gate::NodeMapping::from_config(
             self.node_name_template.as_deref(),
             &self.node_identities,
         )

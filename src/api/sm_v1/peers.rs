@@ -4,9 +4,9 @@
 //! a node's request (generation bounds, ids, GUIDs, keys, grants decoded), and a set that does
 //! not convert is left out of the answer (logged), never taken in part.
 
-use super::grant_v1::{signed_grant_from_proto, signed_grant_to_proto};
-use super::sm_client::{sm_host_channel, RemoteError};
-use super::sm_v1::{memberships_from_proto, memberships_to_proto};
+use super::client::{sm_host_channel, RemoteError};
+use super::convert::{memberships_from_proto, memberships_to_proto};
+use crate::api::grant_v1::{signed_grant_from_proto, signed_grant_to_proto};
 use crate::domain::NodeId;
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_client::PartitionsClient;

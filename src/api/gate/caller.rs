@@ -4,7 +4,7 @@
 //! method, and hands the `Caller` to the handlers through the request's extensions.
 
 use super::auth::{CertIdentity, ClientAllowlist, ClientId};
-use super::settings::ListenConfig;
+use crate::api::settings::ListenConfig;
 use crate::sys::users::GroupError;
 use futures::future::BoxFuture;
 use std::collections::BTreeSet;

@@ -3,8 +3,8 @@
 //! [`CallError`] that carries the gRPC code as a [`StatusCode`], the daemon's message and its
 //! `fabric-error-reason` trailer; no tonic type crosses this boundary.
 
-use super::client::{self, ClientError, ClientTls};
 use super::convert::ERROR_REASON_TRAILER;
+use crate::api::client::{self, ClientError, ClientTls};
 use crate::proto::agent as pb;
 use crate::proto::agent::fabric_agent_client::FabricAgentClient;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! answers RESOURCE_EXHAUSTED instead of queueing), WatchEvents streams over all listeners
 //! (slots held by the open streams), and the HTTP/2 settings that bound time and idleness.
 
-use super::settings::LimitsConfig;
+use crate::api::settings::LimitsConfig;
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::pin::Pin;
