@@ -6,9 +6,7 @@ use super::agent_v1::AgentService;
 use super::gate::conn_limits::ConnLimits;
 use super::gate::limits::{self, InFlightLimitLayer};
 use super::gate::socket_guard;
-use super::gate::{
-    ClientAllowlist, ClientIdError, Guarded, LocalPolicy, NodeMapping, NodeMappingError, Policy,
-};
+use super::gate::{ClientAllowlist, Guarded, LocalPolicy, NodeMapping, Policy};
 use super::server_tls::TlsReloader;
 use super::settings::ListenConfig;
 use super::sm_v1::PartitionsService;
@@ -39,17 +37,6 @@ pub enum ServeError {
     /// TLS material could not be loaded.
     #[error("TLS: {0}")]
     Tls(#[from] super::server_tls::TlsLoadError),
-    /// A client allowlist entry does not parse.
-    #[error("TLS: {key}: {source}")]
-    Allowlist {
-        /// The list's key.
-        key: &'static str,
-        /// Why.
-        source: ClientIdError,
-    },
-    /// The identity -> node mapping is refused.
-    #[error("TLS: {0}")]
-    NodeMapping(#[from] NodeMappingError),
     /// A TCP listener without TLS (and without the test-only plaintext switch).
     #[error("TLS: TCP needs [listen.tls] or insecure_plaintext_for_tests")]
     TcpWithoutTls,
@@ -92,14 +79,10 @@ impl Listeners {
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let parse = |key: &'static str, l: &[String]| {
-                    ClientAllowlist::parse(l)
-                        .map_err(|source| ServeError::Allowlist { key, source })
-                };
                 let lists = TcpLists {
-                    agent: parse("allowed_clients", &t.allowed_clients)?,
-                    partitions: parse("partitions_clients", &t.partitions_clients)?,
-                    operators: parse("operator_clients", &t.operator_clients)?,
+                    agent: t.allowed_clients.clone(),
+                    partitions: t.partitions_clients.clone(),
+                    operators: t.operator_clients.clone(),
                 };
                 let (reloader, loaded) = TlsReloader::load(t)?;
                 tracing::info!(%loaded, "TLS material loaded");
@@ -110,9 +93,7 @@ impl Listeners {
             }
         };
         let nodes = match &config.tls {
-            Some(t) => {
-                NodeMapping::from_config(t.node_name_template.as_deref(), &t.node_identities)?
-            }
+            Some(t) => t.nodes.clone(),
             None => NodeMapping::default(),
         };
         let path = config.unix_socket.clone();
