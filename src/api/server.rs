@@ -4,11 +4,11 @@
 
 use super::agent_v1::AgentService;
 use super::gate::conn_limits::ConnLimits;
-use super::gate::limits::{self, InFlightLimitLayer};
+use super::gate::limits::InFlightLimitLayer;
 use super::gate::socket_guard;
 use super::gate::{ClientAllowlist, Guarded, LocalPolicy, NodeMapping, Policy};
 use super::server_tls::TlsReloader;
-use super::settings::ListenConfig;
+use super::settings::{LimitsConfig, ListenConfig};
 use super::sm_v1::PartitionsService;
 use crate::proto::agent::fabric_agent_server::FabricAgentServer;
 use std::path::PathBuf;
@@ -19,6 +19,27 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tonic::service::{Routes, RoutesBuilder};
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+
+/// A server builder with the request timeout, the keepalive bounds and the HTTP/2 stream
+/// bound of `limits`. Every connection announces SETTINGS_MAX_CONCURRENT_STREAMS = the stream
+/// limit plus the in-flight limit: a client then knows it may multiplex that many calls (h2
+/// clients otherwise assume 100 and queue the rest), and the agent's own limits, not HTTP/2,
+/// decide what is refused.
+fn builder(limits: &LimitsConfig) -> Server {
+    let keepalive = (limits.keepalive_interval_secs > 0)
+        .then(|| Duration::from_secs(limits.keepalive_interval_secs));
+    let streams = limits
+        .max_watch_streams
+        .saturating_add(limits.max_in_flight_requests);
+    Server::builder()
+        .timeout(Duration::from_secs(limits.request_timeout_secs))
+        .max_concurrent_streams(u32::try_from(streams).unwrap_or(u32::MAX))
+        .http2_keepalive_interval(keepalive)
+        .http2_keepalive_timeout(
+            keepalive.map(|_| Duration::from_secs(limits.keepalive_timeout_secs)),
+        )
+}
 
 /// Why serving failed.
 #[derive(Debug, Error)]
@@ -75,7 +96,7 @@ impl Listeners {
     /// Binds the unix socket (replacing a stale one, mode from config) and TCP if configured;
     /// loads the TLS material and the callers' policies.
     pub async fn bind(config: &ListenConfig) -> Result<Listeners, ServeError> {
-        let local = LocalPolicy::from_config(config)?;
+        let local = LocalPolicy::new(config.read_group.as_deref(), &config.allowed_uids)?;
         let tls = match &config.tls {
             None => None,
             Some(t) => {
@@ -254,7 +275,7 @@ pub async fn serve(
         shutdown.clone(),
         owned.clone(),
     );
-    let unix = limits::builder(&bounds)
+    let unix = builder(&bounds)
         .layer(in_flight("the unix socket"))
         .add_routes(routes(Policies::same(Policy::Local(listeners.local))))
         .serve_with_incoming_shutdown(unix_incoming, signal(shutdown.clone()));
@@ -274,7 +295,7 @@ pub async fn serve(
                 );
                 let incoming =
                     tokio_stream::wrappers::ReceiverStream::new(reloader.incoming(listener, conns));
-                limits::builder(&bounds)
+                builder(&bounds)
                     // GOAWAY at the age; the connection's own deadline (age + the request
                     // timeout) ends it if a stream outlives that. (tonic's grace setting would
                     // skip the GOAWAY and only cut the connection at age + grace.)
@@ -286,7 +307,7 @@ pub async fn serve(
             }
             Some((listener, TcpMode::InsecureTest)) => {
                 let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                limits::builder(&bounds)
+                builder(&bounds)
                     .layer(in_flight("the TCP listener"))
                     .add_routes(routes(Policies::same(Policy::InsecureTest)))
                     .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))

@@ -157,9 +157,9 @@ impl From<tonic::Status> for CallError {
 pub struct AgentClient(FabricAgentClient<Channel>);
 
 /// The events a `WatchEvents` call streams, in order.
-pub struct EventStream(tonic::Streaming<pb::Event>);
+pub struct RemoteEvents(tonic::Streaming<pb::Event>);
 
-impl EventStream {
+impl RemoteEvents {
     /// The next event; `None` when the stream ended cleanly.
     pub async fn next(&mut self) -> Option<Result<pb::Event, CallError>> {
         self.0.message().await.map_err(CallError::from).transpose()
@@ -237,8 +237,8 @@ impl AgentClient {
     pub async fn events(
         &mut self,
         request: pb::WatchEventsRequest,
-    ) -> Result<EventStream, CallError> {
-        Ok(EventStream(
+    ) -> Result<RemoteEvents, CallError> {
+        Ok(RemoteEvents(
             self.0.watch_events(request).await?.into_inner(),
         ))
     }

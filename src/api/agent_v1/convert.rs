@@ -457,6 +457,30 @@ pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
     }
 }
 
+/// The SM host's sync state as `GetNode` shows it (`fabric.agent.v1.SmHostStatus`).
+pub fn sync_status_to_pb(s: &crate::sm::opensm::sync::SyncStatus) -> pb::SmHostStatus {
+    pb::SmHostStatus {
+        role: s.role.unwrap_or_default().as_str().to_owned(),
+        caught_up: s.caught_up,
+        catching_up_with: s.waiting_for.clone(),
+        held_back_nodes: s.gated_nodes.clone(),
+        disagreeing_nodes: s.disagreements.clone(),
+        peers: s
+            .peers
+            .iter()
+            .map(|p| pb::SmPeerStatus {
+                endpoint: p.name.clone(),
+                host: p.host.clone(),
+                last_answer: p.last_answer.map(prost_types::Timestamp::from),
+                last_error: p.last_error.clone().unwrap_or_default(),
+                caught_up: p.caught_up,
+                last_generation: p.generations.values().copied().max().unwrap_or(0),
+                nodes: u32::try_from(p.generations.len()).unwrap_or(u32::MAX),
+            })
+            .collect(),
+    }
+}
+
 /// An event as protobuf, with the log epoch its seq belongs to.
 pub fn event_to_pb(e: &Event, node_id: &str, log_epoch: &str) -> pb::Event {
     use pb::event::Kind;

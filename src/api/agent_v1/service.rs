@@ -105,7 +105,7 @@ impl AgentService {
     }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+type WireEvents = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl FabricAgent for AgentService {
@@ -117,7 +117,7 @@ impl FabricAgent for AgentService {
         let view = self.agent.node().map_err(convert::status)?;
         let mut node = convert::node_to_pb(view);
         if let (Some(sync), Some(sm)) = (&self.sm_host, node.subnet_manager.as_mut()) {
-            sm.sm_host = Some(crate::api::sm_v1::peers::sync_status_to_pb(&sync.status()));
+            sm.sm_host = Some(convert::sync_status_to_pb(&sync.status()));
         }
         Ok(Response::new(node))
     }
@@ -228,12 +228,12 @@ impl FabricAgent for AgentService {
         result
     }
 
-    type WatchEventsStream = EventStream;
+    type WatchEventsStream = WireEvents;
 
     async fn watch_events(
         &self,
         request: Request<pb::WatchEventsRequest>,
-    ) -> Result<Response<EventStream>, Status> {
+    ) -> Result<Response<WireEvents>, Status> {
         let r = request.into_inner();
         // The slot is held by the stream and freed when the client goes away.
         let slot = self.streams.acquire()?;

@@ -3,7 +3,6 @@
 //! admits callers by for each method. [`super::Guarded`] applies it to every service.
 
 use super::auth::{CertIdentity, ClientAllowlist, ClientId};
-use crate::api::settings::ListenConfig;
 use crate::sys::users::GroupError;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -87,12 +86,13 @@ pub struct LocalPolicy {
 }
 
 impl LocalPolicy {
-    /// From `[listen]`: resolves `read_group`. Without one, only root, the agent's own user
-    /// and `allowed_uids` may call at all: the agent's own group is never a read group by
-    /// default, since it may read the agent's configuration and keys.
-    pub fn from_config(listen: &ListenConfig) -> Result<LocalPolicy, GroupError> {
+    /// From `[listen]`'s `read_group` (resolved here) and `allowed_uids`. Without a read
+    /// group, only root, the agent's own user and `allowed_uids` may call at all: the agent's
+    /// own group is never a read group by default, since it may read the agent's configuration
+    /// and keys.
+    pub fn new(read_group: Option<&str>, allowed_uids: &[u32]) -> Result<LocalPolicy, GroupError> {
         let (own_uid, _) = crate::sys::users::own_ids();
-        let read_gid = match &listen.read_group {
+        let read_gid = match read_group {
             Some(g) => Some(crate::sys::users::group_id(g)?),
             None => None,
         };
@@ -104,7 +104,7 @@ impl LocalPolicy {
             own_uid,
             read_gid,
             readers: Arc::new(readers.into_iter().collect()),
-            mutators: Arc::new(listen.allowed_uids.iter().copied().collect()),
+            mutators: Arc::new(allowed_uids.iter().copied().collect()),
         })
     }
 

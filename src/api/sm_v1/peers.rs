@@ -16,33 +16,6 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use tonic::transport::Channel;
 
-/// The SM host's sync state as `GetNode` shows it (`fabric.agent.v1.SmHostStatus`).
-pub fn sync_status_to_pb(
-    s: &crate::sm::opensm::sync::SyncStatus,
-) -> crate::proto::agent::SmHostStatus {
-    use crate::proto::agent as apb;
-    apb::SmHostStatus {
-        role: s.role.unwrap_or_default().as_str().to_owned(),
-        caught_up: s.caught_up,
-        catching_up_with: s.waiting_for.clone(),
-        held_back_nodes: s.gated_nodes.clone(),
-        disagreeing_nodes: s.disagreements.clone(),
-        peers: s
-            .peers
-            .iter()
-            .map(|p| apb::SmPeerStatus {
-                endpoint: p.name.clone(),
-                host: p.host.clone(),
-                last_answer: p.last_answer.map(prost_types::Timestamp::from),
-                last_error: p.last_error.clone().unwrap_or_default(),
-                caught_up: p.caught_up,
-                last_generation: p.generations.values().copied().max().unwrap_or(0),
-                nodes: u32::try_from(p.generations.len()).unwrap_or(u32::MAX),
-            })
-            .collect(),
-    }
-}
-
 /// A peer's answer as sent.
 pub fn answer_to_proto(a: &PeerAnswer) -> pb::PullNodeSetsResponse {
     pb::PullNodeSetsResponse {
