@@ -28,7 +28,7 @@ for m, f in files.items():
     src = open(f).read()
     src = re.sub(r"//[^\n]*", "", src)
     # drop #[cfg(test)] mod tests blocks crudely: ignore lines after "mod tests {"
-    cut = src.find("#[cfg(test)]\nmod tests")
+    cut = src.find("#[cfg(test)]\nmod tests {")
     if cut >= 0: src = src[:cut]
     for u in re.finditer(r"use\s+crate::\{([^;]*)\};", src, re.S):
         inner = u.group(1)

@@ -6,25 +6,31 @@
 //! RELEASED when none does.
 //!
 //! # Layout
-//! Dependencies point downward: `api` -> `agent` -> {`sm`, `observe`, `store`} -> {`mad`, `sys`,
-//! `embedded_fabric`, `domain`}. At the top, above `api`, sit `cli` (the commands) and `daemon` (the
-//! composition root `cli serve` calls): the only modules that name concrete backends and
-//! observers. `config` composes the settings structs that `agent`, `sm`, `observe` and `api`
-//! own; nothing below `daemon`/`cli` reads the whole [`config::Config`].
+//! Dependencies point downward, and no two files import each other (`scripts/imports.py` lists
+//! the arrows between modules and any pair of files that import each other): `cli` -> `daemon` ->
+//! `config` -> `api` -> `agent` -> {`sm`, `observe`, `store`} -> {`embedded_fabric`, `mad`} ->
+//! `domain`, a module may skip levels downward; `sys` (for `api`, `config`, `observe`, `sm`,
+//! `cli`), `tls` (for `api`, `sm`) and `systemd` (for `cli`) are leaves beside them. `cli` (the
+//! commands) and `daemon` (the composition root `cli serve` calls) are the only modules that
+//! name concrete backends and observers. `config` composes the settings structs that `agent`,
+//! `sm`, `observe` and `api` own; nothing below `daemon`/`cli` reads the whole
+//! [`config::Config`]. Inside `api`: `gate` -> `settings` -> {`agent_v1`, `sm_v1`} -> `server`,
+//! with `client` (channels), `grant_v1` and `proto` leaves the protocols use; the two protocols
+//! do not import each other.
 //!
-//! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`, `doctor`, `get`, `grant` (keygen/sign, local), `opensm` (check/apply of the SM host's operator file, local); the client ones (`remote`) call the daemon through `api::agent_client`; `exit` the one table of exit codes, `verdict` the check-report shape, `output` tables that wrap (never cut) and JSON, `generate` the man pages and completions, `secret_file` the start-up check of secret files' modes and links
+//! - [`cli`]      — clap subcommands: `serve`, `node`, `attach`, `release`, `attachments`, `events`, `ports`, `check-config`, `doctor`, `get`, `grant` (keygen/sign, local), `opensm` (check/apply of the SM host's operator file, local); the client ones (`remote`) call the daemon through `api::agent_v1::client`; `exit` the one table of exit codes, `verdict` the check-report shape, `output` tables that wrap (never cut) and JSON, `generate` the man pages and completions, `secret_file` the start-up check of secret files' modes and links
 //! - [`daemon`]   — the composition root: builds store, SM backend, observer, agent and listeners from a validated config; `StartError`
-//! - [`config`]   — the TOML configuration, parsed strictly and validated once into typed values (node id, fabric, port GUIDs, socket mode); one file per section it owns (log, metrics, events, ports, subnet_manager, grants); `mod.rs` composes them with the sections other modules own (`api::settings`: listen + TLS, limits; the backends' and observers' own); `reference` the fabric-agent.toml(5) table, tested against the structs
-//! - [`api`]      — tonic services (thin): FabricAgent, the SM host's Partitions; one boundary module per protocol (`convert` for fabric.agent.v1, `sm_v1` for fabric.sm.v1, `grant_v1` for fabric.grant.v1 (decode once, keep the signed bytes): conversion and the one error <-> status mapping each), `settings` the `[listen]` (+ TLS) and `[limits]` sections, each validating itself (`SettingsError`); `sm_client` the remote SM backend's gRPC client (every configured SM host), `sm_peers` the SM hosts' anti-entropy client and conversions; `client` channels; `agent_client` the typed fabric.agent.v1 client the CLI uses (no tonic type above `api`); the call gate (`caller`: SO_PEERCRED, typed mTLS identities, node mapping), reloadable TLS, the TCP listener's connection bounds (`conn_limits`), the audit trail
+//! - [`config`]   — the TOML configuration, parsed strictly and validated once into typed values (node id, fabric, port GUIDs, socket mode, the listeners' client allowlists and node mapping, the SM host's peer identities); one file per section it owns (log, metrics, events, ports, subnet_manager, grants); `mod.rs` composes them with the sections other modules own (`api::settings`: listen + TLS, limits; the reconciler's, the backends' and the observers' own); `reference` the fabric-agent.toml(5) table, tested against the structs
+//! - [`api`]      — tonic services (thin), one folder per protocol, each with its services, its boundary module (`convert`: protobuf <-> domain, the one error <-> status mapping) and its client: `agent_v1` (FabricAgent; `page_token` the ListAttachments token codec; `client` the typed client the CLI uses, no tonic type above `api`), `sm_v1` (the SM host's Partitions `service`, its `authorisation`, `client` the remote SM backend's gRPC client (every configured SM host), `peers` the SM hosts' anti-entropy client, `metrics` the SM host's gauges); `gate` the call gate (`guarded` the tower layer, `caller`: SO_PEERCRED, typed mTLS identities, `node_identity` the node mapping, `auth` allowlists, `limits` and `conn_limits` the call and connection bounds, `socket_guard`, the `audit` trail); at the top the server and its listeners, reloadable TLS (`server_tls`), the metrics listener, `client` channels, `grant_v1` (fabric.grant.v1: decode once, keep the signed bytes), `settings` the `[listen]` (+ TLS) and `[limits]` sections, each validated into typed values with its own error (`SettingsError`)
 //! - [`agent`]    — command handling, the reconciler (pure `sm_knowledge` (what the node knows of the SM: the truth rules' SM side) + pure `plan` (state changes) + `schedule` (retry, resync) + `conditions`, driven by the I/O loop `runner`), event publishing
 //! - [`store`]    — durable desired state and the ordered event log (redb); its side-file mirror detects a restored database
 //! - [`sm`]       — `SubnetManager` trait and backends: embedded, opensm, remote, ufm; `FabricSide` (what `fabric.sm.v1.Partitions` calls: the OpenSM SM host, `ufm::broker` the UFM broker), `grant_judge` (the fabric side's grant rules, pure); `opensm::{peers, sync, standby}` several SM hosts (peers, anti-entropy and the catch-up gate, a standby's file)
-//! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined; `presence` (whether a covered port missing from the read has left the fabric, by the SA's word)
+//! - [`observe`]  — `PortObserver` trait and observers: embedded, smp, sysfs, verbs, auto, combined; `presence` (whether a covered port missing from the read has left the fabric, by the SA's word), `sa_presence` (asking the SA through a configured device, for sysfs and verbs)
 //! - [`embedded_fabric`] — the embedded backend's simulated fabric: its port tables (not the deterministic simulation, which is `testkit/src/sim`)
 //! - [`mad`]      — MAD/SMP/SA codec: byte offsets, golden vectors; no unsafe, no I/O
 //! - [`sys`]      — the only unsafe code and the only `nix`/`libc` use: umad device I/O, libibverbs wrappers, user/group lookups, host name, signals (through pidfds to a named process), open flags
 //! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events, grants (Ed25519 verification, rotating key sets, typed refusals): pure types
-//! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG, STOPPING
+//! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG (pets while a `Watched` loop answers), STOPPING
 //! - [`tls`]      — the process-wide rustls crypto provider
 //! - [`proto`]    — generated gRPC code (lives in `api/`, re-exported)
 

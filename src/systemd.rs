@@ -2,8 +2,8 @@
 //! first inventory is read; STATUS= with a one-line summary; WATCHDOG=1 only while the
 //! reconciler is alive; STOPPING=1 on shutdown. Without NOTIFY_SOCKET every call is a no-op.
 
-use crate::agent::Agent;
 use sd_notify::NotifyState;
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -28,10 +28,23 @@ pub fn watchdog_interval() -> Option<Duration> {
     sd_notify::watchdog_enabled()
 }
 
-/// Pets the watchdog at half its interval, each time only after the reconciler answered a probe
-/// (it went round its loop), and refreshes STATUS= when it changes. A stuck reconciler stops the
-/// pets and systemd restarts the service.
-pub async fn watchdog(agent: Agent, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+/// What the watchdog watches: a loop that answers a probe while it goes round, and a one-line
+/// status for STATUS=.
+pub trait Watched {
+    /// Whether the loop answered within `limit`.
+    fn probe(&self, limit: Duration) -> impl Future<Output = bool> + Send;
+    /// The one-line summary STATUS= shows.
+    fn status_line(&self) -> String;
+}
+
+/// Pets the watchdog at half its interval, each time only after the watched loop (the
+/// reconciler) answered a probe (it went round its loop), and refreshes STATUS= when it
+/// changes. A stuck loop stops the pets and systemd restarts the service.
+pub async fn watchdog(
+    agent: impl Watched,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut tick = tokio::time::interval(interval / 2);
     let mut last_status = String::new();
     loop {
@@ -39,7 +52,7 @@ pub async fn watchdog(agent: Agent, interval: Duration, mut shutdown: watch::Rec
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
-        if !agent.probe_reconciler(interval / 4).await {
+        if !agent.probe(interval / 4).await {
             tracing::error!("reconciler did not answer the watchdog probe; withholding WATCHDOG=1");
             continue;
         }

@@ -34,7 +34,7 @@ pub async fn serve(
             async move {
                 let mut text = agent.metrics_text(sweeps);
                 if let Some(s) = &sync {
-                    text = super::sm_host_metrics::append(text, &s.status());
+                    text = super::sm_v1::metrics::append(text, &s.status());
                 }
                 ([(CONTENT_TYPE, OPENMETRICS)], text).into_response()
             }

@@ -1,36 +1,28 @@
-//! gRPC: the `fabric.agent.v1.FabricAgent` service, health, reflection, and the listeners
-//! (unix socket; TCP with mTLS and a client allowlist, or plaintext on loopback when asked).
-//! Handlers only translate: one module per protocol boundary holds its protobuf <-> domain
-//! mapping and its one error <-> status mapping (`convert` for `fabric.agent.v1`, `sm_v1` for
-//! `fabric.sm.v1`); `sm_client` is the remote subnet-manager backend's gRPC client;
-//! `agent_client` the typed `fabric.agent.v1` client the CLI uses.
+//! gRPC: the `fabric.agent.v1.FabricAgent` service, the SM host's `fabric.sm.v1.Partitions`,
+//! health, reflection, and the listeners (unix socket; TCP with mTLS and a client allowlist, or
+//! plaintext on loopback when asked). One folder per protocol, each with its services, its
+//! protobuf <-> domain mapping and its one error <-> status mapping, and its client:
+//! [`agent_v1`] and [`sm_v1`]; [`gate`] is the call gate every call passes (who calls, may
+//! they, within which bounds, the audit trail). The shared pieces sit here: the server and its
+//! listeners, reloadable TLS, the metrics listener, client channels, the grant codec
+//! ([`grant_v1`]), the listeners' settings and the generated code.
 
-pub mod agent_client;
-mod audit;
-mod auth;
-mod caller;
+pub mod agent_v1;
 pub mod client;
-pub mod conn_limits;
-pub mod convert;
+pub mod gate;
 pub mod grant_v1;
-pub mod limits;
 pub mod metrics;
-mod node_identity;
-pub mod partitions;
 pub mod proto;
 mod server;
 mod server_tls;
-mod service;
 pub mod settings;
-pub mod sm_client;
-pub mod sm_host_metrics;
-pub mod sm_peers;
 pub mod sm_v1;
-mod socket_guard;
 
-pub use auth::{CertIdentity, ClientAllowlist, ClientId, ClientIdError};
-pub use caller::{Caller, Guarded, LocalPolicy, Policy};
-pub use node_identity::{NodeMapping, NodeMappingError};
+pub use agent_v1::AgentService;
+pub use gate::{
+    Caller, CertIdentity, ClientAllowlist, ClientId, ClientIdError, Guarded, LocalPolicy,
+    NodeMapping, NodeMappingError, Policy,
+};
 pub use server::{serve, Listeners, ServeError};
 pub use server_tls::{TlsLoaded, TlsReloader};
-pub use service::AgentService;
+pub use sm_v1::{PartitionsService, RemoteSm};

@@ -2,16 +2,14 @@
 //! when configured (mTLS with per-service allowlists and reloadable TLS material, or plaintext
 //! loopback on a test rig).
 
-use super::auth::ClientAllowlist;
-use super::caller::{Guarded, LocalPolicy, Policy};
-use super::conn_limits::ConnLimits;
-use super::limits::{self, InFlightLimitLayer};
-use super::node_identity::NodeMapping;
-use super::partitions::PartitionsService;
+use super::agent_v1::AgentService;
+use super::gate::conn_limits::ConnLimits;
+use super::gate::limits::InFlightLimitLayer;
+use super::gate::socket_guard;
+use super::gate::{ClientAllowlist, Guarded, LocalPolicy, NodeMapping, Policy};
 use super::server_tls::TlsReloader;
-use super::settings::ListenConfig;
-use super::socket_guard;
-use super::AgentService;
+use super::settings::{LimitsConfig, ListenConfig};
+use super::sm_v1::PartitionsService;
 use crate::proto::agent::fabric_agent_server::FabricAgentServer;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +19,27 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tonic::service::{Routes, RoutesBuilder};
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+
+/// A server builder with the request timeout, the keepalive bounds and the HTTP/2 stream
+/// bound of `limits`. Every connection announces SETTINGS_MAX_CONCURRENT_STREAMS = the stream
+/// limit plus the in-flight limit: a client then knows it may multiplex that many calls (h2
+/// clients otherwise assume 100 and queue the rest), and the agent's own limits, not HTTP/2,
+/// decide what is refused.
+fn builder(limits: &LimitsConfig) -> Server {
+    let keepalive = (limits.keepalive_interval_secs > 0)
+        .then(|| Duration::from_secs(limits.keepalive_interval_secs));
+    let streams = limits
+        .max_watch_streams
+        .saturating_add(limits.max_in_flight_requests);
+    Server::builder()
+        .timeout(Duration::from_secs(limits.request_timeout_secs))
+        .max_concurrent_streams(u32::try_from(streams).unwrap_or(u32::MAX))
+        .http2_keepalive_interval(keepalive)
+        .http2_keepalive_timeout(
+            keepalive.map(|_| Duration::from_secs(limits.keepalive_timeout_secs)),
+        )
+}
 
 /// Why serving failed.
 #[derive(Debug, Error)]
@@ -39,17 +58,6 @@ pub enum ServeError {
     /// TLS material could not be loaded.
     #[error("TLS: {0}")]
     Tls(#[from] super::server_tls::TlsLoadError),
-    /// A client allowlist entry does not parse.
-    #[error("TLS: {key}: {source}")]
-    Allowlist {
-        /// The list's key.
-        key: &'static str,
-        /// Why.
-        source: super::ClientIdError,
-    },
-    /// The identity -> node mapping is refused.
-    #[error("TLS: {0}")]
-    NodeMapping(#[from] super::NodeMappingError),
     /// A TCP listener without TLS (and without the test-only plaintext switch).
     #[error("TLS: TCP needs [listen.tls] or insecure_plaintext_for_tests")]
     TcpWithoutTls,
@@ -88,18 +96,14 @@ impl Listeners {
     /// Binds the unix socket (replacing a stale one, mode from config) and TCP if configured;
     /// loads the TLS material and the callers' policies.
     pub async fn bind(config: &ListenConfig) -> Result<Listeners, ServeError> {
-        let local = LocalPolicy::from_config(config)?;
+        let local = LocalPolicy::new(config.read_group.as_deref(), &config.allowed_uids)?;
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let parse = |key: &'static str, l: &[String]| {
-                    ClientAllowlist::parse(l)
-                        .map_err(|source| ServeError::Allowlist { key, source })
-                };
                 let lists = TcpLists {
-                    agent: parse("allowed_clients", &t.allowed_clients)?,
-                    partitions: parse("partitions_clients", &t.partitions_clients)?,
-                    operators: parse("operator_clients", &t.operator_clients)?,
+                    agent: t.allowed_clients.clone(),
+                    partitions: t.partitions_clients.clone(),
+                    operators: t.operator_clients.clone(),
                 };
                 let (reloader, loaded) = TlsReloader::load(t)?;
                 tracing::info!(%loaded, "TLS material loaded");
@@ -110,9 +114,7 @@ impl Listeners {
             }
         };
         let nodes = match &config.tls {
-            Some(t) => {
-                NodeMapping::from_config(t.node_name_template.as_deref(), &t.node_identities)?
-            }
+            Some(t) => t.nodes.clone(),
             None => NodeMapping::default(),
         };
         let path = config.unix_socket.clone();
@@ -273,7 +275,7 @@ pub async fn serve(
         shutdown.clone(),
         owned.clone(),
     );
-    let unix = limits::builder(&bounds)
+    let unix = builder(&bounds)
         .layer(in_flight("the unix socket"))
         .add_routes(routes(Policies::same(Policy::Local(listeners.local))))
         .serve_with_incoming_shutdown(unix_incoming, signal(shutdown.clone()));
@@ -293,7 +295,7 @@ pub async fn serve(
                 );
                 let incoming =
                     tokio_stream::wrappers::ReceiverStream::new(reloader.incoming(listener, conns));
-                limits::builder(&bounds)
+                builder(&bounds)
                     // GOAWAY at the age; the connection's own deadline (age + the request
                     // timeout) ends it if a stream outlives that. (tonic's grace setting would
                     // skip the GOAWAY and only cut the connection at age + grace.)
@@ -305,7 +307,7 @@ pub async fn serve(
             }
             Some((listener, TcpMode::InsecureTest)) => {
                 let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                limits::builder(&bounds)
+                builder(&bounds)
                     .layer(in_flight("the TCP listener"))
                     .add_routes(routes(Policies::same(Policy::InsecureTest)))
                     .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))

@@ -6,9 +6,9 @@
 //!
 //! The client verifier checks the chain against the CA bundle. A chain that is only outside
 //! its validity period is let through the handshake so that every call on it is refused with
-//! UNAUTHENTICATED and the reason (see [`super::caller::Policy`]) instead of a bare TLS alert.
+//! UNAUTHENTICATED and the reason (see [`super::gate::Policy`]) instead of a bare TLS alert.
 
-use super::conn_limits::{BoundedConn, ConnLimits, Refused};
+use super::gate::conn_limits::{BoundedConn, ConnLimits, Refused};
 use super::settings::TlsConfig;
 use crate::sys::dirwatch::{Change, DirWatch};
 use rustls::client::danger::HandshakeSignatureValid;

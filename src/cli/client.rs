@@ -3,7 +3,7 @@
 //! default path, in that order.
 
 use super::ClientOpts;
-use crate::api::agent_client::AgentClient;
+use crate::api::agent_v1::client::AgentClient;
 use crate::api::client::{ClientError, ClientTls};
 use crate::config::{Config, ConfigError, DEFAULT_SOCKET};
 use std::path::{Path, PathBuf};

@@ -329,7 +329,7 @@ pub async fn ports(path: &Path, format: super::Format) -> ExitCode {
             let ports: Vec<pb::Port> = inventory
                 .ports
                 .iter()
-                .map(crate::api::convert::port_to_pb)
+                .map(crate::api::agent_v1::convert::port_to_pb)
                 .collect();
             output::ports(kind, &ports, format);
             ExitCode::SUCCESS

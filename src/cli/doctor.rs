@@ -232,7 +232,7 @@ async fn ports(
                 inventory
                     .ports
                     .iter()
-                    .map(crate::api::convert::port_to_pb)
+                    .map(crate::api::agent_v1::convert::port_to_pb)
                     .collect(),
             )
         }

@@ -4,7 +4,7 @@
 use super::client::{self, Target};
 use super::commands::{AttachArgs, EventsArgs, GetArgs, ListArgs, ReleaseArgs};
 use super::{exit, output, Command, Format};
-use crate::api::agent_client::{AgentClient, CallError, StatusCode};
+use crate::api::agent_v1::client::{AgentClient, CallError, StatusCode};
 use crate::proto::agent as pb;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -56,7 +56,7 @@ async fn attach(c: &mut AgentClient, a: AttachArgs, format: Format) -> Result<Ou
         Ok(g) => g,
         Err(e) => {
             return Err(CallError::local(
-                crate::api::agent_client::StatusCode::InvalidArgument,
+                crate::api::agent_v1::client::StatusCode::InvalidArgument,
                 format!("--grant: {e}"),
             ))
         }

@@ -7,6 +7,7 @@ use crate::api::{serve, AgentService, ServeError, TlsReloader};
 use crate::config::Config;
 use crate::daemon::{self, Bound, Daemon};
 use crate::systemd;
+use std::future::Future;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -158,6 +159,17 @@ async fn first_inventory(agent: &Agent, config: &Config) {
             "cannot read the ports; serving anyway (no state changes until they are read; \
              `fabric-agent doctor` says why)"
         ),
+    }
+}
+
+/// The watchdog watches the reconciler.
+impl systemd::Watched for Agent {
+    fn probe(&self, limit: Duration) -> impl Future<Output = bool> + Send {
+        self.probe_reconciler(limit)
+    }
+
+    fn status_line(&self) -> String {
+        Agent::status_line(self)
     }
 }
 

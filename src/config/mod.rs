@@ -15,7 +15,8 @@ mod tests;
 
 pub use crate::agent::ReconcilerConfig;
 pub use crate::api::settings::{
-    BadSocketMode, LimitsConfig, ListenConfig, SocketMode, TlsConfig, DEFAULT_SOCKET,
+    BadSocketMode, LimitsConfig, ListenConfig, ListenSection, SocketMode, TlsConfig, TlsSection,
+    DEFAULT_SOCKET,
 };
 pub use crate::domain::GrantPolicy;
 pub use crate::observe::{ObserverConfig, ObserverKind};
@@ -27,6 +28,7 @@ pub use metrics::MetricsConfig;
 pub use ports::PortsConfig;
 pub use subnet_manager::{Backend, SubnetManagerConfig};
 
+use crate::api::ClientAllowlist;
 use crate::domain::{FabricName, NodeId, PortSelector};
 use error::{invalid, rejected_by};
 use serde::Deserialize;
@@ -48,6 +50,9 @@ pub struct Config {
     pub listen: ListenConfig,
     /// The subnet-manager backend.
     pub subnet_manager: SubnetManagerConfig,
+    /// An SM host's peers' certificate identities (`[subnet_manager.opensm_ha]
+    /// peer_identities`): they may pull every stored set. Empty without `opensm_ha`.
+    pub peer_identities: ClientAllowlist,
     /// The port observer.
     pub observer: ObserverConfig,
     /// Which ports belong to the fabric.
@@ -83,7 +88,7 @@ struct ConfigFile {
     state_dir: PathBuf,
     /// Listeners.
     #[serde(default)]
-    listen: ListenConfig,
+    listen: ListenSection,
     /// The subnet-manager backend.
     #[serde(default)]
     subnet_manager: SubnetManagerConfig,
@@ -162,7 +167,7 @@ impl ConfigFile {
         self.log.validate()?;
         self.metrics.validate()?;
         let node_id = resolve_node_id(self.node_id.as_deref())?;
-        self.listen.validate()?;
+        let listen = self.listen.validate()?;
         self.observer
             .validate()
             .map_err(rejected_by("observer.slow_poll_ms"))?;
@@ -172,15 +177,16 @@ impl ConfigFile {
         self.events.validate()?;
         let ports = self.ports.selector()?;
         self.limits.validate()?;
-        self.subnet_manager.validate(self.observer.kind)?;
-        self.subnet_manager.validate_broker(&self.listen)?;
+        let peer_identities = self.subnet_manager.validate(self.observer.kind)?;
+        self.subnet_manager.validate_broker(&listen)?;
         let grants = self.grants.validate(&fabric)?;
         Ok(Config {
             node_id,
             fabric,
             state_dir: self.state_dir,
-            listen: self.listen,
+            listen,
             subnet_manager: self.subnet_manager,
+            peer_identities,
             observer: self.observer,
             ports,
             events: self.events,

@@ -201,8 +201,8 @@ mod tests {
         use super::super::*;
         let sections = [
             ("", accepted::<ConfigFile>()),
-            ("listen", accepted::<ListenConfig>()),
-            ("listen.tls", accepted::<TlsConfig>()),
+            ("listen", accepted::<ListenSection>()),
+            ("listen.tls", accepted::<TlsSection>()),
             ("subnet_manager", accepted::<SubnetManagerConfig>()),
             ("observer", accepted::<ObserverConfig>()),
             ("ports", accepted::<PortsConfig>()),

@@ -1,6 +1,7 @@
 //! `[subnet_manager]`: which backend programs keys, with each backend's own section.
 
 use super::error::{invalid, rejected_by, ConfigError};
+use crate::api::ClientAllowlist;
 use crate::observe::ObserverKind;
 use serde::Deserialize;
 
@@ -74,8 +75,12 @@ impl SubnetManagerConfig {
     }
 
     /// The backend's own section is present and valid, and the observer (`observer.kind`)
-    /// fits the backend.
-    pub(super) fn validate(&self, observer: Option<ObserverKind>) -> Result<(), ConfigError> {
+    /// fits the backend. Returns the peer SM hosts' identities (`opensm_ha.peer_identities`),
+    /// parsed; none without `opensm_ha`.
+    pub(super) fn validate(
+        &self,
+        observer: Option<ObserverKind>,
+    ) -> Result<ClientAllowlist, ConfigError> {
         if observer == Some(ObserverKind::Embedded) && self.backend != Backend::Embedded {
             return Err(invalid(
                 "observer.kind",
@@ -93,6 +98,7 @@ impl SubnetManagerConfig {
                 .as_ref()
                 .ok_or_else(|| invalid(key, format!("backend = \"{backend}\" needs [{key}]")))
         }
+        let mut peer_identities = ClientAllowlist::default();
         if let Some(ha) = &self.opensm_ha {
             if self.backend != Backend::Opensm {
                 return Err(invalid(
@@ -102,10 +108,10 @@ impl SubnetManagerConfig {
             }
             ha.validate()
                 .map_err(rejected_by("subnet_manager.opensm_ha"))?;
-            crate::api::ClientAllowlist::parse(&ha.peer_identities)
+            peer_identities = ClientAllowlist::parse(&ha.peer_identities)
                 .map_err(rejected_by("subnet_manager.opensm_ha.peer_identities"))?;
         }
-        match self.backend {
+        let backend = match self.backend {
             Backend::Embedded => self
                 .embedded
                 .validate()
@@ -119,6 +125,7 @@ impl SubnetManagerConfig {
             Backend::Ufm => section(&self.ufm, "subnet_manager.ufm", "ufm")?
                 .validate()
                 .map_err(rejected_by("subnet_manager.ufm")),
-        }
+        };
+        backend.map(|()| peer_identities)
     }
 }

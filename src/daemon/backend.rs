@@ -3,7 +3,7 @@
 
 use super::stores::{StoredNodeLedgers, StoredSimTables, StoredSmNodes, StoredUfmLedger};
 use super::StartError;
-use crate::api::sm_client::RemoteSm;
+use crate::api::RemoteSm;
 use crate::config::{Backend, Config, ObserverKind};
 use crate::domain::NodeId;
 use crate::embedded_fabric::SimFabric;
@@ -186,7 +186,7 @@ fn build_ha(
         reloader,
     )
     .map_err(StartError::OpenSm)?;
-    let peers = crate::api::sm_peers::peers(ha).map_err(StartError::Remote)?;
+    let peers = crate::api::sm_v1::peers::peers(ha).map_err(StartError::Remote)?;
     let sync = PeerSync::new(
         backend.clone(),
         node_id.as_str().to_owned(),

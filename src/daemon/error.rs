@@ -1,7 +1,7 @@
 //! Why the daemon could not start: each failure keeps its cause as `source`.
 
 use crate::agent::AgentError;
-use crate::api::sm_client::RemoteError;
+use crate::api::sm_v1::RemoteError;
 use crate::api::ServeError;
 use crate::observe::ObserveError;
 use crate::sm::opensm::OpenSmError;

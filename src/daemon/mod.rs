@@ -39,14 +39,14 @@ pub struct Daemon {
     /// On an OpenSM SM host with peers: the anti-entropy (caught up before READY, then run).
     pub sync: Option<Arc<crate::sm::opensm::sync::PeerSync>>,
     /// The peers' identities that may pull this host's sets.
-    peer_identities: Vec<String>,
+    peer_identities: crate::api::ClientAllowlist,
 }
 
 impl Daemon {
     /// The `fabric.sm.v1.Partitions` service, when this host is a fabric side (an OpenSM SM
     /// host or a UFM broker).
-    pub fn partitions(&self) -> Option<crate::api::partitions::PartitionsService> {
-        use crate::api::partitions::PartitionsService;
+    pub fn partitions(&self) -> Option<crate::api::PartitionsService> {
+        use crate::api::PartitionsService;
         match (&self.opensm, &self.broker) {
             (Some(o), _) => Some(
                 PartitionsService::new(
@@ -56,10 +56,7 @@ impl Daemon {
                     )
                     .with_sync(self.sync.clone()),
                 )
-                .with_peer_identities(
-                    // Validated with the config: a list that does not parse allows no one.
-                    crate::api::ClientAllowlist::parse(&self.peer_identities).unwrap_or_default(),
-                ),
+                .with_peer_identities(self.peer_identities.clone()),
             ),
             (None, Some(b)) => Some(PartitionsService::new(b.clone())),
             (None, None) => None,
@@ -98,11 +95,6 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
         broker: built.broker,
         sa_members: built.sa_members,
         sync: built.sync,
-        peer_identities: config
-            .subnet_manager
-            .opensm_ha
-            .as_ref()
-            .map(|h| h.peer_identities.clone())
-            .unwrap_or_default(),
+        peer_identities: config.peer_identities.clone(),
     })
 }

@@ -6,6 +6,7 @@ mod config;
 pub mod embedded;
 mod error;
 pub mod presence;
+pub mod sa_presence;
 pub mod smp;
 pub mod sysfs;
 pub mod verbs;

@@ -8,7 +8,7 @@
 //! "fe80:0000:0000:0000:a088:c203:00f1:2e40" (the port GUID is its low 64 bits), `pkeys/<i>`
 //! "0xffff" with empty slots "0x0000"; the table size is the number of `pkeys` files.
 
-use super::presence::{self, SaPresence};
+use super::sa_presence::{self, SaPresence};
 use super::{
     poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, Presence, ReadError,
 };
@@ -66,7 +66,7 @@ impl PortObserver for SysfsObserver {
     }
 
     async fn fabric_presence(&self, guids: &[Guid]) -> Vec<Presence> {
-        presence::ask_optional(self.presence.as_ref(), "sysfs", guids).await
+        sa_presence::ask_optional(self.presence.as_ref(), "sysfs", guids).await
     }
 
     async fn changed(&self, pending: bool) {

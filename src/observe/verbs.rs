@@ -14,7 +14,7 @@
 //! ([`ReadError::DevicesGone`]) until it returns: its ports are unknown, and leaving them out
 //! could make a key look absent from every fabric port (a false RELEASED).
 
-use super::presence::{self, SaPresence};
+use super::sa_presence::{self, SaPresence};
 use super::{
     poll_interval, read_blocking, NoDevices, ObserveError, PortObserver, Presence, ReadError,
 };
@@ -296,7 +296,7 @@ impl PortObserver for VerbsObserver {
     }
 
     async fn fabric_presence(&self, guids: &[Guid]) -> Vec<Presence> {
-        presence::ask_optional(self.presence.as_ref(), "verbs", guids).await
+        sa_presence::ask_optional(self.presence.as_ref(), "verbs", guids).await
     }
 
     async fn changed(&self, pending: bool) {

@@ -1,11 +1,11 @@
-//! The CLI's typed client (`fabric_agent::api::agent_client::AgentClient`) against the real
+//! The CLI's typed client (`fabric_agent::api::agent_v1::client::AgentClient`) against the real
 //! daemon: answers are the protocol's messages, a refusal keeps its code and its
 //! `fabric-error-reason` trailer, listing follows every page, and events stream in order.
 
 use testkit::common;
 
 use common::{attach, attach_on, partition, Daemon};
-use fabric_agent::api::agent_client::{AgentClient, StatusCode};
+use fabric_agent::api::agent_v1::client::{AgentClient, StatusCode};
 use fabric_agent::proto::agent as pb;
 use std::time::Duration;
 

@@ -309,7 +309,7 @@ async fn a_restarted_host_holds_every_set_back_until_it_is_confirmed() {
 
 fn refused_as_denied(r: Result<u64, fabric_agent::sm::FabricSideError>) {
     let e = r.expect_err("a set carrying a revoked grant must be refused");
-    let status = fabric_agent::api::sm_v1::status_of_fabric_side(&e);
+    let status = fabric_agent::api::sm_v1::convert::status_of_fabric_side(&e);
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
 }
 

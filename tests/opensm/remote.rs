@@ -5,9 +5,9 @@ use testkit::common;
 
 use common::pki::{self_signed, write, Pki};
 use common::sm_host::opensm_backend;
-use fabric_agent::api::partitions::PartitionsService;
-use fabric_agent::api::sm_client::RemoteSm;
-use fabric_agent::api::sm_v1::sm_host_status;
+use fabric_agent::api::sm_v1::convert::sm_host_status;
+use fabric_agent::api::PartitionsService;
+use fabric_agent::api::RemoteSm;
 use fabric_agent::api::{ClientAllowlist, Guarded, Policy};
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;

@@ -9,7 +9,7 @@ use testkit::common;
 use common::pki::Pki;
 use common::sm_host::opensm_backend;
 use fabric_agent::api::client::{tcp, ClientTls};
-use fabric_agent::api::partitions::PartitionsService;
+use fabric_agent::api::PartitionsService;
 use fabric_agent::api::{ClientAllowlist, Guarded, NodeMapping, Policy, TlsReloader};
 use fabric_agent::config::TlsConfig;
 use fabric_agent::proto::sm as pb;
@@ -75,26 +75,25 @@ impl SmHost {
             cert,
             key,
             client_ca: d.join("ca.pem"),
-            allowed_clients: vec!["dns:control-plane.example".into()],
-            partitions_clients: vec!["dns:*.nodes.fab2.example".into()],
-            operator_clients: vec!["dns:ops.fab2.example".into()],
-            node_name_template: Some("{node}.nodes.fab2.example".into()),
-            node_identities: Default::default(),
+            allowed_clients: ClientAllowlist::parse(&["dns:control-plane.example".into()]).unwrap(),
+            partitions_clients: ClientAllowlist::parse(&["dns:*.nodes.fab2.example".into()])
+                .unwrap(),
+            operator_clients: ClientAllowlist::parse(&["dns:ops.fab2.example".into()]).unwrap(),
+            nodes: NodeMapping::from_config(Some("{node}.nodes.fab2.example"), &Default::default())
+                .unwrap(),
         };
         let partitions = d.join("partitions.conf");
         std::fs::write(&partitions, "").unwrap();
         let backend = opensm_backend(&partitions);
         let (reloader, _) = TlsReloader::load(&tls).unwrap();
-        let nodes =
-            NodeMapping::from_config(tls.node_name_template.as_deref(), &tls.node_identities)
-                .unwrap();
+        let nodes = tls.nodes.clone();
         let policy = Policy::Tls {
-            allowed: ClientAllowlist::parse(&tls.partitions_clients).unwrap(),
-            operators: ClientAllowlist::parse(&tls.operator_clients).unwrap(),
+            allowed: tls.partitions_clients.clone(),
+            operators: tls.operator_clients.clone(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let limits = fabric_agent::api::conn_limits::ConnLimits::new(
+        let limits = fabric_agent::api::gate::conn_limits::ConnLimits::new(
             64,
             16,
             std::time::Duration::from_secs(10),

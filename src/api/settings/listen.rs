@@ -1,6 +1,9 @@
-//! `[listen]` and `[listen.tls]`: the unix socket, the TCP listener and its mTLS.
+//! `[listen]` and `[listen.tls]`: the unix socket, the TCP listener and its mTLS. Read as
+//! written ([`ListenSection`], [`TlsSection`]) and validated once into the typed settings the
+//! listeners use ([`ListenConfig`], [`TlsConfig`]: allowlists and the node mapping parsed).
 
 use super::{invalid, rejected_by, SettingsError};
+use crate::api::gate::{ClientAllowlist, NodeMapping};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,10 +12,10 @@ use thiserror::Error;
 /// The default unix socket.
 pub const DEFAULT_SOCKET: &str = "/run/fabric-agent/agent.sock";
 
-/// Listener settings.
+/// `[listen]` as written; [`ListenSection::validate`] makes it a [`ListenConfig`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ListenConfig {
+pub struct ListenSection {
     /// Unix socket for local use (the CLI).
     #[serde(default = "default_socket")]
     pub unix_socket: PathBuf,
@@ -40,6 +43,28 @@ pub struct ListenConfig {
     pub plaintext_loopback: Option<bool>,
     /// TLS settings for `tcp`.
     #[serde(default)]
+    pub tls: Option<TlsSection>,
+}
+
+/// Listener settings, validated: the TCP listener is mTLS, or plaintext on loopback for test
+/// rigs.
+#[derive(Debug, Clone)]
+pub struct ListenConfig {
+    /// Unix socket for local use (the CLI).
+    pub unix_socket: PathBuf,
+    /// Its mode.
+    pub unix_socket_mode: SocketMode,
+    /// The group (name or numeric gid) whose members may call read-only RPCs on the unix socket;
+    /// none: only root, the agent's own user and `allowed_uids` may read.
+    pub read_group: Option<String>,
+    /// Users (uids) besides root and the agent's own user that may call mutating RPCs on the
+    /// unix socket.
+    pub allowed_uids: Vec<u32>,
+    /// TCP address for the control plane.
+    pub tcp: Option<SocketAddr>,
+    /// UNSAFE, test rigs only: plaintext gRPC on the loopback `tcp` address.
+    pub insecure_plaintext_for_tests: bool,
+    /// TLS settings for `tcp`.
     pub tls: Option<TlsConfig>,
 }
 
@@ -80,9 +105,9 @@ impl TryFrom<String> for SocketMode {
     }
 }
 
-impl Default for ListenConfig {
+impl Default for ListenSection {
     fn default() -> Self {
-        ListenConfig {
+        ListenSection {
             unix_socket: default_socket(),
             unix_socket_mode: default_socket_mode(),
             read_group: None,
@@ -100,9 +125,12 @@ impl ListenConfig {
     pub fn socket_mode(&self) -> u32 {
         self.unix_socket_mode.bits()
     }
+}
 
-    /// The TCP listener is mTLS, or plaintext on loopback for test rigs; TLS lists parse.
-    pub fn validate(&self) -> Result<(), SettingsError> {
+impl ListenSection {
+    /// The TCP listener is mTLS, or plaintext on loopback for test rigs; the TLS section's
+    /// allowlists and node mapping parse.
+    pub fn validate(self) -> Result<ListenConfig, SettingsError> {
         if self.plaintext_loopback.is_some() {
             return Err(invalid(
                 "listen.plaintext_loopback",
@@ -116,36 +144,46 @@ impl ListenConfig {
                 "empty; give a group name or a numeric gid, or leave it out",
             ));
         }
-        if let Some(tls) = &self.tls {
-            tls.validate()?;
+        let tls = self.tls.map(TlsSection::validate).transpose()?;
+        if let Some(addr) = self.tcp {
+            check_tcp(addr, tls.is_some(), self.insecure_plaintext_for_tests)?;
         }
-        let Some(addr) = self.tcp else {
-            return Ok(());
-        };
-        match (&self.tls, self.insecure_plaintext_for_tests) {
-            (Some(_), true) => Err(invalid(
-                "listen.insecure_plaintext_for_tests",
-                "set either [listen.tls] or insecure_plaintext_for_tests, not both",
-            )),
-            (None, false) => Err(invalid(
-                "listen.tcp",
-                "TCP needs [listen.tls] (mTLS); plaintext is only for test rigs on a loopback \
-                 address (insecure_plaintext_for_tests = true)",
-            )),
-            (None, true) if !addr.ip().is_loopback() => Err(invalid(
-                "listen.insecure_plaintext_for_tests",
-                format!("{addr} is not a loopback address; plaintext is only allowed on loopback"),
-            )),
-            _ => Ok(()),
-        }
+        Ok(ListenConfig {
+            unix_socket: self.unix_socket,
+            unix_socket_mode: self.unix_socket_mode,
+            read_group: self.read_group,
+            allowed_uids: self.allowed_uids,
+            tcp: self.tcp,
+            insecure_plaintext_for_tests: self.insecure_plaintext_for_tests,
+            tls,
+        })
     }
 }
 
-/// Server-side TLS with client-certificate verification (mTLS). The certificate, key and CA
-/// bundle are re-read on SIGHUP.
+/// The TCP listener at `addr` is mTLS, or plaintext on loopback for test rigs.
+fn check_tcp(addr: SocketAddr, tls: bool, insecure: bool) -> Result<(), SettingsError> {
+    match (tls, insecure) {
+        (true, true) => Err(invalid(
+            "listen.insecure_plaintext_for_tests",
+            "set either [listen.tls] or insecure_plaintext_for_tests, not both",
+        )),
+        (false, false) => Err(invalid(
+            "listen.tcp",
+            "TCP needs [listen.tls] (mTLS); plaintext is only for test rigs on a loopback \
+                 address (insecure_plaintext_for_tests = true)",
+        )),
+        (false, true) if !addr.ip().is_loopback() => Err(invalid(
+            "listen.insecure_plaintext_for_tests",
+            format!("{addr} is not a loopback address; plaintext is only allowed on loopback"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `[listen.tls]` as written; [`TlsSection::validate`] makes it a [`TlsConfig`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TlsConfig {
+pub struct TlsSection {
     /// PEM certificate chain of this agent.
     pub cert: PathBuf,
     /// PEM private key.
@@ -172,16 +210,36 @@ pub struct TlsConfig {
     pub node_identities: std::collections::BTreeMap<String, String>,
 }
 
-impl TlsConfig {
+/// Server-side TLS with client-certificate verification (mTLS), validated: the allowlists and
+/// the node mapping parsed. The certificate, key and CA bundle are re-read on SIGHUP.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// PEM certificate chain of this agent.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// PEM CA bundle that client certificates must chain to.
+    pub client_ca: PathBuf,
+    /// Who may call `fabric.agent.v1.FabricAgent` (the control plane).
+    pub allowed_clients: ClientAllowlist,
+    /// SM host: who may call `fabric.sm.v1.Partitions` (the nodes' agents).
+    pub partitions_clients: ClientAllowlist,
+    /// SM host: identities that may read every node's memberships and call the operator-only
+    /// methods.
+    pub operator_clients: ClientAllowlist,
+    /// SM host: which node a certificate speaks for.
+    pub nodes: NodeMapping,
+}
+
+impl TlsSection {
     /// The allowlists parse, name someone, and the node mapping is one of its two forms.
-    fn validate(&self) -> Result<(), SettingsError> {
-        for (key, list) in [
-            ("listen.tls.allowed_clients", &self.allowed_clients),
-            ("listen.tls.partitions_clients", &self.partitions_clients),
-            ("listen.tls.operator_clients", &self.operator_clients),
-        ] {
-            crate::api::ClientAllowlist::parse(list).map_err(rejected_by(key))?;
-        }
+    pub fn validate(self) -> Result<TlsConfig, SettingsError> {
+        let list = |key: &'static str, entries: &[String]| {
+            ClientAllowlist::parse(entries).map_err(rejected_by(key))
+        };
+        let allowed_clients = list("listen.tls.allowed_clients", &self.allowed_clients)?;
+        let partitions_clients = list("listen.tls.partitions_clients", &self.partitions_clients)?;
+        let operator_clients = list("listen.tls.operator_clients", &self.operator_clients)?;
         if self.allowed_clients.is_empty()
             && self.partitions_clients.is_empty()
             && self.operator_clients.is_empty()
@@ -191,15 +249,21 @@ impl TlsConfig {
                 "must name at least one client identity (or partitions_clients on the SM host)",
             ));
         }
-        crate::api::NodeMapping::from_config(
-            self.node_name_template.as_deref(),
-            &self.node_identities,
-        )
-        .map_err(rejected_by(if self.node_identities.is_empty() {
-            "listen.tls.node_name_template"
-        } else {
-            "listen.tls.node_identities"
-        }))?;
-        Ok(())
+        let nodes =
+            NodeMapping::from_config(self.node_name_template.as_deref(), &self.node_identities)
+                .map_err(rejected_by(if self.node_identities.is_empty() {
+                    "listen.tls.node_name_template"
+                } else {
+                    "listen.tls.node_identities"
+                }))?;
+        Ok(TlsConfig {
+            cert: self.cert,
+            key: self.key,
+            client_ca: self.client_ca,
+            allowed_clients,
+            partitions_clients,
+            operator_clients,
+            nodes,
+        })
     }
 }

@@ -1,12 +1,15 @@
 //! The settings the listeners own: `[listen]` (the unix socket, the TCP listener and its mTLS)
-//! and `[limits]` (what one client may hold). Each section validates itself with its own error;
-//! `config` composes them into the whole configuration.
+//! and `[limits]` (what one client may hold). Each section validates itself with its own error
+//! into the typed values the listeners use; `config` composes them into the whole
+//! configuration.
 
 pub mod limits;
 pub mod listen;
 
 pub use limits::LimitsConfig;
-pub use listen::{BadSocketMode, ListenConfig, SocketMode, TlsConfig, DEFAULT_SOCKET};
+pub use listen::{
+    BadSocketMode, ListenConfig, ListenSection, SocketMode, TlsConfig, TlsSection, DEFAULT_SOCKET,
+};
 
 use thiserror::Error;
 

@@ -3,8 +3,8 @@
 //! [`CallError`] that carries the gRPC code as a [`StatusCode`], the daemon's message and its
 //! `fabric-error-reason` trailer; no tonic type crosses this boundary.
 
-use super::client::{self, ClientError, ClientTls};
 use super::convert::ERROR_REASON_TRAILER;
+use crate::api::client::{self, ClientError, ClientTls};
 use crate::proto::agent as pb;
 use crate::proto::agent::fabric_agent_client::FabricAgentClient;
 use std::path::Path;
@@ -157,9 +157,9 @@ impl From<tonic::Status> for CallError {
 pub struct AgentClient(FabricAgentClient<Channel>);
 
 /// The events a `WatchEvents` call streams, in order.
-pub struct EventStream(tonic::Streaming<pb::Event>);
+pub struct RemoteEvents(tonic::Streaming<pb::Event>);
 
-impl EventStream {
+impl RemoteEvents {
     /// The next event; `None` when the stream ended cleanly.
     pub async fn next(&mut self) -> Option<Result<pb::Event, CallError>> {
         self.0.message().await.map_err(CallError::from).transpose()
@@ -237,8 +237,8 @@ impl AgentClient {
     pub async fn events(
         &mut self,
         request: pb::WatchEventsRequest,
-    ) -> Result<EventStream, CallError> {
-        Ok(EventStream(
+    ) -> Result<RemoteEvents, CallError> {
+        Ok(RemoteEvents(
             self.0.watch_events(request).await?.into_inner(),
         ))
     }

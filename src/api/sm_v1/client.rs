@@ -1,6 +1,6 @@
 //! The remote subnet-manager backend's gRPC client: sends a node's desired set to the SM host's
 //! agent (`fabric.sm.v1.Partitions`) over mTLS, or plaintext to a loopback address. Settings
-//! and their rules are `sm::remote`'s; conversion and error mapping are [`super::sm_v1`]'s.
+//! and their rules are `sm::remote`'s; conversion and error mapping are [`super::convert`]'s.
 //!
 //! Several SM hosts: every apply goes to all of them at once, and is acknowledged only when
 //! every one acknowledged that generation. Otherwise the apply fails naming each host that did
@@ -8,8 +8,8 @@
 //! so the node moves past every host's), else [`SmError::Refused`] when any host answered with
 //! a refusal, else [`SmError::Unreachable`]. The keys stay in doubt (the reconciler's rules).
 
-use super::grant_v1::signed_grant_to_proto;
-use super::sm_v1::{memberships_to_proto, sm_error_of};
+use super::convert::{memberships_to_proto, sm_error_of};
+use crate::api::grant_v1::signed_grant_to_proto;
 use crate::domain::{NodeMemberships, SignedGrant};
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_client::PartitionsClient;

@@ -93,7 +93,7 @@ impl ConnLimits {
     }
 
     /// Slots for a connection just accepted from `addr`, or why it must be closed now.
-    pub fn admit(&self, addr: IpAddr) -> Result<Admitted, Refused> {
+    pub fn admit(&self, addr: IpAddr) -> Result<ConnSlots, Refused> {
         let open = self
             .open
             .clone()
@@ -103,7 +103,7 @@ impl ConnLimits {
             .unauthenticated
             .try_take(addr, self.per_address)
             .ok_or(Refused::TooManyFromAddress)?;
-        Ok(Admitted { open, slot })
+        Ok(ConnSlots { open, slot })
     }
 
     /// How long a handshake may take, and an unauthenticated connection may live.
@@ -122,12 +122,12 @@ pub enum Refused {
 }
 
 /// The slots of an accepted connection that has not authenticated yet.
-pub struct Admitted {
+pub struct ConnSlots {
     open: OwnedSemaphorePermit,
     slot: AddressSlot,
 }
 
-impl Admitted {
+impl ConnSlots {
     /// The connection with its slots: a connection that presented a client certificate gives
     /// its address slot back and ends (reads see EOF) after the lifetime; one that did not
     /// keeps its slot and ends after `unauthenticated_for`.

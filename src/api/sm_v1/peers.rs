@@ -4,9 +4,9 @@
 //! a node's request (generation bounds, ids, GUIDs, keys, grants decoded), and a set that does
 //! not convert is left out of the answer (logged), never taken in part.
 
-use super::grant_v1::{signed_grant_from_proto, signed_grant_to_proto};
-use super::sm_client::{sm_host_channel, RemoteError};
-use super::sm_v1::{memberships_from_proto, memberships_to_proto};
+use super::client::{sm_host_channel, RemoteError};
+use super::convert::{memberships_from_proto, memberships_to_proto};
+use crate::api::grant_v1::{signed_grant_from_proto, signed_grant_to_proto};
 use crate::domain::NodeId;
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_client::PartitionsClient;
@@ -15,33 +15,6 @@ use crate::sm::opensm::sync::{Peer, PeerAnswer, PeerRevocation, PeerSet};
 use async_trait::async_trait;
 use std::sync::Arc;
 use tonic::transport::Channel;
-
-/// The SM host's sync state as `GetNode` shows it (`fabric.agent.v1.SmHostStatus`).
-pub fn sync_status_to_pb(
-    s: &crate::sm::opensm::sync::SyncStatus,
-) -> crate::proto::agent::SmHostStatus {
-    use crate::proto::agent as apb;
-    apb::SmHostStatus {
-        role: s.role.unwrap_or_default().as_str().to_owned(),
-        caught_up: s.caught_up,
-        catching_up_with: s.waiting_for.clone(),
-        held_back_nodes: s.gated_nodes.clone(),
-        disagreeing_nodes: s.disagreements.clone(),
-        peers: s
-            .peers
-            .iter()
-            .map(|p| apb::SmPeerStatus {
-                endpoint: p.name.clone(),
-                host: p.host.clone(),
-                last_answer: p.last_answer.map(prost_types::Timestamp::from),
-                last_error: p.last_error.clone().unwrap_or_default(),
-                caught_up: p.caught_up,
-                last_generation: p.generations.values().copied().max().unwrap_or(0),
-                nodes: u32::try_from(p.generations.len()).unwrap_or(u32::MAX),
-            })
-            .collect(),
-    }
-}
 
 /// A peer's answer as sent.
 pub fn answer_to_proto(a: &PeerAnswer) -> pb::PullNodeSetsResponse {

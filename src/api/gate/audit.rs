@@ -83,9 +83,13 @@ impl fmt::Display for Field {
 }
 
 /// Records the admission of one FabricAgent mutating call, before its handler runs, and
-/// returns the guard that is told when the call answered ([`Admitted::answered`], then the
+/// returns the guard that is told when the call answered ([`PendingCall::answered`], then the
 /// outcome line) or, when dropped unanswered, records that it was abandoned.
-pub fn agent_admitted(caller: Option<&Caller>, method: &'static str, s: &Subject<'_>) -> Admitted {
+pub fn agent_admitted(
+    caller: Option<&Caller>,
+    method: &'static str,
+    s: &Subject<'_>,
+) -> PendingCall {
     tracing::info!(
         target: TARGET,
         caller = %who(caller),
@@ -98,7 +102,7 @@ pub fn agent_admitted(caller: Option<&Caller>, method: &'static str, s: &Subject
         phase = "admitted",
         "audit"
     );
-    Admitted {
+    PendingCall {
         caller: who(caller),
         method,
         subject: format!("instance {:?}", s.instance),
@@ -113,7 +117,7 @@ pub fn sm_admitted(
     method: &'static str,
     node: &str,
     what: &str,
-) -> Admitted {
+) -> PendingCall {
     tracing::info!(
         target: TARGET,
         caller = %who(caller),
@@ -123,7 +127,7 @@ pub fn sm_admitted(
         phase = "admitted",
         "audit"
     );
-    Admitted {
+    PendingCall {
         caller: who(caller),
         method,
         subject: format!("node {node:?}"),
@@ -133,21 +137,21 @@ pub fn sm_admitted(
 
 /// An admitted call whose outcome is not recorded yet.
 #[must_use = "say when the call answered with answered()"]
-pub struct Admitted {
+pub struct PendingCall {
     caller: String,
     method: &'static str,
     subject: String,
     answered: bool,
 }
 
-impl Admitted {
+impl PendingCall {
     /// The call answered: its outcome line follows, no abandoned line is written.
     pub fn answered(mut self) {
         self.answered = true;
     }
 }
 
-impl Drop for Admitted {
+impl Drop for PendingCall {
     fn drop(&mut self) {
         if !self.answered {
             tracing::warn!(

@@ -1,8 +1,8 @@
 //! The `fabric.sm.v1` boundary: protobuf <-> domain conversion both ways and the error mapping
-//! both ways, used by the SM host's service ([`super::partitions`]) and by the nodes' remote
-//! backend ([`super::sm_client`]). Validation is the domain's ([`NodeMemberships::validate`]).
+//! both ways, used by the SM host's service ([`super::service`]) and by the nodes' remote
+//! backend ([`super::client`]). Validation is the domain's ([`NodeMemberships::validate`]).
 
-use super::partitions::PartitionsRefusal;
+use super::authorisation::PartitionsRefusal;
 use crate::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
 use crate::proto::sm as pb;
 use crate::sm::ufm::broker::BrokerError;

@@ -1,23 +1,15 @@
-//! Who is calling: every service on every listener is wrapped in a [`Guarded`] layer that
-//! establishes the [`Caller`] from the connection (SO_PEERCRED on the unix socket, the verified
-//! client certificate on TLS), refuses callers the listener's policy does not admit for the
-//! method, and hands the `Caller` to the handlers through the request's extensions.
+//! Who is calling: the [`Caller`] of one request, established from the connection (SO_PEERCRED
+//! on the unix socket, the verified client certificate on TLS), and the [`Policy`] a listener
+//! admits callers by for each method. [`super::Guarded`] applies it to every service.
 
 use super::auth::{CertIdentity, ClientAllowlist, ClientId};
-use super::settings::ListenConfig;
 use crate::sys::users::GroupError;
-use futures::future::BoxFuture;
 use std::collections::BTreeSet;
-use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tonic::body::Body;
 use tonic::codegen::http;
-use tonic::server::NamedService;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 use tonic::Status;
-use tower::Service;
 
 /// The verified caller of one request.
 #[derive(Debug, Clone)]
@@ -94,12 +86,13 @@ pub struct LocalPolicy {
 }
 
 impl LocalPolicy {
-    /// From `[listen]`: resolves `read_group`. Without one, only root, the agent's own user
-    /// and `allowed_uids` may call at all: the agent's own group is never a read group by
-    /// default, since it may read the agent's configuration and keys.
-    pub fn from_config(listen: &ListenConfig) -> Result<LocalPolicy, GroupError> {
+    /// From `[listen]`'s `read_group` (resolved here) and `allowed_uids`. Without a read
+    /// group, only root, the agent's own user and `allowed_uids` may call at all: the agent's
+    /// own group is never a read group by default, since it may read the agent's configuration
+    /// and keys.
+    pub fn new(read_group: Option<&str>, allowed_uids: &[u32]) -> Result<LocalPolicy, GroupError> {
         let (own_uid, _) = crate::sys::users::own_ids();
-        let read_gid = match &listen.read_group {
+        let read_gid = match read_group {
             Some(g) => Some(crate::sys::users::group_id(g)?),
             None => None,
         };
@@ -111,7 +104,7 @@ impl LocalPolicy {
             own_uid,
             read_gid,
             readers: Arc::new(readers.into_iter().collect()),
-            mutators: Arc::new(listen.allowed_uids.iter().copied().collect()),
+            mutators: Arc::new(allowed_uids.iter().copied().collect()),
         })
     }
 
@@ -213,88 +206,6 @@ impl Policy {
                     matched,
                     operator: operator.is_some(),
                 })
-            }
-        }
-    }
-}
-
-/// The peer of a refused request as its connection shows it (no verification implied).
-fn peer_of<B>(request: &http::Request<B>) -> String {
-    let ext = request.extensions();
-    if let Some(cred) = ext.get::<UdsConnectInfo>().and_then(|i| i.peer_cred) {
-        return format!("unix uid={}", cred.uid());
-    }
-    if let Some(tls) = ext.get::<TlsConnectInfo<TcpConnectInfo>>() {
-        let addr = tls
-            .get_ref()
-            .remote_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        let first = tls
-            .peer_certs()
-            .and_then(|c| first_name(c.first()?.as_ref()))
-            .unwrap_or_else(|| "(no certificate)".into());
-        return format!("tls {addr} {first}");
-    }
-    "unknown".into()
-}
-
-/// A certificate's first name, unverified (for refusal lines only).
-fn first_name(der: &[u8]) -> Option<String> {
-    CertIdentity::names_unverified(der)
-        .into_iter()
-        .next()
-        .map(|n| n.to_string())
-}
-
-/// A service behind a [`Policy`].
-#[derive(Debug, Clone)]
-pub struct Guarded<S> {
-    inner: S,
-    policy: Arc<Policy>,
-}
-
-impl<S> Guarded<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S, policy: Policy) -> Guarded<S> {
-        Guarded {
-            inner,
-            policy: Arc::new(policy),
-        }
-    }
-}
-
-impl<S: NamedService> NamedService for Guarded<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<Body>> for Guarded<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<http::Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
-        match self.policy.admit(&request) {
-            Ok(caller) => {
-                tracing::debug!(caller = %caller, path = request.uri().path(), "admitted");
-                request.extensions_mut().insert(caller);
-                Box::pin(self.inner.call(request))
-            }
-            Err(status) => {
-                let path = request.uri().path();
-                tracing::info!(path, code = ?status.code(), reason = status.message(), "call refused");
-                if !is_read_only(path) {
-                    super::audit::refused(&peer_of(&request), path, status.code());
-                }
-                Box::pin(async move { Ok(status.into_http()) })
             }
         }
     }

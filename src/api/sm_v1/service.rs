@@ -1,24 +1,20 @@
 //! `fabric.sm.v1.Partitions`: served by the fabric side, the SM host's agent (backend `opensm`)
 //! or the UFM broker (backend `ufm` with `[subnet_manager.ufm_broker]`). Nodes send their
 //! complete desired set of memberships; the handlers convert and validate it through the
-//! `fabric.sm.v1` boundary ([`super::sm_v1`]) and hand it to the [`FabricSide`], which checks
+//! `fabric.sm.v1` boundary ([`super::convert`]) and hand it to the [`FabricSide`], which checks
 //! and persists it and answers once the subnet manager holds it.
 //!
-//! Every call is authorised by the verified [`Caller`] the call gate attached: a certificate
-//! may write and read only the node it maps to ([`NodeMapping`]); an operator certificate may
-//! read every node; local privileged callers and a plaintext test rig may do anything. A call
-//! that reaches the service without a gate is refused.
+//! Every call is authorised ([`super::authorisation`]) by the verified [`Caller`] the call gate
+//! attached, before the backend sees it.
 
-use super::audit;
-use super::auth::ClientId;
-use super::caller::Caller;
-use super::grant_v1::signed_grant_from_proto;
-use super::node_identity::NodeMapping;
-use super::sm_v1::{
+use super::authorisation::{authorise, authorise_operator, Access, PartitionsRefusal};
+use super::convert::{
     memberships_from_proto, node_id, status_of_fabric_side as status_of, status_of_refusal,
     stored_to_proto,
 };
-use crate::domain::{NodeId, PKey};
+use crate::api::gate::{audit, Caller, ClientAllowlist, NodeMapping};
+use crate::api::grant_v1::signed_grant_from_proto;
+use crate::domain::PKey;
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_server::{Partitions, PartitionsServer};
 use crate::sm::FabricSide;
@@ -30,7 +26,7 @@ use tonic::{Request, Response, Status};
 pub struct PartitionsService {
     backend: Arc<dyn FabricSide>,
     nodes: NodeMapping,
-    peers: super::ClientAllowlist,
+    peers: ClientAllowlist,
 }
 
 impl PartitionsService {
@@ -40,12 +36,12 @@ impl PartitionsService {
         PartitionsService {
             backend: Arc::new(backend),
             nodes: NodeMapping::default(),
-            peers: super::ClientAllowlist::default(),
+            peers: ClientAllowlist::default(),
         }
     }
 
     /// Peer SM hosts' certificate identities: they may pull every stored set (`PullNodeSets`).
-    pub fn with_peer_identities(self, peers: super::ClientAllowlist) -> Self {
+    pub fn with_peer_identities(self, peers: ClientAllowlist) -> Self {
         PartitionsService { peers, ..self }
     }
 
@@ -134,119 +130,6 @@ impl PartitionsService {
             Err(e) => {
                 tracing::warn!(error = %e, "memberships not applied");
                 Err(status_of(&e))
-            }
-        }
-    }
-}
-
-/// What a call does with a node's memberships.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Reads them.
-    Read,
-    /// Replaces them.
-    Write,
-}
-
-/// Why the Partitions service refuses a call before the backend sees it. Mapped to a status
-/// in [`super::sm_v1`], the one place for `fabric.sm.v1`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PartitionsRefusal {
-    /// The request carries no memberships at all.
-    #[error("memberships missing")]
-    MembershipsMissing,
-    /// No caller was verified: the service runs without the call gate.
-    #[error("no verified caller: Partitions is only served behind the call gate")]
-    NoVerifiedCaller,
-    /// A local caller without privilege tried to write.
-    #[error("unix uid={uid} may not write node memberships")]
-    UidMayNotWrite {
-        /// The caller's uid.
-        uid: u32,
-    },
-    /// A certificate that does not map to the node (and, for a read, is not an operator's).
-    #[error(
-        "{client} may not {verb} the memberships of node \"{node}\": its certificate does not map to that node{hint}",
-        verb = if *.access == Access::Write { "write" } else { "read" },
-        hint = if *.access == Access::Write { "" } else { " (only operator_clients may read every node)" }
-    )]
-    NodeNotMapped {
-        /// The certificate name that matched the allowlist.
-        client: ClientId,
-        /// The node asked about.
-        node: NodeId,
-        /// What the call does.
-        access: Access,
-    },
-    /// The SM host stores no memberships for the node.
-    #[error("no memberships stored for node \"{0}\"")]
-    NotStored(NodeId),
-    /// A call only the control plane or an operator may make (`operator_clients`).
-    #[error(
-        "{caller} may not call {method}: only operator_clients (the control plane, operators) may"
-    )]
-    NotOperator {
-        /// The caller as the audit names it.
-        caller: String,
-        /// The method.
-        method: &'static str,
-    },
-    /// A carried grant does not decode.
-    #[error("{0}")]
-    Grant(String),
-}
-
-/// Whether `caller` may call an operator-only method (`RevokeInstance`, `ListPartitionMembers`):
-/// a certificate on `operator_clients`, a privileged local caller (root, the agent's user), or
-/// the plaintext test rig. A node's certificate is refused.
-pub fn authorise_operator(
-    caller: Option<&Caller>,
-    method: &'static str,
-    write: bool,
-) -> Result<(), PartitionsRefusal> {
-    match caller {
-        None => Err(PartitionsRefusal::NoVerifiedCaller),
-        Some(Caller::InsecureTest) => Ok(()),
-        Some(Caller::Local { privileged, .. }) if *privileged || !write => Ok(()),
-        Some(Caller::Cert { operator: true, .. }) => Ok(()),
-        Some(c) => Err(PartitionsRefusal::NotOperator {
-            caller: c.to_string(),
-            method,
-        }),
-    }
-}
-
-/// Whether `caller` may write (or read) `node`'s memberships.
-pub fn authorise(
-    caller: Option<&Caller>,
-    nodes: &NodeMapping,
-    node: &NodeId,
-    access: Access,
-) -> Result<(), PartitionsRefusal> {
-    let write = access == Access::Write;
-    match caller {
-        None => Err(PartitionsRefusal::NoVerifiedCaller),
-        Some(Caller::InsecureTest) => Ok(()),
-        Some(Caller::Local { privileged, uid }) => {
-            if write && !privileged {
-                Err(PartitionsRefusal::UidMayNotWrite { uid: *uid })
-            } else {
-                Ok(())
-            }
-        }
-        Some(Caller::Cert {
-            identity,
-            matched,
-            operator,
-        }) => {
-            if nodes.maps(identity, node.as_str()) || (!write && *operator) {
-                Ok(())
-            } else {
-                Err(PartitionsRefusal::NodeNotMapped {
-                    client: matched.clone(),
-                    node: node.clone(),
-                    access,
-                })
             }
         }
     }
@@ -364,7 +247,7 @@ impl Partitions for PartitionsService {
         let from = request.into_inner().from_host;
         self.backend
             .peer_sets(&from)
-            .map(|a| Response::new(super::sm_peers::answer_to_proto(&a)))
+            .map(|a| Response::new(super::peers::answer_to_proto(&a)))
             .ok_or_else(|| {
                 Status::failed_precondition(
                     "this host has no peer SM hosts ([subnet_manager.opensm_ha])",

@@ -1,11 +1,12 @@
 //! The `FabricAgent` service: each handler converts, calls the agent, converts back.
 
-use super::audit::{self, Subject};
-use super::caller::Caller;
 use super::convert;
-use super::limits::StreamSlots;
-use super::settings::LimitsConfig;
+use super::page_token;
 use crate::agent::{Agent, WatchFrom};
+use crate::api::gate::audit::{self, Subject};
+use crate::api::gate::limits::StreamSlots;
+use crate::api::gate::Caller;
+use crate::api::settings::LimitsConfig;
 use crate::proto::agent as pb;
 use crate::proto::agent::fabric_agent_server::FabricAgent;
 use std::pin::Pin;
@@ -104,7 +105,7 @@ impl AgentService {
     }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+type WireEvents = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl FabricAgent for AgentService {
@@ -116,7 +117,7 @@ impl FabricAgent for AgentService {
         let view = self.agent.node().map_err(convert::status)?;
         let mut node = convert::node_to_pb(view);
         if let (Some(sync), Some(sm)) = (&self.sm_host, node.subnet_manager.as_mut()) {
-            sm.sm_host = Some(super::sm_peers::sync_status_to_pb(&sync.status()));
+            sm.sm_host = Some(convert::sync_status_to_pb(&sync.status()));
         }
         Ok(Response::new(node))
     }
@@ -175,9 +176,7 @@ impl FabricAgent for AgentService {
             .list_page(&page.filter, page.after.as_deref(), page.size)
             .map_err(convert::status)?;
         let next_page_token = match found.attachments.last() {
-            Some(last) if found.more => {
-                convert::page_token(last.instance_id.as_str(), &page.filter)
-            }
+            Some(last) if found.more => page_token::encode(last.instance_id.as_str(), &page.filter),
             _ => String::new(),
         };
         Ok(Response::new(pb::ListAttachmentsResponse {
@@ -229,12 +228,12 @@ impl FabricAgent for AgentService {
         result
     }
 
-    type WatchEventsStream = EventStream;
+    type WatchEventsStream = WireEvents;
 
     async fn watch_events(
         &self,
         request: Request<pb::WatchEventsRequest>,
-    ) -> Result<Response<EventStream>, Status> {
+    ) -> Result<Response<WireEvents>, Status> {
         let r = request.into_inner();
         // The slot is held by the stream and freed when the client goes away.
         let slot = self.streams.acquire()?;

@@ -1,5 +1,6 @@
 //! Protobuf <-> domain conversions and the single `AgentError` -> `tonic::Status` mapping.
 
+use super::page_token;
 use crate::agent::{
     AgentError, AttachRequest, CursorError, ListFilter, NodeView, Refusal, SmStatus,
 };
@@ -127,7 +128,7 @@ pub fn attach_request(
     let grant = r
         .grant
         .as_ref()
-        .map(super::grant_v1::signed_grant_from_proto)
+        .map(crate::api::grant_v1::signed_grant_from_proto)
         .transpose()
         .map_err(|e| invalid("grant", &e.to_string()))?;
     Ok((
@@ -221,8 +222,6 @@ pub struct ListPage {
     pub size: usize,
 }
 
-const TOKEN_VERSION: &str = "p1";
-
 /// Validates a list request: filters, `page_size` (0 = `default`, at most `max`) and
 /// `page_token` (one this agent issued for the same filters).
 pub fn list_page(
@@ -245,60 +244,12 @@ pub fn list_page(
     let after = if token.is_empty() {
         None
     } else {
-        Some(token_cursor(&token, &filter)?)
+        Some(page_token::decode(&token, &filter).map_err(|e| invalid("page_token", e.reason()))?)
     };
     Ok(ListPage {
         filter,
         after,
         size: size as usize,
-    })
-}
-
-/// The token for the page after `last_instance_id`: opaque to clients, bound to the filters.
-pub fn page_token(last_instance_id: &str, filter: &ListFilter) -> String {
-    let hex: String = last_instance_id
-        .bytes()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{TOKEN_VERSION}.{hex}.{:016x}", filter_fingerprint(filter))
-}
-
-fn token_cursor(token: &str, filter: &ListFilter) -> Result<String, AgentError> {
-    let bad = |why: &str| invalid("page_token", why);
-    let mut parts = token.split('.');
-    let (Some(TOKEN_VERSION), Some(hex), Some(fingerprint), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(bad("not a token this agent issued"));
-    };
-    if hex.len() % 2 != 0 || !hex.is_ascii() {
-        return Err(bad("not a token this agent issued"));
-    }
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-        .collect::<Result<Vec<u8>, _>>()
-        .map_err(|_| bad("not a token this agent issued"))?;
-    let id = String::from_utf8(bytes).map_err(|_| bad("not a token this agent issued"))?;
-    InstanceId::parse(&id).map_err(|_| bad("not a token this agent issued"))?;
-    if fingerprint != format!("{:016x}", filter_fingerprint(filter)) {
-        return Err(bad(
-            "issued for other filters; send the same state, partition_id and instance_id as the first page",
-        ));
-    }
-    Ok(id)
-}
-
-/// FNV-1a over the filters, stable across restarts.
-fn filter_fingerprint(f: &ListFilter) -> u64 {
-    let text = format!(
-        "{}|{}|{}",
-        f.state.map(|s| s.name()).unwrap_or(""),
-        f.partition_id.as_deref().unwrap_or(""),
-        f.instance_id.as_deref().unwrap_or("")
-    );
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
@@ -506,6 +457,30 @@ pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
     }
 }
 
+/// The SM host's sync state as `GetNode` shows it (`fabric.agent.v1.SmHostStatus`).
+pub fn sync_status_to_pb(s: &crate::sm::opensm::sync::SyncStatus) -> pb::SmHostStatus {
+    pb::SmHostStatus {
+        role: s.role.unwrap_or_default().as_str().to_owned(),
+        caught_up: s.caught_up,
+        catching_up_with: s.waiting_for.clone(),
+        held_back_nodes: s.gated_nodes.clone(),
+        disagreeing_nodes: s.disagreements.clone(),
+        peers: s
+            .peers
+            .iter()
+            .map(|p| pb::SmPeerStatus {
+                endpoint: p.name.clone(),
+                host: p.host.clone(),
+                last_answer: p.last_answer.map(prost_types::Timestamp::from),
+                last_error: p.last_error.clone().unwrap_or_default(),
+                caught_up: p.caught_up,
+                last_generation: p.generations.values().copied().max().unwrap_or(0),
+                nodes: u32::try_from(p.generations.len()).unwrap_or(u32::MAX),
+            })
+            .collect(),
+    }
+}
+
 /// An event as protobuf, with the log epoch its seq belongs to.
 pub fn event_to_pb(e: &Event, node_id: &str, log_epoch: &str) -> pb::Event {
     use pb::event::Kind;
@@ -704,7 +679,7 @@ mod tests {
         assert_eq!(list_page(req(7, ""), 500, 5000).unwrap().size, 7);
         let e = list_page(req(5001, ""), 500, 5000).unwrap_err();
         assert_eq!(status(e).code(), Code::InvalidArgument);
-        let token = page_token("i-42", &ListFilter::default());
+        let token = page_token::encode("i-42", &ListFilter::default());
         let p = list_page(req(0, &token), 500, 5000).unwrap();
         assert_eq!(p.after.as_deref(), Some("i-42"));
         for bad in [
@@ -714,7 +689,7 @@ mod tests {
             "p2.692d3432.0000000000000000",
             &format!("{token}.x"),
             // A valid id, but the fingerprint of other filters.
-            &page_token(
+            &page_token::encode(
                 "i-42",
                 &ListFilter {
                     state: Some(AttachmentState::Active),

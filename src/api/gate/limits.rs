@@ -2,7 +2,6 @@
 //! answers RESOURCE_EXHAUSTED instead of queueing), WatchEvents streams over all listeners
 //! (slots held by the open streams), and the HTTP/2 settings that bound time and idleness.
 
-use super::settings::LimitsConfig;
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::pin::Pin;
@@ -12,28 +11,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::body::Body;
 use tonic::codegen::http;
-use tonic::transport::Server;
 use tonic::Status;
-
-/// A server builder with the request timeout, the keepalive bounds and the HTTP/2 stream
-/// bound of `limits`. Every connection announces SETTINGS_MAX_CONCURRENT_STREAMS = the stream
-/// limit plus the in-flight limit: a client then knows it may multiplex that many calls (h2
-/// clients otherwise assume 100 and queue the rest), and the agent's own limits, not HTTP/2,
-/// decide what is refused.
-pub fn builder(limits: &LimitsConfig) -> Server {
-    let keepalive = (limits.keepalive_interval_secs > 0)
-        .then(|| Duration::from_secs(limits.keepalive_interval_secs));
-    let streams = limits
-        .max_watch_streams
-        .saturating_add(limits.max_in_flight_requests);
-    Server::builder()
-        .timeout(Duration::from_secs(limits.request_timeout_secs))
-        .max_concurrent_streams(u32::try_from(streams).unwrap_or(u32::MAX))
-        .http2_keepalive_interval(keepalive)
-        .http2_keepalive_timeout(
-            keepalive.map(|_| Duration::from_secs(limits.keepalive_timeout_secs)),
-        )
-}
 
 /// Slots for concurrent WatchEvents streams, shared by every listener.
 #[derive(Clone)]
