@@ -1,6 +1,6 @@
 //! The agent's wall clock: attachment and event timestamps, and when a RELEASED attachment has
 //! been kept long enough to be pruned. Injected through [`super::AgentParts`], so a simulation
-//! on paused time (tests/sim) reads reproducible times and reaches the retention.
+//! on paused time (testkit::sim) reads reproducible times and reaches the retention.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
