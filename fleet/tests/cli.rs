@@ -186,4 +186,36 @@ fn may_delete_without_an_sm_host_cannot_decide() {
     );
     // A partition nobody attached through this client: yes.
     assert_eq!(run("ibpart_y").status.code(), Some(0));
+
+    // The same answers as one JSON document each, with the same exit codes.
+    let json = |extra: &[&str]| {
+        let mut a = args("ibpart_x");
+        a.pop();
+        a.pop();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let out = fleet(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        (out.status.code(), doc)
+    };
+    let (code, doc) = json(&["may-delete", "ibpart_x", "-o", "json"]);
+    assert_eq!(code, Some(69), "{doc}");
+    assert!(doc["may_delete"].is_null(), "{doc}");
+    assert!(
+        doc["error"].as_str().unwrap().contains("no [[sm_host]]"),
+        "{doc}"
+    );
+    // The node was tried and failed: settled, without its word.
+    assert_eq!(doc["settled"], true, "{doc}");
+    let (code, doc) = json(&["may-delete", "ibpart_y", "-o", "json"]);
+    assert_eq!(code, Some(0), "{doc}");
+    assert_eq!(doc["may_delete"], true, "{doc}");
+    let (code, doc) = json(&["partition", "ibpart_x", "-o", "json"]);
+    assert_eq!(code, Some(0), "{doc}");
+    let row = &doc["instances"][0];
+    assert_eq!(row["node"], "n1", "{doc}");
+    assert_eq!(row["instance_id"], "i-1", "{doc}");
+    assert_eq!(row["state"], "RELEASED", "{doc}");
+    assert_eq!(row["pkey"], "0x8010", "{doc}");
+    assert_eq!(row["reported"], true, "{doc}");
 }

@@ -64,15 +64,26 @@ pub enum Command {
     Partition {
         /// The partition id (`ibpart_...`).
         partition_id: String,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
     },
     /// Exit 0 when the partition may be deleted, 1 with the blockers when not, 69 when it
     /// cannot be decided.
     MayDelete {
         /// The partition id.
         partition_id: String,
+        /// Output format (`json`: one document with `may_delete` true, false or null when it
+        /// cannot be decided, the blockers, and `settled`: every node caught up or failed at least once within `--sync-secs`).
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
     },
     /// Prints every node's events, merged, until interrupted.
-    Watch,
+    Watch {
+        /// Output format (`json`: one JSON object per line).
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
+    },
     /// Attaches an instance with a freshly signed grant (recorded in the ledger first).
     Attach {
         /// The node.
@@ -198,50 +209,89 @@ async fn run(cli: Cli) -> u8 {
             fleet.shutdown().await;
             exit::OK
         }
-        Command::Partition { partition_id } => {
+        Command::Partition {
+            partition_id,
+            output,
+        } => {
             fleet.follow();
             fleet.wait_settled(sync).await;
             let ledger = fleet.attaches(&partition_id).unwrap_or_default();
-            print!(
-                "{}",
-                fleet.with_view(|v| report::partition(&partition_id, &ledger, v))
-            );
+            match output {
+                Format::Text => print!(
+                    "{}",
+                    fleet.with_view(|v| report::partition(&partition_id, &ledger, v))
+                ),
+                Format::Json => println!(
+                    "{}",
+                    fleet.with_view(|v| report::partition_json(&partition_id, &ledger, v))
+                ),
+            }
             fleet.shutdown().await;
             exit::OK
         }
-        Command::MayDelete { partition_id } => {
+        Command::MayDelete {
+            partition_id,
+            output,
+        } => {
             fleet.follow();
             let settled = fleet.wait_settled(sync).await;
-            let code = match fleet.may_delete(&partition_id).await {
-                Ok(Decision::Yes) => {
-                    println!("yes: {partition_id} may be deleted");
-                    exit::OK
+            let decision = fleet.may_delete(&partition_id).await;
+            let code = match &decision {
+                Ok(Decision::Yes) => exit::OK,
+                Ok(Decision::No(_)) => exit::NO,
+                Err(_) => exit::UNAVAILABLE,
+            };
+            match (output, decision) {
+                (Format::Text, Ok(Decision::Yes)) => {
+                    println!("yes: {partition_id} may be deleted")
                 }
-                Ok(Decision::No(blockers)) => {
+                (Format::Text, Ok(Decision::No(blockers))) => {
                     println!("no: {partition_id} may not be deleted yet");
                     for b in blockers {
                         println!("  {b}");
                     }
-                    exit::NO
                 }
-                Err(e) => {
-                    eprintln!("fabric-fleet: cannot decide for {partition_id}: {e}");
-                    exit::UNAVAILABLE
+                (Format::Text, Err(e)) => {
+                    eprintln!("fabric-fleet: cannot decide for {partition_id}: {e}")
                 }
-            };
+                (Format::Json, decision) => {
+                    let (may_delete, blockers, error) = match decision {
+                        Ok(Decision::Yes) => (Some(true), Vec::new(), None),
+                        Ok(Decision::No(b)) => (
+                            Some(false),
+                            b.iter().map(report::blocker_json).collect(),
+                            None,
+                        ),
+                        Err(e) => (None, Vec::new(), Some(e.to_string())),
+                    };
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "partition_id": partition_id,
+                            "may_delete": may_delete,
+                            "blockers": blockers,
+                            "error": error,
+                            "settled": settled,
+                        })
+                    );
+                }
+            }
             if !settled {
                 eprintln!("fabric-fleet: not every node was heard from within {sync:?}");
             }
             fleet.shutdown().await;
             code
         }
-        Command::Watch => {
+        Command::Watch { output } => {
             let mut rx = fleet.subscribe();
             fleet.follow();
             loop {
                 tokio::select! {
                     got = rx.recv() => match got {
-                        Ok((node, ev)) => println!("{}", report::event_line(&node, &ev)),
+                        Ok((node, ev)) => match output {
+                            Format::Text => println!("{}", report::event_line(&node, &ev)),
+                            Format::Json => println!("{}", report::event_json(&node, &ev)),
+                        },
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                             eprintln!("fabric-fleet: watch fell behind, {n} events not printed \
                                        (they were applied)");

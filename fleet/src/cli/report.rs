@@ -1,5 +1,6 @@
 //! Text shapes of the CLI's output.
 
+use crate::guard::Blocker;
 use crate::proto::agent::PortState;
 use crate::proto::agent::{event, Attachment, AttachmentPort, Event, Membership};
 use crate::registry::Registry;
@@ -128,6 +129,84 @@ pub fn partition(partition_id: &str, ledger: &[AttachRecord], view: &View) -> St
     out
 }
 
+/// `partition P -o json`: the same rows as [`partition`], one object each; `reported` is false
+/// for a ledger entry no node reports.
+pub fn partition_json(partition_id: &str, ledger: &[AttachRecord], view: &View) -> Value {
+    let listed = view.partition(partition_id);
+    let mut instances: Vec<Value> = listed
+        .iter()
+        .map(|(node, i)| {
+            json!({
+                "node": node,
+                "instance_id": i.instance_id,
+                "state": state_name(i.state),
+                "since": time_text(Some(i.since_ms)),
+                "pkey": format!("{:#06x}", i.pkey_value),
+                "last_error": i.last_error,
+                "reported": true,
+            })
+        })
+        .collect();
+    for a in ledger {
+        if !listed
+            .iter()
+            .any(|(n, i)| *n == a.node_id && i.instance_id == a.instance_id)
+        {
+            instances.push(json!({
+                "node": a.node_id,
+                "instance_id": a.instance_id,
+                "state": "UNKNOWN",
+                "since": null,
+                "pkey": format!("{:#06x}", a.pkey),
+                "last_error": "attached through this client, not reported by the node",
+                "reported": false,
+            }));
+        }
+    }
+    json!({ "partition_id": partition_id, "instances": instances })
+}
+
+/// One blocker of `may-delete -o json`: its fields and the sentence the text form prints.
+pub fn blocker_json(b: &Blocker) -> Value {
+    let fields = match b {
+        Blocker::Instance {
+            instance_id,
+            node_id,
+            state,
+            since_ms,
+            last_error,
+            unreachable_since_ms,
+            lag,
+        } => json!({
+            "kind": "instance",
+            "instance_id": instance_id,
+            "node": node_id,
+            "state": state,
+            "since": since_ms.map(|ms| time_text(Some(ms))),
+            "last_error": last_error,
+            "unreachable_since": unreachable_since_ms.map(|ms| time_text(Some(ms))),
+            "lag": lag,
+        }),
+        Blocker::FabricHolds {
+            port_guid,
+            node_id,
+            pkey,
+            fabric,
+            source,
+        } => json!({
+            "kind": "fabric_holds",
+            "port_guid": port_guid,
+            "node": node_id,
+            "pkey": format!("{pkey:#06x}"),
+            "fabric": fabric,
+            "source": source,
+        }),
+    };
+    let mut fields = fields;
+    fields["text"] = Value::String(b.to_string());
+    fields
+}
+
 /// One attachment, for attach and release: instance, partition, state, P_Key (with the
 /// membership bit), the ports it covers, reason.
 pub fn attachment_line(a: &Attachment) -> String {
@@ -200,7 +279,36 @@ pub fn attachment_json(a: &Attachment) -> Value {
 
 /// One event of `watch`.
 pub fn event_line(node: &str, ev: &Event) -> String {
-    let what = match &ev.kind {
+    format!("{node}\t{}:{}\t{}", ev.log_epoch, ev.seq, event_text(ev))
+}
+
+/// One event of `watch -o json`: one JSON object per line, with the same description.
+pub fn event_json(node: &str, ev: &Event) -> Value {
+    json!({
+        "node": node,
+        "log_epoch": ev.log_epoch,
+        "seq": ev.seq,
+        "kind": event_kind(ev),
+        "event": event_text(ev),
+    })
+}
+
+/// The kind of an event, for `watch -o json`.
+fn event_kind(ev: &Event) -> &'static str {
+    match &ev.kind {
+        Some(event::Kind::AttachmentChanged(_)) => "attachment",
+        Some(event::Kind::PkeyTableChanged(_)) => "pkey_table",
+        Some(event::Kind::PortStateChanged(_)) => "port_state",
+        Some(event::Kind::SubnetManagerChanged(_)) => "subnet_manager",
+        Some(event::Kind::ForeignPkey(_)) => "foreign_pkey",
+        Some(event::Kind::ConditionChanged(_)) => "condition",
+        None => "unknown",
+    }
+}
+
+/// What an event says, in words.
+fn event_text(ev: &Event) -> String {
+    match &ev.kind {
         Some(event::Kind::AttachmentChanged(c)) => format!(
             "attachment {} {} {} -> {}{}",
             c.instance_id,
@@ -245,13 +353,13 @@ pub fn event_line(node: &str, ev: &Event) -> String {
             c.active
         ),
         None => "unknown event".to_owned(),
-    };
-    format!("{node}\t{}:{}\t{what}", ev.log_epoch, ev.seq)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{attachment_json, attachment_line};
+    use super::{attachment_json, attachment_line, event_json, event_line};
+    use crate::proto::agent::{event, AttachmentChanged, Event};
     use crate::proto::agent::{Attachment, AttachmentPort, AttachmentState, Membership, Partition};
 
     fn attachment(named_ports: bool, ports: Vec<AttachmentPort>) -> Attachment {
@@ -299,5 +407,36 @@ mod tests {
         assert_eq!(doc["pkey"], "0x0a12");
         assert_eq!(doc["ports"][1]["name"], "0x2");
         assert_eq!(doc["ports"][0]["port_guid"], "0x1");
+    }
+
+    #[test]
+    fn a_watched_event_is_one_json_object_with_the_text_line_s_words() {
+        let ev = Event {
+            log_epoch: "e1".into(),
+            seq: 7,
+            kind: Some(event::Kind::AttachmentChanged(AttachmentChanged {
+                instance_id: "vm-1".into(),
+                partition_id: "ibpart_a".into(),
+                from: AttachmentState::Releasing as i32,
+                to: AttachmentState::Released as i32,
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let line = event_line("node1", &ev);
+        assert_eq!(
+            line,
+            "node1\te1:7\tattachment vm-1 ibpart_a RELEASING -> RELEASED"
+        );
+        let doc = event_json("node1", &ev);
+        assert_eq!(doc["node"], "node1");
+        assert_eq!(doc["seq"], 7);
+        assert_eq!(doc["kind"], "attachment");
+        assert_eq!(
+            doc["event"],
+            "attachment vm-1 ibpart_a RELEASING -> RELEASED"
+        );
+        // One line on stdout: the compact form has no newline.
+        assert!(!doc.to_string().contains('\n'));
     }
 }
