@@ -23,6 +23,11 @@ pub fn sync_status_to_pb(
     use crate::proto::agent as apb;
     apb::SmHostStatus {
         role: s.role.unwrap_or_default().as_str().to_owned(),
+        role_source: s.role_source.as_ref().map_or("", |r| r.as_str()).to_owned(),
+        role_fallback_reason: match &s.role_source {
+            Some(crate::sm::opensm::sminfo::RoleSource::LogFallback { reason }) => reason.clone(),
+            _ => String::new(),
+        },
         caught_up: s.caught_up,
         catching_up_with: s.waiting_for.clone(),
         held_back_nodes: s.gated_nodes.clone(),

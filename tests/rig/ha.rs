@@ -152,10 +152,14 @@ pub fn is_master(path: &Path) -> bool {
         .is_some_and(|l| l.contains("Entering MASTER state"))
 }
 
-/// An SM-host agent run outside the shim, stopped by pid when dropped.
+/// An SM-host agent, stopped by pid when dropped: outside the shim ([`SmHostAgent::start`]),
+/// or under it as one of the fabric's HCAs ([`SmHostAgent::start_as`], to read its SM's SMInfo
+/// over umad; it then holds an ibsim client slot, which a SIGKILL leaks).
 pub struct SmHostAgent {
     /// Its node id.
     pub name: String,
+    /// Under the shim: (ibsim socket name, SIM_HOST, the rig's dir).
+    sim: Option<(String, String, PathBuf)>,
     /// Its config file.
     pub config: PathBuf,
     /// Its unix socket.
@@ -168,10 +172,26 @@ pub struct SmHostAgent {
 impl SmHostAgent {
     /// Writes `<dir>/<name>.toml` with `config` and starts the agent.
     pub fn start(fabric: &Fabric, name: &str, config: &str) -> SmHostAgent {
+        Self::start_with(fabric, name, None, config)
+    }
+
+    /// Like [`SmHostAgent::start`], but run under the shim as HCA `sim_host` (the one its
+    /// OpenSM is bound to), so that it can read `/dev/infiniband/umad0`.
+    pub fn start_as(fabric: &Fabric, name: &str, sim_host: &str, config: &str) -> SmHostAgent {
+        Self::start_with(fabric, name, Some(sim_host), config)
+    }
+
+    fn start_with(
+        fabric: &Fabric,
+        name: &str,
+        sim_host: Option<&str>,
+        config: &str,
+    ) -> SmHostAgent {
         let dir = fabric.dir();
         let path = dir.join(format!("{name}.toml"));
         fs::write(&path, config).expect("write SM-host agent config");
         let mut a = SmHostAgent {
+            sim: sim_host.map(|h| (fabric.sock_name().to_owned(), h.to_owned(), dir.to_owned())),
             name: name.to_owned(),
             config: path,
             socket: dir.join(format!("{name}.sock")),
@@ -186,6 +206,12 @@ impl SmHostAgent {
     pub fn spawn(&mut self) {
         assert!(self.process.is_none(), "{} is running", self.name);
         let mut cmd = Command::new(BIN);
+        if let Some((sock, host, dir)) = &self.sim {
+            cmd.env("LD_PRELOAD", UMAD2SIM)
+                .env("SIM_HOST", host)
+                .env("IBSIM_SOCKNAME", sock)
+                .current_dir(dir);
+        }
         cmd.env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .process_group(0);
@@ -206,6 +232,11 @@ impl SmHostAgent {
     /// SIGKILL by pid and reap.
     pub fn crash(&mut self) {
         self.process.take().expect("running").crash();
+    }
+
+    /// SIGTERM by pid and wait for the exit (under the shim, its ibsim slot is freed).
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        self.process.take().expect("running").stop()
     }
 
     /// Its output so far.
@@ -405,4 +436,20 @@ pub async fn sm_host_status(agent: &SmHostAgent) -> fabric_agent::proto::agent::
         .subnet_manager
         .and_then(|s| s.sm_host)
         .expect("an SM host with peers shows sm_host")
+}
+
+/// What `sminfo -D 0` (infiniband-diags) says of the SM bound to HCA `node`'s own port, in
+/// GetNode's words ("master", "standby", "discovering", "not-active"); `Err` when it failed
+/// (no SM answers on that port).
+pub fn sminfo_state(fabric: &Fabric, node: &str) -> Result<String, String> {
+    let out = fabric.run_tool(node, "sminfo", &["-D", "0"])?;
+    let state = out.split_whitespace().last().unwrap_or_default();
+    Ok(match state {
+        "SMINFO_MASTER" => "master",
+        "SMINFO_STANDBY" => "standby",
+        "SMINFO_DISCOVERING" => "discovering",
+        "SMINFO_NOTACTIVE" => "not-active",
+        other => return Err(format!("sminfo said {out:?} ({other})")),
+    }
+    .to_owned())
 }
