@@ -26,12 +26,11 @@ use fabric_agent::proto::sm as smpb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use rig::agents::Agent;
 use rig::ha::{
-    ha_node_config, ha_sm_config, region_of, scrape, sm_host_status, start_two_sms, SmFiles,
-    SmHostAgent,
+    ha_node_config, ha_sm_config, region_of, scrape, sm_host_status, start_two_sms, SmHostAgent,
+    TwoSmFiles,
 };
 use rig::link::CuttableLink;
 use rig::{FabricSpec, LIMITED_DEFAULT_PARTITIONS};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,49 +39,6 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// Both tests run two OpenSMs and four agents on their own fabric: one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The rig's two SM hosts' files: (partitions, log, pid) of the master's and the standby's.
-struct Files {
-    a: (PathBuf, PathBuf, PathBuf),
-    b: (PathBuf, PathBuf, PathBuf),
-    metrics: (u16, u16),
-}
-
-impl Files {
-    fn of(fabric: &rig::Fabric, standby: &rig::ha::SecondSm) -> Files {
-        Files {
-            a: (
-                fabric.partitions_path(),
-                fabric.opensm_log_path(),
-                fabric.opensm_pid_path(),
-            ),
-            b: (
-                standby.partitions_path(),
-                standby.log_path(),
-                standby.pid_path(),
-            ),
-            metrics: (free_port(), free_port()),
-        }
-    }
-
-    fn sm_a(&self) -> SmFiles<'_> {
-        SmFiles {
-            partitions: &self.a.0,
-            log: &self.a.1,
-            pid: &self.a.2,
-            metrics: self.metrics.0,
-        }
-    }
-
-    fn sm_b(&self) -> SmFiles<'_> {
-        SmFiles {
-            partitions: &self.b.0,
-            log: &self.b.1,
-            pid: &self.b.2,
-            metrics: self.metrics.1,
-        }
-    }
-}
 
 /// The SM host agent's standing conditions (kinds) from its `GetNode`.
 async fn conditions(agent: &SmHostAgent) -> Vec<String> {
@@ -155,7 +111,7 @@ async fn sm_hosts_partitioned_from_each_other_never_bring_a_released_key_back() 
         common::skip("ibsim/opensm not installed");
         return;
     };
-    let files = Files::of(&fabric, &standby);
+    let files = TwoSmFiles::of(&fabric, &standby, (free_port(), free_port()));
     let (pa, pb_) = (free_port(), free_port());
     // Each agent reaches its peer only through a link the test can cut.
     let (a_to_b, b_to_a) = (CuttableLink::start(pb_), CuttableLink::start(pa));
@@ -352,7 +308,7 @@ async fn a_revocation_sent_to_one_sm_host_takes_the_key_off_the_port_through_the
         common::skip("ibsim/opensm not installed");
         return;
     };
-    let files = Files::of(&fabric, &standby);
+    let files = TwoSmFiles::of(&fabric, &standby, (free_port(), free_port()));
     let (pa, pb_) = (free_port(), free_port());
     let control_plane = GrantSigner::new("cp-1");
     let grants = format!(

@@ -18,7 +18,7 @@ use common::{free_port, wait_until};
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use rig::ha::{
     ha_sm_config, is_master, region_of, scrape, sm_host_status, sminfo_state, start_two_sms,
-    SmFiles, SmHostAgent,
+    SmHostAgent, TwoSmFiles,
 };
 use rig::{FabricSpec, LIMITED_DEFAULT_PARTITIONS};
 use std::time::{Duration, Instant};
@@ -80,28 +80,9 @@ async fn the_role_read_over_sminfo_matches_sminfo_through_a_failover() {
         return;
     };
     let (pa, pb_) = (free_port(), free_port());
-    let (a_part, a_log, a_pid) = (
-        fabric.partitions_path(),
-        fabric.opensm_log_path(),
-        fabric.opensm_pid_path(),
-    );
-    let (b_part, b_log, b_pid) = (
-        standby.partitions_path(),
-        standby.log_path(),
-        standby.pid_path(),
-    );
-    let a_files = SmFiles {
-        partitions: &a_part,
-        log: &a_log,
-        pid: &a_pid,
-        metrics: free_port(),
-    };
-    let b_files = SmFiles {
-        partitions: &b_part,
-        log: &b_log,
-        pid: &b_pid,
-        metrics: free_port(),
-    };
+    let files = TwoSmFiles::of(&fabric, &standby, (free_port(), free_port()));
+    let (a_files, b_files) = (files.sm_a(), files.sm_b());
+    let (b_part, b_log) = (&files.b.0, &files.b.1);
     let guid1 = fabric.node_info("node1").port_guid;
     let sm_a = SmHostAgent::start_as(
         &fabric,
@@ -139,7 +120,7 @@ async fn the_role_read_over_sminfo_matches_sminfo_through_a_failover() {
     to_b.set_node_memberships(set_memberships("node1", &[guid1], &[key], 1))
         .await
         .unwrap_or_else(|s| panic!("{s:?}\n{}", sm_b.log_text()));
-    assert!(region_of(&b_part).contains(&format!("{key:#06x}")));
+    assert!(region_of(b_part).contains(&format!("{key:#06x}")));
     let log_b = sm_b.log_text();
     assert!(
         log_b.contains("OpenSM is standby") && log_b.contains("by_sminfo=true"),
@@ -150,7 +131,7 @@ async fn the_role_read_over_sminfo_matches_sminfo_through_a_failover() {
     // agent reads master over SMInfo, as sminfo does.
     fabric.stop_opensm(true);
     wait_until("the standby OpenSM becomes master", LONG, || async {
-        is_master(&b_log)
+        is_master(b_log)
     })
     .await;
     assert_eq!(

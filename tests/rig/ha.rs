@@ -257,6 +257,56 @@ pub struct SmFiles<'a> {
     pub metrics: u16,
 }
 
+/// The files of the rig's two SM hosts ([`start_two_sms`]): (partitions, log, pid) of the
+/// master's (the rig's own OpenSM) and of the standby's, and each agent's metrics port.
+pub struct TwoSmFiles {
+    /// The master's: partitions, log, pid file.
+    pub a: (PathBuf, PathBuf, PathBuf),
+    /// The standby's.
+    pub b: (PathBuf, PathBuf, PathBuf),
+    /// The agents' metrics ports.
+    pub metrics: (u16, u16),
+}
+
+impl TwoSmFiles {
+    /// The files of `fabric`'s OpenSM and of `standby`; the agents' metrics on `metrics`.
+    pub fn of(fabric: &Fabric, standby: &SecondSm, metrics: (u16, u16)) -> TwoSmFiles {
+        TwoSmFiles {
+            a: (
+                fabric.partitions_path(),
+                fabric.opensm_log_path(),
+                fabric.opensm_pid_path(),
+            ),
+            b: (
+                standby.partitions_path(),
+                standby.log_path(),
+                standby.pid_path(),
+            ),
+            metrics,
+        }
+    }
+
+    /// The master's agent's [`SmFiles`].
+    pub fn sm_a(&self) -> SmFiles<'_> {
+        SmFiles {
+            partitions: &self.a.0,
+            log: &self.a.1,
+            pid: &self.a.2,
+            metrics: self.metrics.0,
+        }
+    }
+
+    /// The standby's agent's [`SmFiles`].
+    pub fn sm_b(&self) -> SmFiles<'_> {
+        SmFiles {
+            partitions: &self.b.0,
+            log: &self.b.1,
+            pid: &self.b.2,
+            metrics: self.metrics.1,
+        }
+    }
+}
+
 /// An SM-host agent's config with peers: OpenSM backend on `files`, Partitions served in
 /// plaintext on `port`, the peers' agents on `peers`, no port observed (a sysfs root without
 /// devices).

@@ -19,6 +19,7 @@
 pub mod agents;
 pub mod ha;
 pub mod link;
+pub mod loopback;
 // The one process guard of the tests; a test crate that also uses tests/common compiles the
 // file twice, which is harmless (it holds no statics).
 #[allow(clippy::duplicate_mod)]
