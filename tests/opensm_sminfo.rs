@@ -159,17 +159,7 @@ async fn the_role_read_over_sminfo_matches_sminfo_through_a_failover() {
     assert!(scrape(a_files.metrics).contains("fabric_agent_sm_host_role_from_sminfo 0"));
     // The new master programs the file its agent kept as a standby's (restarted when it stops
     // sweeping after the takeover under ibsim, as in tests/opensm_ha.rs).
-    for attempt in 1..=3 {
-        let deadline = Instant::now() + SWEEP_LIMIT;
-        while !standby.swept_as_master() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if standby.swept_as_master() {
-            break;
-        }
-        assert!(attempt < 3, "the new master never swept: {}", standby.log());
-        standby.restart();
-    }
+    rig::ha::await_new_master_sweep(&mut standby, SWEEP_LIMIT).await;
     wait_until(
         "node1's key, set on the standby only, on its port",
         LONG,

@@ -134,36 +134,12 @@ impl Preflight {
                 }
                 // The peers' client TLS files, read as the first pull will read them.
                 if let Some(ha) = &sm.opensm_ha {
-                    self.files(&[
-                        (
-                            "subnet_manager.opensm_ha.ca",
-                            ha.ca.as_ref(),
-                            Pem::Certificates,
-                        ),
-                        (
-                            "subnet_manager.opensm_ha.cert",
-                            ha.cert.as_ref(),
-                            Pem::Certificates,
-                        ),
-                        (
-                            "subnet_manager.opensm_ha.key",
-                            ha.key.as_ref(),
-                            Pem::PrivateKey,
-                        ),
-                    ]);
+                    self.client_tls("subnet_manager.opensm_ha", &ha.ca, &ha.cert, &ha.key);
                 }
             }
             Backend::Remote => {
                 if let Some(r) = &sm.remote {
-                    self.files(&[
-                        ("subnet_manager.remote.ca", r.ca.as_ref(), Pem::Certificates),
-                        (
-                            "subnet_manager.remote.cert",
-                            r.cert.as_ref(),
-                            Pem::Certificates,
-                        ),
-                        ("subnet_manager.remote.key", r.key.as_ref(), Pem::PrivateKey),
-                    ]);
+                    self.client_tls("subnet_manager.remote", &r.ca, &r.cert, &r.key);
                 }
             }
             Backend::Ufm => {
@@ -198,6 +174,27 @@ impl Preflight {
                 }
             }
         }
+    }
+
+    /// A client's TLS files under `section`: `ca` and `cert` PEM certificates, `key` a private
+    /// key (each only when configured).
+    fn client_tls(
+        &mut self,
+        section: &str,
+        ca: &Option<PathBuf>,
+        cert: &Option<PathBuf>,
+        key: &Option<PathBuf>,
+    ) {
+        let (c, t, k) = (
+            format!("{section}.ca"),
+            format!("{section}.cert"),
+            format!("{section}.key"),
+        );
+        self.files(&[
+            (&c, ca.as_ref(), Pem::Certificates),
+            (&t, cert.as_ref(), Pem::Certificates),
+            (&k, key.as_ref(), Pem::PrivateKey),
+        ]);
     }
 
     /// Checks each configured file (`None`: not configured, nothing to check) as its kind.

@@ -143,6 +143,35 @@ impl SecondSm {
     }
 }
 
+/// Waits until the second OpenSM, now master, has swept (up to `limit` each time). Under ibsim
+/// a new master sometimes stops sweeping for good right after the takeover (OpenSM 3.3.23 logs
+/// nothing more and ignores SIGHUP); it is then stopped and started again (it reads the same
+/// file, which its agent keeps; the ports keep their tables meanwhile), three times at most.
+pub async fn await_new_master_sweep(standby: &mut SecondSm, limit: Duration) {
+    for attempt in 1..=3 {
+        let deadline = std::time::Instant::now() + limit;
+        while !standby.swept_as_master() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if standby.swept_as_master() {
+            return;
+        }
+        let log = standby.log();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        assert!(attempt < 3, "the new master never swept: {tail:#?}");
+        eprintln!("the new master stopped sweeping after the takeover; starting it again");
+        standby.restart();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !is_master(&standby.log_path()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the restarted OpenSM never became master"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// Whether OpenSM's log at `path` last announced MASTER.
 pub fn is_master(path: &Path) -> bool {
     let text = fs::read_to_string(path).unwrap_or_default();
