@@ -266,6 +266,19 @@ pub fn decode_everything(bytes: &[u8]) -> usize {
     if let Ok(p) = PKeyTable::new_checked(attribute) {
         parsed += usize::from(PKeyTableRepr::parse(&p).is_ok());
     }
+    if let Ok(p) = SmInfo::new_checked(attribute) {
+        if let Ok(repr) = SmInfoRepr::parse(&p) {
+            let mut buf = [0u8; sm_info::field::END];
+            let emitted = repr.emit(&mut SmInfo::new_unchecked(&mut buf[..]));
+            assert_eq!(emitted, Ok(()), "SMInfo emit");
+            assert_eq!(
+                &buf[..],
+                &attribute[..sm_info::field::END],
+                "SMInfo round trip"
+            );
+            parsed += 1;
+        }
+    }
     let record = bytes.get(sa::field::DATA).unwrap_or(bytes);
     if let Ok(p) = NodeRecord::new_checked(record) {
         if let Ok(repr) = NodeRecordRepr::parse(&p) {
