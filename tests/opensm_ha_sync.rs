@@ -11,6 +11,9 @@
 //!   alone reaches the master's agent by `PullNodeSets`, which takes the key out of its file,
 //!   and its OpenSM takes the key off node1's port (`smpquery`); node1's set still carrying the
 //!   revoked grant is then refused by both hosts.
+//! - **a node reaching one SM host only**: its release is programmed by the master and stays
+//!   RELEASING naming the unreachable host; the other host takes the node's new set from its
+//!   peer; once the node reaches it again the release is RELEASED, and the key never came back.
 //!
 //! Skipped when ibsim/OpenSM are not installed.
 
@@ -37,7 +40,7 @@ use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(60);
 
-/// Both tests run two OpenSMs and four agents on their own fabric: one at a time.
+/// The tests run two OpenSMs and several agents on their own fabric each: one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The SM host agent's standing conditions (kinds) from its `GetNode`.
@@ -415,4 +418,105 @@ async fn a_revocation_sent_to_one_sm_host_takes_the_key_off_the_port_through_the
     drop(c1);
     let mut one = one;
     assert!(one.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // a lock between the tests' own runtimes
+async fn a_node_reaching_one_sm_host_only_releases_once_the_other_has_its_set() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((fabric, standby)) =
+        start_two_sms(&FabricSpec::new(1, 2), LIMITED_DEFAULT_PARTITIONS, "node2")
+    else {
+        common::skip("ibsim/opensm not installed");
+        return;
+    };
+    let files = TwoSmFiles::of(&fabric, &standby, (free_port(), free_port()));
+    let (pa, pb_) = (free_port(), free_port());
+    let sm_a = SmHostAgent::start(
+        &fabric,
+        "smhost",
+        &ha_sm_config(&fabric, "smhost", pa, &files.sm_a(), &[pb_]),
+    );
+    let sm_b = SmHostAgent::start(
+        &fabric,
+        "smhost2",
+        &ha_sm_config(&fabric, "smhost2", pb_, &files.sm_b(), &[pa]),
+    );
+    // node1 reaches the standby's agent only through a link the test cuts.
+    let to_b = CuttableLink::start(pb_);
+    let one = Agent::start(
+        &fabric,
+        "node1",
+        &ha_node_config(&fabric, "node1", &[pa, to_b.port()]),
+    );
+    let mut c1 = one.client().await;
+    let key = 0x0a61u32;
+    let a = attach_now(
+        &mut c1,
+        attach(
+            "i-1",
+            partition(&format!("ibpart_{key:x}"), key),
+            Some(30_000),
+        ),
+    )
+    .await;
+    assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
+
+    to_b.cut();
+    release(&mut c1, "i-1", None).await;
+    // The master's host has the new set and programs it; the release waits for the other.
+    wait_until("node1's key off its port", LONG, || async {
+        !has_base(&fabric.pkeys("node1"), key as u16)
+    })
+    .await;
+    let poller = Poller::start(&fabric, "node1", key as u16);
+    let unreachable = format!("127.0.0.1:{}", to_b.port());
+    wait_until(
+        "the release's reason names the unreachable SM host",
+        LONG,
+        || {
+            let mut c = c1.clone();
+            let unreachable = unreachable.clone();
+            async move {
+                let a = get(&mut c, "i-1").await;
+                state(&a) == pb::AttachmentState::Releasing && a.reason.contains(&unreachable)
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "while node1 reaches one SM host: {}",
+        get(&mut c1, "i-1").await.reason
+    );
+    // The other host takes node1's new set from its peer.
+    wait_until("the standby's region without node1's key", LONG, || async {
+        !region_of(&files.b.0).contains(&format!("{key:#06x}"))
+    })
+    .await;
+    assert_eq!(region_of(&files.a.0), region_of(&files.b.0));
+    assert_eq!(
+        state(&get(&mut c1, "i-1").await),
+        pb::AttachmentState::Releasing
+    );
+
+    // The link heals: node1's retry reaches the standby's agent, which holds that generation
+    // already (a retry), and the release completes.
+    to_b.heal();
+    wait_until("i-1 RELEASED", LONG, || {
+        let mut c = c1.clone();
+        async move { state(&get(&mut c, "i-1").await) == pb::AttachmentState::Released }
+    })
+    .await;
+    // A forced sweep of the master after the release completed, still polled.
+    fabric.hup_opensm();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (polls, seen) = poller.finish();
+    eprintln!("node1 polled {polls} times from its key's removal to after RELEASED");
+    assert!(polls > 5, "too few polls");
+    assert!(!seen, "SAFETY: the released key came back on node1's port");
+    assert!(!has_base(&fabric.pkeys("node1"), key as u16));
+    drop(c1);
+    let mut one = one;
+    assert!(one.stop().success());
+    drop((sm_a, sm_b));
 }
