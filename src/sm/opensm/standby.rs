@@ -193,6 +193,42 @@ mod tests {
         assert_eq!(SmState::of_line(&l("Entering the fray state")), None);
     }
 
+    /// Counts the sweep-fence reloads it is asked for, and answers "not read".
+    struct Fence(std::sync::atomic::AtomicUsize);
+
+    #[async_trait]
+    impl Reloader for Fence {
+        fn checkpoint(&self) -> u64 {
+            0
+        }
+        async fn reload(&self, _: u64) -> Result<ReloadReport, ReloadError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(ReloadReport { file_read: false })
+        }
+    }
+
+    #[tokio::test]
+    async fn with_sminfo_configured_the_log_never_confirms_a_standby() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("opensm.log");
+        std::fs::write(&log, "x -> Entering STANDBY state\n").unwrap();
+        let role = Arc::new(super::super::sminfo::SmRole::with_sminfo(
+            Arc::new(SmStateReader::new(log)),
+            dir.path().join("no-umad0"),
+        ));
+        let fence = Arc::new(Fence(Default::default()));
+        let aware = StandbyAware::new(fence.clone(), role.clone(), &OpenSmConfig::default());
+        // The log says STANDBY, but SMInfo cannot be read: the sweep fence decides.
+        assert!(!aware.standby().await);
+        let report = aware.reload(0).await.unwrap();
+        assert!(!report.file_read);
+        assert_eq!(fence.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(matches!(
+            role.current().source,
+            super::super::sminfo::RoleSource::LogFallback { .. }
+        ));
+    }
+
     #[test]
     fn reader_follows_the_log() {
         let dir = tempfile::tempdir().unwrap();
