@@ -575,7 +575,14 @@ pub fn event(e: &pb::Event, format: Format) {
 
 /// One line for an SM host among several: its OpenSM's role, the sync, each peer.
 fn sm_host_line(h: &crate::proto::agent::SmHostStatus) -> String {
-    let mut line = format!("opensm {}", h.role);
+    let mut line = match h.role_source.as_str() {
+        "sminfo" => format!("opensm {} (SMInfo)", h.role),
+        "" => format!("opensm {}", h.role),
+        _ => format!(
+            "opensm {} (fallback: OpenSM's log; {})",
+            h.role, h.role_fallback_reason
+        ),
+    };
     if h.caught_up {
         line.push_str(", caught up with its peers");
     } else {

@@ -132,18 +132,14 @@ impl Preflight {
                         Err(e) => self.fail("subnet_manager.opensm.log_file", e.to_string()),
                     }
                 }
+                // The peers' client TLS files, read as the first pull will read them.
+                if let Some(ha) = &sm.opensm_ha {
+                    self.client_tls("subnet_manager.opensm_ha", &ha.ca, &ha.cert, &ha.key);
+                }
             }
             Backend::Remote => {
                 if let Some(r) = &sm.remote {
-                    self.files(&[
-                        ("subnet_manager.remote.ca", r.ca.as_ref(), Pem::Certificates),
-                        (
-                            "subnet_manager.remote.cert",
-                            r.cert.as_ref(),
-                            Pem::Certificates,
-                        ),
-                        ("subnet_manager.remote.key", r.key.as_ref(), Pem::PrivateKey),
-                    ]);
+                    self.client_tls("subnet_manager.remote", &r.ca, &r.cert, &r.key);
                 }
             }
             Backend::Ufm => {
@@ -178,6 +174,27 @@ impl Preflight {
                 }
             }
         }
+    }
+
+    /// A client's TLS files under `section`: `ca` and `cert` PEM certificates, `key` a private
+    /// key (each only when configured).
+    fn client_tls(
+        &mut self,
+        section: &str,
+        ca: &Option<PathBuf>,
+        cert: &Option<PathBuf>,
+        key: &Option<PathBuf>,
+    ) {
+        let (c, t, k) = (
+            format!("{section}.ca"),
+            format!("{section}.cert"),
+            format!("{section}.key"),
+        );
+        self.files(&[
+            (&c, ca.as_ref(), Pem::Certificates),
+            (&t, cert.as_ref(), Pem::Certificates),
+            (&k, key.as_ref(), Pem::PrivateKey),
+        ]);
     }
 
     /// Checks each configured file (`None`: not configured, nothing to check) as its kind.
@@ -420,6 +437,44 @@ mod tests {
         let bad = Preflight::run(&config(&text(&ca_key)));
         let failed: Vec<&str> = bad.failures().map(|c| c.check.as_str()).collect();
         assert_eq!(failed, ["listen.tls"], "{bad:?}");
+    }
+
+    #[test]
+    fn the_peers_tls_files_are_read_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate\n").unwrap();
+        let text = |key: &str| {
+            format!(
+                "fabric = \"f\"\nstate_dir = \"{d}/state\"\n[listen]\nunix_socket = \"{d}/a.sock\"\n\
+                 [subnet_manager]\nbackend = \"opensm\"\n\
+                 [subnet_manager.opensm]\npartitions_file = \"{d}/partitions.conf\"\nlog_file = \"{d}/opensm.log\"\npid = 4194000\n\
+                 [subnet_manager.opensm_ha]\npeers = [\"https://smhost2:7443\"]\npeer_identities = [\"dns:smhost2\"]\n\
+                 ca = \"{}\"\ncert = \"{d}/missing.crt\"\nkey = \"{key}\"\n",
+                ca.display(),
+                d = dir.path().display()
+            )
+        };
+        let missing_key = dir.path().join("missing.key");
+        let p = Preflight::run(&config(&text(&missing_key.display().to_string())));
+        let peers: Vec<&Check> = p
+            .checks
+            .iter()
+            .filter(|c| c.check.starts_with("subnet_manager.opensm_ha"))
+            .collect();
+        let names: Vec<(&str, bool)> = peers.iter().map(|c| (c.check.as_str(), c.ok)).collect();
+        assert_eq!(
+            names,
+            [
+                ("subnet_manager.opensm_ha.ca", false),
+                ("subnet_manager.opensm_ha.cert", false),
+                ("subnet_manager.opensm_ha.key", false)
+            ],
+            "{p:?}"
+        );
+        assert!(peers[0].detail.contains(&ca.display().to_string()), "{p:?}");
+        assert!(peers[1].detail.contains("missing.crt"), "{p:?}");
+        assert!(peers[2].detail.contains("missing.key"), "{p:?}");
     }
 
     #[test]

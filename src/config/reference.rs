@@ -4,7 +4,7 @@
 //! (serde's own list of expected fields), so a key added to a struct without a row here, or a
 //! row for a key that is gone, fails the build's tests. The backends' own sections
 //! (`[subnet_manager.opensm]`, `.remote`, `.ufm`, `.ufm_broker`, `.embedded`) are described in docs/OPENSM.md
-//! and docs/UFM.md and are not listed here.
+//! and docs/UFM.md and are not listed here; `[subnet_manager.opensm_ha]` (the SM hosts' peers) is.
 
 /// One configuration key.
 #[derive(Debug, Clone, Copy)]
@@ -76,6 +76,16 @@ pub const KEYS: &[Key] = &[
     k("subnet_manager", "ufm", "table", "none", "The ufm backend's settings (docs/UFM.md)."),
     k("subnet_manager", "opensm_ha", "table", "none", "With backend = \"opensm\": the fabric's other SM hosts; peers, peer_identities, ca/cert/key, sync_interval_ms (docs/OPENSM.md, \"Several SM hosts\")."),
     k("subnet_manager", "ufm_broker", "table", "none", "With backend = \"ufm\": `enabled = true` serves fabric.sm.v1 to the fabric's nodes, which then use the remote backend and hold no UFM credential (docs/UFM.md, \"The UFM broker\")."),
+    k("subnet_manager.opensm_ha", "peers", "array of strings", "required", "The other SM hosts' agents: https://host:port (mTLS with ca, cert, key), or http:// to a loopback address (test rigs)."),
+    k("subnet_manager.opensm_ha", "peer_identities", "array of strings", "[]", "Who may pull this host's sets: the peers' certificate identities (dns:NAME, uri:URI, cn:NAME); required with https peers."),
+    k("subnet_manager.opensm_ha", "ca", "path", "none", "PEM CA bundle the peers' certificates must chain to."),
+    k("subnet_manager.opensm_ha", "cert", "path", "none", "PEM client certificate of this SM host towards its peers."),
+    k("subnet_manager.opensm_ha", "key", "path", "none", "PEM private key of that certificate."),
+    k("subnet_manager.opensm_ha", "domain_name", "string", "each endpoint's host", "Name to verify in the peers' certificates."),
+    k("subnet_manager.opensm_ha", "sync_interval_ms", "integer", "5000", "Pull every peer's stored sets this often, milliseconds."),
+    k("subnet_manager.opensm_ha", "catch_up_timeout_ms", "integer", "5000", "At start, how long the first pull may take before the agent reports ready, milliseconds."),
+    k("subnet_manager.opensm_ha", "request_timeout_ms", "integer", "10000", "One pull's deadline, milliseconds."),
+    k("subnet_manager.opensm_ha", "sminfo_umad_device", "path", "none", "umad device of the port this host's OpenSM is bound to: master/standby is read from the SM's own SMInfo there (a standby's write is confirmed only on an SMInfo read after it); none: from OpenSM's log lines, shown as a fallback."),
     k("observer", "kind", "string", "embedded with the embedded backend, else auto", "auto (verbs, then sysfs), embedded, smp, sysfs or verbs."),
     k("observer", "fast_poll_ms", "integer", "50", "Poll interval while a transition is pending, milliseconds."),
     k("observer", "slow_poll_ms", "integer", "5000", "Poll interval when idle, milliseconds (at least fast_poll_ms)."),
@@ -213,6 +223,10 @@ mod tests {
             ("limits", accepted::<LimitsConfig>()),
             ("grants", accepted::<GrantsConfig>()),
             ("grants.keys", accepted::<GrantKeyConfig>()),
+            (
+                "subnet_manager.opensm_ha",
+                accepted::<crate::sm::opensm::peers::PeersConfig>(),
+            ),
         ];
         for (section, fields) in &sections {
             assert!(!fields.is_empty(), "{section}");

@@ -171,9 +171,14 @@ fn build_ha(
     store: &Arc<Store>,
 ) -> Result<(OpenSmBackend, Arc<crate::sm::opensm::sync::PeerSync>), StartError> {
     use crate::sm::opensm::reload::OpenSmReloader;
+    use crate::sm::opensm::sminfo::SmRole;
     use crate::sm::opensm::standby::{SmStateReader, StandbyAware};
     use crate::sm::opensm::sync::{GatedStore, PeerSync};
-    let state = Arc::new(SmStateReader::new(cfg.log_file.clone()));
+    let log = Arc::new(SmStateReader::new(cfg.log_file.clone()));
+    let state = Arc::new(match &ha.sminfo_umad_device {
+        Some(device) => SmRole::with_sminfo(log, device.clone()),
+        None => SmRole::from_log(log),
+    });
     let reloader = Arc::new(StandbyAware::new(
         Arc::new(OpenSmReloader::new(&cfg)),
         state.clone(),

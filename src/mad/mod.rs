@@ -11,6 +11,7 @@
 //! - [`node_info`]    — the NodeInfo attribute (0x0011)
 //! - [`port_info`]    — the PortInfo attribute (0x0015)
 //! - [`pkey_table`]   — the P_KeyTable attribute (0x0016), 32 entries per block
+//! - [`sm_info`]      — the SMInfo attribute (0x0020): an SM's GUID, priority and state
 //! - [`sa`]           — subnet administration MADs (class 0x03)
 //! - [`path_record`]  — the PathRecord attribute (0x0035) and its component mask bits
 //! - [`node_record`]  — the SA NodeRecord attribute (0x0011): LID, NodeInfo, NodeDescription
@@ -26,6 +27,7 @@ pub mod pkey_table;
 pub mod pkey_table_record;
 pub mod port_info;
 pub mod sa;
+pub mod sm_info;
 pub mod smp;
 
 #[cfg(test)]
@@ -40,6 +42,7 @@ pub use pkey_table::{PKeyTable, PKeyTableRepr};
 pub use pkey_table_record::{PKeyTableRecord, PKeyTableRecordRepr};
 pub use port_info::{PortInfo, PortInfoRepr};
 pub use sa::{SaMad, SaMadRepr};
+pub use sm_info::{SmInfo, SmInfoRepr};
 pub use smp::{Smp, SmpRepr, SmpRouting};
 
 use thiserror::Error;
@@ -91,6 +94,8 @@ pub mod attribute {
     pub const PORT_INFO: u16 = 0x0015;
     /// P_KeyTable.
     pub const PKEY_TABLE: u16 = 0x0016;
+    /// SMInfo.
+    pub const SM_INFO: u16 = 0x0020;
     /// SA PathRecord.
     pub const PATH_RECORD: u16 = 0x0035;
     /// SA NodeRecord (the same id as NodeInfo, in the SA class).
@@ -260,6 +265,19 @@ pub fn decode_everything(bytes: &[u8]) -> usize {
     }
     if let Ok(p) = PKeyTable::new_checked(attribute) {
         parsed += usize::from(PKeyTableRepr::parse(&p).is_ok());
+    }
+    if let Ok(p) = SmInfo::new_checked(attribute) {
+        if let Ok(repr) = SmInfoRepr::parse(&p) {
+            let mut buf = [0u8; sm_info::field::END];
+            let emitted = repr.emit(&mut SmInfo::new_unchecked(&mut buf[..]));
+            assert_eq!(emitted, Ok(()), "SMInfo emit");
+            assert_eq!(
+                &buf[..],
+                &attribute[..sm_info::field::END],
+                "SMInfo round trip"
+            );
+            parsed += 1;
+        }
     }
     let record = bytes.get(sa::field::DATA).unwrap_or(bytes);
     if let Ok(p) = NodeRecord::new_checked(record) {

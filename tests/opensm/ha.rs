@@ -164,26 +164,7 @@ async fn tenant_keys_survive_failover_and_a_returning_master_never_brings_a_rele
     // (OpenSM 3.3.23 logs nothing more and ignores SIGHUP); it is then stopped and started
     // again (it reads the same file, which its agent keeps): the ports keep their tables
     // meanwhile, so the check below still sees what the failover left on them.
-    for attempt in 1..=3 {
-        let deadline = Instant::now() + SWEEP_LIMIT;
-        while !standby.swept_as_master() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if standby.swept_as_master() {
-            break;
-        }
-        assert!(
-            attempt < 3,
-            "the new master never swept: {}",
-            tail(&standby.log(), 20)
-        );
-        eprintln!("the new master stopped sweeping after the takeover; starting it again");
-        standby.restart();
-        wait_until("the restarted OpenSM becomes master", LONG, || async {
-            is_master(&b_log)
-        })
-        .await;
-    }
+    rig::ha::await_new_master_sweep(&mut standby, SWEEP_LIMIT).await;
     for (i, node) in NODES.iter().enumerate() {
         let keys = fabric.pkeys(node);
         assert!(

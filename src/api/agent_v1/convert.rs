@@ -461,6 +461,11 @@ pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
 pub fn sync_status_to_pb(s: &crate::sm::opensm::sync::SyncStatus) -> pb::SmHostStatus {
     pb::SmHostStatus {
         role: s.role.unwrap_or_default().as_str().to_owned(),
+        role_source: s.role_source.as_ref().map_or("", |r| r.as_str()).to_owned(),
+        role_fallback_reason: match &s.role_source {
+            Some(crate::sm::opensm::sminfo::RoleSource::LogFallback { reason }) => reason.clone(),
+            _ => String::new(),
+        },
         caught_up: s.caught_up,
         catching_up_with: s.waiting_for.clone(),
         held_back_nodes: s.gated_nodes.clone(),

@@ -18,7 +18,7 @@ pub fn append(agent_text: String, status: &SyncStatus) -> String {
     let role: Family<Labels, Gauge> = Family::default();
     registry.register(
         "sm_host_role",
-        "1 for this SM host's OpenSM role as its log last announced it",
+        "1 for this SM host's OpenSM role (from SMInfo, or OpenSM's log as a fallback)",
         role.clone(),
     );
     role.get_or_create(&vec![(
@@ -26,6 +26,16 @@ pub fn append(agent_text: String, status: &SyncStatus) -> String {
         status.role.unwrap_or(SmState::Unknown).as_str().to_owned(),
     )])
     .set(1);
+    let from_sminfo: Gauge = Gauge::default();
+    registry.register(
+        "sm_host_role_from_sminfo",
+        "1 when the role was read from the SM's own SMInfo, 0 when from OpenSM's log (fallback)",
+        from_sminfo.clone(),
+    );
+    from_sminfo.set(i64::from(matches!(
+        status.role_source,
+        Some(crate::sm::opensm::sminfo::RoleSource::SmInfo { .. })
+    )));
     let caught_up: Gauge = Gauge::default();
     registry.register(
         "sm_host_caught_up",

@@ -21,6 +21,7 @@
 //! - [`peers`]   — `[subnet_manager.opensm_ha]`: the fabric's other SM hosts (several SM hosts)
 //! - [`sync`]    — anti-entropy with the peers and the catch-up gate (highest generation wins)
 //! - [`standby`] — confirming a write to a standby OpenSM's file (it reads it when it takes over)
+//! - [`sminfo`]  — this host's OpenSM role from the SM's own SMInfo (OpenSM's log as the fallback)
 
 pub mod backend;
 pub mod fabric_side;
@@ -40,6 +41,7 @@ pub mod render;
 pub mod repair;
 pub mod sa_client;
 pub mod sa_members;
+pub mod sminfo;
 pub mod standby;
 pub mod store;
 pub mod sync;

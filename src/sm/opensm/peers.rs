@@ -43,6 +43,13 @@ pub struct PeersConfig {
     /// One pull's deadline, milliseconds (default 10000).
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// The umad device of the port this host's OpenSM is bound to (e.g.
+    /// `/dev/infiniband/umad0`): the role (master or standby) is then read from the SM's own
+    /// SMInfo on that port ([`super::sminfo`]), and a write is confirmed as a standby's only on
+    /// an SMInfo read after it. Unset: the role comes from OpenSM's log lines, shown as a
+    /// fallback in status.
+    #[serde(default)]
+    pub sminfo_umad_device: Option<PathBuf>,
 }
 
 fn default_sync_interval_ms() -> u64 {

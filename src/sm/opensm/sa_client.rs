@@ -1,6 +1,7 @@
 //! The SM host's questions to the fabric, over one umad device: the local port (NodeInfo and
 //! PortInfo by directed-route SMP, 0 hops: its port GUID, its LID and the master SM's LID) and
-//! SA NodeRecords by port GUID (GetTable to the SM's LID on QP1).
+//! SA NodeRecords by port GUID (GetTable to the SM's LID on QP1); and the SMInfo of the SM on the
+//! local port (its role, [`super::sminfo`]).
 //!
 //! Blocking: a [`SaSession`] opens the device, registers one agent for directed-route SMPs and
 //! one for SA, and closes both when dropped; run it on a blocking thread. Every exchange waits
@@ -16,7 +17,8 @@ use crate::mad::header::same_transaction;
 use crate::mad::{
     attribute, get_table, header::MadHeader, method, node_record, pkey_table_record, status,
     MadError, NodeInfo, NodeInfoRepr, NodeRecordRepr, PKeyTableRecord, PKeyTableRecordRepr,
-    PortInfo, PortInfoRepr, SaMad, SaMadRepr, Smp, SmpRepr, TableRecords, MAD_LEN,
+    PortInfo, PortInfoRepr, SaMad, SaMadRepr, SmInfo, SmInfoRepr, Smp, SmpRepr, TableRecords,
+    MAD_LEN,
 };
 use crate::sys::umad::{AgentId, MadAddress, UmadError, UmadPort, QP0, QP1};
 use std::path::Path;
@@ -144,6 +146,16 @@ impl SaSession {
             lid: port.lid,
             sm_lid: port.master_sm_lid,
         })
+    }
+
+    /// The SMInfo of the SM bound to the local port (directed route, 0 hops): answered by the
+    /// SM software there, so no answer when no SM runs on this port.
+    pub fn sm_info(&mut self) -> Result<SmInfoRepr, SaError> {
+        const WHAT: &str = "SMInfo of the local port";
+        let data = self.smp_get(WHAT, attribute::SM_INFO, 0)?;
+        SmInfo::new_checked(&data[..])
+            .and_then(|p| SmInfoRepr::parse(&p))
+            .map_err(|source| SaError::Malformed { what: WHAT, source })
     }
 
     /// The SA's NodeRecord of one port GUID: `None` when the SA knows no such port.

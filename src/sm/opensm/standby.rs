@@ -9,7 +9,9 @@
 //! which a standby ignores and a just-promoted master turns into a sweep). A master, an OpenSM
 //! still discovering, or one that cannot be seen goes through the sweep fence as before.
 //!
-//! The state read here is also what the SM host reports as master/standby.
+//! With `sminfo_umad_device` configured, "in STANDBY" means the SM's own SMInfo, read after the
+//! write ([`super::sminfo`]), said STANDBY; a failed read confirms nothing here (the sweep fence
+//! decides) and the log is not consulted. Without it, OpenSM's log decides, as above.
 
 use super::reload::{OpenSmReloader, ReloadError, ReloadReport, Reloader, Unsignalled};
 use super::OpenSmConfig;
@@ -95,28 +97,37 @@ impl SmStateReader {
 /// sweep (module docs); everything else is the inner reloader's.
 pub struct StandbyAware {
     inner: Arc<dyn Reloader>,
-    state: Arc<SmStateReader>,
+    role: Arc<super::sminfo::SmRole>,
     pid: OpenSmReloader,
     process_name: String,
 }
 
 impl StandbyAware {
-    /// Wraps `inner`; OpenSM's pid and log come from `config`.
+    /// Wraps `inner`; OpenSM's role comes from `role`, its pid from `config`.
     pub fn new(
         inner: Arc<dyn Reloader>,
-        state: Arc<SmStateReader>,
+        role: Arc<super::sminfo::SmRole>,
         config: &OpenSmConfig,
     ) -> StandbyAware {
         StandbyAware {
             inner,
-            state,
+            role,
             pid: OpenSmReloader::new(config),
             process_name: config.process_name.clone(),
         }
     }
 
-    fn standby_alive(&self) -> Result<bool, ReloadError> {
-        if self.state.state() != SmState::Standby {
+    /// Whether OpenSM is standby now: a fresh SMInfo read when configured, else its log.
+    async fn standby(&self) -> bool {
+        match self.role.read_sminfo().await {
+            Some(Ok(info)) => super::sminfo::state_of(&info) == SmState::Standby,
+            Some(Err(_)) => false,
+            None => self.role.log_state() == SmState::Standby,
+        }
+    }
+
+    async fn standby_alive(&self) -> Result<bool, ReloadError> {
+        if !self.standby().await {
             return Ok(false);
         }
         let pid = self.pid.opensm_pid()?;
@@ -140,8 +151,11 @@ impl Reloader for StandbyAware {
     }
 
     async fn reload(&self, checkpoint: u64) -> Result<ReloadReport, ReloadError> {
-        if self.standby_alive()? {
-            tracing::debug!("OpenSM is standby: the file is in place for its takeover");
+        if self.standby_alive().await? {
+            tracing::debug!(
+                by_sminfo = self.role.reads_sminfo(),
+                "OpenSM is standby: the file is in place for its takeover"
+            );
             return Ok(ReloadReport { file_read: true });
         }
         self.inner.reload(checkpoint).await
@@ -177,6 +191,42 @@ mod tests {
         );
         assert_eq!(SmState::of_line(&l("SUBNET UP")), None);
         assert_eq!(SmState::of_line(&l("Entering the fray state")), None);
+    }
+
+    /// Counts the sweep-fence reloads it is asked for, and answers "not read".
+    struct Fence(std::sync::atomic::AtomicUsize);
+
+    #[async_trait]
+    impl Reloader for Fence {
+        fn checkpoint(&self) -> u64 {
+            0
+        }
+        async fn reload(&self, _: u64) -> Result<ReloadReport, ReloadError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(ReloadReport { file_read: false })
+        }
+    }
+
+    #[tokio::test]
+    async fn with_sminfo_configured_the_log_never_confirms_a_standby() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("opensm.log");
+        std::fs::write(&log, "x -> Entering STANDBY state\n").unwrap();
+        let role = Arc::new(super::super::sminfo::SmRole::with_sminfo(
+            Arc::new(SmStateReader::new(log)),
+            dir.path().join("no-umad0"),
+        ));
+        let fence = Arc::new(Fence(Default::default()));
+        let aware = StandbyAware::new(fence.clone(), role.clone(), &OpenSmConfig::default());
+        // The log says STANDBY, but SMInfo cannot be read: the sweep fence decides.
+        assert!(!aware.standby().await);
+        let report = aware.reload(0).await.unwrap();
+        assert!(!report.file_read);
+        assert_eq!(fence.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(matches!(
+            role.current().source,
+            super::super::sminfo::RoleSource::LogFallback { .. }
+        ));
     }
 
     #[test]

@@ -125,8 +125,10 @@ pub struct PeerStatus {
 /// The sync state shown by status and metrics.
 #[derive(Debug, Clone, Default)]
 pub struct SyncStatus {
-    /// This host's OpenSM as its log last announced it (`None`: not read).
+    /// This host's OpenSM role (`None`: not read).
     pub role: Option<super::standby::SmState>,
+    /// Where `role` came from: the SM's SMInfo, or OpenSM's log as a fallback with its reason.
+    pub role_source: Option<super::sminfo::RoleSource>,
     /// Every peer answered at least once since start (and this host took their sets).
     pub caught_up: bool,
     /// The peers that have not answered since start.
@@ -151,17 +153,17 @@ pub struct PeerSync {
     relay: Mutex<BTreeMap<NodeId, (u64, Vec<SignedGrant>)>>,
     status: Mutex<SyncStatus>,
     answered: Mutex<BTreeMap<String, bool>>,
-    role: Option<Arc<super::standby::SmStateReader>>,
+    role: Option<Arc<super::sminfo::SmRole>>,
 }
 
 impl PeerSync {
     /// Sync for `backend` (built on a [`GatedStore`]) with `peers`; `local` is this host's node
-    /// id; `role` reads this host's OpenSM state for the status.
+    /// id; `role` is this host's OpenSM role for the status.
     pub fn new(
         backend: OpenSmBackend,
         local: String,
         peers: Vec<Arc<dyn Peer>>,
-        role: Option<Arc<super::standby::SmStateReader>>,
+        role: Option<Arc<super::sminfo::SmRole>>,
     ) -> Arc<PeerSync> {
         let answered = peers.iter().map(|p| (p.name().to_owned(), false)).collect();
         let status = SyncStatus {
@@ -264,7 +266,10 @@ impl PeerSync {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        s.role = self.role.as_ref().map(|r| r.state());
+        if let Some(role) = self.role.as_ref().map(|r| r.current()) {
+            s.role = Some(role.state);
+            s.role_source = Some(role.source);
+        }
         s.gated_nodes = self
             .backend
             .nodes()
@@ -483,12 +488,16 @@ impl PeerSync {
         s.caught_up
     }
 
-    /// Pulls every `every` until `stopped` turns true.
+    /// Pulls every `every` until `stopped` turns true; meanwhile the role's SMInfo read is
+    /// refreshed every [`super::sminfo::POLL`].
     pub async fn run(
         self: Arc<Self>,
         every: Duration,
         mut stopped: tokio::sync::watch::Receiver<bool>,
     ) {
+        if let Some(role) = &self.role {
+            tokio::spawn(role.clone().run(super::sminfo::POLL, stopped.clone()));
+        }
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}

@@ -143,6 +143,35 @@ impl SecondSm {
     }
 }
 
+/// Waits until the second OpenSM, now master, has swept (up to `limit` each time). Under ibsim
+/// a new master sometimes stops sweeping for good right after the takeover (OpenSM 3.3.23 logs
+/// nothing more and ignores SIGHUP); it is then stopped and started again (it reads the same
+/// file, which its agent keeps; the ports keep their tables meanwhile), three times at most.
+pub async fn await_new_master_sweep(standby: &mut SecondSm, limit: Duration) {
+    for attempt in 1..=3 {
+        let deadline = std::time::Instant::now() + limit;
+        while !standby.swept_as_master() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if standby.swept_as_master() {
+            return;
+        }
+        let log = standby.log();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        assert!(attempt < 3, "the new master never swept: {tail:#?}");
+        eprintln!("the new master stopped sweeping after the takeover; starting it again");
+        standby.restart();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !is_master(&standby.log_path()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the restarted OpenSM never became master"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// Whether OpenSM's log at `path` last announced MASTER.
 pub fn is_master(path: &Path) -> bool {
     let text = fs::read_to_string(path).unwrap_or_default();
@@ -152,10 +181,14 @@ pub fn is_master(path: &Path) -> bool {
         .is_some_and(|l| l.contains("Entering MASTER state"))
 }
 
-/// An SM-host agent run outside the shim, stopped by pid when dropped.
+/// An SM-host agent, stopped by pid when dropped: outside the shim ([`SmHostAgent::start`]),
+/// or under it as one of the fabric's HCAs ([`SmHostAgent::start_as`], to read its SM's SMInfo
+/// over umad; it then holds an ibsim client slot, which a SIGKILL leaks).
 pub struct SmHostAgent {
     /// Its node id.
     pub name: String,
+    /// Under the shim: (ibsim socket name, SIM_HOST, the rig's dir).
+    sim: Option<(String, String, PathBuf)>,
     /// Its config file.
     pub config: PathBuf,
     /// Its unix socket.
@@ -168,10 +201,26 @@ pub struct SmHostAgent {
 impl SmHostAgent {
     /// Writes `<dir>/<name>.toml` with `config` and starts the agent.
     pub fn start(fabric: &Fabric, name: &str, config: &str) -> SmHostAgent {
+        Self::start_with(fabric, name, None, config)
+    }
+
+    /// Like [`SmHostAgent::start`], but run under the shim as HCA `sim_host` (the one its
+    /// OpenSM is bound to), so that it can read `/dev/infiniband/umad0`.
+    pub fn start_as(fabric: &Fabric, name: &str, sim_host: &str, config: &str) -> SmHostAgent {
+        Self::start_with(fabric, name, Some(sim_host), config)
+    }
+
+    fn start_with(
+        fabric: &Fabric,
+        name: &str,
+        sim_host: Option<&str>,
+        config: &str,
+    ) -> SmHostAgent {
         let dir = fabric.dir();
         let path = dir.join(format!("{name}.toml"));
         fs::write(&path, config).expect("write SM-host agent config");
         let mut a = SmHostAgent {
+            sim: sim_host.map(|h| (fabric.sock_name().to_owned(), h.to_owned(), dir.to_owned())),
             name: name.to_owned(),
             config: path,
             socket: dir.join(format!("{name}.sock")),
@@ -186,6 +235,12 @@ impl SmHostAgent {
     pub fn spawn(&mut self) {
         assert!(self.process.is_none(), "{} is running", self.name);
         let mut cmd = Command::new(BIN);
+        if let Some((sock, host, dir)) = &self.sim {
+            cmd.env("LD_PRELOAD", UMAD2SIM)
+                .env("SIM_HOST", host)
+                .env("IBSIM_SOCKNAME", sock)
+                .current_dir(dir);
+        }
         cmd.env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .process_group(0);
@@ -208,6 +263,11 @@ impl SmHostAgent {
         self.process.take().expect("running").crash();
     }
 
+    /// SIGTERM by pid and wait for the exit (under the shim, its ibsim slot is freed).
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        self.process.take().expect("running").stop()
+    }
+
     /// Its output so far.
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
@@ -224,6 +284,56 @@ pub struct SmFiles<'a> {
     pub pid: &'a Path,
     /// The agent's metrics port.
     pub metrics: u16,
+}
+
+/// The files of the rig's two SM hosts ([`start_two_sms`]): (partitions, log, pid) of the
+/// master's (the rig's own OpenSM) and of the standby's, and each agent's metrics port.
+pub struct TwoSmFiles {
+    /// The master's: partitions, log, pid file.
+    pub a: (PathBuf, PathBuf, PathBuf),
+    /// The standby's.
+    pub b: (PathBuf, PathBuf, PathBuf),
+    /// The agents' metrics ports.
+    pub metrics: (u16, u16),
+}
+
+impl TwoSmFiles {
+    /// The files of `fabric`'s OpenSM and of `standby`; the agents' metrics on `metrics`.
+    pub fn of(fabric: &Fabric, standby: &SecondSm, metrics: (u16, u16)) -> TwoSmFiles {
+        TwoSmFiles {
+            a: (
+                fabric.partitions_path(),
+                fabric.opensm_log_path(),
+                fabric.opensm_pid_path(),
+            ),
+            b: (
+                standby.partitions_path(),
+                standby.log_path(),
+                standby.pid_path(),
+            ),
+            metrics,
+        }
+    }
+
+    /// The master's agent's [`SmFiles`].
+    pub fn sm_a(&self) -> SmFiles<'_> {
+        SmFiles {
+            partitions: &self.a.0,
+            log: &self.a.1,
+            pid: &self.a.2,
+            metrics: self.metrics.0,
+        }
+    }
+
+    /// The standby's agent's [`SmFiles`].
+    pub fn sm_b(&self) -> SmFiles<'_> {
+        SmFiles {
+            partitions: &self.b.0,
+            log: &self.b.1,
+            pid: &self.b.2,
+            metrics: self.metrics.1,
+        }
+    }
 }
 
 /// An SM-host agent's config with peers: OpenSM backend on `files`, Partitions served in
@@ -405,4 +515,20 @@ pub async fn sm_host_status(agent: &SmHostAgent) -> fabric_agent::proto::agent::
         .subnet_manager
         .and_then(|s| s.sm_host)
         .expect("an SM host with peers shows sm_host")
+}
+
+/// What `sminfo -D 0` (infiniband-diags) says of the SM bound to HCA `node`'s own port, in
+/// GetNode's words ("master", "standby", "discovering", "not-active"); `Err` when it failed
+/// (no SM answers on that port).
+pub fn sminfo_state(fabric: &Fabric, node: &str) -> Result<String, String> {
+    let out = fabric.run_tool(node, "sminfo", &["-D", "0"])?;
+    let state = out.split_whitespace().last().unwrap_or_default();
+    Ok(match state {
+        "SMINFO_MASTER" => "master",
+        "SMINFO_STANDBY" => "standby",
+        "SMINFO_DISCOVERING" => "discovering",
+        "SMINFO_NOTACTIVE" => "not-active",
+        other => return Err(format!("sminfo said {out:?} ({other})")),
+    }
+    .to_owned())
 }

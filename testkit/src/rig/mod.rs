@@ -16,6 +16,8 @@
 
 pub mod agents;
 pub mod ha;
+pub mod link;
+pub mod loopback;
 pub use crate::common::process;
 pub use process::ChildGuard;
 pub mod proxy;

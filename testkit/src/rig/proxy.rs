@@ -5,12 +5,13 @@
 //! did the work; the node never hears of it. Connection-level frames (SETTINGS, PING, window
 //! updates) pass, so a connection opened while armed still gets its request to the SM host.
 //!
-//! Runs on its own thread with its own tokio runtime; stopped when dropped.
+//! Stopped when dropped ([`LoopbackServer`]).
 
+use super::loopback::LoopbackServer;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// HTTP/2 frame type of HEADERS.
 const HEADERS: u8 = 0x1;
@@ -28,51 +29,25 @@ struct Shared {
 
 /// A running reply-dropping proxy.
 pub struct ReplyDropper {
-    port: u16,
+    server: LoopbackServer,
     shared: Arc<Shared>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ReplyDropper {
     /// Listens on a free loopback port and forwards every connection to `127.0.0.1:upstream`.
     pub fn start(upstream: u16) -> ReplyDropper {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
-        std_listener.set_nonblocking(true).expect("nonblocking");
-        let port = std_listener.local_addr().expect("addr").port();
         let shared = Arc::new(Shared::default());
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let inner = shared.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("proxy runtime");
-            rt.block_on(async move {
-                let listener = TcpListener::from_std(std_listener).expect("listener");
-                loop {
-                    tokio::select! {
-                        _ = &mut stopped => return,
-                        accepted = listener.accept() => {
-                            let Ok((client, _)) = accepted else { continue };
-                            inner.connections.fetch_add(1, Ordering::SeqCst);
-                            tokio::spawn(serve(client, upstream, inner.clone()));
-                        }
-                    }
-                }
-            });
+        let server = LoopbackServer::start(move |client| {
+            inner.connections.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve(client, upstream, inner.clone()));
         });
-        ReplyDropper {
-            port,
-            shared,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
+        ReplyDropper { server, shared }
     }
 
     /// The port nodes connect to.
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// While armed, every reply is lost (the node's connection is closed instead).
@@ -83,17 +58,6 @@ impl ReplyDropper {
     /// Replies lost so far.
     pub fn dropped(&self) -> usize {
         self.shared.dropped.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for ReplyDropper {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

@@ -7,7 +7,7 @@
 //! real host. The agent itself runs outside the shim with `kind = "sysfs"`.
 //!
 //! ```ignore
-//! #[path = "rig/two_hca.rs"] mod two_hca;
+//! use testkit::rig::two_hca;
 //! let fabric = rig::Fabric::start(&two_hca::spec("host1"), OPERATOR)?;
 //! let mirror = two_hca::SysfsMirror::start(&fabric, &root, &two_hca::HCAS);
 //! ```
