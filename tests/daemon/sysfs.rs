@@ -241,11 +241,9 @@ async fn a_port_table_change_across_a_failed_read_is_reported() {
             _ => None,
         })
         .collect();
-    assert_eq!(
-        conditions,
-        [
-            ("PORTS_UNREADABLE".to_owned(), true),
-            ("PORTS_UNREADABLE".to_owned(), false)
-        ]
-    );
+    // Raised (again with each new detail, when the read fails differently as the tree moves),
+    // then cleared once.
+    let mut states: Vec<bool> = conditions.iter().map(|(_, active)| *active).collect();
+    states.dedup();
+    assert_eq!(states, [true, false], "{conditions:?}");
 }
