@@ -42,7 +42,7 @@ fn seeded_schedules_through_the_real_sm_host_keep_every_invariant() {
 }
 
 /// Seeds run through the real UFM backend by default.
-const DEFAULT_UFM_SEEDS: u64 = 40;
+const DEFAULT_UFM_SEEDS: u64 = 30;
 
 /// The same schedules through the real UFM backend (`UfmSm`: the ledger written ahead, the
 /// late-write watch, the read-back rule, retries) to a model UFM that executes requests late,
