@@ -62,6 +62,13 @@
 //! then reported as [`SmError::Unreachable`]. A 4xx is [`SmError::Refused`] at once. After
 //! 401/403 the backend does not call UFM again until the credentials file's contents change
 //! (checked on every apply). Credentials are never logged nor put in any message.
+//!
+//! # The link to UFM
+//! Requests go through [`UfmLink`] (`link.rs`): one HTTP attempt, the wall clock the
+//! late-write window is measured on, and the retry jitter. The backend uses reqwest and the
+//! system clock; [`UfmSm::with_link`] plugs in another link (the deterministic simulation's
+//! model UFM, on its paused clock). Retries, the budget and every rule above stay in the
+//! backend.
 
 mod auth;
 pub mod broker;
