@@ -6,7 +6,10 @@
 //! ```
 //! Options: `--mixed-membership` lets two instances of one partition ask for different
 //! memberships; `--opensm` applies through the real SM-host backend (`OpenSmBackend`) and a
-//! model OpenSM process instead of the model SM.
+//! model OpenSM process instead of the model SM; `--ufm` through the real UFM backend (`UfmSm`)
+//! to a model UFM that executes requests late, out of order and after the client gave up;
+//! `--ufm-window-ms N` sets that backend's late-write window (default 180,000: above the
+//! model's latest execution; a shorter one lets late adds through, which the oracle catches).
 
 use testkit::sim;
 
@@ -43,6 +46,8 @@ fn parse() -> Result<Args, String> {
             "--keep-going" => a.keep_going = true,
             "--mixed-membership" => a.options.mixed_membership = true,
             "--opensm" => a.options.opensm = true,
+            "--ufm" => a.options.ufm = true,
+            "--ufm-window-ms" => a.options.ufm_late_window_ms = Some(num("--ufm-window-ms")?),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }

@@ -11,3 +11,4 @@ mod ports;
 mod sysfs;
 mod tls;
 mod ufm;
+mod watch_lagging_cursor;

@@ -157,7 +157,7 @@ async fn the_role_read_over_sminfo_matches_sminfo_through_a_failover() {
     assert!(sminfo_state(&fabric, "smhost").is_err());
     assert!(scrape(a_files.metrics).contains("fabric_agent_sm_host_role_from_sminfo 0"));
     // The new master programs the file its agent kept as a standby's (restarted when it stops
-    // sweeping after the takeover under ibsim, as in tests/opensm_ha.rs).
+    // sweeping after the takeover under ibsim, as in tests/opensm/ha.rs).
     rig::ha::await_new_master_sweep(&mut standby, SWEEP_LIMIT).await;
     wait_until(
         "node1's key, set on the standby only, on its port",

@@ -41,6 +41,23 @@ fn seeded_schedules_through_the_real_sm_host_keep_every_invariant() {
     );
 }
 
+/// Seeds run through the real UFM backend by default.
+const DEFAULT_UFM_SEEDS: u64 = 30;
+
+/// The same schedules through the real UFM backend (`UfmSm`: the ledger written ahead, the
+/// late-write watch, the read-back rule, retries) to a model UFM that executes requests late,
+/// out of order and after the client gave up.
+#[test]
+fn seeded_schedules_through_the_real_ufm_backend_keep_every_invariant() {
+    run(
+        env_u64("SIM_UFM_SEEDS", DEFAULT_UFM_SEEDS),
+        sim::GenOptions {
+            ufm: true,
+            ..Default::default()
+        },
+    );
+}
+
 fn run(seeds: u64, options: sim::GenOptions) {
     let start = env_u64("SIM_START", 0);
     let t = Instant::now();
@@ -62,6 +79,8 @@ fn run(seeds: u64, options: sim::GenOptions) {
          {applies} applies, {reads} port reads, {active} ACTIVE, {released} RELEASED",
         if options.opensm {
             " (SM host + model OpenSM)"
+        } else if options.ufm {
+            " (UFM backend + model UFM)"
         } else {
             ""
         },

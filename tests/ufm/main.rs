@@ -6,5 +6,6 @@
 mod backend;
 mod broker;
 mod fleet;
+mod late_write_ports;
 mod ledger;
 mod tls;

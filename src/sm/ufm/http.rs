@@ -5,6 +5,8 @@
 
 use super::auth::{Credential, Loaded};
 use super::budget::Budget;
+use super::link::{LinkError, UfmLink};
+use async_trait::async_trait;
 use reqwest::header::{ACCEPT, AUTHORIZATION};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
@@ -28,29 +30,21 @@ pub(crate) struct RetryPolicy {
 
 impl RetryPolicy {
     /// The delay before retry number `attempt` (0-based): the doubled step capped at `max`,
-    /// then a random point between half and all of it, so that many agents that lost UFM at
-    /// the same moment do not come back in lockstep.
-    pub(crate) fn delay(&self, attempt: u32) -> Duration {
+    /// then a random point between half and all of it (`jitter_ms(n)` draws from `0..=n`), so
+    /// that many agents that lost UFM at the same moment do not come back in lockstep.
+    pub(crate) fn delay(&self, attempt: u32, jitter_ms: impl FnOnce(u64) -> u64) -> Duration {
         let step = self
             .initial
             .saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
             .min(self.max);
         let half = step / 2;
         // Saturates: a step beyond u64 milliseconds is not configurable.
-        let jitter_ms =
-            rand::random_range(0..=u64::try_from((step - half).as_millis()).unwrap_or(u64::MAX));
-        half + Duration::from_millis(jitter_ms)
+        let jitter = jitter_ms(u64::try_from((step - half).as_millis()).unwrap_or(u64::MAX));
+        half + Duration::from_millis(jitter)
     }
 }
 
-/// An answer below 500 (2xx, 3xx or 4xx), body read.
-#[derive(Debug)]
-pub(crate) struct Answer {
-    /// Status.
-    pub status: StatusCode,
-    /// Body bytes.
-    pub body: Vec<u8>,
-}
+pub(crate) use super::link::Answer;
 
 /// Why UFM gave no usable answer to a request (after every attempt it was worth).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -83,6 +77,18 @@ pub enum NoAnswer {
         /// Attempts made.
         attempts: u32,
     },
+    /// Timeouts, connection errors or answers cut short, on a link other than reqwest's.
+    #[error("{method} {url}: {detail} (gave up after {attempts} attempts)")]
+    Link {
+        /// The request's method.
+        method: Method,
+        /// The request's URL.
+        url: String,
+        /// The last attempt's failure.
+        detail: String,
+        /// Attempts made.
+        attempts: u32,
+    },
     /// The answer exceeded the answer cap, 8 MiB (not retried: asking again fetches the same
     /// answer).
     #[error("{method} {url}: UFM answer body of {} bytes exceeds the {cap}-byte limit; not read", match .announced { Some(n) => n.to_string(), None => format!("more than {cap}") })]
@@ -100,8 +106,8 @@ pub enum NoAnswer {
 
 /// The requests of one apply, sharing a client, credentials and counters.
 pub(crate) struct Exchange<'a> {
-    /// HTTP client (timeouts, TLS, identity).
-    pub client: &'a Client,
+    /// How requests reach UFM.
+    pub link: &'a dyn UfmLink,
     /// `https://host:port` + API path, no trailing slash.
     pub base: &'a str,
     /// Credentials for this apply.
@@ -135,14 +141,22 @@ impl Exchange<'_> {
                     status: answer.status,
                     attempts,
                 },
-                Err(Failure::Transient(e)) => NoAnswer::Transport {
-                    method: method.clone(),
-                    url: url.clone(),
-                    source: Arc::new(e),
-                    attempts,
+                Err(LinkError::Transient(e)) => match e.downcast::<reqwest::Error>() {
+                    Ok(e) => NoAnswer::Transport {
+                        method: method.clone(),
+                        url: url.clone(),
+                        source: Arc::new(*e),
+                        attempts,
+                    },
+                    Err(e) => NoAnswer::Link {
+                        method: method.clone(),
+                        url: url.clone(),
+                        detail: e.to_string(),
+                        attempts,
+                    },
                 },
                 // Asking again would fetch the same oversized answer.
-                Err(Failure::TooLarge { announced, cap }) => {
+                Err(LinkError::TooLarge { announced, cap }) => {
                     return Err(NoAnswer::TooLarge {
                         method,
                         url,
@@ -154,7 +168,7 @@ impl Exchange<'_> {
             if attempt >= self.policy.retries {
                 return Err(failure);
             }
-            let delay = self.policy.delay(attempt);
+            let delay = self.policy.delay(attempt, |max| self.link.jitter_ms(max));
             tracing::debug!(%failure, attempt, ?delay, "UFM request failed; retrying");
             tokio::time::sleep(delay).await;
             attempt += 1;
@@ -166,9 +180,33 @@ impl Exchange<'_> {
         method: &Method,
         url: &str,
         body: Option<&Value>,
-    ) -> Result<Answer, Failure> {
+    ) -> Result<Answer, LinkError> {
         self.budget.take().await;
         self.sent.fetch_add(1, Ordering::Relaxed);
+        let answer = self.link.send(method, url, body, MAX_BODY).await?;
+        tracing::debug!(%method, url, status = %answer.status, "UFM answered");
+        Ok(answer)
+    }
+}
+
+/// The link through reqwest: the backend's HTTP client (timeouts, TLS, identity) and this
+/// apply's credentials.
+pub(crate) struct ReqwestLink<'a> {
+    /// HTTP client.
+    pub client: &'a Client,
+    /// Credentials for this apply.
+    pub credential: &'a Loaded,
+}
+
+#[async_trait]
+impl UfmLink for ReqwestLink<'_> {
+    async fn send(
+        &self,
+        method: &Method,
+        url: &str,
+        body: Option<&Value>,
+        cap: usize,
+    ) -> Result<Answer, LinkError> {
         let mut request = self
             .client
             .request(method.clone(), url)
@@ -183,35 +221,23 @@ impl Exchange<'_> {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let mut response = request.send().await.map_err(Failure::Transient)?;
+        let mut response = request.send().await.map_err(transient)?;
         let status = response.status();
-        let body = read_capped(&mut response, MAX_BODY).await?;
-        tracing::debug!(%method, url, %status, "UFM answered");
+        let body = read_capped(&mut response, cap).await?;
         Ok(Answer { status, body })
     }
 }
 
-/// Why one attempt failed.
-#[derive(Debug)]
-enum Failure {
-    /// Worth another attempt (timeout, connection error, body cut short).
-    Transient(reqwest::Error),
-    /// Not worth another attempt: the answer is larger than `cap` (`announced`: its announced
-    /// length).
-    TooLarge {
-        /// The announced length, if any.
-        announced: Option<u64>,
-        /// The cap.
-        cap: usize,
-    },
+fn transient(e: reqwest::Error) -> LinkError {
+    LinkError::Transient(Box::new(e))
 }
 
 /// Reads a body of at most `cap` bytes, refusing a larger one (announced or actual) before
 /// holding more than `cap` bytes of it.
-async fn read_capped(response: &mut reqwest::Response, cap: usize) -> Result<Vec<u8>, Failure> {
+async fn read_capped(response: &mut reqwest::Response, cap: usize) -> Result<Vec<u8>, LinkError> {
     if let Some(len) = response.content_length() {
         if usize::try_from(len).map_or(true, |len| len > cap) {
-            return Err(Failure::TooLarge {
+            return Err(LinkError::TooLarge {
                 announced: Some(len),
                 cap,
             });
@@ -222,9 +248,9 @@ async fn read_capped(response: &mut reqwest::Response, cap: usize) -> Result<Vec
         .content_length()
         .map_or(0, |n| usize::try_from(n).unwrap_or(0));
     let mut body = Vec::with_capacity(hint);
-    while let Some(chunk) = response.chunk().await.map_err(Failure::Transient)? {
+    while let Some(chunk) = response.chunk().await.map_err(transient)? {
         if body.len() + chunk.len() > cap {
-            return Err(Failure::TooLarge {
+            return Err(LinkError::TooLarge {
                 announced: None,
                 cap,
             });
@@ -290,7 +316,7 @@ mod tests {
             let url = serve_body(MAX_BODY + 1, announce).await;
             let mut r = client.get(&url).send().await.unwrap();
             match read_capped(&mut r, MAX_BODY).await {
-                Err(Failure::TooLarge { announced, cap }) => {
+                Err(LinkError::TooLarge { announced, cap }) => {
                     assert_eq!(cap, MAX_BODY);
                     assert_eq!(announced, announce.then_some((MAX_BODY + 1) as u64));
                 }
@@ -309,12 +335,13 @@ mod tests {
             initial: Duration::from_millis(100),
             max: Duration::from_millis(1_000),
         };
+        let jitter = |max| rand::random_range(0..=max);
         for _ in 0..50 {
-            let d0 = p.delay(0);
+            let d0 = p.delay(0, jitter);
             assert!(d0 >= Duration::from_millis(50) && d0 <= Duration::from_millis(100));
-            let d2 = p.delay(2);
+            let d2 = p.delay(2, jitter);
             assert!(d2 >= Duration::from_millis(200) && d2 <= Duration::from_millis(400));
-            let d9 = p.delay(40);
+            let d9 = p.delay(40, jitter);
             assert!(d9 >= Duration::from_millis(500) && d9 <= Duration::from_millis(1_000));
         }
     }

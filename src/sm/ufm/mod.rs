@@ -62,6 +62,13 @@
 //! then reported as [`SmError::Unreachable`]. A 4xx is [`SmError::Refused`] at once. After
 //! 401/403 the backend does not call UFM again until the credentials file's contents change
 //! (checked on every apply). Credentials are never logged nor put in any message.
+//!
+//! # The link to UFM
+//! Requests go through [`UfmLink`] (`link.rs`): one HTTP attempt, the wall clock the
+//! late-write window is measured on, and the retry jitter. The backend uses reqwest and the
+//! system clock; [`UfmSm::with_link`] plugs in another link (the deterministic simulation's
+//! model UFM, on its paused clock). Retries, the budget and every rule above stay in the
+//! backend.
 
 mod auth;
 pub mod broker;
@@ -70,6 +77,7 @@ mod config;
 mod error;
 mod http;
 mod ledger;
+mod link;
 mod plan;
 mod ports;
 mod wire;
@@ -78,6 +86,7 @@ pub use config::{TokenScheme, UfmConfig, UfmConfigError, UrlParseError};
 pub use error::UfmError;
 pub use http::NoAnswer;
 pub use ledger::{LedgerStoreError, MemoryLedgerStore, UfmLedger, UfmLedgerStore};
+pub use link::{Answer as UfmAnswer, LinkError, UfmLink};
 pub use ports::{parse_ports, UfmPort};
 pub use wire::WireError;
 
@@ -88,7 +97,7 @@ use auth::{Credential, Loaded, Secret};
 use budget::Budget;
 use config::AuthConfig;
 use futures::{StreamExt, TryStreamExt};
-use http::{Answer, Exchange, RetryPolicy};
+use http::{Answer, Exchange, ReqwestLink, RetryPolicy};
 use plan::{plan_key, KeyPlan};
 use reqwest::{Certificate, Client, Method, StatusCode};
 use std::collections::{BTreeMap, BTreeSet};
@@ -121,6 +130,8 @@ pub struct UfmSm {
     /// Late writes seen (a watched key's GUIDs re-appeared after a read showed them gone),
     /// reported as the `UFM_LATE_WRITE` condition until the key's watch ends.
     late_writes: std::sync::Mutex<BTreeMap<PKey, String>>,
+    /// Another way to UFM than reqwest and the system clock ([`UfmSm::with_link`]).
+    link: Option<Arc<dyn UfmLink>>,
 }
 
 /// What every HTTP client this backend builds shares.
@@ -172,9 +183,9 @@ struct State {
     stamp_supported: bool,
     /// What the last confirming read showed, with the stamp read before it.
     confirmed: Option<Confirmed>,
-    /// Watched keys a read of this process showed without this node's GUIDs: a later read
-    /// that finds them again saw a late write.
-    seen_absent: BTreeSet<PKey>,
+    /// Watched keys, with the GUIDs not desired in them that a read of this process showed
+    /// absent: a later read that finds one of them again saw a late write.
+    seen_absent: BTreeMap<PKey, BTreeSet<Guid>>,
 }
 
 /// An apply that read the stamp, then read every key and found all right, and wrote nothing.
@@ -327,11 +338,21 @@ impl UfmSm {
                 list_usable: config.list_reads,
                 stamp_supported: true,
                 confirmed: None,
-                seen_absent: BTreeSet::new(),
+                seen_absent: BTreeMap::new(),
             }),
             late_window_ms: i64::try_from(config.late_write_window_ms).unwrap_or(i64::MAX),
             late_writes: std::sync::Mutex::default(),
+            link: None,
         })
+    }
+
+    /// The same backend reaching UFM through `link` (its clock and jitter included) instead
+    /// of reqwest and the system clock: a model UFM on a simulated clock. Authentication and
+    /// TLS are then the link's business; every rule of the backend is unchanged.
+    #[must_use]
+    pub fn with_link(mut self, link: Arc<dyn UfmLink>) -> UfmSm {
+        self.link = Some(link);
+        self
     }
 
     /// Rebuilds the client when the client certificate or key changed on disk.
@@ -410,7 +431,7 @@ impl UfmSm {
         *confirmed = None;
 
         // 1. Read first.
-        let read_ms = unix_ms();
+        let read_ms = ex.link.unix_ms();
         let current: BTreeMap<PKey, Option<PartitionState>> = if !*discovered {
             let keys = keys_of(desired, ledger);
             let (picked, all) = self.read_many(ex, list_usable, &keys, true).await?;
@@ -451,8 +472,11 @@ impl UfmSm {
         for (key, partition) in &current {
             let want = desired.keys.get(key).map(|s| s.membership);
             let plan = self.plan(ledger, partition.as_ref(), *key, want, ports_of(key));
-            if want.is_none() && !plan.remove.is_empty() && seen_absent.contains(key) {
-                self.late_write(ledger, *key, plan.remove.len());
+            let late = seen_absent.get(key).map_or(0, |gone| {
+                plan.remove.iter().filter(|g| gone.contains(g)).count()
+            });
+            if late > 0 {
+                self.late_write(ledger, *key, late);
             }
             if plan.is_empty() {
                 summary.unchanged += 1;
@@ -466,7 +490,7 @@ impl UfmSm {
         //    goes out (an add that fails or times out may still take effect).
         //    The key is watched from now until the latest time the add could still land; an add
         //    answered on its first attempt lifts that again (nothing of it is left to land).
-        let sent_ms = unix_ms();
+        let sent_ms = ex.link.unix_ms();
         let mut watched_before = BTreeMap::new();
         for (key, plan) in &plans {
             ledger.record(*key, plan.add.iter().copied());
@@ -499,7 +523,7 @@ impl UfmSm {
 
         // 5. Read back what changed. Entries leave the ledger only once a read showed them gone.
         let changed: BTreeSet<PKey> = plans.keys().copied().collect();
-        let read_ms = unix_ms();
+        let read_ms = ex.link.unix_ms();
         let after = if changed.is_empty() {
             BTreeMap::new()
         } else {
@@ -537,42 +561,61 @@ impl UfmSm {
         Ok(summary)
     }
 
-    /// Bookkeeping once a read started at `read_ms` showed `key` right. A key no longer
-    /// desired that is still watched keeps its GUIDs (later applies re-read it); once a read
-    /// started after its watch ended shows it clear, the watch, the GUIDs and any late-write
-    /// report go.
+    /// Bookkeeping once a read started at `read_ms` showed `key` right. While the key is
+    /// watched, the ledger keeps its GUIDs that are no longer desired in it (the key no longer
+    /// desired at all, or a port no longer given it): later applies re-read the key and remove
+    /// a re-appearance. Once a read started after the watch ended shows the key right, those
+    /// GUIDs, the watch of a key no longer desired and any late-write report go.
     fn confirm_read(
         &self,
         ledger: &mut UfmLedger,
-        seen_absent: &mut BTreeSet<PKey>,
+        seen_absent: &mut BTreeMap<PKey, BTreeSet<Guid>>,
         key: PKey,
         want: Option<Membership>,
         ports: &BTreeSet<Guid>,
         read_ms: i64,
     ) {
-        match (want, ledger.watched_until(key)) {
-            (None, Some(until)) if read_ms <= until => {
-                seen_absent.insert(key);
+        let watched = ledger
+            .watched_until(key)
+            .is_some_and(|until| read_ms <= until);
+        let undesired: BTreeSet<Guid> = match want {
+            Some(_) => ledger.guids(key).difference(ports).copied().collect(),
+            None => ledger.guids(key).union(ports).copied().collect(),
+        };
+        match want {
+            _ if watched && !undesired.is_empty() => {
+                seen_absent.insert(key, undesired);
+                if want.is_some() {
+                    let kept: BTreeSet<Guid> = ledger.guids(key).union(ports).copied().collect();
+                    ledger.confirm(key, &kept);
+                }
             }
-            (None, _) => {
+            None if watched => {
+                seen_absent.insert(key, undesired);
+            }
+            None => {
                 ledger.restore_watch(key, None);
                 seen_absent.remove(&key);
                 self.late_writes_mut().remove(&key);
                 confirm(ledger, key, want, ports);
             }
-            (Some(_), _) => {
+            Some(_) => {
                 seen_absent.remove(&key);
+                if !watched {
+                    self.late_writes_mut().remove(&key);
+                }
                 confirm(ledger, key, want, ports);
             }
         }
     }
 
-    /// Records a late write: `count` GUIDs of this node re-appeared in the released, watched
-    /// `key` after a read had shown them gone. The apply removes them now.
+    /// Records a late write: `count` GUIDs of this node re-appeared in the watched `key`, where
+    /// the node no longer gives them, after a read had shown them gone. The apply removes them
+    /// now.
     fn late_write(&self, ledger: &UfmLedger, key: PKey, count: usize) {
         let until = ledger.watched_until(key).unwrap_or_default();
-        let detail = format!("{count} GUID(s) of this node re-appeared in released {key} at UFM (an add executed after the client gave up); removed, and watched until {until} (unix ms)");
-        tracing::error!(%key, count, "UFM late write: a released key came back; removing it");
+        let detail = format!("{count} GUID(s) of this node re-appeared in {key} at UFM after it was released from them (an add executed after the client gave up); removed, and watched until {until} (unix ms)");
+        tracing::error!(%key, count, "UFM late write: a released key came back to this node's ports; removing it");
         self.late_writes_mut().insert(key, detail);
     }
 
@@ -845,13 +888,6 @@ type PartitionReads = (
     Option<BTreeMap<PKey, PartitionState>>,
 );
 
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
 /// Every key to look at: the desired ones and every key the ledger holds GUIDs in or watches.
 fn keys_of(desired: &NodeMemberships, ledger: &UfmLedger) -> BTreeSet<PKey> {
     desired
@@ -914,8 +950,12 @@ impl SubnetManager for UfmSm {
         }
         self.refresh_identity(&mut state, &loaded)?;
         let client = state.client.clone();
-        let ex = Exchange {
+        let reqwest = ReqwestLink {
             client: &client,
+            credential: &loaded,
+        };
+        let ex = Exchange {
+            link: self.link.as_deref().unwrap_or(&reqwest),
             base: &self.base,
             credential: &loaded,
             policy: self.policy,
@@ -924,13 +964,17 @@ impl SubnetManager for UfmSm {
         };
         let mut result = self.apply_locked(&mut state, desired, &ports, &ex).await;
         if result.is_ok() {
-            // A released key still watched for a late add is not acknowledged: the node says
-            // RELEASED only when nothing it sent can still land (module docs, late writes).
+            // A released key still watched for a late add, or a watched key that still holds
+            // GUIDs no longer given it (a port released while another keeps the key), is not
+            // acknowledged: the node says RELEASED only when nothing it sent can still land
+            // (module docs, late writes).
             let ledger = state.ledger.as_ref().expect("the ledger is loaded");
-            if let Some((key, until)) = ledger
-                .watched()
-                .find(|(k, _)| !desired.keys.contains_key(k))
-            {
+            if let Some((key, until)) = ledger.watched().find(|(k, _)| {
+                !desired.keys.contains_key(k) || {
+                    let given: BTreeSet<Guid> = desired.guids_for(*k).into_iter().collect();
+                    !ledger.guids(*k).is_subset(&given)
+                }
+            }) {
                 result = Err(Failure::NoAnswer(UfmError::LateWriteWindow {
                     key,
                     until_unix_ms: until,

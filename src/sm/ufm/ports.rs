@@ -8,7 +8,7 @@
 //! ignored. Not exercised against a real UFM.
 
 use super::auth::{self, Loaded};
-use super::http::{Answer, Exchange};
+use super::http::{Answer, Exchange, ReqwestLink};
 use super::wire::{self, pkey_text, PartitionState, WireError};
 use super::{refused, UfmError, UfmSm};
 use crate::domain::{Guid, Membership, PKey};
@@ -93,8 +93,12 @@ impl UfmSm {
             self.refresh_identity(&mut state, &loaded)?;
             state.client.clone()
         };
-        let ex = Exchange {
+        let reqwest = ReqwestLink {
             client: &client,
+            credential: &loaded,
+        };
+        let ex = Exchange {
+            link: self.link.as_deref().unwrap_or(&reqwest),
             base: &self.base,
             credential: &loaded,
             policy: self.policy,

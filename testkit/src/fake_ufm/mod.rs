@@ -14,7 +14,7 @@
 //!
 //! Used by the integration tests and benches as `testkit::fake_ufm`.
 
-mod model;
+pub mod model;
 
 pub use model::{FakeMember, FakePartition, FakePort, Quirks};
 

@@ -4,13 +4,16 @@
 //! agent's durable event log against the model's truth at every change of the world.
 //!
 //! With `GenOptions::opensm` the node applies through a model network to the real SM-host
-//! backend (`OpenSmBackend`) in front of a model OpenSM process (`model_opensm`).
+//! backend (`OpenSmBackend`) in front of a model OpenSM process (`model_opensm`); with
+//! `GenOptions::ufm` through the real UFM backend (`UfmSm`) to a model UFM (`model_ufm`).
 //!
 //! Used by `tests/simulation` (CI) and `examples/simulate.rs` (long runs, replays).
 
+pub mod crash;
 pub mod model_opensm;
 pub mod model_ports;
 pub mod model_sm;
+pub mod model_ufm;
 pub mod oracle;
 pub mod run;
 pub mod schedule;

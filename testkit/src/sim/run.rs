@@ -73,10 +73,19 @@ struct Parts {
     observer: Arc<ModelObserver>,
     /// The SM host of a `--opensm` run (kept for its temp directory).
     sm_host: Option<super::model_opensm::SmHost>,
+    /// UFM of a `--ufm` run: each incarnation of the agent builds its own backend.
+    ufm: Option<super::model_ufm::Ufm>,
 }
 
 impl Parts {
     async fn start(&self, world: &Shared) -> Node {
+        let sm = Arc::new(super::crash::Crashable {
+            world: world.clone(),
+            inner: match &self.ufm {
+                Some(u) => u.backend(world),
+                None => self.sm.clone(),
+            },
+        });
         let agent = Agent::new(AgentParts {
             node_id: fabric_agent::domain::NodeId::parse("node-a").expect("node id"),
             fabric: FabricName::parse(FABRIC).expect("fabric name"),
@@ -84,7 +93,7 @@ impl Parts {
                 FabricName::parse(FABRIC).expect("fabric name"),
             ),
             store: self.store.clone(),
-            sm: self.sm.clone(),
+            sm,
             observer: self.observer.clone(),
             observer_reason: "simulation".into(),
             selector: PortSelector::default(),
@@ -121,7 +130,11 @@ async fn drive(schedule: Schedule) -> Outcome {
     let world = World::new(schedule.seed, store.clone());
     let t0 = world.lock().expect("world lock").t0;
     let sm_host = schedule.opensm.then(|| super::model_opensm::start(&world));
+    let ufm = schedule
+        .ufm
+        .then(|| super::model_ufm::start(&world, schedule.ufm_late_window_ms));
     let parts = Parts {
+        ufm,
         store,
         sm: match &sm_host {
             Some(h) => h.link.clone(),
@@ -183,7 +196,7 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
             membership,
             port,
         } => {
-            attach(
+            let limit = attach(
                 &node.agent,
                 world,
                 *instance,
@@ -192,28 +205,52 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
                 *port,
             )
             .await;
-            node
+            crash_after_command(node, parts, world, limit).await
         }
         Command::Release { instance } => {
             let name = instance_name(*instance);
-            let r = node.agent.release(&name, None).await;
+            let (limit, wait) = command_crash(world);
+            let r = run_command(node.agent.release(&name, wait), limit).await;
             with(world, |w| match r {
-                Ok(a) => {
+                Some(Ok(a)) => {
                     w.log(format!(
                         "agent: release {name} acknowledged ({:?})",
                         a.state
                     ));
                     w.oracle.acked_release.insert(name);
                 }
-                Err(e) => w.log(format!("agent: release {name} refused: {e}")),
+                Some(Err(e)) => w.log(format!("agent: release {name} refused: {e}")),
+                None => w.log(format!("agent: release {name} cut short by the crash")),
             });
+            crash_after_command(node, parts, world, limit).await
+        }
+        Command::Crash {
+            at: CrashPoint::CommandPoll(n),
+            down_ms,
+        } => {
+            with(world, |w| w.command_crash = Some((*n, *down_ms)));
             node
+        }
+        Command::Crash {
+            at: CrashPoint::ApplyPoll(n),
+            down_ms,
+        } => {
+            let crashed = Arc::new(tokio::sync::Notify::new());
+            with(world, |w| w.apply_crash = Some((*n, crashed.clone())));
+            let hit = tokio::time::timeout(Duration::from_secs(30), crashed.notified()).await;
+            with(world, |w| {
+                w.apply_crash = None;
+                if hit.is_ok() {
+                    w.log(format!("agent: the apply reached poll {n}"));
+                }
+            });
+            crash(node, parts, world, *down_ms).await
         }
         Command::Crash { at, down_ms } => {
             let signal = match at {
-                CrashPoint::Now => None,
                 CrashPoint::InApply => Some(world.lock().expect("lock").apply_started.clone()),
                 CrashPoint::InRead => Some(world.lock().expect("lock").read_started.clone()),
+                _ => None,
             };
             if let Some(signal) = signal {
                 // Wait (bounded) for the call to start, then crash somewhere inside it.
@@ -222,13 +259,7 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
                 let d = with(world, |w| w.ms(0, 40));
                 sleep(d).await;
             }
-            node.reconciler.abort();
-            let _ = node.reconciler.await;
-            drop(node.agent);
-            drop(node.stop);
-            with(world, |w| w.log("agent: CRASHED"));
-            sleep(Duration::from_millis(*down_ms)).await;
-            parts.start(world).await
+            crash(node, parts, world, *down_ms).await
         }
         Command::Restart => {
             let _ = node.stop.send(true);
@@ -250,6 +281,17 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
         Command::GenerationConflict if parts.sm_host.is_some() => {
             with(world, |w| {
                 w.log("sm: generation conflict skipped (SM host)")
+            });
+            node
+        }
+        // UFM keeps its partitions over a restart and has no generations.
+        Command::SmRestart { .. } if parts.ufm.is_some() => {
+            super::model_ufm::restart(world);
+            node
+        }
+        Command::GenerationConflict if parts.ufm.is_some() => {
+            with(world, |w| {
+                w.log("ufm: generation conflict skipped (UFM has none)")
             });
             node
         }
@@ -279,7 +321,7 @@ async fn attach(
     partition: usize,
     membership: Membership,
     port: Option<usize>,
-) {
+) -> Option<(u32, u64)> {
     let name = instance_name(instance);
     let (id, pname, base) = PARTITIONS[partition];
     let request = AttachRequest {
@@ -293,9 +335,10 @@ async fn attach(
             .into_iter()
             .collect(),
     };
-    let r = agent.attach(request, None).await;
+    let (limit, wait) = command_crash(world);
+    let r = run_command(agent.attach(request, wait), limit).await;
     with(world, |w| match r {
-        Ok((a, created)) => {
+        Some(Ok((a, created))) => {
             w.log(format!(
                 "agent: attach {name} acknowledged ({:?}{})",
                 a.state,
@@ -303,8 +346,53 @@ async fn attach(
             ));
             w.oracle.acked_attach.insert(name);
         }
-        Err(e) => w.log(format!("agent: attach {name} refused: {e}")),
+        Some(Err(e)) => w.log(format!("agent: attach {name} refused: {e}")),
+        None => w.log(format!("agent: attach {name} cut short by the crash")),
     });
+    limit
+}
+
+/// The crash armed for this command (its poll, how long the agent stays down), and the wait
+/// the command then asks for (its outcome: more await points to crash at).
+fn command_crash(world: &Shared) -> (Option<(u32, u64)>, Option<Duration>) {
+    let limit = world.lock().expect("world lock").command_crash.take();
+    (limit, limit.map(|_| Duration::from_secs(10)))
+}
+
+/// Runs a command, cut at its poll `limit` when a crash is armed (`None`: cut short).
+async fn run_command<F: std::future::Future>(
+    fut: F,
+    limit: Option<(u32, u64)>,
+) -> Option<F::Output> {
+    match limit {
+        Some((n, _)) => super::crash::poll_limited(fut, n).await,
+        None => Some(fut.await),
+    }
+}
+
+/// The crash armed for a command lands once it returned or was cut short.
+async fn crash_after_command(
+    node: Node,
+    parts: &Parts,
+    world: &Shared,
+    limit: Option<(u32, u64)>,
+) -> Node {
+    match limit {
+        Some((_, down_ms)) => crash(node, parts, world, down_ms).await,
+        None => node,
+    }
+}
+
+/// Kills the agent where it is (its reconciler aborted, the agent dropped), keeps it down for
+/// `down_ms` and starts it again from the same store.
+async fn crash(node: Node, parts: &Parts, world: &Shared, down_ms: u64) -> Node {
+    node.reconciler.abort();
+    let _ = node.reconciler.await;
+    drop(node.agent);
+    drop(node.stop);
+    with(world, |w| w.log("agent: CRASHED"));
+    sleep(Duration::from_millis(down_ms)).await;
+    parts.start(world).await
 }
 
 fn heal(world: &Shared) {
@@ -332,7 +420,7 @@ async fn converge(world: &Shared) {
             w.check();
             (
                 w.oracle.unconverged(),
-                w.fabric.in_flight.len() + w.sweeps_pending as usize,
+                w.fabric.in_flight.len() + w.fabric.ufm_adds.len() + w.sweeps_pending as usize,
             )
         };
         if lagging.is_none() && in_flight == 0 {

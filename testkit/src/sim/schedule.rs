@@ -28,6 +28,12 @@ pub enum CrashPoint {
     InApply,
     /// Inside the next port read.
     InRead,
+    /// Inside the next apply, exactly at its `n`-th poll (1: before the backend ran at all;
+    /// past the apply's last await: after it returned, before the reconciler saw its answer).
+    ApplyPoll(u32),
+    /// Inside the next attach or release command (which then waits for its outcome), at its
+    /// `n`-th poll; a command done sooner is acknowledged and the crash follows at once.
+    CommandPoll(u32),
 }
 
 /// One command of a schedule.
@@ -97,6 +103,10 @@ pub struct Schedule {
     pub push_changes: bool,
     /// Applies go through the real SM-host backend and a model OpenSM.
     pub opensm: bool,
+    /// Applies go through the real UFM backend to a model UFM.
+    pub ufm: bool,
+    /// The UFM backend's late-write window, when not the simulation's default.
+    pub ufm_late_window_ms: Option<u64>,
 }
 
 /// Options of the schedule generator.
@@ -106,6 +116,11 @@ pub struct GenOptions {
     pub mixed_membership: bool,
     /// Apply through the real SM-host backend and a model OpenSM instead of the model SM.
     pub opensm: bool,
+    /// Apply through the real UFM backend (`UfmSm`) to a model UFM instead of the model SM.
+    pub ufm: bool,
+    /// The UFM backend's late-write window (default `model_ufm::LATE_WINDOW_MS`); a window
+    /// shorter than the model UFM's lateness shows what the watch is for.
+    pub ufm_late_window_ms: Option<u64>,
 }
 
 /// Draws a schedule from `seed`.
@@ -126,6 +141,9 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
             }
         })
         .collect();
+    // Crashes at await points are drawn from a stream of their own, so the commands and their
+    // instants stay those of the same seed without them.
+    let mut crash_rng = StdRng::seed_from_u64(seed ^ 0xC4A5_4A7F_0000_0001);
     let n = rng.random_range(6..=24);
     let mut t = 0u64;
     let mut steps = Vec::with_capacity(n);
@@ -185,7 +203,13 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
             },
             57..=68 => Command::Crash {
                 at: match rng.random_range(0..3) {
+                    0 if crash_rng.random_bool(0.4) => {
+                        CrashPoint::CommandPoll(crash_rng.random_range(1..=6))
+                    }
                     0 => CrashPoint::Now,
+                    1 if crash_rng.random_bool(0.6) => {
+                        CrashPoint::ApplyPoll(crash_rng.random_range(1..=24))
+                    }
                     1 => CrashPoint::InApply,
                     _ => CrashPoint::InRead,
                 },
@@ -219,6 +243,8 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
         seed,
         steps,
         opensm: options.opensm,
+        ufm: options.ufm,
+        ufm_late_window_ms: options.ufm_late_window_ms,
         fast_poll_ms,
         push_changes,
     }
@@ -256,9 +282,11 @@ impl fmt::Display for Command {
             Command::Release { instance } => write!(f, "release i{instance}"),
             Command::Crash { at, down_ms } => {
                 let at = match at {
-                    CrashPoint::Now => "now",
-                    CrashPoint::InApply => "inside the next apply",
-                    CrashPoint::InRead => "inside the next port read",
+                    CrashPoint::Now => "now".to_owned(),
+                    CrashPoint::InApply => "inside the next apply".to_owned(),
+                    CrashPoint::InRead => "inside the next port read".to_owned(),
+                    CrashPoint::ApplyPoll(n) => format!("at poll {n} of the next apply"),
+                    CrashPoint::CommandPoll(n) => format!("at poll {n} of the next command"),
                 };
                 write!(f, "agent crash ({at}), down {down_ms} ms, restart")
             }
@@ -290,6 +318,8 @@ impl fmt::Display for Schedule {
             if self.push_changes { "on" } else { "off" },
             if self.opensm {
                 ", the real SM-host backend and a model OpenSM"
+            } else if self.ufm {
+                ", the real UFM backend and a model UFM"
             } else {
                 ""
             }

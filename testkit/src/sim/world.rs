@@ -98,6 +98,9 @@ pub struct Fabric {
     /// The real SM-host backend between the node and a model OpenSM (`--opensm` runs): what it
     /// holds or wrote may still be programmed.
     pub sm_host: Option<super::model_opensm::SmHostView>,
+    /// Adds on their way to UFM (`--ufm` runs), by request number: (base, port GUIDs). UFM
+    /// has no fencing: each may still be executed, whenever it lands.
+    pub ufm_adds: BTreeMap<u64, (u16, Vec<u64>)>,
 }
 
 impl Fabric {
@@ -114,6 +117,7 @@ impl Fabric {
             in_flight: BTreeMap::new(),
             max_generation_seen: 0,
             sm_host: None,
+            ufm_adds: BTreeMap::new(),
         }
     }
 
@@ -152,6 +156,14 @@ impl Fabric {
             .and_then(|h| h.may_program(base, guids))
         {
             return Some(why);
+        }
+        for (id, (b, ports)) in &self.ufm_adds {
+            if let Some(g) = guids.iter().find(|g| *b == base && ports.contains(g)) {
+                return Some(format!(
+                    "UFM request #{id}, an add of {base:#06x} for port {g:#x}, is still on its \
+                     way and UFM executes whatever reaches it"
+                ));
+            }
         }
         for (id, r) in &self.in_flight {
             if guids.iter().any(|g| gives(&r.keys, base, *g)) && self.takeable(r) {
@@ -244,6 +256,12 @@ pub struct World {
     pub reads: u64,
     /// Port sweeps the SM has yet to run.
     pub sweeps_pending: u64,
+    /// The model UFM (`--ufm` runs).
+    pub ufm: Option<super::model_ufm::UfmWorld>,
+    /// A crash armed for the next apply's `n`-th poll.
+    pub apply_crash: Option<super::crash::ApplyCrash>,
+    /// A crash armed for the next command: its poll, how long the agent stays down (ms).
+    pub command_crash: Option<(u32, u64)>,
 }
 
 /// The world behind a lock (never held across an await).
@@ -266,6 +284,9 @@ impl World {
             applies: 0,
             reads: 0,
             sweeps_pending: 0,
+            ufm: None,
+            apply_crash: None,
+            command_crash: None,
         }))
     }
 
