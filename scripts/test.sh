@@ -38,6 +38,10 @@ rm -f "$ha_log"
 [ "$ha_passed" = 1 ] || { echo "opensm_ha: failed three times" >&2; exit 1; }
 # The reconciler's deterministic simulation, long run (docs/SIMULATION.md).
 cargo run --release --example simulate -- --seeds 20000
+# ... and through the real SM-host backends: OpenSM's (model OpenSM process) and UFM's (model UFM
+# executing requests late, out of order and after the client gave up).
+cargo run --release --example simulate -- --opensm --seeds 2000
+cargo run --release --example simulate -- --ufm --seeds 500
 scripts/fuzz-smoke.sh
 scripts/bench-smoke.sh
 
