@@ -41,7 +41,7 @@ use super::region::{
 };
 use super::rejection::{Rejection, Restored};
 use super::reload::{OpenSmReloader, ReloadError, Reloader, Unsignalled};
-use super::repair::{describe, operator_part, rejected_bytes_path};
+use super::repair::{describe, operator_part, rejected_bytes_path, takes_away_only};
 use super::store::AcceptedGrant;
 use super::store::{
     CommitState, LogMark, NodeMembershipStore, NodeStoreError, OperatorRejected, StoredNode,
@@ -351,9 +351,9 @@ struct Health {
     commit: CommitState,
     /// Where the Default entry grants `ALL=full`, as of the last read of the operator's part.
     all_full: Option<FullDefault>,
-    /// The last file OpenSM rejected: never written again (kept beside the file across
+    /// The last file OpenSM rejected and its hold (the bytes are kept beside the file across
     /// restarts, [`rejected_bytes_path`]).
-    rejected_bytes: Option<Vec<u8>>,
+    rejected: Option<RejectedFile>,
     /// OpenSM's log was checked for rejections up to here.
     log_mark: u64,
     /// `operator_file` mode: why the operator's file is refused (the previous live operator
@@ -361,6 +361,62 @@ struct Health {
     operator_file_refused: Option<String>,
     /// Nodes whose stored set the last commit left out of the file, and why.
     quarantined: BTreeMap<NodeId, String>,
+}
+
+/// The first hold on bytes OpenSM rejected; it doubles with each rejection of the same bytes.
+const REJECTED_HOLD_FIRST: Duration = Duration::from_secs(60);
+/// The longest hold on bytes OpenSM rejected.
+const REJECTED_HOLD_MAX: Duration = Duration::from_secs(600);
+
+/// The last file OpenSM rejected, and until when it is held back.
+///
+/// OpenSM's verdict is a property of the bytes it reads, and the agent writes only bytes the
+/// strict parser (OpenSM's own parser, re-implemented) accepts: a rejection of them is most
+/// likely not caused by them (an error line of a sweep that read something else). Writing them
+/// again opens a fail-open window if OpenSM does reject them, so:
+/// - bytes that only take away from the last accepted file ([`takes_away_only`]: a release) are
+///   written again at once: they add nothing OpenSM did not accept, and a release must go
+///   through;
+/// - other rejected bytes are held back: not written again before the hold ends (1 min, doubling
+///   with each rejection of the same bytes in a row, at most 10 min), so a file OpenSM does
+///   reject costs at most one fail-open window per hold, and a rejection not caused by the bytes
+///   does not stall the node for good.
+#[derive(Debug)]
+struct RejectedFile {
+    bytes: Vec<u8>,
+    /// Rejections of these bytes in a row.
+    times: u32,
+    /// The bytes are not written again before this (unless they only take away).
+    hold_until: tokio::time::Instant,
+}
+
+impl RejectedFile {
+    /// `bytes` rejected (again, when `earlier` held the same bytes).
+    fn after(earlier: Option<RejectedFile>, bytes: Vec<u8>) -> RejectedFile {
+        let times = earlier
+            .filter(|e| e.bytes == bytes)
+            .map_or(1, |e| e.times.saturating_add(1));
+        let hold = REJECTED_HOLD_FIRST
+            .saturating_mul(1 << (times - 1).min(16))
+            .min(REJECTED_HOLD_MAX);
+        RejectedFile {
+            bytes,
+            times,
+            hold_until: tokio::time::Instant::now() + hold,
+        }
+    }
+
+    /// Whether the hold still keeps `bytes` from being written (`accepted`: the last accepted
+    /// file): the time left, `None` when they may be written.
+    fn holds(&self, bytes: &[u8], accepted: Option<&[u8]>) -> Option<Duration> {
+        if self.bytes != bytes || accepted.is_some_and(|a| takes_away_only(a, bytes)) {
+            return None;
+        }
+        let left = self
+            .hold_until
+            .saturating_duration_since(tokio::time::Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -484,12 +540,14 @@ impl OpenSmBackend {
             (Some(m), _) => (m.offset, true),
             (None, _) => (reloader.checkpoint(), false),
         };
-        let rejected_bytes = read_optional(&rejected_bytes_path(&config.partitions_file))
-            .map_err(|e| OpenSmError::Io(Arc::new(e)))?;
+        // Bytes rejected in an earlier run: held back again from this start.
+        let rejected = read_optional(&rejected_bytes_path(&config.partitions_file))
+            .map_err(|e| OpenSmError::Io(Arc::new(e)))?
+            .map(|bytes| RejectedFile::after(None, bytes));
         let health = Health {
             commit,
             all_full: all_full_of(&config, &operator),
-            rejected_bytes,
+            rejected,
             log_mark,
             operator_file_refused: None,
             quarantined: BTreeMap::new(),
@@ -1379,7 +1437,11 @@ impl Inner {
                     })
                 })
                 .await?;
-                self.lock().health.rejected_bytes = Some(current.clone());
+                {
+                    let mut st = self.lock();
+                    let earlier = st.health.rejected.take();
+                    st.health.rejected = Some(RejectedFile::after(earlier, current.clone()));
+                }
                 let kept = rejected_copy_path(&path);
                 let shown = kept.display().to_string();
                 let copy = current.clone();
@@ -1473,7 +1535,13 @@ impl Inner {
     /// Puts the last accepted file back when the file in place holds bytes OpenSM rejected (a
     /// restore that failed earlier, or in an earlier run).
     async fn retry_restore(&self) -> Result<(), OpenSmError> {
-        let Some(rejected) = self.lock().health.rejected_bytes.clone() else {
+        let Some(rejected) = self
+            .lock()
+            .health
+            .rejected
+            .as_ref()
+            .map(|r| r.bytes.clone())
+        else {
             return Ok(());
         };
         let path = self.config.partitions_file.clone();
@@ -1503,7 +1571,7 @@ impl Inner {
             let c = &st.health.commit;
             (
                 c.unconfirmed.is_some() && (c.rejected.is_some() || c.operator_rejected.is_some()),
-                st.health.rejected_bytes.clone(),
+                st.health.rejected.as_ref().map(|r| r.bytes.clone()),
                 c.operator_rejected
                     .as_ref()
                     .map(|o| o.restored_operator_part.clone()),
@@ -1637,11 +1705,14 @@ impl Inner {
             },
         )?;
         check_operator_unchanged(&operator, &whole, &plan)?;
-        let (confirmed, rejected_before) = {
+        let (confirmed, held) = {
             let st = self.lock();
             (
                 st.health.commit.unconfirmed.is_none(),
-                st.health.rejected_bytes.as_deref() == Some(&bytes[..]),
+                st.health
+                    .rejected
+                    .as_ref()
+                    .and_then(|r| r.holds(&bytes, accepted.as_deref())),
             )
         };
         if bytes == current && confirmed && accepted.as_deref() == Some(&current[..]) {
@@ -1649,7 +1720,7 @@ impl Inner {
                 .await?;
             return Ok("partitions file already up to date (OpenSM accepted it)".into());
         }
-        if rejected_before {
+        if let Some(left) = held {
             let why = self
                 .lock()
                 .health
@@ -1657,7 +1728,10 @@ impl Inner {
                 .rejected
                 .clone()
                 .unwrap_or_default();
-            return Err(OpenSmError::Rejected(Rejection::Repeated { earlier: why }));
+            return Err(OpenSmError::Rejected(Rejection::Repeated {
+                earlier: why,
+                wait_s: left.as_secs().max(1),
+            }));
         }
         self.save_group(
             unsaved,
@@ -1671,7 +1745,7 @@ impl Inner {
                 let copy = accepted_copy_path(&path);
                 let good = bytes.clone();
                 blocking(move || replace_atomically(&copy, &good)).await?;
-                self.lock().health.rejected_bytes = None;
+                self.lock().health.rejected = None;
                 let gone = rejected_bytes_path(&path);
                 let _ = blocking(move || match std::fs::remove_file(&gone) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -1716,7 +1790,11 @@ impl Inner {
                 Err(e)
             }
             Err(ReloadError::Rejected(lines)) => {
-                self.lock().health.rejected_bytes = Some(bytes.clone());
+                {
+                    let mut st = self.lock();
+                    let earlier = st.health.rejected.take();
+                    st.health.rejected = Some(RejectedFile::after(earlier, bytes.clone()));
+                }
                 self.keep_rejected_bytes(bytes.clone()).await;
                 // Raised before anything is restored: whoever sees the restored file sees why.
                 let first = Rejection::written_before_restore(&lines);

@@ -16,13 +16,17 @@ pub enum Rejection {
         /// What the agent put back.
         restored: Restored,
     },
-    /// OpenSM rejected these exact bytes before: they are not written again.
+    /// OpenSM rejected these exact bytes before and they add to the accepted file: they are
+    /// not written again before `wait_s` seconds have passed (the hold doubles with each
+    /// rejection of the same bytes; see [`super::backend`]).
     #[error(
-        "OpenSM rejected this exact partitions file before; it is not written again ({earlier})"
+        "OpenSM rejected this exact partitions file before; it is not written again for {wait_s} s ({earlier})"
     )]
     Repeated {
         /// The earlier rejection, as recorded in the commit state.
         earlier: String,
+        /// Seconds until the bytes may be written again.
+        wait_s: u64,
     },
     /// A reload that wrote nothing found OpenSM rejecting the file on disk.
     #[error("OpenSM rejected the partitions file: {lines}")]

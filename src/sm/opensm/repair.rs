@@ -10,6 +10,7 @@
 //!   strict parser's line and reason, until the operator's part of the file changes again and
 //!   OpenSM accepts the result.
 
+use super::model::{Entry, MemberKind, PartitionsConf};
 use super::parse::parse;
 use super::region::split_region;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,54 @@ pub fn operator_part(file: &[u8]) -> Vec<u8> {
             out
         }
         Err(_) => file.to_vec(),
+    }
+}
+
+/// Whether `file` only takes away from `accepted` (a file OpenSM accepted): the same operator
+/// part, and every member of every entry is a member of an entry of `accepted` with the same
+/// key, header flags and multicast groups, with the same or a wider membership there. Such a
+/// file adds nothing OpenSM has not accepted, so OpenSM's verdict on it cannot be a rejection of
+/// something it adds: a rejection of these bytes was not caused by them, and they are written
+/// again (a release always goes through). `false` when either file does not parse.
+pub fn takes_away_only(accepted: &[u8], file: &[u8]) -> bool {
+    if operator_part(accepted) != operator_part(file) {
+        return false;
+    }
+    let (Ok(old), Ok(new)) = (parse(accepted), parse(file)) else {
+        return false;
+    };
+    new.entries.iter().all(|e| {
+        e.members.iter().all(|m| {
+            same_entries(&old, e).any(|a| {
+                a.members
+                    .iter()
+                    .any(|o| o.ports == m.ports && breadth(o.kind) >= breadth(m.kind))
+            })
+        })
+    })
+}
+
+/// The entries of `conf` with `entry`'s key, header flags and multicast groups.
+fn same_entries<'a>(conf: &'a PartitionsConf, entry: &'a Entry) -> impl Iterator<Item = &'a Entry> {
+    let same_groups = |a: &Entry| {
+        a.multicast_groups.len() == entry.multicast_groups.len()
+            && a.multicast_groups
+                .iter()
+                .zip(&entry.multicast_groups)
+                .all(|(x, y)| x.mgid == y.mgid && x.flags == y.flags)
+    };
+    conf.entries
+        .iter()
+        .filter(move |a| a.pkey == entry.pkey && a.flags == entry.flags && same_groups(a))
+}
+
+/// How much a membership grants: limited, full, both (full and limited with
+/// `allow_both_pkeys`).
+fn breadth(kind: MemberKind) -> u8 {
+    match kind {
+        MemberKind::Limited => 0,
+        MemberKind::Full => 1,
+        MemberKind::Both => 2,
     }
 }
 
@@ -71,6 +120,30 @@ mod tests {
             describe(b"Default=0x7fff : ALL=full ;\n"),
             "the strict parser accepts it"
         );
+    }
+
+    #[test]
+    fn a_file_takes_away_only_when_each_member_was_accepted_as_wide() {
+        use super::super::region::{BEGIN_MARKER, END_MARKER};
+        let file = |region: &str| {
+            format!("op=0x1 : ALL;\n{BEGIN_MARKER}\n{region}{END_MARKER}\n").into_bytes()
+        };
+        let accepted = file("t=0x2 : 0x10=full, 0x11 ;\nu=0x3 : 0x10 ;\n");
+        for (region, only) in [
+            ("", true),
+            ("t=0x2 : 0x10=full ;\n", true),
+            ("t=0x2 : 0x10, 0x11 ;\n", true),
+            ("renamed=0x2 : 0x11 ;\nu=0x3 : 0x10 ;\n", true),
+            ("t=0x2 : 0x11=full ;\n", false),
+            ("t=0x2 : 0x12 ;\n", false),
+            ("t=0x4 : 0x10 ;\n", false),
+            ("t=0x2, ipoib : 0x10 ;\n", false),
+            ("t=0x2 : 0xzz ;\n", false),
+        ] {
+            assert_eq!(takes_away_only(&accepted, &file(region)), only, "{region}");
+        }
+        let other_operator = format!("op=0x1 : ALL=full;\n{BEGIN_MARKER}\n{END_MARKER}\n");
+        assert!(!takes_away_only(&accepted, other_operator.as_bytes()));
     }
 
     #[test]
