@@ -5,7 +5,8 @@
 //! - The log mark ([`super::store::LogMark`]) is persisted with every commit state: a rejection
 //!   OpenSM logged while the agent was down lies after it and is repaired at start.
 //! - The bytes of the last file of the agent's that OpenSM rejected are kept as
-//!   `.<name>.fabric-agent-rejected`: a restarted agent never writes them again.
+//!   `.<name>.fabric-agent-rejected`: a restarted agent holds them back again
+//!   ([`RejectedFile`]: written again at once only when they take away from the accepted file).
 //! - An operator's rejected edit raises `PARTITIONS_FILE_REJECTED` with OpenSM's lines and the
 //!   strict parser's line and reason, until the operator's part of the file changes again and
 //!   OpenSM accepts the result.
@@ -14,6 +15,7 @@ use super::model::{Entry, MemberKind, PartitionsConf};
 use super::parse::parse;
 use super::region::split_region;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Where the bytes of the last file of the agent's that OpenSM rejected are kept.
 pub fn rejected_bytes_path(partitions_file: &Path) -> PathBuf {
@@ -103,6 +105,63 @@ pub fn describe(file: &[u8]) -> String {
                 .unwrap_or_default();
             format!("line {}: {}{quoted}", e.line, e.message)
         }
+    }
+}
+
+/// The first hold on bytes OpenSM rejected; it doubles with each rejection of the same bytes.
+const REJECTED_HOLD_FIRST: Duration = Duration::from_secs(60);
+/// The longest hold on bytes OpenSM rejected.
+const REJECTED_HOLD_MAX: Duration = Duration::from_secs(600);
+
+/// The last file OpenSM rejected, and until when it is held back.
+///
+/// OpenSM's verdict is a property of the bytes it reads, and the agent writes only bytes the
+/// strict parser (OpenSM's own parser, re-implemented) accepts: a rejection of them is most
+/// likely not caused by them (an error line of a sweep that read something else). Writing them
+/// again opens a fail-open window if OpenSM does reject them, so:
+/// - bytes that only take away from the last accepted file ([`takes_away_only`]: a release) are
+///   written again at once: they add nothing OpenSM did not accept, and a release must go
+///   through;
+/// - other rejected bytes are held back: not written again before the hold ends (1 min, doubling
+///   with each rejection of the same bytes in a row, at most 10 min), so a file OpenSM does
+///   reject costs at most one fail-open window per hold, and a rejection not caused by the bytes
+///   does not stall the node for good.
+#[derive(Debug)]
+pub struct RejectedFile {
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// Rejections of these bytes in a row.
+    times: u32,
+    /// The bytes are not written again before this (unless they only take away).
+    hold_until: tokio::time::Instant,
+}
+
+impl RejectedFile {
+    /// `bytes` rejected (again, when `earlier` held the same bytes).
+    pub fn after(earlier: Option<RejectedFile>, bytes: Vec<u8>) -> RejectedFile {
+        let times = earlier
+            .filter(|e| e.bytes == bytes)
+            .map_or(1, |e| e.times.saturating_add(1));
+        let hold = REJECTED_HOLD_FIRST
+            .saturating_mul(1 << (times - 1).min(16))
+            .min(REJECTED_HOLD_MAX);
+        RejectedFile {
+            bytes,
+            times,
+            hold_until: tokio::time::Instant::now() + hold,
+        }
+    }
+
+    /// Whether the hold still keeps `bytes` from being written (`accepted`: the last accepted
+    /// file): the time left, `None` when they may be written.
+    pub fn holds(&self, bytes: &[u8], accepted: Option<&[u8]>) -> Option<Duration> {
+        if self.bytes != bytes || accepted.is_some_and(|a| takes_away_only(a, bytes)) {
+            return None;
+        }
+        let left = self
+            .hold_until
+            .saturating_duration_since(tokio::time::Instant::now());
+        (!left.is_zero()).then_some(left)
     }
 }
 
