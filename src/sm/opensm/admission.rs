@@ -185,7 +185,7 @@ impl State {
             .judge_grants(config, &set, grants)
             .and_then(|accepted| {
                 if !release {
-                    self.admissible(config, file, &set, &moves)?;
+                    self.admissible(config, file, &set)?;
                 }
                 Ok(accepted)
             });
@@ -379,25 +379,14 @@ impl State {
         (moves, refused)
     }
 
-    /// Request checks against the other nodes and the operator's part of the file. Ports in
-    /// `moves` were proven to have moved to this node and may be held by another.
+    /// Request checks against the posture and the operator's part of the file. Ports another
+    /// node holds were already taken out of `desired` by [`State::judge_set`].
     fn admissible(
         &self,
         config: &OpenSmConfig,
         file: Posture<'_>,
         desired: &NodeMemberships,
-        moves: &BTreeMap<Guid, NodeId>,
     ) -> Result<(), OpenSmError> {
-        for g in &desired.port_guids {
-            if let Some(owner) = self.guid_owner.get(g) {
-                if owner != &desired.node_id && moves.get(g) != Some(owner) {
-                    return Err(OpenSmError::PortHeld {
-                        port: *g,
-                        owner: owner.clone(),
-                    });
-                }
-            }
-        }
         if !desired.keys.is_empty() && !config.allow_full_default {
             if let Some(why) = file.all_full {
                 return Err(OpenSmError::InsecureDefault(why));
