@@ -24,5 +24,6 @@ mod peers;
 mod ports;
 mod real;
 mod remote;
+mod rejection;
 mod repair;
 mod sminfo;

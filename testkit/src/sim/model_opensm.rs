@@ -8,9 +8,17 @@
 //! backend's signal (at once, late, or never: a slow or lost signal is answered "not seen
 //! re-reading" and the write stays unconfirmed), from its own triggers at random moments (a
 //! topology change: it reads whatever the file holds then, an unconfirmed write included), and
-//! from its restarts. Rejections are not in the mix: the backend never writes bytes OpenSM
-//! rejected again (OpenSM's verdict on a file is deterministic), so a model rejection of a
-//! valid file stalls the node for good (docs/SIMULATION.md, seed 30 of the first mix).
+//! from its restarts.
+//!
+//! Rejections: OpenSM's verdict is a property of the bytes it reads, and the backend writes only
+//! bytes the strict parser (OpenSM's parser, `tests/opensm_differential.rs`) accepts. So the
+//! realistic rejection of the agent's write is one *not caused by its bytes*: the error lines
+//! after the sweep fence's mark come from a sweep that read something else (an operator's editor
+//! that does not take the live file's lock saved a broken file for a moment, then the fixed
+//! one). With faults on, 5% of the signalled sweeps are such: OpenSM falls back (every tenant key
+//! dropped from the ports) and logs a parse error; the same bytes are accepted when read again.
+//! A model that rejected valid bytes for good would stall any node whose set renders them, in
+//! any backend, so it is not in the mix.
 //!
 //! What the SM host holds is part of the oracle's truth ([`SmHostView`]): a key is "may still
 //! be programmed" while the backend's stored set for the node gives it or the file on disk does.
@@ -144,6 +152,9 @@ struct ModelOpenSm {
 enum Signal {
     /// Sweeps after the delay and is seen re-reading.
     Sweep(Duration),
+    /// Sweeps after the delay, reads a broken file that is not the agent's (an operator's
+    /// momentary edit), falls back and logs a parse error the fence attributes to the write.
+    Rejected(Duration),
     /// Sweeps after the delay, later than the fence waits: answered "not seen".
     Slow(Duration),
     /// The signal is lost: no sweep, answered "not seen".
@@ -162,13 +173,18 @@ impl Reloader for ModelOpenSm {
                 Signal::Sweep(w.ms(20, 200))
             } else {
                 match w.rng.random_range(0..100) {
-                    0..=64 => Signal::Sweep(w.ms(20, 1_500)),
+                    0..=59 => Signal::Sweep(w.ms(20, 1_500)),
+                    60..=64 => Signal::Rejected(w.ms(20, 1_500)),
                     65..=79 => Signal::Slow(w.ms(2_500, 20_000)),
                     _ => Signal::Lost,
                 }
             };
             let what = match &s {
                 Signal::Sweep(d) => format!("sweeps in {} ms", d.as_millis()),
+                Signal::Rejected(d) => format!(
+                    "sweeps in {} ms and reads an operator's momentary broken edit",
+                    d.as_millis()
+                ),
                 Signal::Slow(d) => format!("sweeps late, in {} ms", d.as_millis()),
                 Signal::Lost => "signal lost".into(),
             };
@@ -180,6 +196,18 @@ impl Reloader for ModelOpenSm {
                 tokio::time::sleep(d).await;
                 heavy_sweep(&self.world, &self.file, "signalled");
                 Ok(ReloadReport { file_read: true })
+            }
+            Signal::Rejected(d) => {
+                tokio::time::sleep(d).await;
+                let sweeps = with(&self.world, |w| {
+                    w.log("opensm: heavy sweep (signalled) read a broken file: PARSE ERROR, fell back, tenant keys dropped");
+                    w.fabric.sm.config = Some(Keys::new());
+                    super::model_sm::sweep_delays(w)
+                });
+                super::model_sm::start_sweeps(&self.world, sweeps);
+                Err(ReloadError::Rejected(
+                    "PARSE ERROR: line 2: unexpected token (an operator's momentary edit)".into(),
+                ))
             }
             Signal::Slow(d) => {
                 let (world, file) = (self.world.clone(), self.file.clone());
