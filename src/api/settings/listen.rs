@@ -3,7 +3,7 @@
 //! listeners use ([`ListenConfig`], [`TlsConfig`]: allowlists and the node mapping parsed).
 
 use super::{invalid, rejected_by, SettingsError};
-use crate::api::gate::{ClientAllowlist, NodeMapping};
+use crate::api::gate::{ClientAllowlist, NodeMapping, TlsAccess};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -211,7 +211,8 @@ pub struct TlsSection {
 }
 
 /// Server-side TLS with client-certificate verification (mTLS), validated: the allowlists and
-/// the node mapping parsed. The certificate, key and CA bundle are re-read on SIGHUP.
+/// the node mapping parsed. The certificate, key and CA bundle are re-read on SIGHUP, and the
+/// allowlists and node mapping replaced.
 #[derive(Debug, Clone)]
 pub struct TlsConfig {
     /// PEM certificate chain of this agent.
@@ -265,5 +266,17 @@ impl TlsSection {
             operator_clients,
             nodes,
         })
+    }
+}
+
+impl TlsConfig {
+    /// The allowlists and node mapping as the gate consults them.
+    pub fn access(&self) -> TlsAccess {
+        TlsAccess::new(
+            self.allowed_clients.clone(),
+            self.partitions_clients.clone(),
+            self.operator_clients.clone(),
+            self.nodes.clone(),
+        )
     }
 }
