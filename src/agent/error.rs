@@ -1,5 +1,5 @@
 //! Why the agent refused or could not carry out a command: typed values built from the domain.
-//! The wire codes are chosen in one place per service (`api::convert` for `fabric.agent.v1`).
+//! The wire codes are chosen in one place per service (`api::agent_v1::convert` for `fabric.agent.v1`).
 
 use crate::domain::{
     AttachmentState, DomainError, FabricName, GrantError, InstanceId, Membership, PKey, PartitionId,

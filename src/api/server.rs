@@ -6,7 +6,7 @@ use super::agent_v1::AgentService;
 use super::gate::conn_limits::ConnLimits;
 use super::gate::limits::InFlightLimitLayer;
 use super::gate::socket_guard;
-use super::gate::{ClientAllowlist, Guarded, LocalPolicy, NodeMapping, Policy};
+use super::gate::{Guarded, LiveTlsAccess, LocalPolicy, Policy, TlsService};
 use super::server_tls::TlsReloader;
 use super::settings::{LimitsConfig, ListenConfig};
 use super::sm_v1::PartitionsService;
@@ -69,16 +69,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// The TCP listener's allowlists, one per service.
-#[derive(Debug, Clone)]
-struct TcpLists {
-    agent: ClientAllowlist,
-    partitions: ClientAllowlist,
-    operators: ClientAllowlist,
-}
-
 enum TcpMode {
-    Tls(TlsReloader, TcpLists),
+    Tls(TlsReloader, LiveTlsAccess),
     InsecureTest,
 }
 
@@ -88,7 +80,6 @@ pub struct Listeners {
     unix_path: PathBuf,
     unix_access: socket_guard::SocketAccess,
     local: LocalPolicy,
-    nodes: NodeMapping,
     tcp: Option<(TcpListener, TcpMode)>,
 }
 
@@ -100,11 +91,7 @@ impl Listeners {
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let lists = TcpLists {
-                    agent: t.allowed_clients.clone(),
-                    partitions: t.partitions_clients.clone(),
-                    operators: t.operator_clients.clone(),
-                };
+                let lists = LiveTlsAccess::new(t.access());
                 let (reloader, loaded) = TlsReloader::load(t)?;
                 tracing::info!(%loaded, "TLS material loaded");
                 if let Err(e) = reloader.watch_files() {
@@ -112,10 +99,6 @@ impl Listeners {
                 }
                 Some((reloader, lists))
             }
-        };
-        let nodes = match &config.tls {
-            Some(t) => t.nodes.clone(),
-            None => NodeMapping::default(),
         };
         let path = config.unix_socket.clone();
         let bind_err = |source| ServeError::Bind {
@@ -165,7 +148,6 @@ impl Listeners {
             unix_path: path,
             unix_access: access,
             local,
-            nodes,
             tcp,
         })
     }
@@ -175,6 +157,15 @@ impl Listeners {
     pub fn tls_reloader(&self) -> Option<TlsReloader> {
         match &self.tcp {
             Some((_, TcpMode::Tls(r, _))) => Some(r.clone()),
+            _ => None,
+        }
+    }
+
+    /// The TCP listener's allowlists and node mapping in effect, which SIGHUP replaces; None
+    /// without TLS.
+    pub fn tls_access(&self) -> Option<LiveTlsAccess> {
+        match &self.tcp {
+            Some((_, TcpMode::Tls(_, access))) => Some(access.clone()),
             _ => None,
         }
     }
@@ -196,22 +187,16 @@ impl Policies {
         }
     }
 
-    fn tls(lists: &TcpLists) -> Policies {
-        let none = ClientAllowlist::default();
+    fn tls(access: &LiveTlsAccess) -> Policies {
+        let policy = |service| Policy::LiveTls {
+            access: access.clone(),
+            service,
+        };
         Policies {
-            agent: Policy::Tls {
-                allowed: lists.agent.clone(),
-                operators: none.clone(),
-            },
-            partitions: Policy::Tls {
-                allowed: lists.partitions.clone(),
-                operators: lists.operators.clone(),
-            },
+            agent: policy(TlsService::Agent),
+            partitions: policy(TlsService::Partitions),
             // Health and reflection: anyone on any list.
-            other: Policy::Tls {
-                allowed: lists.agent.union(&lists.partitions).union(&lists.operators),
-                operators: none,
-            },
+            other: policy(TlsService::Other),
         }
     }
 }
@@ -229,7 +214,11 @@ pub async fn serve(
         .await;
     let bounds = agent.limits().clone();
     let agent = Arc::new(agent);
-    let partitions = partitions.map(|p| p.with_node_mapping(listeners.nodes.clone()));
+    // Without TLS no certificate calls, and the default mapping is never consulted.
+    let partitions = match listeners.tls_access() {
+        Some(access) => partitions.map(|p| p.with_live_node_mapping(access)),
+        None => partitions,
+    };
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)

@@ -107,8 +107,8 @@ impl TlsReloader {
     /// Reloads the material whenever one of its files is rewritten, replaced by a rename, or
     /// swapped in with a `..data`-style symlink (a Kubernetes secret volume), without polling:
     /// inotify watches each file's directory. Changes arriving together are reloaded once, after
-    /// [`SETTLE`]; a reload that fails (say the certificate was replaced before its key) keeps the
-    /// material in use and waits for the next change. SIGHUP still reloads at any time. The task
+    /// `SETTLE` (300 ms); a reload that fails (say the certificate was replaced before its key)
+    /// keeps the material in use and waits for the next change. SIGHUP still reloads at any time. The task
     /// ends when a watched directory disappears (logged).
     pub fn watch_files(&self) -> std::io::Result<tokio::task::JoinHandle<()>> {
         let (cert, key, ca) = &*self.files;

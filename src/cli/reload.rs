@@ -1,7 +1,11 @@
 //! SIGHUP: what the daemon reloads in place — the log filter from the config file (unless
-//! `FABRIC_AGENT_LOG` pins it) — and what it leaves for a restart, each change named in the
-//! log.
+//! `FABRIC_AGENT_LOG` pins it), the mTLS listener's certificate, key and client CA bundle (the
+//! files it was started with, re-read) and its allowlists and node mapping — and what it leaves
+//! for a restart, each change named in the log as applied only once it is in effect.
 
+use crate::api::gate::{ClientAllowlist, LiveTlsAccess, NodeMapping};
+use crate::api::settings::TlsConfig;
+use crate::api::TlsReloader;
 use crate::config::Config;
 use std::path::Path;
 
@@ -48,14 +52,17 @@ impl LogControl {
 /// A setting SIGHUP compared: its name and whether it is applied in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Changed {
-    /// The dotted setting (`log.filter`, `metrics`, `listen.tls`, ...).
+    /// The dotted setting (`log.filter`, `metrics`, `listen.tls.allowed_clients`, ...).
     pub setting: &'static str,
     /// Whether SIGHUP applies it (else it takes effect on restart).
     pub in_place: bool,
 }
 
 /// The settings that differ between the running configuration and the file's, each with
-/// whether SIGHUP applies it in place (see `config::reference::RELOADED_ON_SIGHUP`).
+/// whether SIGHUP applies it in place (see `config::reference::RELOADED_ON_SIGHUP`). The mTLS
+/// allowlists and node mapping apply in place when both have a `[listen.tls]`; adding or
+/// removing the table, or naming other certificate, key or CA files, needs a restart (the
+/// files already named are re-read on every SIGHUP).
 pub fn changed(running: &Config, file: &Config) -> Vec<Changed> {
     fn same<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
         format!("{a:?}") == format!("{b:?}")
@@ -65,13 +72,13 @@ pub fn changed(running: &Config, file: &Config) -> Vec<Changed> {
         l.tls = None;
         l
     };
-    let candidates: [(&'static str, bool, bool); 15] = [
-        ("log.filter", true, same(&running.log, &file.log)),
-        (
-            "listen.tls",
-            true,
-            same(&running.listen.tls, &file.listen.tls),
-        ),
+    let mut candidates: Vec<(&'static str, bool, bool)> =
+        vec![("log.filter", true, same(&running.log, &file.log))];
+    match (&running.listen.tls, &file.listen.tls) {
+        (Some(a), Some(b)) => candidates.extend(tls_changes(a, b)),
+        (a, b) => candidates.push(("listen.tls", false, a.is_none() == b.is_none())),
+    }
+    candidates.extend([
         (
             "listen",
             false,
@@ -101,7 +108,7 @@ pub fn changed(running: &Config, file: &Config) -> Vec<Changed> {
         ("metrics", false, same(&running.metrics, &file.metrics)),
         ("limits", false, same(&running.limits, &file.limits)),
         ("grants", false, same(&running.grants, &file.grants)),
-    ];
+    ]);
     candidates
         .into_iter()
         .filter(|(_, _, unchanged)| !unchanged)
@@ -109,46 +116,173 @@ pub fn changed(running: &Config, file: &Config) -> Vec<Changed> {
         .collect()
 }
 
-/// Handles one SIGHUP: re-reads the config file, applies what can change in place (the log
-/// filter here; the caller reloads TLS) and logs which settings changed, which were applied
+/// `[listen.tls]`'s keys, compared: (key, applied in place, unchanged).
+fn tls_changes(a: &TlsConfig, b: &TlsConfig) -> [(&'static str, bool, bool); 8] {
+    let list = |l: &ClientAllowlist| format!("{l:?}");
+    let template = |m: &NodeMapping| match m {
+        NodeMapping::Names { template } => template.clone(),
+        NodeMapping::Table(_) => None,
+    };
+    let table = |m: &NodeMapping| match m {
+        NodeMapping::Names { .. } => String::new(),
+        NodeMapping::Table(t) => format!("{t:?}"),
+    };
+    [
+        ("listen.tls.cert", false, a.cert == b.cert),
+        ("listen.tls.key", false, a.key == b.key),
+        ("listen.tls.client_ca", false, a.client_ca == b.client_ca),
+        (
+            "listen.tls.allowed_clients",
+            true,
+            list(&a.allowed_clients) == list(&b.allowed_clients),
+        ),
+        (
+            "listen.tls.partitions_clients",
+            true,
+            list(&a.partitions_clients) == list(&b.partitions_clients),
+        ),
+        (
+            "listen.tls.operator_clients",
+            true,
+            list(&a.operator_clients) == list(&b.operator_clients),
+        ),
+        (
+            "listen.tls.node_name_template",
+            true,
+            template(&a.nodes) == template(&b.nodes),
+        ),
+        (
+            "listen.tls.node_identities",
+            true,
+            table(&a.nodes) == table(&b.nodes),
+        ),
+    ]
+}
+
+/// What SIGHUP can change in the running daemon.
+pub struct Reloadable<'a> {
+    /// The log filter.
+    pub log: &'a LogControl,
+    /// The mTLS listener's certificate, key and client CA bundle, when it serves.
+    pub tls: Option<&'a TlsReloader>,
+    /// The mTLS listener's allowlists and node mapping, when it serves.
+    pub access: Option<&'a LiveTlsAccess>,
+}
+
+/// What became of one changed setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    /// In effect for what follows.
+    Applied,
+    /// Takes effect on restart.
+    Restart,
+    /// Could have been applied but was not; why.
+    NotApplied(String),
+}
+
+/// Handles one SIGHUP: re-reads the config file, re-reads the TLS material, applies what can
+/// change in place (the log filter, the mTLS allowlists and node mapping) and logs which
+/// settings changed, which were applied (only once they are in effect), which were not and why,
 /// and which need a restart. A file that no longer validates changes nothing. Never ends the
-/// process. Returns the file's configuration when it loaded.
-pub fn on_sighup(config_path: &Path, log: &LogControl, running: &Config) -> Option<Config> {
-    let config = match Config::load(config_path) {
+/// process. `running` (the configuration in effect) takes what was applied.
+pub fn on_sighup(config_path: &Path, parts: &Reloadable<'_>, running: &mut Config) {
+    let file = match Config::load(config_path) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "SIGHUP: the config file does not validate; nothing reloaded");
-            return None;
+            return;
         }
     };
-    match log.apply(config.log.filter.as_deref()) {
-        Ok((filter, true)) => tracing::info!(
-            filter = filter.as_str(),
-            "SIGHUP: log filter kept: FABRIC_AGENT_LOG pins it"
-        ),
-        Ok((filter, false)) => {
-            tracing::info!(filter = filter.as_str(), "SIGHUP: log filter reloaded")
+    let log = match parts.log.apply(file.log.filter.as_deref()) {
+        Ok((filter, true)) => {
+            tracing::info!(
+                filter = filter.as_str(),
+                "SIGHUP: log filter kept: FABRIC_AGENT_LOG pins it"
+            );
+            Outcome::NotApplied("FABRIC_AGENT_LOG pins the log filter".to_owned())
         }
-        Err(e) => tracing::warn!(error = %e, "SIGHUP: log filter not changed"),
+        Ok((filter, false)) => {
+            tracing::info!(filter = filter.as_str(), "SIGHUP: log filter reloaded");
+            Outcome::Applied
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP: log filter not changed");
+            Outcome::NotApplied(e.to_string())
+        }
+    };
+    match parts.tls.map(TlsReloader::reload) {
+        Some(Ok(loaded)) => tracing::info!(%loaded, "SIGHUP: TLS material reloaded"),
+        Some(Err(e)) => tracing::error!(
+            error = %e,
+            "SIGHUP: TLS reload failed; the previous material stays in use"
+        ),
+        None => {}
     }
-    let changes = changed(running, &config);
-    let names = |in_place: bool| {
-        changes
+    let changes = changed(running, &file);
+    let access_changed = changes
+        .iter()
+        .any(|c| c.in_place && c.setting.starts_with("listen.tls."));
+    // Both configurations have [listen.tls] whenever one of its in-place keys changed.
+    let access = match (parts.access, &file.listen.tls, access_changed) {
+        (Some(live), Some(tls), true) => {
+            live.replace(tls.access());
+            if let Some(r) = running.listen.tls.as_mut() {
+                r.allowed_clients = tls.allowed_clients.clone();
+                r.partitions_clients = tls.partitions_clients.clone();
+                r.operator_clients = tls.operator_clients.clone();
+                r.nodes = tls.nodes.clone();
+            }
+            Outcome::Applied
+        }
+        // No mTLS listener serves (no listen.tcp): the lists take effect when one is bound.
+        _ => Outcome::Restart,
+    };
+    if log == Outcome::Applied {
+        running.log = file.log.clone();
+    }
+    let outcomes: Vec<(&'static str, Outcome)> = changes
+        .iter()
+        .map(|c| {
+            let outcome = match (c.in_place, c.setting) {
+                (false, _) => Outcome::Restart,
+                (true, "log.filter") => log.clone(),
+                (true, _) => access.clone(),
+            };
+            (c.setting, outcome)
+        })
+        .collect();
+    report(&outcomes);
+}
+
+/// Logs the changed settings by what became of them.
+fn report(outcomes: &[(&'static str, Outcome)]) {
+    if outcomes.is_empty() {
+        tracing::info!("SIGHUP: no setting changed");
+        return;
+    }
+    let names = |wanted: &Outcome| {
+        outcomes
             .iter()
-            .filter(|c| c.in_place == in_place)
-            .map(|c| c.setting)
+            .filter(|(_, o)| o == wanted)
+            .map(|(s, _)| *s)
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let (applied, restart) = (names(true), names(false));
-    if changes.is_empty() {
-        tracing::info!("SIGHUP: no setting changed");
-    }
+    let (applied, restart) = (names(&Outcome::Applied), names(&Outcome::Restart));
     if !applied.is_empty() {
         tracing::info!(
             settings = applied.as_str(),
             "SIGHUP: changed and applied: {applied}"
         );
+    }
+    for (setting, outcome) in outcomes {
+        if let Outcome::NotApplied(why) = outcome {
+            tracing::warn!(
+                setting,
+                reason = why.as_str(),
+                "SIGHUP: changed, NOT applied: {setting}: {why}"
+            );
+        }
     }
     if !restart.is_empty() {
         tracing::warn!(
@@ -156,7 +290,6 @@ pub fn on_sighup(config_path: &Path, log: &LogControl, running: &Config) -> Opti
             "SIGHUP: changed, NOT applied until a restart (systemctl restart fabric-agent): {restart}"
         );
     }
-    Some(config)
 }
 
 #[cfg(test)]
@@ -192,6 +325,44 @@ mod tests {
                     in_place: false
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn sighup_applies_the_mtls_lists_but_not_other_files() {
+        let tls = |clients: &str, cert: &str| {
+            config(&format!(
+                "[listen]\ntcp = \"127.0.0.1:7443\"\n[listen.tls]\ncert = \"{cert}\"\nkey = \"k\"\n\
+                 client_ca = \"ca\"\nallowed_clients = {clients}\n"
+            ))
+        };
+        let running = tls("[\"dns:a.example\", \"dns:b.example\"]", "c");
+        let got = changed(&running, &tls("[\"dns:b.example\"]", "c"));
+        assert_eq!(
+            got,
+            vec![Changed {
+                setting: "listen.tls.allowed_clients",
+                in_place: true
+            }]
+        );
+        let got = changed(
+            &running,
+            &tls("[\"dns:a.example\", \"dns:b.example\"]", "c2"),
+        );
+        assert_eq!(
+            got,
+            vec![Changed {
+                setting: "listen.tls.cert",
+                in_place: false
+            }]
+        );
+        let got = changed(&running, &config(""));
+        assert!(
+            got.contains(&Changed {
+                setting: "listen.tls",
+                in_place: false
+            }),
+            "{got:?}"
         );
     }
 }

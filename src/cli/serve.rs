@@ -3,7 +3,7 @@
 use super::preflight::Preflight;
 use super::LogControl;
 use crate::agent::Agent;
-use crate::api::{serve, AgentService, ServeError, TlsReloader};
+use crate::api::{serve, AgentService, ServeError};
 use crate::config::Config;
 use crate::daemon::{self, Bound, Daemon};
 use crate::systemd;
@@ -58,6 +58,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
         }
     };
     let tls = listeners.tls_reloader();
+    let access = listeners.tls_access();
     let (stop, stopped) = watch::channel(false);
     if let Some(listener) = metrics {
         tokio::spawn(crate::api::metrics::serve(
@@ -108,8 +109,11 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     }
     let reload = Reload {
         config_path,
-        log: &log,
-        tls: tls.as_ref(),
+        parts: super::reload::Reloadable {
+            log: &log,
+            tls: tls.as_ref(),
+            access: access.as_ref(),
+        },
         running: std::sync::Mutex::new(config.clone()),
     };
     let failed = signals.serve_until_stopped(&mut server, &reload).await;
@@ -176,35 +180,17 @@ impl systemd::Watched for Agent {
 /// What a SIGHUP re-reads.
 struct Reload<'a> {
     config_path: &'a Path,
-    log: &'a LogControl,
-    tls: Option<&'a TlsReloader>,
+    parts: super::reload::Reloadable<'a>,
     /// The configuration in effect: the start-up one, with what SIGHUP applied since.
     running: std::sync::Mutex<Config>,
 }
 
 impl Reload<'_> {
-    /// SIGHUP never ends the daemon: it re-reads the log filter and the TLS material, and
-    /// logs which other settings changed and need a restart.
+    /// SIGHUP never ends the daemon: it re-reads the log filter, the TLS material and the mTLS
+    /// allowlists, and logs which other settings changed and need a restart.
     fn on_sighup(&self) {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let file = super::reload::on_sighup(self.config_path, self.log, &running);
-        let tls = match self.tls.map(TlsReloader::reload) {
-            Some(Ok(loaded)) => {
-                tracing::info!(%loaded, "SIGHUP: TLS material reloaded");
-                true
-            }
-            Some(Err(e)) => {
-                tracing::error!(error = %e, "SIGHUP: TLS reload failed; the previous material stays in use");
-                false
-            }
-            None => false,
-        };
-        if let Some(file) = file {
-            running.log = file.log;
-            if tls {
-                running.listen.tls = file.listen.tls;
-            }
-        }
+        super::reload::on_sighup(self.config_path, &self.parts, &mut running);
     }
 }
 

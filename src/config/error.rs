@@ -58,12 +58,21 @@ pub(super) fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigErr
     }
 }
 
-impl From<crate::api::settings::SettingsError> for ConfigError {
-    fn from(e: crate::api::settings::SettingsError) -> ConfigError {
-        use crate::api::settings::SettingsError;
+impl From<crate::api::settings::ListenError> for ConfigError {
+    fn from(e: crate::api::settings::ListenError) -> ConfigError {
+        use crate::api::settings::ListenError;
         match e {
-            SettingsError::Invalid { key, reason } => ConfigError::Invalid { key, reason },
-            SettingsError::Rejected { key, source } => ConfigError::Section { key, source },
+            ListenError::Invalid { key, reason } => ConfigError::Invalid { key, reason },
+            ListenError::Rejected { key, source } => ConfigError::Section { key, source },
+        }
+    }
+}
+
+impl From<crate::api::settings::LimitsError> for ConfigError {
+    fn from(e: crate::api::settings::LimitsError) -> ConfigError {
+        ConfigError::Invalid {
+            key: e.key,
+            reason: e.reason,
         }
     }
 }

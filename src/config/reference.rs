@@ -60,7 +60,7 @@ pub const KEYS: &[Key] = &[
     k("listen", "tcp", "address", "none", "TCP address for the control plane (mTLS, [listen.tls])."),
     k("listen", "insecure_plaintext_for_tests", "bool", "false", "UNSAFE, test rigs only: plaintext gRPC on a loopback tcp address."),
     k("listen", "plaintext_loopback", "bool", "none", "Replaced by insecure_plaintext_for_tests; present only to say so."),
-    k("listen", "tls", "table", "none", "TLS for tcp, below; re-read on SIGHUP."),
+    k("listen", "tls", "table", "none", "TLS for tcp, below; its files and lists re-read on SIGHUP (other file paths need a restart)."),
     k("listen.tls", "cert", "path", "required", "PEM certificate chain of this agent."),
     k("listen.tls", "key", "path", "required", "PEM private key."),
     k("listen.tls", "client_ca", "path", "required", "PEM CA bundle client certificates must chain to."),
@@ -131,7 +131,10 @@ pub const KEYS: &[Key] = &[
 ];
 
 /// Which settings SIGHUP applies in place; every other change takes effect on restart.
-pub const RELOADED_ON_SIGHUP: &[&str] = &["log.filter", "listen.tls (certificate, key, CA bundle)"];
+pub const RELOADED_ON_SIGHUP: &[&str] = &[
+    "log.filter",
+    "listen.tls (the certificate, key and CA bundle files re-read; allowed_clients, partitions_clients, operator_clients, node_name_template and node_identities replaced)",
+];
 
 /// Escapes text for roff.
 fn roff(text: &str) -> String {

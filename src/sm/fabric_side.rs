@@ -4,12 +4,14 @@
 //!
 //! Both keep, per node, the last accepted set with its generation and the grants that justify
 //! it ([`StoredNode`]), check port claims against the fabric's own view, and answer Ok only
-//! once the subnet manager was seen holding the set.
+//! once the subnet manager was seen holding the set. Their failures reach the service as one
+//! backend-neutral [`FabricSideError`]; each backend converts its own error beside it.
 
-use super::opensm::{OpenSmError, Revocation, StoredNode};
-use super::ufm::broker::BrokerError;
+use super::opensm::{Revocation, StoredNode};
 use crate::domain::{Condition, Guid, NodeId, NodeMemberships, PKey, SignedGrant};
 use async_trait::async_trait;
+use std::fmt;
+use std::sync::Arc;
 
 /// One port a partition holds, as the fabric side read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,15 +33,88 @@ pub struct PartitionMembers {
     pub source: &'static str,
 }
 
-/// Why the fabric side refused or could not confirm a call: the backend's own error.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum FabricSideError {
-    /// The OpenSM SM host.
-    #[error(transparent)]
-    OpenSm(#[from] OpenSmError),
-    /// The UFM broker.
-    #[error(transparent)]
-    Broker(#[from] BrokerError),
+/// What kind of failure a fabric side reports: what a caller (and `fabric.sm.v1`'s status
+/// codes) tells apart, whichever backend failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FabricSideErrorKind {
+    /// The request is malformed or names something it may not (bad value, a port another node
+    /// holds, an operator's key).
+    Invalid,
+    /// The fabric side holds a newer generation of this node's set (or the same generation
+    /// with a different set).
+    StaleGeneration {
+        /// The generation the request carried.
+        sent: u64,
+        /// The generation stored for the node.
+        stored: u64,
+    },
+    /// A table the set needs is full.
+    Exhausted,
+    /// The fabric side is not in a state to take the call (a refused file, an unreadable
+    /// inventory, a quarantined set, grants not required).
+    Precondition,
+    /// The caller may not have what it asked for (a port it does not own, a refused grant).
+    Denied,
+    /// The node has no stored set.
+    NotFound,
+    /// The subnet manager, the store or a task could not be reached or could not confirm:
+    /// retry.
+    Unavailable,
+    /// A fault of the fabric side itself.
+    Internal,
+}
+
+/// Why the fabric side refused or could not confirm a call, backend-neutral: its kind, the
+/// backend's message, and the backend's own error as the source (for logs).
+#[derive(Debug, Clone)]
+pub struct FabricSideError {
+    kind: FabricSideErrorKind,
+    message: String,
+    source: Arc<dyn std::error::Error + Send + Sync>,
+}
+
+impl FabricSideError {
+    /// A failure of `kind`, described by the backend's own error `source`.
+    pub fn new(
+        kind: FabricSideErrorKind,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> FabricSideError {
+        FabricSideError {
+            kind,
+            message: source.to_string(),
+            source: Arc::new(source),
+        }
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> FabricSideErrorKind {
+        self.kind
+    }
+
+    /// The backend's message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The generation the fabric side holds, when it refused a stale one.
+    pub fn stored_generation(&self) -> Option<u64> {
+        match self.kind {
+            FabricSideErrorKind::StaleGeneration { stored, .. } => Some(stored),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FabricSideError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for FabricSideError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
 }
 
 /// The fabric side of `fabric.sm.v1.Partitions`.

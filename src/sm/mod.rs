@@ -11,7 +11,9 @@ pub mod remote;
 pub mod ufm;
 
 use crate::domain::SignedGrant;
-pub use fabric_side::{FabricSide, FabricSideError, PartitionMember, PartitionMembers};
+pub use fabric_side::{
+    FabricSide, FabricSideError, FabricSideErrorKind, PartitionMember, PartitionMembers,
+};
 pub use opensm::{OpenSmBackend, OpenSmError, StoredNode};
 
 use crate::domain::{Condition, NodeMemberships, SmState};

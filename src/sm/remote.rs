@@ -1,6 +1,6 @@
 //! Remote backend settings: the SM host's agent (`fabric.sm.v1.Partitions`) reached over gRPC
 //! with mTLS (or plaintext to a loopback address, for tests and single-host rigs). The gRPC
-//! client itself is `api::sm_client::RemoteSm` (tonic stays in `api/`).
+//! client itself is `api::sm_v1::RemoteSm` (tonic stays in `api/`).
 //!
 //! Each apply sends the node's complete desired set with the generation the reconciler gave it
 //! (a counter persisted in the node's store, never a clock), so the SM host refuses a delayed

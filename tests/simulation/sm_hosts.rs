@@ -29,10 +29,9 @@ use fabric_agent::sm::opensm::fabric_side::OpenSmSide;
 use fabric_agent::sm::opensm::members::members_of;
 use fabric_agent::sm::opensm::sync::{GatedStore, Peer, PeerAnswer, PeerSync};
 use fabric_agent::sm::opensm::{
-    InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
-    OwnershipConfig,
+    InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OwnershipConfig,
 };
-use fabric_agent::sm::{FabricSide, FabricSideError};
+use fabric_agent::sm::FabricSide;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
@@ -233,8 +232,8 @@ impl World {
             };
             match side.set_node(set.clone(), &[], generation).await {
                 Ok(_) => {}
-                Err(FabricSideError::OpenSm(OpenSmError::StaleGeneration { stored, .. })) => {
-                    stale = Some(stored);
+                Err(e) if e.stored_generation().is_some() => {
+                    stale = e.stored_generation();
                     all = false;
                 }
                 Err(e) => panic!("unexpected refusal: {e}"),

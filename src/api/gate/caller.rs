@@ -2,6 +2,7 @@
 //! on the unix socket, the verified client certificate on TLS), and the [`Policy`] a listener
 //! admits callers by for each method. [`super::Guarded`] applies it to every service.
 
+use super::access::{LiveTlsAccess, TlsService};
 use super::auth::{CertIdentity, ClientAllowlist, ClientId};
 use crate::sys::users::GroupError;
 use std::collections::BTreeSet;
@@ -153,6 +154,13 @@ pub enum Policy {
         /// The operator list.
         operators: ClientAllowlist,
     },
+    /// TLS with the lists in effect at each call (replaced on SIGHUP): `service` picks which.
+    LiveTls {
+        /// The lists in effect.
+        access: LiveTlsAccess,
+        /// Whose lists.
+        service: TlsService,
+    },
     /// Plaintext loopback on a test rig.
     InsecureTest,
 }
@@ -181,34 +189,47 @@ impl Policy {
                     })?;
                 local.admit(cred.uid(), cred.gid(), read_only, path)
             }
-            Policy::Tls { allowed, operators } => {
-                let certs = request
-                    .extensions()
-                    .get::<TlsConnectInfo<TcpConnectInfo>>()
-                    .and_then(|i| i.peer_certs())
-                    .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
-                let identity = CertIdentity::verify(&certs, now())?;
-                let operator = operators.matching(&identity);
-                let matched = match (allowed.matching(&identity), &operator) {
-                    (Some(m), _) => m,
-                    (None, Some(op)) if read_only || OPERATOR_MUTATIONS.contains(&path) => {
-                        op.clone()
-                    }
-                    (None, Some(op)) => {
-                        return Err(Status::permission_denied(format!(
-                            "operator identity {op} may only read here, not call {path}"
-                        )))
-                    }
-                    (None, None) => return Err(allowed.refusal(&identity)),
-                };
-                Ok(Caller::Cert {
-                    identity: Arc::new(identity),
-                    matched,
-                    operator: operator.is_some(),
-                })
+            Policy::Tls { allowed, operators } => admit_cert(request, allowed, operators),
+            Policy::LiveTls { access, service } => {
+                let access = access.current();
+                let (allowed, operators) = access.lists(*service);
+                admit_cert(request, allowed, operators)
             }
         }
     }
+}
+
+/// A TLS caller: a verified certificate on `allowed`, or on `operators` for a read-only or
+/// operator method.
+fn admit_cert<B>(
+    request: &http::Request<B>,
+    allowed: &ClientAllowlist,
+    operators: &ClientAllowlist,
+) -> Result<Caller, Status> {
+    let path = request.uri().path();
+    let read_only = is_read_only(path);
+    let certs = request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|i| i.peer_certs())
+        .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
+    let identity = CertIdentity::verify(&certs, now())?;
+    let operator = operators.matching(&identity);
+    let matched = match (allowed.matching(&identity), &operator) {
+        (Some(m), _) => m,
+        (None, Some(op)) if read_only || OPERATOR_MUTATIONS.contains(&path) => op.clone(),
+        (None, Some(op)) => {
+            return Err(Status::permission_denied(format!(
+                "operator identity {op} may only read here, not call {path}"
+            )))
+        }
+        (None, None) => return Err(allowed.refusal(&identity)),
+    };
+    Ok(Caller::Cert {
+        identity: Arc::new(identity),
+        matched,
+        operator: operator.is_some(),
+    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,5 @@
 //! `[limits]`: the gRPC listeners' resource bounds.
 
-use super::{invalid, SettingsError};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -134,7 +133,7 @@ impl Default for LimitsConfig {
 
 impl LimitsConfig {
     /// Every bound is usable: non-zero, and the request timeout outlasts the longest wait.
-    pub fn validate(&self) -> Result<(), SettingsError> {
+    pub fn validate(&self) -> Result<(), LimitsError> {
         if self.max_watch_streams == 0 {
             return Err(invalid("limits.max_watch_streams", "must be at least 1"));
         }
@@ -194,5 +193,22 @@ impl LimitsConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// A `[limits]` value that makes no sense, under its dotted key.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {key}: {reason}")]
+pub struct LimitsError {
+    /// The dotted key.
+    pub key: &'static str,
+    /// Why.
+    pub reason: String,
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> LimitsError {
+    LimitsError {
+        key,
+        reason: reason.into(),
     }
 }

@@ -2,8 +2,7 @@
 //! written ([`ListenSection`], [`TlsSection`]) and validated once into the typed settings the
 //! listeners use ([`ListenConfig`], [`TlsConfig`]: allowlists and the node mapping parsed).
 
-use super::{invalid, rejected_by, SettingsError};
-use crate::api::gate::{ClientAllowlist, NodeMapping};
+use crate::api::gate::{ClientAllowlist, NodeMapping, TlsAccess};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -130,7 +129,7 @@ impl ListenConfig {
 impl ListenSection {
     /// The TCP listener is mTLS, or plaintext on loopback for test rigs; the TLS section's
     /// allowlists and node mapping parse.
-    pub fn validate(self) -> Result<ListenConfig, SettingsError> {
+    pub fn validate(self) -> Result<ListenConfig, ListenError> {
         if self.plaintext_loopback.is_some() {
             return Err(invalid(
                 "listen.plaintext_loopback",
@@ -161,7 +160,7 @@ impl ListenSection {
 }
 
 /// The TCP listener at `addr` is mTLS, or plaintext on loopback for test rigs.
-fn check_tcp(addr: SocketAddr, tls: bool, insecure: bool) -> Result<(), SettingsError> {
+fn check_tcp(addr: SocketAddr, tls: bool, insecure: bool) -> Result<(), ListenError> {
     match (tls, insecure) {
         (true, true) => Err(invalid(
             "listen.insecure_plaintext_for_tests",
@@ -211,7 +210,8 @@ pub struct TlsSection {
 }
 
 /// Server-side TLS with client-certificate verification (mTLS), validated: the allowlists and
-/// the node mapping parsed. The certificate, key and CA bundle are re-read on SIGHUP.
+/// the node mapping parsed. The certificate, key and CA bundle are re-read on SIGHUP, and the
+/// allowlists and node mapping replaced.
 #[derive(Debug, Clone)]
 pub struct TlsConfig {
     /// PEM certificate chain of this agent.
@@ -233,7 +233,7 @@ pub struct TlsConfig {
 
 impl TlsSection {
     /// The allowlists parse, name someone, and the node mapping is one of its two forms.
-    pub fn validate(self) -> Result<TlsConfig, SettingsError> {
+    pub fn validate(self) -> Result<TlsConfig, ListenError> {
         let list = |key: &'static str, entries: &[String]| {
             ClientAllowlist::parse(entries).map_err(rejected_by(key))
         };
@@ -265,5 +265,57 @@ impl TlsSection {
             operator_clients,
             nodes,
         })
+    }
+}
+
+impl TlsConfig {
+    /// The allowlists and node mapping as the gate consults them.
+    pub fn access(&self) -> TlsAccess {
+        TlsAccess::new(
+            self.allowed_clients.clone(),
+            self.partitions_clients.clone(),
+            self.operator_clients.clone(),
+            self.nodes.clone(),
+        )
+    }
+}
+
+/// Why a `[listen]` or `[listen.tls]` setting was refused, under its dotted key.
+#[derive(Debug, Error)]
+pub enum ListenError {
+    /// A value that parses but makes no sense.
+    #[error("invalid {key}: {reason}")]
+    Invalid {
+        /// The dotted key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A value its own type refused (an allowlist entry, the node mapping), with that type's
+    /// error.
+    #[error("invalid {key}: {source}")]
+    Rejected {
+        /// The dotted key.
+        key: &'static str,
+        /// The type's own error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// A value its own type refused, under its dotted key.
+fn rejected_by<E: std::error::Error + Send + Sync + 'static>(
+    key: &'static str,
+) -> impl Fn(E) -> ListenError {
+    move |e| ListenError::Rejected {
+        key,
+        source: Box::new(e),
+    }
+}
+
+/// A value that parses but makes no sense, under its dotted key.
+fn invalid(key: &'static str, reason: impl Into<String>) -> ListenError {
+    ListenError::Invalid {
+        key,
+        reason: reason.into(),
     }
 }

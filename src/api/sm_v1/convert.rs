@@ -6,7 +6,9 @@ use super::authorisation::PartitionsRefusal;
 use crate::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
 use crate::proto::sm as pb;
 use crate::sm::ufm::broker::BrokerError;
-use crate::sm::{FabricSideError, OpenSmError, SmError, SmFailure, StoredNode};
+use crate::sm::{
+    FabricSideError, FabricSideErrorKind, OpenSmError, SmError, SmFailure, StoredNode,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::{Code, Status};
@@ -120,68 +122,32 @@ fn parse_guid(s: &str) -> Result<Guid, Status> {
     }
 }
 
-/// The status the SM host answers a backend error with (the one place for `fabric.sm.v1`).
+/// The status the SM host answers a backend error with.
 pub fn status_of(e: &OpenSmError) -> Status {
-    let msg = e.to_string();
-    match e {
-        OpenSmError::Invalid(_)
-        | OpenSmError::PortHeld { .. }
-        | OpenSmError::OperatorKey { .. } => Status::invalid_argument(msg),
-        OpenSmError::TableFull(_) => Status::resource_exhausted(msg),
-        OpenSmError::StaleGeneration { sent, stored } => {
-            stale_generation_status(*sent, *stored, msg)
-        }
-        OpenSmError::OperatorFile(_)
-        | OpenSmError::Inventory(_)
-        | OpenSmError::Rejected(_)
-        | OpenSmError::InsecureDefault(_)
-        | OpenSmError::PortNotShown(_) => Status::failed_precondition(msg),
-        OpenSmError::PortForbidden(_) | OpenSmError::GrantRefused { .. } => {
-            Status::permission_denied(msg)
-        }
-        OpenSmError::GrantsNotRequired | OpenSmError::Quarantined { .. } => {
-            Status::failed_precondition(msg)
-        }
-        OpenSmError::NodeNotStored(_) => Status::not_found(msg),
-        OpenSmError::Unreachable { .. }
-        | OpenSmError::Unconfirmed { .. }
-        | OpenSmError::Io(_)
-        | OpenSmError::Store(_)
-        | OpenSmError::Task { .. }
-        | OpenSmError::FabricUnreachable(_) => Status::unavailable(msg),
-        OpenSmError::Composed(_) => Status::internal(msg),
-    }
+    status_of_fabric_side(&e.clone().into())
 }
 
-/// The status of a fabric side's failure (the SM host's or the UFM broker's).
+/// The status of a fabric side's failure (the SM host's or the UFM broker's): the one place for
+/// `fabric.sm.v1`'s codes, with the backend's message.
 pub fn status_of_fabric_side(e: &FabricSideError) -> Status {
-    match e {
-        FabricSideError::OpenSm(e) => status_of(e),
-        FabricSideError::Broker(e) => status_of_broker(e),
+    let msg = e.message().to_owned();
+    match e.kind() {
+        FabricSideErrorKind::Invalid => Status::invalid_argument(msg),
+        FabricSideErrorKind::StaleGeneration { sent, stored } => {
+            stale_generation_status(sent, stored, msg)
+        }
+        FabricSideErrorKind::Exhausted => Status::resource_exhausted(msg),
+        FabricSideErrorKind::Precondition => Status::failed_precondition(msg),
+        FabricSideErrorKind::Denied => Status::permission_denied(msg),
+        FabricSideErrorKind::NotFound => Status::not_found(msg),
+        FabricSideErrorKind::Unavailable => Status::unavailable(msg),
+        FabricSideErrorKind::Internal => Status::internal(msg),
     }
 }
 
 /// The status of a UFM broker failure.
 pub fn status_of_broker(e: &BrokerError) -> Status {
-    let msg = e.to_string();
-    match e {
-        BrokerError::Invalid(_) | BrokerError::PortHeld { .. } => Status::invalid_argument(msg),
-        BrokerError::StaleGeneration { sent, stored } => {
-            stale_generation_status(*sent, *stored, msg)
-        }
-        BrokerError::GrantRefused { .. } | BrokerError::PortNotOwned { .. } => {
-            Status::permission_denied(msg)
-        }
-        BrokerError::GrantsNotRequired => Status::failed_precondition(msg),
-        BrokerError::NodeNotStored(_) => Status::not_found(msg),
-        BrokerError::Ufm(SmError::Refused(_)) | BrokerError::Inventory(SmError::Refused(_)) => {
-            Status::failed_precondition(msg)
-        }
-        BrokerError::Ufm(_)
-        | BrokerError::Inventory(_)
-        | BrokerError::Store(_)
-        | BrokerError::Task(_) => Status::unavailable(msg),
-    }
+    status_of_fabric_side(&e.clone().into())
 }
 
 /// The status the SM host answers a call it refuses before the backend sees it with.
@@ -485,6 +451,46 @@ mod tests {
         ] {
             assert_eq!(status_of_refusal(&r).code(), code, "{r:?}");
         }
+    }
+
+    #[test]
+    fn broker_failures_keep_their_codes_and_messages() {
+        let node = NodeId::parse("node-1").unwrap();
+        let down = SmError::Unreachable(SmFailure::Broker(std::sync::Arc::new(
+            BrokerError::GrantsNotRequired,
+        )));
+        for (e, code) in [
+            (BrokerError::GrantsNotRequired, Code::FailedPrecondition),
+            (BrokerError::NodeNotStored(node.clone()), Code::NotFound),
+            (
+                BrokerError::PortHeld {
+                    port: Guid(7),
+                    owner: node.clone(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                BrokerError::PortNotOwned {
+                    node,
+                    port: Guid(7),
+                    shown: None,
+                },
+                Code::PermissionDenied,
+            ),
+            (BrokerError::Ufm(down), Code::Unavailable),
+            (
+                BrokerError::StaleGeneration { sent: 2, stored: 5 },
+                Code::Aborted,
+            ),
+        ] {
+            let s = status_of_broker(&e);
+            assert_eq!(s.code(), code, "{e:?}");
+            assert_eq!(s.message(), e.to_string());
+            let side = FabricSideError::from(e);
+            assert_eq!(status_of_fabric_side(&side).code(), code);
+        }
+        let stale = status_of_broker(&BrokerError::StaleGeneration { sent: 2, stored: 5 });
+        assert_eq!(stored_generation(&stale), Some(5));
     }
 
     #[test]

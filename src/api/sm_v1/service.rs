@@ -12,7 +12,7 @@ use super::convert::{
     memberships_from_proto, node_id, status_of_fabric_side as status_of, status_of_refusal,
     stored_to_proto,
 };
-use crate::api::gate::{audit, Caller, ClientAllowlist, NodeMapping};
+use crate::api::gate::{audit, Caller, ClientAllowlist, LiveTlsAccess, NodeMapping};
 use crate::api::grant_v1::signed_grant_from_proto;
 use crate::domain::PKey;
 use crate::proto::sm as pb;
@@ -25,8 +25,27 @@ use tonic::{Request, Response, Status};
 #[derive(Clone)]
 pub struct PartitionsService {
     backend: Arc<dyn FabricSide>,
-    nodes: NodeMapping,
+    nodes: Nodes,
     peers: ClientAllowlist,
+}
+
+/// Where the identity -> node mapping comes from.
+#[derive(Clone)]
+enum Nodes {
+    /// Fixed for the service's life.
+    Fixed(NodeMapping),
+    /// The mTLS listener's mapping in effect at each call (replaced on SIGHUP).
+    Live(LiveTlsAccess),
+}
+
+impl Nodes {
+    /// The mapping in effect now.
+    fn current(&self) -> NodeMapping {
+        match self {
+            Nodes::Fixed(m) => m.clone(),
+            Nodes::Live(access) => access.current().nodes().clone(),
+        }
+    }
 }
 
 impl PartitionsService {
@@ -35,7 +54,7 @@ impl PartitionsService {
     pub fn new(backend: impl FabricSide) -> Self {
         PartitionsService {
             backend: Arc::new(backend),
-            nodes: NodeMapping::default(),
+            nodes: Nodes::Fixed(NodeMapping::default()),
             peers: ClientAllowlist::default(),
         }
     }
@@ -47,7 +66,18 @@ impl PartitionsService {
 
     /// Uses this identity -> node mapping.
     pub fn with_node_mapping(self, nodes: NodeMapping) -> Self {
-        PartitionsService { nodes, ..self }
+        PartitionsService {
+            nodes: Nodes::Fixed(nodes),
+            ..self
+        }
+    }
+
+    /// Uses the mTLS listener's mapping in effect at each call.
+    pub fn with_live_node_mapping(self, access: LiveTlsAccess) -> Self {
+        PartitionsService {
+            nodes: Nodes::Live(access),
+            ..self
+        }
     }
 
     /// The tonic server for this service, ready for `Server::add_service`.
@@ -105,8 +135,13 @@ impl PartitionsService {
         }
         let carried = std::mem::take(&mut m.grants);
         let (desired, generation) = memberships_from_proto(m)?;
-        authorise(caller, &self.nodes, &desired.node_id, Access::Write)
-            .map_err(|r| status_of_refusal(&r))?;
+        authorise(
+            caller,
+            &self.nodes.current(),
+            &desired.node_id,
+            Access::Write,
+        )
+        .map_err(|r| status_of_refusal(&r))?;
         // Grants are decoded only where they are enforced; a grant that does not decode refuses
         // the set like any other refused grant.
         let grants = if self.backend.requires_grants() {
@@ -190,7 +225,7 @@ impl Partitions for PartitionsService {
     ) -> Result<Response<pb::NodeMemberships>, Status> {
         let caller = Caller::of(&request).cloned();
         let id = node_id(&request.into_inner().node_id)?;
-        authorise(caller.as_ref(), &self.nodes, &id, Access::Read)
+        authorise(caller.as_ref(), &self.nodes.current(), &id, Access::Read)
             .map_err(|r| status_of_refusal(&r))?;
         self.backend
             .node(&id)

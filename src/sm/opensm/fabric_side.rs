@@ -8,7 +8,9 @@ use super::sa_members::SaMembers;
 use super::sync::{PeerAnswer, PeerSync};
 use super::{Revocation, StoredNode};
 use crate::domain::{Condition, NodeId, NodeMemberships, PKey, SignedGrant};
-use crate::sm::fabric_side::{FabricSide, FabricSideError, PartitionMember, PartitionMembers};
+use crate::sm::fabric_side::{
+    FabricSide, FabricSideError, FabricSideErrorKind, PartitionMember, PartitionMembers,
+};
 use async_trait::async_trait;
 
 /// `ListPartitionMembers` read from OpenSM's last accepted partitions file (the backend alone,
@@ -174,5 +176,38 @@ impl FabricSide for OpenSmBackend {
 
     fn conditions(&self) -> Vec<Condition> {
         self.conditions_now()
+    }
+}
+
+/// The SM host's failures as the fabric side reports them.
+impl From<super::OpenSmError> for FabricSideError {
+    fn from(e: super::OpenSmError) -> Self {
+        use super::OpenSmError as E;
+        use FabricSideErrorKind as K;
+        let kind = match &e {
+            E::Invalid(_) | E::PortHeld { .. } | E::OperatorKey { .. } => K::Invalid,
+            E::TableFull(_) => K::Exhausted,
+            E::StaleGeneration { sent, stored } => K::StaleGeneration {
+                sent: *sent,
+                stored: *stored,
+            },
+            E::OperatorFile(_)
+            | E::Inventory(_)
+            | E::Rejected(_)
+            | E::InsecureDefault(_)
+            | E::PortNotShown(_)
+            | E::GrantsNotRequired
+            | E::Quarantined { .. } => K::Precondition,
+            E::PortForbidden(_) | E::GrantRefused { .. } => K::Denied,
+            E::NodeNotStored(_) => K::NotFound,
+            E::Unreachable { .. }
+            | E::Unconfirmed { .. }
+            | E::Io(_)
+            | E::Store(_)
+            | E::Task { .. }
+            | E::FabricUnreachable(_) => K::Unavailable,
+            E::Composed(_) => K::Internal,
+        };
+        FabricSideError::new(kind, e)
     }
 }

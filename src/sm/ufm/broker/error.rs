@@ -1,6 +1,7 @@
 //! Why the UFM broker refused a node's call or could not confirm it.
 
 use crate::domain::{DomainError, GrantError, Guid, NodeId, PKey};
+use crate::sm::fabric_side::{FabricSideError, FabricSideErrorKind};
 use crate::sm::opensm::NodeStoreError;
 use crate::sm::SmError;
 use std::sync::Arc;
@@ -81,5 +82,29 @@ impl From<BrokerError> for SmError {
             }
             _ => SmError::Refused(SmFailure::Broker(Arc::new(e))),
         }
+    }
+}
+
+impl From<BrokerError> for FabricSideError {
+    fn from(e: BrokerError) -> Self {
+        use FabricSideErrorKind as K;
+        let kind = match &e {
+            BrokerError::Invalid(_) | BrokerError::PortHeld { .. } => K::Invalid,
+            BrokerError::StaleGeneration { sent, stored } => K::StaleGeneration {
+                sent: *sent,
+                stored: *stored,
+            },
+            BrokerError::GrantRefused { .. } | BrokerError::PortNotOwned { .. } => K::Denied,
+            BrokerError::GrantsNotRequired => K::Precondition,
+            BrokerError::NodeNotStored(_) => K::NotFound,
+            BrokerError::Ufm(SmError::Refused(_)) | BrokerError::Inventory(SmError::Refused(_)) => {
+                K::Precondition
+            }
+            BrokerError::Ufm(_)
+            | BrokerError::Inventory(_)
+            | BrokerError::Store(_)
+            | BrokerError::Task(_) => K::Unavailable,
+        };
+        FabricSideError::new(kind, e)
     }
 }
