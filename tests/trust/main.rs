@@ -9,3 +9,4 @@ mod grants;
 mod local;
 mod partitions;
 mod tls;
+mod tls_reload;

@@ -3,7 +3,7 @@
 //! on one opened before the reload, while another listed identity still calls; the log says the
 //! list was applied, and says a changed certificate path needs a restart.
 
-mod common;
+use testkit::common;
 
 use common::pki::Pki;
 use common::*;
