@@ -170,11 +170,12 @@ fn build_ha(
     node_id: &NodeId,
     store: &Arc<Store>,
 ) -> Result<(OpenSmBackend, Arc<crate::sm::opensm::sync::PeerSync>), StartError> {
+    use crate::sm::opensm::opensm_state::LogStateReader;
     use crate::sm::opensm::reload::OpenSmReloader;
     use crate::sm::opensm::sminfo::SmRole;
-    use crate::sm::opensm::standby::{SmStateReader, StandbyAware};
+    use crate::sm::opensm::standby::StandbyAware;
     use crate::sm::opensm::sync::{GatedStore, PeerSync};
-    let log = Arc::new(SmStateReader::new(cfg.log_file.clone()));
+    let log = Arc::new(LogStateReader::new(cfg.log_file.clone()));
     let state = Arc::new(match &ha.sminfo_umad_device {
         Some(device) => SmRole::with_sminfo(log, device.clone()),
         None => SmRole::from_log(log),

@@ -23,7 +23,7 @@ mod parser;
 mod peers;
 mod ports;
 mod real;
-mod remote;
 mod rejection;
+mod remote;
 mod repair;
 mod sminfo;

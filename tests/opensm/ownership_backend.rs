@@ -9,7 +9,9 @@ use common::sm_host::AcceptingReloader;
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::mad::node_info::node_type;
 use fabric_agent::mad::{NodeInfo, NodeInfoRepr, NodeRecordRepr};
-use fabric_agent::sm::opensm::ownership::{DirectoryError, FabricFacts, PortDirectory, Refusal};
+use fabric_agent::sm::opensm::ownership::{
+    DirectoryError, FabricFacts, OwnershipRefusal, PortDirectory,
+};
 use fabric_agent::sm::opensm::{
     InMemoryNodeStore, NodeMembershipStore, OpenSmBackend, OpenSmConfig, OpenSmError,
 };
@@ -202,7 +204,7 @@ async fn a_port_moves_only_when_the_fabric_shows_it_in_the_new_node_and_durably(
     s.set_ok("node1", &[0x11], 0x51, 1).await;
     let err = s.set_err("node1", &[0x11, 0x22], 0x51, 2).await;
     assert!(
-        matches!(err, OpenSmError::PortForbidden(Refusal::OwnedByOther { ref holder, port: Guid(0x22), .. }) if holder == "node2"),
+        matches!(err, OpenSmError::PortForbidden(OwnershipRefusal::OwnedByOther { ref holder, port: Guid(0x22), .. }) if holder == "node2"),
         "{err:?}"
     );
 

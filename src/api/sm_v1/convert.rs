@@ -257,7 +257,7 @@ pub fn sm_host_status(e: &SmError) -> Option<&Status> {
 mod tests {
     use super::*;
     use crate::sm::opensm::ownership::{
-        DirectoryError, ForbiddenPort, InventoryError, InventoryFileError, Refusal,
+        DirectoryError, ForbiddenPort, InventoryError, InventoryFileError, OwnershipRefusal,
     };
     use crate::sm::opensm::region::{OperatorFileProblem, RegionError};
     use crate::sm::opensm::reload::Unsignalled;
@@ -402,14 +402,14 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                OpenSmError::PortForbidden(Refusal::Forbidden {
+                OpenSmError::PortForbidden(OwnershipRefusal::Forbidden {
                     port: crate::domain::Guid(1),
                     why: ForbiddenPort::SmHost,
                 }),
                 Code::PermissionDenied,
             ),
             (
-                OpenSmError::PortNotShown(Refusal::NotAsked {
+                OpenSmError::PortNotShown(OwnershipRefusal::NotAsked {
                     port: crate::domain::Guid(1),
                 }),
                 Code::FailedPrecondition,

@@ -3,7 +3,7 @@
 //! peer the highest generation and whether its last pull answered. Encoded with their own
 //! registry at every scrape and appended to the agent's metrics (one `# EOF`).
 
-use crate::sm::opensm::standby::SmState;
+use crate::sm::opensm::opensm_state::OpenSmState;
 use crate::sm::opensm::sync::SyncStatus;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
@@ -23,7 +23,11 @@ pub fn append(agent_text: String, status: &SyncStatus) -> String {
     );
     role.get_or_create(&vec![(
         "role",
-        status.role.unwrap_or(SmState::Unknown).as_str().to_owned(),
+        status
+            .role
+            .unwrap_or(OpenSmState::Unknown)
+            .as_str()
+            .to_owned(),
     )])
     .set(1);
     let from_sminfo: Gauge = Gauge::default();
@@ -97,7 +101,7 @@ mod tests {
     #[test]
     fn appended_once_before_the_end() {
         let status = SyncStatus {
-            role: Some(SmState::Standby),
+            role: Some(OpenSmState::Standby),
             caught_up: true,
             peers: vec![PeerStatus {
                 name: "https://smhost1:7443".into(),

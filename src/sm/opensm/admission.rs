@@ -13,7 +13,9 @@ use super::config::OpenSmConfig;
 use super::error::{task_failed, OpenSmError};
 use super::isolation;
 use super::model::PartitionsConf;
-use super::ownership::{judge, FabricFacts, Inventory, PortDirectory, Proof, Refusal};
+use super::ownership::{
+    judge, FabricFacts, OperatorInventory, OwnershipRefusal, PortDirectory, Proof,
+};
 use super::region::{check_operator_keys, FullDefault, TableOverflow};
 use super::store::{AcceptedGrant, StoredNode};
 use crate::domain::{Guid, NodeId, NodeMemberships, SignedGrant};
@@ -55,7 +57,7 @@ pub(super) struct Admitted {
 #[derive(Default)]
 pub(super) struct Evidence {
     facts: FabricFacts,
-    inventory: Inventory,
+    inventory: OperatorInventory,
     /// Why the fabric or the inventory could not be asked: every new port is unproven.
     failure: Option<OpenSmError>,
 }
@@ -365,10 +367,11 @@ impl State {
                 Err(refusal) => {
                     tracing::warn!(node_id = %desired.node_id, guid = %g, reason = %refusal, "port claim refused");
                     let e = match refusal {
-                        Refusal::Forbidden { .. } | Refusal::OwnedByOther { .. } => {
+                        OwnershipRefusal::Forbidden { .. }
+                        | OwnershipRefusal::OwnedByOther { .. } => {
                             OpenSmError::PortForbidden(refusal)
                         }
-                        Refusal::NotAsked { .. } | Refusal::NotShown { .. } => {
+                        OwnershipRefusal::NotAsked { .. } | OwnershipRefusal::NotShown { .. } => {
                             OpenSmError::PortNotShown(refusal)
                         }
                     };
@@ -454,7 +457,7 @@ pub(super) async fn gather_evidence(
     let inventory = match &config.ownership.inventory_file {
         Some(path) => {
             let path = path.clone();
-            match tokio::task::spawn_blocking(move || Inventory::load(&path))
+            match tokio::task::spawn_blocking(move || OperatorInventory::load(&path))
                 .await
                 .map_err(|e| task_failed("inventory", e))?
             {
@@ -462,7 +465,7 @@ pub(super) async fn gather_evidence(
                 Err(e) => return Ok(unproven(OpenSmError::Inventory(e))),
             }
         }
-        None => Inventory::default(),
+        None => OperatorInventory::default(),
     };
     Ok(Evidence {
         facts,

@@ -2,7 +2,7 @@
 //! what the SM host did about it ([`Rejection`], [`Restored`]). OpenSM's own error lines are kept
 //! as it wrote them.
 
-use super::ownership::{DirectoryError, InventoryFileError, Refusal};
+use super::ownership::{DirectoryError, InventoryFileError, OwnershipRefusal};
 use super::region::{FullDefault, RegionError, TableOverflow};
 use super::reload::{ReloadError, Unsignalled};
 use super::store::NodeStoreError;
@@ -100,10 +100,10 @@ pub enum OpenSmError {
     /// A claimed port never enters a tenant's set (the SM's port, a switch's, a router's), or
     /// another node holds it and the fabric does not show it in the claiming node.
     #[error("port ownership: {0}")]
-    PortForbidden(Refusal),
+    PortForbidden(OwnershipRefusal),
     /// Neither the fabric nor the operator's inventory shows the claimed port in the node.
     #[error("port ownership: {0}")]
-    PortNotShown(Refusal),
+    PortNotShown(OwnershipRefusal),
     /// The fabric could not be asked who owns a claimed port (fail closed: nothing accepted).
     #[error("port ownership: the SA could not be asked: {0}")]
     FabricUnreachable(#[source] DirectoryError),

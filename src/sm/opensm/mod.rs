@@ -40,6 +40,7 @@ pub mod isolation;
 pub mod log_check;
 pub mod members;
 pub mod model;
+pub mod opensm_state;
 pub mod operator;
 pub mod ownership;
 pub mod parse;

@@ -261,7 +261,7 @@ pub enum Proof {
 
 /// Why a claim is refused; the text names the GUID and the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum OwnershipRefusal {
     /// The port never enters a tenant key.
     #[error("port {port}{}: it never enters a tenant's set", forbidden_detail(.why))]
     Forbidden {
@@ -370,14 +370,14 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
 
 /// The operator's inventory: node id -> port GUIDs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Inventory {
+pub struct OperatorInventory {
     owner: BTreeMap<Guid, String>,
 }
 
-impl Inventory {
+impl OperatorInventory {
     /// Parses `node = ["0x0002c903000e0b72", ...]` lines. Refuses a GUID that is not `0x` and
     /// 16 hex digits, GUID 0, and a GUID listed twice.
-    pub fn parse(text: &str) -> Result<Inventory, InventoryError> {
+    pub fn parse(text: &str) -> Result<OperatorInventory, InventoryError> {
         let table: BTreeMap<String, Vec<String>> =
             toml::from_str(text).map_err(|e| InventoryError::Toml(Box::new(e)))?;
         let mut owner = BTreeMap::new();
@@ -396,18 +396,18 @@ impl Inventory {
                 }
             }
         }
-        Ok(Inventory { owner })
+        Ok(OperatorInventory { owner })
     }
 
     /// Reads and parses the file.
-    pub fn load(path: &Path) -> Result<Inventory, InventoryFileError> {
+    pub fn load(path: &Path) -> Result<OperatorInventory, InventoryFileError> {
         let failed = |source| InventoryFileError {
             path: path.to_owned(),
             source,
         };
         let text =
             std::fs::read_to_string(path).map_err(|e| failed(InventoryError::Read(Arc::new(e))))?;
-        Inventory::parse(&text).map_err(failed)
+        OperatorInventory::parse(&text).map_err(failed)
     }
 
     /// Whether the inventory lists `guid` for `node_id`.
@@ -480,24 +480,24 @@ pub fn judge(
     guid: Guid,
     facts: &FabricFacts,
     patterns: &[String],
-    inventory: &Inventory,
+    inventory: &OperatorInventory,
     holder: Option<&str>,
-) -> Result<Proof, Refusal> {
+) -> Result<Proof, OwnershipRefusal> {
     if guid.0 == facts.local_port_guid {
-        return Err(Refusal::Forbidden {
+        return Err(OwnershipRefusal::Forbidden {
             port: guid,
             why: ForbiddenPort::SmHost,
         });
     }
     let record = match facts.records.get(&guid) {
         Some(r) => r.as_ref(),
-        None => return Err(Refusal::NotAsked { port: guid }),
+        None => return Err(OwnershipRefusal::NotAsked { port: guid }),
     };
     let mut shown = None;
     if let Some(r) = record {
         let description = r.description_text();
         if r.lid == facts.sm_lid {
-            return Err(Refusal::Forbidden {
+            return Err(OwnershipRefusal::Forbidden {
                 port: guid,
                 why: ForbiddenPort::MasterSm {
                     description,
@@ -506,7 +506,7 @@ pub fn judge(
             });
         }
         if !r.is_channel_adapter() {
-            return Err(Refusal::Forbidden {
+            return Err(OwnershipRefusal::Forbidden {
                 port: guid,
                 why: ForbiddenPort::NotChannelAdapter {
                     description,
@@ -527,7 +527,7 @@ pub fn judge(
             })
         }
         (Some(other), _) if other != node_id => {
-            return Err(Refusal::OwnedByOther {
+            return Err(OwnershipRefusal::OwnedByOther {
                 port: guid,
                 holder: other.to_owned(),
                 node: node_id.to_owned(),
@@ -542,7 +542,7 @@ pub fn judge(
     if inventory.lists(node_id, guid) {
         return Ok(Proof::Inventory);
     }
-    Err(Refusal::NotShown {
+    Err(OwnershipRefusal::NotShown {
         port: guid,
         node: node_id.to_owned(),
         shown: shown.map(|(d, _)| d),
@@ -628,7 +628,7 @@ mod tests {
     #[test]
     fn fabric_proof_and_refusals() {
         let f = facts();
-        let inv = Inventory::default();
+        let inv = OperatorInventory::default();
         let p = patterns();
         assert_eq!(
             judge("node1", Guid(0x13), &f, &p, &inv, None),
@@ -639,7 +639,7 @@ mod tests {
         // Already the node's own: proven again.
         assert!(judge("node1", Guid(0x13), &f, &p, &inv, Some("node1")).is_ok());
         let forbidden = |guid: u64| match judge("node1", Guid(guid), &f, &p, &inv, None) {
-            Err(Refusal::Forbidden { port, why }) if port == Guid(guid) => why,
+            Err(OwnershipRefusal::Forbidden { port, why }) if port == Guid(guid) => why,
             other => panic!("{guid:#x}: {other:?}"),
         };
         assert_eq!(forbidden(0x10), ForbiddenPort::SmHost);
@@ -660,17 +660,20 @@ mod tests {
         ));
         for guid in [0x15, 0x17, 0x99] {
             let r = judge("node1", Guid(guid), &f, &p, &inv, None).unwrap_err();
-            assert!(matches!(r, Refusal::NotShown { .. }), "{guid:#x}: {r:?}");
+            assert!(
+                matches!(r, OwnershipRefusal::NotShown { .. }),
+                "{guid:#x}: {r:?}"
+            );
         }
         let r = judge("node1", Guid(0x1234), &f, &p, &inv, None).unwrap_err();
-        assert_eq!(r, Refusal::NotAsked { port: Guid(0x1234) });
+        assert_eq!(r, OwnershipRefusal::NotAsked { port: Guid(0x1234) });
     }
 
     #[test]
     fn inventory_allows_but_never_moves_or_unlocks_forbidden_ports() {
         let f = facts();
         let p = patterns();
-        let inv = Inventory::parse(
+        let inv = OperatorInventory::parse(
             "node1 = [\"0x0000000000000099\", \"0x0000000000000020\", \"0x0000000000000015\"]\n",
         )
         .unwrap();
@@ -681,12 +684,12 @@ mod tests {
         assert!(judge("node2", Guid(0x99), &f, &p, &inv, None).is_err());
         assert!(matches!(
             judge("node1", Guid(0x20), &f, &p, &inv, None),
-            Err(Refusal::Forbidden { .. })
+            Err(OwnershipRefusal::Forbidden { .. })
         ));
         // Held by node2: the inventory does not move it.
         assert!(matches!(
             judge("node1", Guid(0x99), &f, &p, &inv, Some("node2")),
-            Err(Refusal::OwnedByOther { .. })
+            Err(OwnershipRefusal::OwnedByOther { .. })
         ));
     }
 
@@ -694,7 +697,7 @@ mod tests {
     fn ownership_moves_only_when_the_fabric_shows_the_port_in_the_new_node() {
         let f = facts();
         let p = patterns();
-        let inv = Inventory::default();
+        let inv = OperatorInventory::default();
         assert_eq!(
             judge("node1", Guid(0x13), &f, &p, &inv, Some("node2")),
             Ok(Proof::Moved {
@@ -704,7 +707,7 @@ mod tests {
         );
         let r = judge("node2", Guid(0x13), &f, &p, &inv, Some("node1")).unwrap_err();
         assert!(
-            matches!(&r, Refusal::OwnedByOther { holder, shown: Some(d), .. }
+            matches!(&r, OwnershipRefusal::OwnedByOther { holder, shown: Some(d), .. }
                 if holder == "node1" && d == "node1 mlx5_0"),
             "{r:?}"
         );
@@ -718,12 +721,14 @@ mod tests {
             "node1 = [\"0x0000000000000000\"]",
         ] {
             assert!(
-                matches!(Inventory::parse(bad), Err(InventoryError::Guid { node, .. }) if node == "node1"),
+                matches!(OperatorInventory::parse(bad), Err(InventoryError::Guid { node, .. }) if node == "node1"),
                 "{bad}"
             );
         }
         assert!(matches!(
-            Inventory::parse("node1 = [\"0x0000000000000013\"]\nnode2 = [\"0x0000000000000013\"]"),
+            OperatorInventory::parse(
+                "node1 = [\"0x0000000000000013\"]\nnode2 = [\"0x0000000000000013\"]"
+            ),
             Err(InventoryError::Twice {
                 guid: Guid(0x13),
                 ..
@@ -731,12 +736,12 @@ mod tests {
         ));
         for bad in ["node1 = \"0x0000000000000013\"", "[node1]\nx = 1"] {
             assert!(
-                matches!(Inventory::parse(bad), Err(InventoryError::Toml(_))),
+                matches!(OperatorInventory::parse(bad), Err(InventoryError::Toml(_))),
                 "{bad}"
             );
         }
         assert!(matches!(
-            Inventory::load(Path::new("/nonexistent/inventory.toml")),
+            OperatorInventory::load(Path::new("/nonexistent/inventory.toml")),
             Err(InventoryFileError {
                 source: InventoryError::Read(_),
                 ..

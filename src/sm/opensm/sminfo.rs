@@ -20,8 +20,8 @@
 //! Reads run one at a time (a session registers agents on the device, and under umad2sim two
 //! live sessions of one process steal each other's answers), each on a blocking thread.
 
+use super::opensm_state::{LogStateReader, OpenSmState};
 use super::sa_client::{SaError, SaSession, SaTiming};
-use super::standby::{SmState, SmStateReader};
 use crate::mad::sm_info::sm_state;
 use crate::mad::SmInfoRepr;
 use std::path::PathBuf;
@@ -39,12 +39,12 @@ const TIMING: SaTiming = SaTiming {
 };
 
 /// The state an SMInfo answer carries.
-pub fn state_of(info: &SmInfoRepr) -> SmState {
+pub fn state_of(info: &SmInfoRepr) -> OpenSmState {
     match info.sm_state {
-        sm_state::MASTER => SmState::Master,
-        sm_state::STANDBY => SmState::Standby,
-        sm_state::DISCOVERING => SmState::Discovering,
-        _ => SmState::NotActive,
+        sm_state::MASTER => OpenSmState::Master,
+        sm_state::STANDBY => OpenSmState::Standby,
+        sm_state::DISCOVERING => OpenSmState::Discovering,
+        _ => OpenSmState::NotActive,
     }
 }
 
@@ -82,7 +82,7 @@ impl RoleSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Role {
     /// The state.
-    pub state: SmState,
+    pub state: OpenSmState,
     /// Where it came from.
     pub source: RoleSource,
 }
@@ -123,14 +123,14 @@ impl SmInfoReader {
 
 /// This host's OpenSM role: SMInfo when configured, OpenSM's log as the labelled fallback.
 pub struct SmRole {
-    log: Arc<SmStateReader>,
+    log: Arc<LogStateReader>,
     sminfo: Option<SmInfoReader>,
     last: Mutex<Option<Result<(SmInfoRepr, SystemTime), String>>>,
 }
 
 impl SmRole {
     /// The role from `log` only (no SMInfo device configured).
-    pub fn from_log(log: Arc<SmStateReader>) -> SmRole {
+    pub fn from_log(log: Arc<LogStateReader>) -> SmRole {
         SmRole {
             log,
             sminfo: None,
@@ -139,7 +139,7 @@ impl SmRole {
     }
 
     /// The role from SMInfo over `device`, `log` as the fallback.
-    pub fn with_sminfo(log: Arc<SmStateReader>, device: PathBuf) -> SmRole {
+    pub fn with_sminfo(log: Arc<LogStateReader>, device: PathBuf) -> SmRole {
         SmRole {
             log,
             sminfo: Some(SmInfoReader::new(device)),
@@ -170,7 +170,7 @@ impl SmRole {
     }
 
     /// The state OpenSM's log last announced.
-    pub fn log_state(&self) -> SmState {
+    pub fn log_state(&self) -> OpenSmState {
         self.log.state()
     }
 
@@ -238,11 +238,17 @@ mod tests {
 
     #[test]
     fn states_from_sminfo() {
-        assert_eq!(state_of(&info(sm_state::MASTER)), SmState::Master);
-        assert_eq!(state_of(&info(sm_state::STANDBY)), SmState::Standby);
-        assert_eq!(state_of(&info(sm_state::DISCOVERING)), SmState::Discovering);
-        assert_eq!(state_of(&info(sm_state::NOT_ACTIVE)), SmState::NotActive);
-        assert_eq!(state_of(&info(9)), SmState::NotActive);
+        assert_eq!(state_of(&info(sm_state::MASTER)), OpenSmState::Master);
+        assert_eq!(state_of(&info(sm_state::STANDBY)), OpenSmState::Standby);
+        assert_eq!(
+            state_of(&info(sm_state::DISCOVERING)),
+            OpenSmState::Discovering
+        );
+        assert_eq!(
+            state_of(&info(sm_state::NOT_ACTIVE)),
+            OpenSmState::NotActive
+        );
+        assert_eq!(state_of(&info(9)), OpenSmState::NotActive);
     }
 
     #[tokio::test]
@@ -250,13 +256,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("opensm.log");
         std::fs::write(&log, "x -> Entering STANDBY state\n").unwrap();
-        let reader = Arc::new(SmStateReader::new(log));
+        let reader = Arc::new(LogStateReader::new(log));
         let plain = SmRole::from_log(reader.clone());
         assert!(plain.read_sminfo().await.is_none());
         assert_eq!(
             plain.current(),
             Role {
-                state: SmState::Standby,
+                state: OpenSmState::Standby,
                 source: RoleSource::LogFallback {
                     reason: "sminfo_umad_device is not set".into()
                 }
@@ -270,7 +276,7 @@ mod tests {
         let read = role.read_sminfo().await.expect("configured");
         assert!(read.is_err());
         let now = role.current();
-        assert_eq!(now.state, SmState::Standby);
+        assert_eq!(now.state, OpenSmState::Standby);
         match now.source {
             RoleSource::LogFallback { reason } => {
                 assert!(reason.contains("no-umad0"), "{reason}")
@@ -283,12 +289,12 @@ mod tests {
     fn an_answer_is_the_role() {
         let dir = tempfile::tempdir().unwrap();
         let role = SmRole::with_sminfo(
-            Arc::new(SmStateReader::new(dir.path().join("opensm.log"))),
+            Arc::new(LogStateReader::new(dir.path().join("opensm.log"))),
             dir.path().join("umad0"),
         );
         *role.last.lock().unwrap() = Some(Ok((info(sm_state::MASTER), SystemTime::UNIX_EPOCH)));
         let r = role.current();
-        assert_eq!(r.state, SmState::Master);
+        assert_eq!(r.state, OpenSmState::Master);
         assert_eq!(r.source.as_str(), "sminfo");
     }
 }

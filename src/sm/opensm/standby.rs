@@ -13,85 +13,11 @@
 //! write ([`super::sminfo`]), said STANDBY; a failed read confirms nothing here (the sweep fence
 //! decides) and the log is not consulted. Without it, OpenSM's log decides, as above.
 
+use super::opensm_state::OpenSmState;
 use super::reload::{OpenSmReloader, ReloadError, ReloadReport, Reloader, Unsignalled};
 use super::OpenSmConfig;
 use async_trait::async_trait;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-
-/// OpenSM's state as its log last announced it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SmState {
-    /// No `Entering ... state` line seen.
-    #[default]
-    Unknown,
-    /// `Entering DISCOVERING state`.
-    Discovering,
-    /// `Entering STANDBY state`.
-    Standby,
-    /// `Entering MASTER state`.
-    Master,
-    /// `Entering NOT-ACTIVE state` (or another state name).
-    NotActive,
-}
-
-impl SmState {
-    /// Lowercase name for status and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SmState::Unknown => "unknown",
-            SmState::Discovering => "discovering",
-            SmState::Standby => "standby",
-            SmState::Master => "master",
-            SmState::NotActive => "not-active",
-        }
-    }
-
-    /// The state a log line announces, if it is OpenSM's `Entering <STATE> state`.
-    pub fn of_line(line: &str) -> Option<SmState> {
-        let rest = &line[line.find("Entering ")? + "Entering ".len()..];
-        let name = rest.strip_suffix(" state")?;
-        Some(match name {
-            "MASTER" => SmState::Master,
-            "STANDBY" => SmState::Standby,
-            "DISCOVERING" => SmState::Discovering,
-            _ if name.chars().all(|c| c.is_ascii_uppercase() || c == '-') => SmState::NotActive,
-            _ => return None,
-        })
-    }
-}
-
-/// Reads OpenSM's state from its log, incrementally.
-#[derive(Debug)]
-pub struct SmStateReader {
-    log_file: PathBuf,
-    seen: Mutex<(u64, SmState)>,
-}
-
-impl SmStateReader {
-    /// Reads `log_file`.
-    pub fn new(log_file: PathBuf) -> SmStateReader {
-        SmStateReader {
-            log_file,
-            seen: Mutex::new((0, SmState::Unknown)),
-        }
-    }
-
-    /// The last state OpenSM's log announced (a rotated log is read from its start).
-    pub fn state(&self) -> SmState {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let (lines, end) = super::reload::log_lines_and_end(&self.log_file, seen.0);
-        let rotated = end < seen.0;
-        if rotated {
-            seen.1 = SmState::Unknown;
-        }
-        if let Some(s) = lines.iter().rev().find_map(|l| SmState::of_line(l)) {
-            seen.1 = s;
-        }
-        seen.0 = end;
-        seen.1
-    }
-}
+use std::sync::Arc;
 
 /// The [`Reloader`] of an SM host with peers: a standby OpenSM's write is confirmed without a
 /// sweep (module docs); everything else is the inner reloader's.
@@ -120,9 +46,9 @@ impl StandbyAware {
     /// Whether OpenSM is standby now: a fresh SMInfo read when configured, else its log.
     async fn standby(&self) -> bool {
         match self.role.read_sminfo().await {
-            Some(Ok(info)) => super::sminfo::state_of(&info) == SmState::Standby,
+            Some(Ok(info)) => super::sminfo::state_of(&info) == OpenSmState::Standby,
             Some(Err(_)) => false,
-            None => self.role.log_state() == SmState::Standby,
+            None => self.role.log_state() == OpenSmState::Standby,
         }
     }
 
@@ -174,25 +100,6 @@ impl Reloader for StandbyAware {
 mod tests {
     use super::*;
 
-    #[test]
-    fn states_from_opensm_lines() {
-        let l = |s: &str| format!("Dec 04 12:00:00 000000 [AB] 0x02 -> {s}");
-        assert_eq!(
-            SmState::of_line(&l("Entering MASTER state")),
-            Some(SmState::Master)
-        );
-        assert_eq!(
-            SmState::of_line(&l("Entering STANDBY state")),
-            Some(SmState::Standby)
-        );
-        assert_eq!(
-            SmState::of_line(&l("Entering DISCOVERING state")),
-            Some(SmState::Discovering)
-        );
-        assert_eq!(SmState::of_line(&l("SUBNET UP")), None);
-        assert_eq!(SmState::of_line(&l("Entering the fray state")), None);
-    }
-
     /// Counts the sweep-fence reloads it is asked for, and answers "not read".
     struct Fence(std::sync::atomic::AtomicUsize);
 
@@ -213,7 +120,7 @@ mod tests {
         let log = dir.path().join("opensm.log");
         std::fs::write(&log, "x -> Entering STANDBY state\n").unwrap();
         let role = Arc::new(super::super::sminfo::SmRole::with_sminfo(
-            Arc::new(SmStateReader::new(log)),
+            Arc::new(super::super::opensm_state::LogStateReader::new(log)),
             dir.path().join("no-umad0"),
         ));
         let fence = Arc::new(Fence(Default::default()));
@@ -233,22 +140,22 @@ mod tests {
     fn reader_follows_the_log() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("opensm.log");
-        let r = SmStateReader::new(log.clone());
-        assert_eq!(r.state(), SmState::Unknown);
+        let r = super::super::opensm_state::LogStateReader::new(log.clone());
+        assert_eq!(r.state(), OpenSmState::Unknown);
         std::fs::write(
             &log,
             "x -> Entering DISCOVERING state\nx -> Entering STANDBY state\n",
         )
         .unwrap();
-        assert_eq!(r.state(), SmState::Standby);
+        assert_eq!(r.state(), OpenSmState::Standby);
         let mut text = std::fs::read_to_string(&log).unwrap();
         text.push_str("x -> SUBNET UP\n");
         std::fs::write(&log, &text).unwrap();
-        assert_eq!(r.state(), SmState::Standby);
+        assert_eq!(r.state(), OpenSmState::Standby);
         text.push_str("x -> Entering MASTER state\n");
         std::fs::write(&log, &text).unwrap();
-        assert_eq!(r.state(), SmState::Master);
+        assert_eq!(r.state(), OpenSmState::Master);
         std::fs::write(&log, "y\n").unwrap();
-        assert_eq!(r.state(), SmState::Unknown);
+        assert_eq!(r.state(), OpenSmState::Unknown);
     }
 }

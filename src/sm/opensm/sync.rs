@@ -126,7 +126,7 @@ pub struct PeerStatus {
 #[derive(Debug, Clone, Default)]
 pub struct SyncStatus {
     /// This host's OpenSM role (`None`: not read).
-    pub role: Option<super::standby::SmState>,
+    pub role: Option<super::opensm_state::OpenSmState>,
     /// Where `role` came from: the SM's SMInfo, or OpenSM's log as a fallback with its reason.
     pub role_source: Option<super::sminfo::RoleSource>,
     /// Every peer answered at least once since start (and this host took their sets).
