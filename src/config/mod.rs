@@ -1,6 +1,6 @@
 //! The agent's TOML configuration: parsed strictly (unknown keys are errors) and validated once
 //! at start. A bad file exits with code 64 (EX_USAGE). Each section's struct and its rules live
-//! in its own file; this one composes them: [`ConfigFile`] as written -> [`Config`] validated.
+//! in its own file; this one composes them: `ConfigFile` as written -> [`Config`] validated.
 
 mod error;
 mod events;

@@ -1,7 +1,7 @@
-//! What of a node's set is admitted: the generation fence (one check, [`State::fence`]), the
+//! What of a node's set is admitted: the generation fence (one check, `State::fence`), the
 //! ports it claims (proven through the fabric and the operator's inventory, or held by another
 //! node), the grants its keys need, and the checks against the operator's part of the file.
-//! Pure over [`State`] (the stored sets, held in memory) except [`gather_evidence`], which asks
+//! Pure over `State` (the stored sets, held in memory) except `gather_evidence`, which asks
 //! the fabric before the admission lock is taken.
 //!
 //! Generations (fencing): each node orders its sets with a persisted counter. A set with a lower

@@ -2,7 +2,7 @@
 //! group's sets and the commit state, write the file atomically, make OpenSM re-read it and
 //! confirm it by the sweep fence; keep the last accepted copy, restore it after a rejection,
 //! repair rejections the agent did not cause (at the next commit and by the log watch), and the
-//! standing conditions of the file ([`Health`]).
+//! standing conditions of the file (`Health`).
 //!
 //! Fail-closed: a commit answers OK only once OpenSM was seen re-reading the file without an
 //! error in its log. From just before a write until then the write is *unconfirmed*, persisted

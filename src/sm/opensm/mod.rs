@@ -26,6 +26,7 @@
 //! - [`peers`]   — `[subnet_manager.opensm_ha]`: the fabric's other SM hosts (several SM hosts)
 //! - [`sync`]    — anti-entropy with the peers and the catch-up gate (highest generation wins)
 //! - [`standby`] — confirming a write to a standby OpenSM's file (it reads it when it takes over)
+//! - [`opensm_state`] — OpenSM's SM state (master, standby, ...) and what its log last announced
 //! - [`sminfo`]  — this host's OpenSM role from the SM's own SMInfo (OpenSM's log as the fallback)
 
 pub mod admission;
