@@ -69,6 +69,14 @@
 //! system clock; [`UfmSm::with_link`] plugs in another link (the deterministic simulation's
 //! model UFM, on its paused clock). Retries, the budget and every rule above stay in the
 //! backend.
+//!
+//! # Files
+//! This file holds the backend's state and the apply; `reads.rs` and `writes.rs` are its
+//! partition reads and writes, `ledger_io.rs` the ledger's load, save and late-write record,
+//! `plan.rs` the pure per-key plan, `wire.rs` UFM's JSON, `http.rs` retries and the budget's
+//! use, `link.rs` one attempt, `ledger.rs` the ledger type and its store, `auth.rs` the
+//! credentials, `config.rs` `[subnet_manager.ufm]`, `ports.rs` UFM's port list, `broker/` the
+//! UFM broker.
 
 mod auth;
 pub mod broker;
@@ -77,10 +85,13 @@ mod config;
 mod error;
 mod http;
 mod ledger;
+mod ledger_io;
 mod link;
 mod plan;
 mod ports;
+mod reads;
 mod wire;
+mod writes;
 
 pub use config::{TokenScheme, UfmConfig, UfmConfigError, UrlParseError};
 pub use error::UfmError;
@@ -96,16 +107,15 @@ use async_trait::async_trait;
 use auth::{Credential, Loaded, Secret};
 use budget::Budget;
 use config::AuthConfig;
-use futures::{StreamExt, TryStreamExt};
 use http::{Answer, Exchange, ReqwestLink, RetryPolicy};
 use plan::{plan_key, KeyPlan};
-use reqwest::{Certificate, Client, Method, StatusCode};
+use reqwest::{Certificate, Client, StatusCode};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use wire::{guid_text, pkey_text, PartitionState};
+use wire::PartitionState;
 
 /// Partition reads in flight at once during one apply.
 const READ_CONCURRENCY: usize = 8;
@@ -609,20 +619,6 @@ impl UfmSm {
         }
     }
 
-    /// Records a late write: `count` GUIDs of this node re-appeared in the watched `key`, where
-    /// the node no longer gives them, after a read had shown them gone. The apply removes them
-    /// now.
-    fn late_write(&self, ledger: &UfmLedger, key: PKey, count: usize) {
-        let until = ledger.watched_until(key).unwrap_or_default();
-        let detail = format!("{count} GUID(s) of this node re-appeared in {key} at UFM after it was released from them (an add executed after the client gave up); removed, and watched until {until} (unix ms)");
-        tracing::error!(%key, count, "UFM late write: a released key came back to this node's ports; removing it");
-        self.late_writes_mut().insert(key, detail);
-    }
-
-    fn late_writes_mut(&self) -> std::sync::MutexGuard<'_, BTreeMap<PKey, String>> {
-        self.late_writes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// What to change in `key` for this node: the visible ports and the ledger's GUIDs.
     fn plan(
         &self,
@@ -635,217 +631,6 @@ impl UfmSm {
         let none = BTreeSet::new();
         let recorded = ledger.guids_ref(key).unwrap_or(&none);
         plan_key(partition, want, ports, recorded, self.index0)
-    }
-
-    /// Reads the ledger from its store once.
-    async fn load_ledger(&self, state: &mut State) -> Result<(), SmError> {
-        if state.ledger.is_some() {
-            return Ok(());
-        }
-        let store = self.ledger_store.clone();
-        let bytes = tokio::task::spawn_blocking(move || store.load())
-            .await
-            .map_err(|e| {
-                SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerTask {
-                    saving: false,
-                    source: Arc::new(e),
-                }))
-            })?
-            .map_err(|e| SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerLoad(e))))?;
-        let ledger = match bytes {
-            None => UfmLedger::default(),
-            Some(bytes) => UfmLedger::decode(&bytes)
-                .map_err(|why| refused(UfmError::LedgerDecode(Arc::new(why))))?,
-        };
-        state.saved = ledger.clone();
-        state.ledger = Some(ledger);
-        Ok(())
-    }
-
-    /// Saves the ledger when it differs from what was saved last.
-    async fn save_ledger(&self, ledger: &UfmLedger, saved: &mut UfmLedger) -> Result<(), Failure> {
-        if ledger == saved {
-            return Ok(());
-        }
-        let bytes = ledger.encode();
-        let store = self.ledger_store.clone();
-        tokio::task::spawn_blocking(move || store.save(&bytes))
-            .await
-            .map_err(|e| {
-                Failure::NoAnswer(UfmError::LedgerTask {
-                    saving: true,
-                    source: Arc::new(e),
-                })
-            })?
-            .map_err(|e| Failure::NoAnswer(UfmError::LedgerSave(e)))?;
-        *saved = ledger.clone();
-        Ok(())
-    }
-
-    async fn read_all(&self, ex: &Exchange<'_>) -> Result<BTreeMap<PKey, PartitionState>, Failure> {
-        let path = "/resources/pkeys?guids_data=true";
-        let answer = ex.call(Method::GET, path, None).await?;
-        if !answer.status.is_success() {
-            return Err(self.refusal(ex, &answer, "listing partitions"));
-        }
-        wire::parse_all(&answer.body).map_err(|why| not_understood(path, why))
-    }
-
-    /// Reads `keys`: through the whole list when it is in use and `whole` is set or two or more
-    /// keys are asked, else per key. Returns the keys' states and, when read, the whole list.
-    /// A list answer over the body cap falls back to per-key reads, and once those work the
-    /// list is not asked for again; any other failure of the list read is the apply's.
-    async fn read_many(
-        &self,
-        ex: &Exchange<'_>,
-        list_usable: &mut bool,
-        keys: &BTreeSet<PKey>,
-        whole: bool,
-    ) -> Result<PartitionReads, Failure> {
-        let mut list_failure = None;
-        if *list_usable && (whole || keys.len() >= 2) {
-            match self.read_all(ex).await {
-                Ok(all) => {
-                    let picked = keys.iter().map(|k| (*k, all.get(k).cloned())).collect();
-                    return Ok((picked, Some(all)));
-                }
-                Err(Failure::NoAnswer(UfmError::NoAnswer(why @ NoAnswer::TooLarge { .. }))) => {
-                    list_failure = Some(why)
-                }
-                Err(other) => return Err(other),
-            }
-        }
-        let picked = self.read_keys(ex, keys).await?;
-        if let Some(why) = list_failure.filter(|_| !keys.is_empty()) {
-            tracing::warn!(%why, "UFM's whole partition list cannot be read but single partitions can; reading per key from now on");
-            *list_usable = false;
-        }
-        Ok((picked, None))
-    }
-
-    /// UFM's `last_updated` stamp; `None` when it gives none. A 4xx other than 401/403, or an
-    /// answer that is not the stamp document, turns stamp reads off for this process.
-    async fn read_stamp(
-        &self,
-        ex: &Exchange<'_>,
-        supported: &mut bool,
-    ) -> Result<Option<String>, Failure> {
-        let answer = ex
-            .call(Method::GET, "/resources/pkeys/last_updated", None)
-            .await?;
-        let parsed = match answer.status {
-            s if s.is_success() => wire::parse_last_updated(&answer.body),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                return Err(self.refusal(ex, &answer, "reading the partition stamp"))
-            }
-            _ => Err(()),
-        };
-        parsed.or_else(|()| {
-            tracing::info!(status = %answer.status, "UFM gives no partition last_updated stamp; every re-check reads the partitions");
-            *supported = false;
-            Ok(None)
-        })
-    }
-
-    async fn read_keys(
-        &self,
-        ex: &Exchange<'_>,
-        keys: &BTreeSet<PKey>,
-    ) -> Result<BTreeMap<PKey, Option<PartitionState>>, Failure> {
-        futures::stream::iter(keys.iter().copied())
-            .map(|key| async move { self.read_key(ex, key).await.map(|p| (key, p)) })
-            .buffered(READ_CONCURRENCY)
-            .try_collect()
-            .await
-    }
-
-    async fn read_key(
-        &self,
-        ex: &Exchange<'_>,
-        key: PKey,
-    ) -> Result<Option<PartitionState>, Failure> {
-        let path = format!("/resources/pkeys/{}?guids_data=true", pkey_text(key));
-        let answer = ex.call(Method::GET, &path, None).await?;
-        match answer.status {
-            StatusCode::NOT_FOUND => Ok(None),
-            s if s.is_success() => {
-                wire::parse_partition(&answer.body).map_err(|why| not_understood(&path, why))
-            }
-            _ => Err(self.refusal(ex, &answer, &format!("reading {key}"))),
-        }
-    }
-
-    async fn add_guids(
-        &self,
-        ex: &Exchange<'_>,
-        key: PKey,
-        membership: Membership,
-        guids: &[Guid],
-    ) -> Result<(), Failure> {
-        let body = wire::AddGuids {
-            pkey: pkey_text(key),
-            guids: guids.iter().map(|g| guid_text(*g)).collect(),
-            membership,
-            index0: self.index0,
-            ip_over_ib: self.ip_over_ib,
-        };
-        let body = serde_json::to_value(&body).expect("AddGuids serialises");
-        let answer = ex
-            .call(Method::POST, "/resources/pkeys", Some(&body))
-            .await?;
-        if answer.status.is_success() {
-            Ok(())
-        } else {
-            Err(self.refusal(
-                ex,
-                &answer,
-                &format!("adding {} GUID(s) to {key}", guids.len()),
-            ))
-        }
-    }
-
-    async fn remove_guids(
-        &self,
-        ex: &Exchange<'_>,
-        form: &mut RemovalForm,
-        key: PKey,
-        guids: &[Guid],
-    ) -> Result<(), Failure> {
-        let what = format!("removing {} GUID(s) from {key}", guids.len());
-        if *form == RemovalForm::Action {
-            let body = serde_json::to_value(wire::RemoveGuids {
-                pkey: pkey_text(key),
-                guids: guids.iter().map(|g| guid_text(*g)).collect(),
-            })
-            .expect("RemoveGuids serialises");
-            let answer = ex
-                .call(Method::POST, "/actions/remove_guids_from_pkey", Some(&body))
-                .await?;
-            match answer.status {
-                s if s.is_success() => return Ok(()),
-                // The deprecated action is gone (or the key vanished): the resource form decides.
-                StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {}
-                _ => return Err(self.refusal(ex, &answer, &what)),
-            }
-        }
-        let list: Vec<String> = guids.iter().map(|g| guid_text(*g)).collect();
-        let path = format!(
-            "/resources/pkeys/{}/guids/{}",
-            pkey_text(key),
-            list.join(",")
-        );
-        let answer = ex.call(Method::DELETE, &path, None).await?;
-        match answer.status {
-            s if s.is_success() => {
-                if *form == RemovalForm::Action {
-                    tracing::info!("UFM no longer offers remove_guids_from_pkey; using DELETE …/guids from now on");
-                    *form = RemovalForm::Delete;
-                }
-                Ok(())
-            }
-            StatusCode::NOT_FOUND => Ok(()),
-            _ => Err(self.refusal(ex, &answer, &what)),
-        }
     }
 
     /// A non-success answer below 500 as a failure: credentials, or a refusal with UFM's words.
