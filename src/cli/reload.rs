@@ -9,11 +9,11 @@ use crate::api::TlsReloader;
 use crate::config::Config;
 use std::path::Path;
 
-/// Why a reload step failed.
-pub type ReloadError = Box<dyn std::error::Error + Send + Sync>;
+/// Why one step of a SIGHUP reload failed.
+pub type StepError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Replaces the process's log filter.
-type SetFilter = Box<dyn Fn(&str) -> Result<(), ReloadError> + Send + Sync>;
+type SetFilter = Box<dyn Fn(&str) -> Result<(), StepError> + Send + Sync>;
 
 /// The running log filter, as the binary installed it.
 pub struct LogControl {
@@ -28,7 +28,7 @@ impl LogControl {
     /// A filter that `set` replaces; `pinned` is the `FABRIC_AGENT_LOG` value, which wins over
     /// the config file's `[log] filter`.
     pub fn new(
-        set: impl Fn(&str) -> Result<(), ReloadError> + Send + Sync + 'static,
+        set: impl Fn(&str) -> Result<(), StepError> + Send + Sync + 'static,
         pinned: Option<String>,
     ) -> LogControl {
         LogControl {
@@ -39,7 +39,7 @@ impl LogControl {
 
     /// Applies the configured filter (default [`DEFAULT_FILTER`]) unless the environment pins
     /// one; returns the filter in effect and whether it came from the environment.
-    pub fn apply(&self, configured: Option<&str>) -> Result<(String, bool), ReloadError> {
+    pub fn apply(&self, configured: Option<&str>) -> Result<(String, bool), StepError> {
         if let Some(pinned) = &self.pinned {
             return Ok((pinned.clone(), true));
         }

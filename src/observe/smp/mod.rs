@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
-use transport::{Agent, MadTransport, Timing};
+use transport::{MadAgent, MadTransport, Timing};
 
 /// Why an SMP or SA exchange failed.
 #[derive(Debug, Error)]
@@ -115,7 +115,11 @@ impl SmpObserver {
         request.emit(&mut Smp::new_unchecked(&mut mad[..]));
         let answer = self
             .transport
-            .exchange(Agent::SubnetManagement, MadAddress::directed_route(), mad)
+            .exchange(
+                MadAgent::SubnetManagement,
+                MadAddress::directed_route(),
+                mad,
+            )
             .await?;
         let response = SmpRepr::parse(&Smp::new_checked(&answer[..])?)?;
         if response.attribute_id != attribute_id {
@@ -220,7 +224,7 @@ impl SmpObserver {
         let answer = self
             .transport
             .exchange(
-                Agent::SubnetAdministration,
+                MadAgent::SubnetAdministration,
                 MadAddress::subnet_administrator(sm_lid),
                 mad,
             )

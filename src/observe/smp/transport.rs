@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 /// Which agent a request goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Agent {
+pub enum MadAgent {
     /// Directed-route subnet management (QP0).
     SubnetManagement,
     /// Subnet administration (QP1).
@@ -26,7 +26,7 @@ pub enum Agent {
 }
 
 struct Job {
-    agent: Agent,
+    agent: MadAgent,
     address: MadAddress,
     mad: [u8; MAD_LEN],
     reply: oneshot::Sender<Result<[u8; MAD_LEN], SmpError>>,
@@ -70,7 +70,7 @@ impl MadTransport {
     /// chosen here; the caller's are overwritten.
     pub async fn exchange(
         &self,
-        agent: Agent,
+        agent: MadAgent,
         address: MadAddress,
         mad: [u8; MAD_LEN],
     ) -> Result<[u8; MAD_LEN], SmpError> {
@@ -105,8 +105,8 @@ fn serve(port: UmadPort, smi: AgentId, sa: AgentId, timing: Timing, queue: mpsc:
     while let Ok(job) = queue.recv() {
         next_tid = next_tid.wrapping_add(1);
         let agent = match job.agent {
-            Agent::SubnetManagement => smi,
-            Agent::SubnetAdministration => sa,
+            MadAgent::SubnetManagement => smi,
+            MadAgent::SubnetAdministration => sa,
         };
         let result = exchange(&port, agent, &job, next_tid, timing);
         let _ = job.reply.send(result);
