@@ -5,10 +5,11 @@ use testkit::common;
 
 use common::pki::{self_signed, write, Pki};
 use common::sm_host::opensm_backend;
+use fabric_agent::api::gate::{LiveTlsAccess, TlsAccess, TlsService};
 use fabric_agent::api::sm_v1::convert::sm_host_status;
 use fabric_agent::api::PartitionsService;
 use fabric_agent::api::RemoteSm;
-use fabric_agent::api::{ClientAllowlist, Guarded, Policy};
+use fabric_agent::api::{ClientAllowlist, Guarded, NodeMapping, Policy};
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use fabric_agent::proto::sm::GetNodeMembershipsRequest;
@@ -59,9 +60,14 @@ async fn sm_host(operator: &str, tls: Option<ServerTlsConfig>) -> SmHost {
     let policy = match tls {
         Some(tls) => {
             builder = builder.tls_config(tls).unwrap();
-            Policy::Tls {
-                allowed: ClientAllowlist::parse(&["dns:node-7".into()]).unwrap(),
-                operators: ClientAllowlist::default(),
+            Policy::LiveTls {
+                access: LiveTlsAccess::new(TlsAccess::new(
+                    ClientAllowlist::default(),
+                    ClientAllowlist::parse(&["dns:node-7".into()]).unwrap(),
+                    ClientAllowlist::default(),
+                    NodeMapping::default(),
+                )),
+                service: TlsService::Partitions,
             }
         }
         None => Policy::InsecureTest,

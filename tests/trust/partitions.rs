@@ -9,6 +9,7 @@ use testkit::common;
 use common::pki::Pki;
 use common::sm_host::opensm_backend;
 use fabric_agent::api::client::{tcp, ClientTls};
+use fabric_agent::api::gate::{LiveTlsAccess, TlsAccess, TlsService};
 use fabric_agent::api::PartitionsService;
 use fabric_agent::api::{ClientAllowlist, Guarded, NodeMapping, Policy, TlsReloader};
 use fabric_agent::config::TlsConfig;
@@ -86,10 +87,15 @@ impl SmHost {
         std::fs::write(&partitions, "").unwrap();
         let backend = opensm_backend(&partitions);
         let (reloader, _) = TlsReloader::load(&tls).unwrap();
-        let nodes = tls.nodes.clone();
-        let policy = Policy::Tls {
-            allowed: tls.partitions_clients.clone(),
-            operators: tls.operator_clients.clone(),
+        let access = LiveTlsAccess::new(TlsAccess::new(
+            tls.allowed_clients.clone(),
+            tls.partitions_clients.clone(),
+            tls.operator_clients.clone(),
+            tls.nodes.clone(),
+        ));
+        let policy = Policy::LiveTls {
+            access: access.clone(),
+            service: TlsService::Partitions,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -104,7 +110,7 @@ impl SmHost {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = Server::builder().add_service(Guarded::new(
             PartitionsService::new(backend)
-                .with_node_mapping(nodes)
+                .with_live_node_mapping(access)
                 .into_server(),
             policy,
         ));

@@ -147,14 +147,8 @@ impl LocalPolicy {
 pub enum Policy {
     /// The unix socket.
     Local(LocalPolicy),
-    /// TLS: `allowed` may call the service; `operators` may call its read-only methods.
-    Tls {
-        /// The service's allowlist.
-        allowed: ClientAllowlist,
-        /// The operator list.
-        operators: ClientAllowlist,
-    },
-    /// TLS with the lists in effect at each call (replaced on SIGHUP): `service` picks which.
+    /// TLS with the lists in effect at each call (replaced on SIGHUP): `service` picks which
+    /// list may call, and which may call its read-only and operator methods.
     LiveTls {
         /// The lists in effect.
         access: LiveTlsAccess,
@@ -189,7 +183,6 @@ impl Policy {
                     })?;
                 local.admit(cred.uid(), cred.gid(), read_only, path)
             }
-            Policy::Tls { allowed, operators } => admit_cert(request, allowed, operators),
             Policy::LiveTls { access, service } => {
                 let access = access.current();
                 let (allowed, operators) = access.lists(*service);

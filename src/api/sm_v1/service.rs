@@ -25,36 +25,18 @@ use tonic::{Request, Response, Status};
 #[derive(Clone)]
 pub struct PartitionsService {
     backend: Arc<dyn FabricSide>,
-    nodes: Nodes,
+    /// The mTLS listener's identity -> node mapping, read at each call; `None`: the default rule.
+    nodes: Option<LiveTlsAccess>,
     peers: ClientAllowlist,
-}
-
-/// Where the identity -> node mapping comes from.
-#[derive(Clone)]
-enum Nodes {
-    /// Fixed for the service's life.
-    Fixed(NodeMapping),
-    /// The mTLS listener's mapping in effect at each call (replaced on SIGHUP).
-    Live(LiveTlsAccess),
-}
-
-impl Nodes {
-    /// The mapping in effect now.
-    fn current(&self) -> NodeMapping {
-        match self {
-            Nodes::Fixed(m) => m.clone(),
-            Nodes::Live(access) => access.current().nodes().clone(),
-        }
-    }
 }
 
 impl PartitionsService {
     /// Wraps the backend; certificates map to nodes by the default rule (a DNS SAN equal to the
-    /// node id) until [`PartitionsService::with_node_mapping`].
+    /// node id) until [`PartitionsService::with_live_node_mapping`].
     pub fn new(backend: impl FabricSide) -> Self {
         PartitionsService {
             backend: Arc::new(backend),
-            nodes: Nodes::Fixed(NodeMapping::default()),
+            nodes: None,
             peers: ClientAllowlist::default(),
         }
     }
@@ -64,20 +46,21 @@ impl PartitionsService {
         PartitionsService { peers, ..self }
     }
 
-    /// Uses this identity -> node mapping.
-    pub fn with_node_mapping(self, nodes: NodeMapping) -> Self {
+    /// Uses the mTLS listener's mapping in effect at each call.
+    pub fn with_live_node_mapping(self, access: LiveTlsAccess) -> Self {
         PartitionsService {
-            nodes: Nodes::Fixed(nodes),
+            nodes: Some(access),
             ..self
         }
     }
 
-    /// Uses the mTLS listener's mapping in effect at each call.
-    pub fn with_live_node_mapping(self, access: LiveTlsAccess) -> Self {
-        PartitionsService {
-            nodes: Nodes::Live(access),
-            ..self
-        }
+    /// The identity -> node mapping in effect now.
+    fn node_mapping(&self) -> NodeMapping {
+        self.nodes
+            .as_ref()
+            .map_or_else(NodeMapping::default, |access| {
+                access.current().nodes().clone()
+            })
     }
 
     /// The tonic server for this service, ready for `Server::add_service`.
@@ -137,7 +120,7 @@ impl PartitionsService {
         let (desired, generation) = memberships_from_proto(m)?;
         authorise(
             caller,
-            &self.nodes.current(),
+            &self.node_mapping(),
             &desired.node_id,
             Access::Write,
         )
@@ -225,7 +208,7 @@ impl Partitions for PartitionsService {
     ) -> Result<Response<pb::NodeMemberships>, Status> {
         let caller = Caller::of(&request).cloned();
         let id = node_id(&request.into_inner().node_id)?;
-        authorise(caller.as_ref(), &self.nodes.current(), &id, Access::Read)
+        authorise(caller.as_ref(), &self.node_mapping(), &id, Access::Read)
             .map_err(|r| status_of_refusal(&r))?;
         self.backend
             .node(&id)
