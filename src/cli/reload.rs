@@ -3,7 +3,7 @@
 //! files it was started with, re-read) and its allowlists and node mapping — and what it leaves
 //! for a restart, each change named in the log as applied only once it is in effect.
 
-use crate::api::gate::{ClientAllowlist, LiveTlsAccess, NodeMapping};
+use crate::api::gate::{LiveTlsAccess, NodeMapping};
 use crate::api::settings::TlsConfig;
 use crate::api::TlsReloader;
 use crate::config::Config;
@@ -64,9 +64,6 @@ pub struct Changed {
 /// removing the table, or naming other certificate, key or CA files, needs a restart (the
 /// files already named are re-read on every SIGHUP).
 pub fn changed(running: &Config, file: &Config) -> Vec<Changed> {
-    fn same<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
-        format!("{a:?}") == format!("{b:?}")
-    }
     let listen_rest = |c: &Config| {
         let mut l = c.listen.clone();
         l.tls = None;
@@ -116,9 +113,13 @@ pub fn changed(running: &Config, file: &Config) -> Vec<Changed> {
         .collect()
 }
 
+/// Whether two settings are equal as written (the sections do not all implement `PartialEq`).
+fn same<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}
+
 /// `[listen.tls]`'s keys, compared: (key, applied in place, unchanged).
 fn tls_changes(a: &TlsConfig, b: &TlsConfig) -> [(&'static str, bool, bool); 8] {
-    let list = |l: &ClientAllowlist| format!("{l:?}");
     let template = |m: &NodeMapping| match m {
         NodeMapping::Names { template } => template.clone(),
         NodeMapping::Table(_) => None,
@@ -134,17 +135,17 @@ fn tls_changes(a: &TlsConfig, b: &TlsConfig) -> [(&'static str, bool, bool); 8] 
         (
             "listen.tls.allowed_clients",
             true,
-            list(&a.allowed_clients) == list(&b.allowed_clients),
+            same(&a.allowed_clients, &b.allowed_clients),
         ),
         (
             "listen.tls.partitions_clients",
             true,
-            list(&a.partitions_clients) == list(&b.partitions_clients),
+            same(&a.partitions_clients, &b.partitions_clients),
         ),
         (
             "listen.tls.operator_clients",
             true,
-            list(&a.operator_clients) == list(&b.operator_clients),
+            same(&a.operator_clients, &b.operator_clients),
         ),
         (
             "listen.tls.node_name_template",
