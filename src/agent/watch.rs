@@ -165,10 +165,14 @@ async fn next(mut c: Cursor) -> Option<(Result<Arc<Event>, AgentError>, Cursor)>
                     None => std::future::pending().await,
                 }
             };
+            // Biased, so a run on paused time replays exactly (an unbiased select draws from
+            // the runtime's random seed); a shutdown or the maximum age wins over live events,
+            // which stay in the log for the client's next stream.
             tokio::select! {
-                r = c.live.recv() => Woken::Live(r),
+                biased;
                 _ = c.stopping.changed() => continue,
                 _ = expired => Woken::Expired,
+                r = c.live.recv() => Woken::Live(r),
             }
         };
         let why = match woken {

@@ -20,15 +20,23 @@
 //! 8. No model port ever holds the keys of two partitions unless both are granted to it at once
 //!    (live attachments covering it).
 //!
+//! 9. Pruning: only a RELEASED attachment ever leaves the store, and only once its RELEASED
+//!    event is `released_retain` old in simulated time (a probe looks just before each one's
+//!    retain is over); an instance id attached again after that is a new attachment. Events the
+//!    log's retention pruned before the oracle read them are the oracle's own hole, reported as
+//!    such.
+//!
 //! Checks 1, 2 and 6 are read per covered port: an attachment is judged on the ports its events
 //! list.
 
 use super::schedule::PORTS;
 use super::world::{Fabric, PORT_GUID_BASE};
-use fabric_agent::domain::{AttachmentState, EventKind, Inventory, PKeyValue};
+use fabric_agent::domain::{Attachment, AttachmentState, Event, EventKind, Inventory, PKeyValue};
 use fabric_agent::store::Store;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
 #[derive(Debug, Clone)]
 struct Known {
@@ -36,6 +44,42 @@ struct Known {
     state: AttachmentState,
     /// The covered ports' GUIDs.
     ports: Vec<u64>,
+    /// When its RELEASED event was committed (agent clock, Unix ns).
+    released_ns: Option<i64>,
+}
+
+/// The agent's retention of RELEASED attachments and its clock, as the oracle judges pruning.
+#[derive(Debug, Clone, Copy)]
+struct Pruning {
+    retain_ns: i64,
+    /// The agent clock's reading at `t0`.
+    epoch_ns: i64,
+    t0: Instant,
+}
+
+impl Pruning {
+    fn now_ns(&self) -> i64 {
+        self.epoch_ns + self.t0.elapsed().as_nanos() as i64
+    }
+
+    /// Simulated ms of an agent-clock reading.
+    fn sim_ms(&self, unix_ns: i64) -> i64 {
+        (unix_ns - self.epoch_ns) / 1_000_000
+    }
+
+    /// Why an attachment RELEASED at `released_ns` may not be gone at `at_ns` (None: it may).
+    fn too_early(&self, released_ns: i64, at_ns: i64) -> Option<String> {
+        let age = at_ns.saturating_sub(released_ns);
+        (age < self.retain_ns).then(|| {
+            format!(
+                "RELEASED at t={} ms, only {} ms before t={} ms (released_retain {} ms)",
+                self.sim_ms(released_ns),
+                age / 1_000_000,
+                self.sim_ms(at_ns),
+                self.retain_ns / 1_000_000
+            )
+        })
+    }
 }
 
 fn overlap(a: &[u64], b: &[u64]) -> bool {
@@ -63,6 +107,16 @@ pub struct Oracle {
     pub acked_release: BTreeSet<String>,
     /// The first violation found.
     pub finding: Option<String>,
+    /// How pruning is judged (None: nothing may ever leave the store).
+    pruning: Option<Pruning>,
+    /// Every event read from the log, by seq: what a WatchEvents stream must deliver.
+    logged: BTreeMap<u64, Event>,
+    /// RELEASED attachments not yet probed: (when their retain is over, Unix ns; instance).
+    prune_due: BTreeSet<(i64, String)>,
+    /// Signalled when a RELEASED attachment joins `prune_due`.
+    pub released_seen: Arc<tokio::sync::Notify>,
+    /// RELEASED attachments seen pruned.
+    pub pruned: u64,
     /// RELEASED events seen.
     pub released: u64,
     /// ACTIVE events seen.
@@ -85,6 +139,11 @@ impl Oracle {
             acked_attach: BTreeSet::new(),
             acked_release: BTreeSet::new(),
             finding: None,
+            pruning: None,
+            logged: BTreeMap::new(),
+            prune_due: BTreeSet::new(),
+            released_seen: Arc::new(tokio::sync::Notify::new()),
+            pruned: 0,
             released: 0,
             active: 0,
             notes: Vec::new(),
@@ -97,6 +156,117 @@ impl Oracle {
         if self.finding.is_none() {
             self.finding = Some(format!("seen at t={now_ms} ms: {what}"));
         }
+    }
+
+    /// Judges pruning against the agent's `released_retain`, its clock reading `epoch_ns` at
+    /// the run's start `t0`.
+    pub fn judge_pruning(&mut self, released_retain: Duration, epoch_ns: i64, t0: Instant) {
+        self.pruning = Some(Pruning {
+            retain_ns: i64::try_from(released_retain.as_nanos()).unwrap_or(i64::MAX),
+            epoch_ns,
+            t0,
+        });
+    }
+
+    /// Why an attachment RELEASED at `released_ns` may not be gone at `at_ns`.
+    fn too_early(&self, released_ns: Option<i64>, at_ns: i64) -> Option<String> {
+        match (self.pruning, released_ns) {
+            (Some(p), Some(r)) => p.too_early(r, at_ns),
+            (None, _) => Some("nothing is pruned in this run".into()),
+            (_, None) => Some("it was never reported RELEASED".into()),
+        }
+    }
+
+    fn now_ns(&self) -> i64 {
+        self.pruning.map_or(0, |p| p.now_ns())
+    }
+
+    /// Forgets a pruned attachment (its id may be attached again, as a new attachment).
+    fn forget_pruned(&mut self, id: &str) {
+        self.instances.remove(id);
+        self.prune_due.retain(|(_, i)| i != id);
+        self.acked_attach.remove(id);
+        self.acked_release.remove(id);
+        self.pruned += 1;
+    }
+
+    /// Check 9 on the store as it is: every instance the log reported is still stored, unless
+    /// it was RELEASED at least `released_retain` ago.
+    fn check_vanished(&mut self, stored: &[Attachment], now_ms: u64) {
+        let now_ns = self.now_ns();
+        let ids: BTreeSet<&str> = stored.iter().map(|a| a.instance_id.as_str()).collect();
+        let gone: Vec<String> = self
+            .instances
+            .keys()
+            .filter(|id| !ids.contains(id.as_str()))
+            .cloned()
+            .collect();
+        for id in gone {
+            let k = &self.instances[&id];
+            if let Some(why) = self.too_early(k.released_ns, now_ns) {
+                let what = format!("{id} ({:?}) left the store: {why}", k.state);
+                return self.fail(now_ms, what);
+            }
+            self.notes.push(format!("{id} pruned from the store"));
+            self.forget_pruned(&id);
+        }
+    }
+
+    /// When the prune probe next looks (1 ms before the oldest unprobed RELEASED attachment's
+    /// retain is over), None when there is none.
+    pub fn next_prune_probe(&self) -> Option<Instant> {
+        let p = self.pruning?;
+        let (due, _) = self.prune_due.first()?;
+        let ns = (due - 1_000_000 - p.epoch_ns).max(0);
+        Some(p.t0 + Duration::from_nanos(ns as u64))
+    }
+
+    /// The prune probe: every RELEASED attachment whose retain is over within 1 ms is still
+    /// stored, unchanged (its retain is not over yet, so nothing may have pruned it).
+    pub fn probe_prunes(&mut self, now_ms: u64) {
+        let Some(p) = self.pruning else { return };
+        let now_ns = p.now_ns();
+        while let Some((due, id)) = self.prune_due.first().cloned() {
+            if due - 1_000_000 > now_ns || self.finding.is_some() {
+                return;
+            }
+            self.prune_due.pop_first();
+            let released_ns = self.instances.get(&id).and_then(|k| k.released_ns);
+            let stored = match self.store.attachment(&id) {
+                Ok(a) => a,
+                Err(e) => return self.fail(now_ms, format!("reading {id} failed: {e}")),
+            };
+            let held = stored.as_ref().is_some_and(|a| {
+                a.state == AttachmentState::Released && Some(a.updated_unix_ns) == released_ns
+            });
+            if !held {
+                let why = released_ns.and_then(|r| p.too_early(r, now_ns));
+                let what = format!(
+                    "{id}'s RELEASED attachment is gone from the store (now {:?}) before its \
+                     retain is over: {}",
+                    stored.map(|a| a.state),
+                    why.unwrap_or_default()
+                );
+                return self.fail(now_ms, what);
+            }
+        }
+    }
+
+    /// Checks an event a WatchEvents stream (`who`) delivered: the log held exactly this event
+    /// under its seq.
+    pub fn check_streamed(&mut self, who: &str, e: &Event, now_ms: u64) {
+        let what = match self.logged.get(&e.seq) {
+            Some(logged) if logged == e => return,
+            Some(logged) => format!(
+                "{who} was streamed event {} as {e:?} but the log held {logged:?}",
+                e.seq
+            ),
+            None => format!(
+                "{who} was streamed event {} ({e:?}) which the oracle never read from the log",
+                e.seq
+            ),
+        };
+        self.fail(now_ms, what);
     }
 
     /// Records the inventory a read returned (it showed the truth at `started_ms`).
@@ -129,12 +299,22 @@ impl Oracle {
             // before behind (no seq reused under any epoch).
             let jump = std::mem::take(&mut restarted) && e.seq > self.last_seq + 1;
             if e.seq != self.last_seq + 1 && !jump {
-                return self.fail(
-                    now_ms,
-                    format!("event log gap: after seq {} came {}", self.last_seq, e.seq),
-                );
+                let first = self.store.event_bounds().map_or(0, |b| b.0);
+                let what = if e.seq == first && self.last_seq < first {
+                    format!(
+                        "the oracle's own hole: events {}..={} were pruned by the log's event \
+                         retention before the oracle read them",
+                        self.last_seq + 1,
+                        first - 1
+                    )
+                } else {
+                    format!("event log gap: after seq {} came {}", self.last_seq, e.seq)
+                };
+                return self.fail(now_ms, what);
             }
             self.last_seq = e.seq;
+            self.logged.insert(e.seq, e.clone());
+            let time_ns = e.time_unix_ns;
             let EventKind::AttachmentChanged {
                 instance_id,
                 pkey_value,
@@ -157,7 +337,24 @@ impl Oracle {
                 e.seq,
                 from.map_or("new".to_owned(), |f| format!("{f:?}"))
             ));
-            let prev = self.instances.get(&instance_id).map(|k| k.state);
+            let mut prev = self.instances.get(&instance_id).map(|k| k.state);
+            if from.is_none() && prev == Some(AttachmentState::Released) {
+                // A new attachment under a RELEASED one's id: the store no longer had the old
+                // one, which it may have pruned only once its retain was over.
+                let released_ns = self.instances.get(&instance_id).and_then(|k| k.released_ns);
+                if let Some(why) = self.too_early(released_ns, time_ns) {
+                    return self.fail(
+                        now_ms,
+                        format!(
+                            "event {}: {instance_id} was created again, so its RELEASED \
+                             attachment was gone: {why}",
+                            e.seq
+                        ),
+                    );
+                }
+                self.forget_pruned(&instance_id);
+                prev = None;
+            }
             let rebased = self.rebased.as_mut().is_some_and(|r| {
                 r.remove(instance_id.as_str()) || !self.instances.contains_key(&instance_id)
             });
@@ -203,8 +400,14 @@ impl Oracle {
                     value: pkey_value.0,
                     state: to,
                     ports: covered.clone(),
+                    released_ns: (to == AttachmentState::Released).then_some(time_ns),
                 },
             );
+            if let (AttachmentState::Released, Some(p)) = (to, self.pruning) {
+                let due = time_ns.saturating_add(p.retain_ns);
+                self.prune_due.insert((due, instance_id.clone()));
+                self.released_seen.notify_one();
+            }
             match to {
                 AttachmentState::Active => {
                     self.active += 1;
@@ -337,7 +540,7 @@ impl Oracle {
         None
     }
 
-    /// Check 3 and the store/log agreement of 4 (called between steps).
+    /// Check 3, the store/log agreement of 4 and check 9 (called between steps).
     pub fn check_durable(&mut self, now_ms: u64) {
         if self.finding.is_some() {
             return;
@@ -346,6 +549,10 @@ impl Oracle {
             Ok(a) => a,
             Err(e) => return self.fail(now_ms, format!("reading attachments failed: {e}")),
         };
+        self.check_vanished(&stored, now_ms);
+        if self.finding.is_some() {
+            return;
+        }
         let by_id: BTreeMap<&str, AttachmentState> = stored
             .iter()
             .map(|a| (a.instance_id.as_str(), a.state))

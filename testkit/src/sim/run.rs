@@ -75,6 +75,10 @@ struct Parts {
     sm_host: Option<super::model_opensm::SmHost>,
     /// UFM of a `--ufm` run: each incarnation of the agent builds its own backend.
     ufm: Option<super::model_ufm::Ufm>,
+    /// The schedule's `released_retain`.
+    released_retain: Duration,
+    /// The WatchEvents consumers, served by each incarnation of the agent.
+    watchers: super::watcher::Watchers,
 }
 
 impl Parts {
@@ -98,7 +102,7 @@ impl Parts {
             observer_reason: "simulation".into(),
             selector: PortSelector::default(),
             reconciler: ReconcilerConfig::default(),
-            released_retain: Duration::from_secs(3650 * 86_400),
+            released_retain: self.released_retain,
             allow_full_default: false,
             clock: Arc::new(fabric_agent::agent::RuntimeClock::new(
                 SIM_EPOCH_UNIX_NS,
@@ -112,6 +116,7 @@ impl Parts {
         }
         let (stop, stopped) = watch::channel(false);
         let reconciler = agent.reconcile(stopped);
+        self.watchers.serve(&agent);
         with(world, |w| w.log("agent: started"));
         Node {
             agent,
@@ -126,7 +131,8 @@ fn failed(world: &Shared) -> bool {
 }
 
 async fn drive(schedule: Schedule) -> Outcome {
-    let store = Arc::new(Store::in_memory(u64::MAX).expect("in-memory store"));
+    let store =
+        Arc::new(Store::in_memory(schedule.retention.event_retain).expect("in-memory store"));
     let world = World::new(schedule.seed, store.clone());
     let t0 = world.lock().expect("world lock").t0;
     let sm_host = schedule.opensm.then(|| super::model_opensm::start(&world));
@@ -134,6 +140,8 @@ async fn drive(schedule: Schedule) -> Outcome {
         .ufm
         .then(|| super::model_ufm::start(&world, schedule.ufm_late_window_ms));
     let parts = Parts {
+        released_retain: Duration::from_millis(schedule.retention.released_retain_ms),
+        watchers: super::watcher::Watchers::start(&world, &schedule, SIM_EPOCH_UNIX_NS),
         ufm,
         store,
         sm: match &sm_host {
@@ -168,6 +176,7 @@ async fn drive(schedule: Schedule) -> Outcome {
         converge(&world).await;
     }
     // Stop the agent before the runtime goes (its tasks are dropped with it anyway).
+    parts.watchers.stop();
     node.reconciler.abort();
     drop(node.stop);
     let mut w = world.lock().expect("world lock");
@@ -262,6 +271,7 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
             crash(node, parts, world, *down_ms).await
         }
         Command::Restart => {
+            parts.watchers.down(&node.agent, true);
             let _ = node.stop.send(true);
             let _ = node.reconciler.await;
             drop(node.agent);
@@ -386,6 +396,7 @@ async fn crash_after_command(
 /// Kills the agent where it is (its reconciler aborted, the agent dropped), keeps it down for
 /// `down_ms` and starts it again from the same store.
 async fn crash(node: Node, parts: &Parts, world: &Shared, down_ms: u64) -> Node {
+    parts.watchers.down(&node.agent, false);
     node.reconciler.abort();
     let _ = node.reconciler.await;
     drop(node.agent);

@@ -107,6 +107,44 @@ pub struct Schedule {
     pub ufm: bool,
     /// The UFM backend's late-write window, when not the simulation's default.
     pub ufm_late_window_ms: Option<u64>,
+    /// Pruning (released attachments, old events) and the WatchEvents consumers.
+    pub retention: Retention,
+}
+
+/// The longest `released_retain` a run draws: nothing is pruned within a run.
+pub const LONG_RELEASED_RETAIN_MS: u64 = 3650 * 86_400_000;
+
+/// What a run prunes and who follows the event log, drawn from a stream of its own (so a
+/// seed's commands and instants are those it had without them).
+#[derive(Debug, Clone)]
+pub struct Retention {
+    /// The agent's `released_retain`, ms of simulated time.
+    pub released_retain_ms: u64,
+    /// The store's event retention (`u64::MAX`: every event kept).
+    pub event_retain: u64,
+    /// The WatchEvents consumers inside the schedule.
+    pub watchers: Vec<super::watcher::WatcherPlan>,
+}
+
+/// Draws a seed's [`Retention`].
+pub fn draw_retention(seed: u64) -> Retention {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x9E7A_1E55_0000_0002);
+    let released_retain_ms = match rng.random_range(0..20) {
+        0..=9 => rng.random_range(5_000..30_000),
+        10..=16 => rng.random_range(30_000..600_000),
+        _ => LONG_RELEASED_RETAIN_MS,
+    };
+    let event_retain = match rng.random_range(0..10) {
+        0..=4 => rng.random_range(20..60),
+        5..=7 => rng.random_range(60..=500),
+        _ => u64::MAX,
+    };
+    let watchers = super::watcher::draw_plans(&mut rng);
+    Retention {
+        released_retain_ms,
+        event_retain,
+        watchers,
+    }
 }
 
 /// Options of the schedule generator.
@@ -247,6 +285,7 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
         ufm_late_window_ms: options.ufm_late_window_ms,
         fast_poll_ms,
         push_changes,
+        retention: draw_retention(seed),
     }
 }
 
@@ -324,6 +363,24 @@ impl fmt::Display for Schedule {
                 ""
             }
         )?;
+        let r = &self.retention;
+        writeln!(
+            f,
+            "  released attachments kept {}, events kept {}",
+            if r.released_retain_ms == LONG_RELEASED_RETAIN_MS {
+                "10 years".to_owned()
+            } else {
+                format!("{} ms", r.released_retain_ms)
+            },
+            if r.event_retain == u64::MAX {
+                "all".to_owned()
+            } else {
+                format!("the newest {}", r.event_retain)
+            }
+        )?;
+        for (i, w) in r.watchers.iter().enumerate() {
+            writeln!(f, "  watcher w{i}: {w}")?;
+        }
         for s in &self.steps {
             writeln!(f, "  t={:>7} ms  {}", s.at_ms, s.command)?;
         }
