@@ -7,6 +7,10 @@
 //! backend (`OpenSmBackend`) in front of a model OpenSM process (`model_opensm`); with
 //! `GenOptions::ufm` through the real UFM backend (`UfmSm`) to a model UFM (`model_ufm`).
 //!
+//! Pruning runs on simulated time with a seeded `released_retain` and event retention, judged
+//! by the oracle and a probe (`prune_probe`); seeded WatchEvents consumers (`watcher`) follow
+//! the agent's real event stream across its crashes and restarts and check every event.
+//!
 //! Used by `tests/simulation` (CI) and `examples/simulate.rs` (long runs, replays).
 
 pub mod crash;

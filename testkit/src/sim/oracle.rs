@@ -117,6 +117,10 @@ pub struct Oracle {
     pub released_seen: Arc<tokio::sync::Notify>,
     /// RELEASED attachments seen pruned.
     pub pruned: u64,
+    /// Events WatchEvents streams delivered (each checked).
+    pub streamed: u64,
+    /// Streams that ended or were refused with OUT_OF_RANGE (their consumer resynchronised).
+    pub out_of_range: u64,
     /// RELEASED events seen.
     pub released: u64,
     /// ACTIVE events seen.
@@ -144,6 +148,8 @@ impl Oracle {
             prune_due: BTreeSet::new(),
             released_seen: Arc::new(tokio::sync::Notify::new()),
             pruned: 0,
+            streamed: 0,
+            out_of_range: 0,
             released: 0,
             active: 0,
             notes: Vec::new(),
@@ -256,7 +262,10 @@ impl Oracle {
     /// under its seq.
     pub fn check_streamed(&mut self, who: &str, e: &Event, now_ms: u64) {
         let what = match self.logged.get(&e.seq) {
-            Some(logged) if logged == e => return,
+            Some(logged) if logged == e => {
+                self.streamed += 1;
+                return;
+            }
             Some(logged) => format!(
                 "{who} was streamed event {} as {e:?} but the log held {logged:?}",
                 e.seq
@@ -353,6 +362,9 @@ impl Oracle {
                     );
                 }
                 self.forget_pruned(&instance_id);
+                self.notes.push(format!(
+                    "{instance_id} attached again after its RELEASED attachment was pruned"
+                ));
                 prev = None;
             }
             let rebased = self.rebased.as_mut().is_some_and(|r| {

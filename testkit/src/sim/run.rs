@@ -176,7 +176,7 @@ async fn drive(schedule: Schedule) -> Outcome {
         converge(&world).await;
     }
     // Stop the agent before the runtime goes (its tasks are dropped with it anyway).
-    parts.watchers.stop();
+    parts.watchers.stop(&world);
     node.reconciler.abort();
     drop(node.stop);
     let mut w = world.lock().expect("world lock");

@@ -248,11 +248,17 @@ impl Watchers {
         }
     }
 
-    /// Ends every consumer and the probe.
-    pub fn stop(&self) {
+    /// Ends every consumer and the probe; traces what they saw.
+    pub fn stop(&self, world: &Shared) {
         for t in &self.tasks {
             t.abort();
         }
+        let mut w = world.lock().expect("world lock");
+        let line = format!(
+            "watchers: {} events streamed and checked, {} OUT_OF_RANGE; {} RELEASED attachments pruned",
+            w.oracle.streamed, w.oracle.out_of_range, w.oracle.pruned
+        );
+        w.log(line);
     }
 }
 
@@ -411,6 +417,7 @@ impl Consumer {
             node.last_event_seq
         };
         self.cursor = Some((node.log_epoch.clone(), after));
+        w.oracle.out_of_range += 1;
         w.log(format!(
             "{}: OUT_OF_RANGE ({why}); resynchronises from seq {after}",
             self.name
