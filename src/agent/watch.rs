@@ -264,6 +264,34 @@ mod tests {
         agent.attach(request, None).await.unwrap();
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn the_maximum_age_wins_over_a_pending_live_event() {
+        let agent = agent(1000).await;
+        attach(&agent, 1).await;
+        let mut stream = agent
+            .watch(WatchFrom {
+                after: 0,
+                epoch: None,
+                follow: true,
+                batch: 64,
+                max_age: Some(Duration::from_secs(1)),
+            })
+            .unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap().seq, 1);
+        // Both are ready at the next poll: the age reached and a live event. The end wins,
+        // every time (the event stays in the log for the next stream).
+        tokio::time::advance(Duration::from_secs(2)).await;
+        attach(&agent, 2).await;
+        match stream.next().await {
+            Some(Err(AgentError::StreamEnded {
+                why: StreamEnd::Expired,
+                sent: 1,
+                ..
+            })) => {}
+            other => panic!("the stream must end at its maximum age, got {other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn a_stream_held_behind_pruning_gets_out_of_range_never_a_skip() {
         // Each attach appends one event (no reconciler runs); the log keeps the newest 3.
