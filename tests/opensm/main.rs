@@ -26,4 +26,5 @@ mod real;
 mod rejection;
 mod remote;
 mod repair;
+mod shutdown;
 mod sminfo;
