@@ -38,10 +38,14 @@ enum Kept {
     },
 }
 
-/// The SM host's store and its last backup (database file, partitions file).
+/// A backup of the SM host: its store's database file (None: the store is in memory) and the
+/// partitions file.
+type Backup = (Option<Vec<u8>>, Vec<u8>);
+
+/// The SM host's store and its last backup.
 pub struct SmHostDisk {
     kept: Kept,
-    snapshot: Mutex<Option<(Option<Vec<u8>>, Vec<u8>)>>,
+    snapshot: Mutex<Option<Backup>>,
 }
 
 fn store_dir(root: &Path, n: u32) -> PathBuf {
