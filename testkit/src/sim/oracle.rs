@@ -404,7 +404,7 @@ impl Oracle {
         if self.last_seq > snapshot_seq {
             if self.store.epoch() == self.epoch {
                 let what = format!(
-                    "the store went back from seq {} to the snapshot's {snapshot_seq} and kept                      its epoch {}",
+                    "the store went back from seq {} to the snapshot's {snapshot_seq} and kept its epoch {}",
                     self.last_seq, self.epoch
                 );
                 self.fail(now_ms, what);
