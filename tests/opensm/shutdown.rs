@@ -37,6 +37,23 @@ fn node(id: &str, guid: u64, key: u32) -> NodeMemberships {
     common::memberships(id, [guid], [(key, Membership::Full)], |_| String::new())
 }
 
+/// A backend on the partitions file at `path` (no log watch, no ownership checks).
+fn start(
+    path: &std::path::Path,
+    store: &Arc<InMemoryNodeStore>,
+    reloader: &Arc<SlowReloader>,
+) -> OpenSmBackend {
+    let config = OpenSmConfig {
+        partitions_file: path.to_owned(),
+        watch_ms: 0,
+        ownership: OwnershipConfig::disabled(),
+        ..OpenSmConfig::default()
+    };
+    let store = Arc::clone(store) as Arc<dyn NodeMembershipStore>;
+    let reloader = Arc::clone(reloader) as Arc<dyn Reloader>;
+    OpenSmBackend::with_reloader(config, "smhost".into(), store, reloader).unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_shut_down_backend_writes_and_signals_nothing_more() {
     let dir = tempfile::tempdir().unwrap();
@@ -47,20 +64,7 @@ async fn a_shut_down_backend_writes_and_signals_nothing_more() {
         calls: AtomicUsize::new(0),
     });
     let store = Arc::new(InMemoryNodeStore::default());
-    let backend = OpenSmBackend::with_reloader(
-        OpenSmConfig {
-            partitions_file: path.clone(),
-            log_file: dir.path().join("opensm.log"),
-            pid: Some(12345),
-            watch_ms: 0,
-            ownership: OwnershipConfig::disabled(),
-            ..OpenSmConfig::default()
-        },
-        "smhost".into(),
-        Arc::clone(&store) as Arc<dyn NodeMembershipStore>,
-        Arc::clone(&reloader) as Arc<dyn Reloader>,
-    )
-    .unwrap();
+    let backend = start(&path, &store, &reloader);
     // The first set's commit is waiting for OpenSM; the second joins the next group.
     let first = tokio::spawn({
         let b = backend.clone();
@@ -99,19 +103,7 @@ async fn a_shut_down_backend_writes_and_signals_nothing_more() {
         .iter()
         .all(|n| n.memberships.node_id.as_str() != "c"));
     // A new backend on the same store starts from what was stored.
-    let again = OpenSmBackend::with_reloader(
-        OpenSmConfig {
-            partitions_file: path.clone(),
-            pid: Some(12345),
-            watch_ms: 0,
-            ownership: OwnershipConfig::disabled(),
-            ..OpenSmConfig::default()
-        },
-        "smhost".into(),
-        Arc::clone(&store) as Arc<dyn NodeMembershipStore>,
-        Arc::clone(&reloader) as Arc<dyn Reloader>,
-    )
-    .unwrap();
+    let again = start(&path, &store, &reloader);
     again.set_node(node("c", 0x30, 9), 1).await.unwrap();
     assert!(again.node("c").is_some());
 }
