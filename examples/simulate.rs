@@ -9,9 +9,7 @@
 //! model OpenSM process instead of the model SM; `--ufm` through the real UFM backend (`UfmSm`)
 //! to a model UFM that executes requests late, out of order and after the client gave up;
 //! `--ufm-window-ms N` sets that backend's late-write window (default 180,000: above the
-//! model's latest execution; a shorter one lets late adds through, which the oracle catches);
-//! `--whole-host-restore` (with `--opensm`) lets an SM-host restore put the partitions file
-//! back with the store.
+//! model's latest execution; a shorter one lets late adds through, which the oracle catches).
 
 use testkit::sim;
 
@@ -49,7 +47,6 @@ fn parse() -> Result<Args, String> {
             "--mixed-membership" => a.options.mixed_membership = true,
             "--opensm" => a.options.opensm = true,
             "--ufm" => a.options.ufm = true,
-            "--whole-host-restore" => a.options.whole_host_restore = true,
             "--ufm-window-ms" => a.options.ufm_late_window_ms = Some(num("--ufm-window-ms")?),
             other => return Err(format!("unknown argument {other:?}")),
         }

@@ -245,6 +245,21 @@ impl OpenSmBackend {
         })
     }
 
+    /// At start, before OpenSM may read the partitions file (the daemon calls it before READY,
+    /// and OpenSM is ordered after the agent): when the store was found restored from a copy
+    /// (`restored`: why, from `Store::rolled_back`), writes the region rendered from the
+    /// restored store, whose sets load without their keys (fail closed), so a partitions file
+    /// put back with the store (a whole-host restore) never hands OpenSM sets the nodes have
+    /// replaced since. With OpenSM not running yet the write stays unconfirmed and the next
+    /// commit checks it again. Nothing to do (Ok) when the store was not restored.
+    pub async fn render_after_restore(&self, restored: Option<&str>) -> Result<(), OpenSmError> {
+        let Some(why) = restored else {
+            return Ok(());
+        };
+        tracing::warn!(%why, "store restored: rendering the partitions file from it before OpenSM reads it");
+        self.resync().await.map(|_| ())
+    }
+
     /// Replaces one node's desired set (declarative), as another node asks for it through
     /// `fabric.sm.v1.Partitions`. Returns once the write + sweep containing it completed and
     /// OpenSM was seen re-reading the file without error. A generation older than the stored

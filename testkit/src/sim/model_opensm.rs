@@ -28,7 +28,7 @@ use super::world::{keys_of, show_keys, with, Keys, Shared, World, PORT_GUID_BASE
 use async_trait::async_trait;
 use fabric_agent::domain::{NodeMemberships, PKey};
 use fabric_agent::sm::opensm::members::members_of;
-use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
+use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader, Unsignalled};
 use fabric_agent::sm::opensm::{OpenSmBackend, OpenSmConfig, OwnershipConfig};
 use fabric_agent::sm::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
 use rand::Rng;
@@ -49,6 +49,9 @@ pub struct SmHostView {
     /// None while the SM host's agent is down (the file on disk is all that may be read).
     pub(super) backend: Option<OpenSmBackend>,
     file: PathBuf,
+    /// OpenSM is down with the whole SM host (a whole-host restore): it reads the file only at
+    /// its start, so what the file holds meanwhile reaches no port.
+    pub(super) opensm_down: bool,
 }
 
 impl std::fmt::Debug for SmHostView {
@@ -84,6 +87,9 @@ impl SmHostView {
                     ));
                 }
             }
+        }
+        if self.opensm_down {
+            return None;
         }
         let bytes = std::fs::read(&self.file).unwrap_or_default();
         let members = PKey::new(u32::from(base))
@@ -125,6 +131,9 @@ fn read_file(bytes: &[u8]) -> Option<Keys> {
 
 /// A heavy sweep of the model OpenSM: reads the file now and programs the ports from it.
 fn heavy_sweep(world: &Shared, file: &Path, why: &str) {
+    if opensm_down(world) {
+        return;
+    }
     let bytes = std::fs::read(file).unwrap_or_default();
     let sweeps = with(world, |w| {
         match read_file(&bytes) {
@@ -145,6 +154,12 @@ fn heavy_sweep(world: &Shared, file: &Path, why: &str) {
         super::model_sm::sweep_delays(w)
     });
     super::model_sm::start_sweeps(world, sweeps);
+}
+
+/// Whether OpenSM is down with the whole SM host.
+fn opensm_down(world: &Shared) -> bool {
+    let w = world.lock().expect("world lock");
+    w.fabric.sm_host.as_ref().is_some_and(|h| h.opensm_down)
 }
 
 /// The model OpenSM process, as the backend's [`Reloader`] sees it.
@@ -172,6 +187,15 @@ impl Reloader for ModelOpenSm {
     }
 
     async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
+        if opensm_down(&self.world) {
+            with(&self.world, |w| {
+                w.log("sm host: file written, OpenSM is not running")
+            });
+            return Err(ReloadError::Unreachable(Unsignalled::Signal {
+                pid: 1,
+                source: Arc::new(std::io::Error::from_raw_os_error(3)),
+            }));
+        }
         let signal = with(&self.world, |w| {
             let s = if !w.faults {
                 Signal::Sweep(w.ms(20, 200))
@@ -375,6 +399,7 @@ pub fn start(world: &Shared, steps: &[super::schedule::Step]) -> SmHost {
     world.lock().expect("world lock").fabric.sm_host = Some(SmHostView {
         backend: Some(backend.clone()),
         file: file.clone(),
+        opensm_down: false,
     });
     tokio::spawn(own_sweeps(world.clone(), file.clone()));
     SmHost {
@@ -437,7 +462,12 @@ pub fn restart(world: &Shared) {
         .sm_host
         .as_ref()
         .map(|h| h.file.clone());
-    with(world, |w| w.log("opensm: restarted"));
+    with(world, |w| {
+        if let Some(h) = w.fabric.sm_host.as_mut() {
+            h.opensm_down = false;
+        }
+        w.log("opensm: restarted")
+    });
     if let Some(file) = file {
         heavy_sweep(world, &file, "restart");
     }

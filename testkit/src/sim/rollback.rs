@@ -58,8 +58,8 @@ pub fn draw(seed: u64, options: GenOptions, steps: &mut Vec<Step>) {
             let at = rng.random_range(0..end);
             let restore = match rng.random_range(0..10) {
                 0..=4 => SmHostRestore::Nothing,
-                8.. if options.whole_host_restore => SmHostRestore::StoreAndFile,
-                _ => SmHostRestore::Store,
+                5..=7 => SmHostRestore::Store,
+                _ => SmHostRestore::StoreAndFile,
             };
             if restore != SmHostRestore::Nothing && snapshot_at.is_none_or(|s| s > at) {
                 let s = rng.random_range(0..=at);

@@ -153,10 +153,6 @@ pub struct GenOptions {
     /// The UFM backend's late-write window (default `model_ufm::LATE_WINDOW_MS`); a window
     /// shorter than the model UFM's lateness shows what the watch is for.
     pub ufm_late_window_ms: Option<u64>,
-    /// With `opensm`: SM-host crashes may also put the partitions file back with the store (a
-    /// whole-host restore). Off by default: the backend does not rewrite a restored file before
-    /// OpenSM reads it (docs/SIMULATION.md, "Store rollbacks and SM-host restarts").
-    pub whole_host_restore: bool,
 }
 
 /// Draws a schedule from `seed`.

@@ -91,6 +91,14 @@ impl SmHostDisk {
         }
     }
 
+    /// Why the store the next backend opens was found restored (None: it was not).
+    fn rolled_back(&self) -> Option<String> {
+        match &self.kept {
+            Kept::Memory(_) => None,
+            Kept::Disk { dir, .. } => dir.lock().expect("lock").1.rolled_back().map(str::to_owned),
+        }
+    }
+
     /// Puts the store's database file back from the snapshot into a fresh directory, beside a
     /// copy of the live side file (as a restore in place leaves it), and opens it there.
     fn restore_store(&self, db: &[u8]) -> String {
@@ -146,6 +154,9 @@ impl SmHost {
         with(world, |w| {
             if let Some(view) = w.fabric.sm_host.as_mut() {
                 view.backend = None;
+                // A whole-host restore: OpenSM goes down with the host, and starts after the
+                // agent.
+                view.opensm_down = restore == SmHostRestore::StoreAndFile;
             }
             w.log("sm host: the agent CRASHED (its backend shut down, its requests lost)");
         });
@@ -180,6 +191,15 @@ impl SmHost {
             });
         }
         let backend = backend_on(world, &self.file, self.disk.node_store());
+        // The daemon's start before READY (src/cli/serve.rs).
+        if let Err(e) = backend
+            .render_after_restore(self.disk.rolled_back().as_deref())
+            .await
+        {
+            with(world, |w| {
+                w.log(format!("sm host: rendering after the restore: {e}"))
+            });
+        }
         *self.link.backend.lock().expect("backend lock") = Some(backend.clone());
         with(world, |w| {
             if let Some(view) = w.fabric.sm_host.as_mut() {
