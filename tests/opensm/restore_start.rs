@@ -49,12 +49,9 @@ fn backend(db: &Path, file: &Path, opensm: &Arc<Opensm>) -> (OpenSmBackend, Arc<
     (b, store)
 }
 
+/// One life of the agent's process: a runtime of its own, dropped with every task it ran.
 fn life(f: impl std::future::Future<Output = ()>) {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f);
+    tokio::runtime::Runtime::new().unwrap().block_on(f);
 }
 
 #[test]
