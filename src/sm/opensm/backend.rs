@@ -203,7 +203,9 @@ impl OpenSmBackend {
     /// the log watch are aborted at their next await point (a write already handed to the
     /// kernel completes or not, like any crash), callers waiting for a commit are answered
     /// with an error, and every later request is refused without being stored or written.
-    /// Idempotent. What the store holds is all a new backend on it starts from.
+    /// Idempotent. What the store holds is all a new backend on it starts from. For a crash
+    /// inside one process (the simulation, tests); the daemon's stop does not call it: its exit
+    /// ends every task, and until then a commit in flight may finish and be answered.
     pub fn shutdown(&self) {
         let running = {
             let mut t = self.inner.tasks();
