@@ -15,8 +15,10 @@ pub mod model_ports;
 pub mod model_sm;
 pub mod model_ufm;
 pub mod oracle;
+pub mod rollback;
 pub mod run;
 pub mod schedule;
+pub mod sm_host_restart;
 pub mod world;
 
 pub use run::{run_seed, Outcome};
