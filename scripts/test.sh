@@ -12,6 +12,8 @@ export FABRIC_TEST_STRICT=1
 # --workspace / --all: the agent crate and the fleet client crate (fleet/).
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+# Doc comments: no broken or ambiguous intra-doc link (clap help text is doc comments too).
+RUSTDOCFLAGS='-D warnings' cargo doc --no-deps --workspace --quiet
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

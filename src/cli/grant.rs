@@ -24,7 +24,7 @@ pub const PUBLIC_KEY_FILE: &str = "grant-signing.pub";
 #[derive(Debug, Subcommand)]
 pub enum GrantCommand {
     /// Write a new Ed25519 key pair: DIR/grant-signing.key (0600, base64 seed) and
-    /// DIR/grant-signing.pub (base64 public key, for [[grants.keys]]). Never overwrites.
+    /// DIR/grant-signing.pub (base64 public key, for `[[grants.keys]]`). Never overwrites.
     Keygen {
         /// The directory to write into.
         #[arg(long)]

@@ -153,7 +153,7 @@ fn given(matches: &ArgMatches) -> Given {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Connection (client commands)")]
 pub struct ClientOpts {
-    /// The daemon's unix socket [default: the config's [listen] unix_socket, else
+    /// The daemon's unix socket [default: the config's `[listen] unix_socket`, else
     /// /run/fabric-agent/agent.sock].
     #[arg(long, global = true, env = "FABRIC_AGENT_SOCKET")]
     pub socket: Option<PathBuf>,

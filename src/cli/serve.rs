@@ -46,7 +46,12 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     let partitions = built.partitions();
     let peer_sync = built.sync.clone();
     let peers_config = config.subnet_manager.opensm_ha.clone();
-    let Daemon { agent, opensm, .. } = built;
+    let Daemon {
+        agent,
+        opensm,
+        store,
+        ..
+    } = built;
     let Bound {
         grpc: listeners,
         metrics,
@@ -100,6 +105,13 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     if let (Some(sync), Some(ha)) = (&peer_sync, &peers_config) {
         sync.catch_up(ha.catch_up_timeout()).await;
         tokio::spawn(sync.clone().run(ha.sync_interval(), stopped.clone()));
+    }
+    // A store found restored from a copy: its fail-closed region goes into the partitions
+    // file before OpenSM (ordered after the agent) reads a file that may be as old as the store.
+    if let Some(o) = &opensm {
+        if let Err(e) = o.render_after_restore(store.rolled_back()).await {
+            tracing::warn!(error = %e, "rendering the partitions file after a store restore");
+        }
     }
     systemd::ready(&agent.status_line());
     // The pets start after READY=1: the watchdog's first tick is immediate, and a pet sent

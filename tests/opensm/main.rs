@@ -26,4 +26,6 @@ mod real;
 mod rejection;
 mod remote;
 mod repair;
+mod restore_start;
+mod shutdown;
 mod sminfo;

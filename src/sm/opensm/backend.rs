@@ -69,6 +69,16 @@ struct Inner {
     group: GroupCommit<Option<NodeId>, CommitResult>,
     /// Writes the file and confirms it with OpenSM.
     files: Arc<FileCommitter>,
+    /// The tasks the backend spawned (the commit loop, the log watch), for
+    /// [`OpenSmBackend::shutdown`].
+    tasks: Mutex<Tasks>,
+}
+
+/// The backend's spawned tasks, and whether it was shut down (then it spawns none).
+#[derive(Default)]
+struct Tasks {
+    running: Vec<tokio::task::AbortHandle>,
+    shut_down: bool,
 }
 
 /// The OpenSM backend. Cheap to clone (shared state).
@@ -172,6 +182,7 @@ impl OpenSmBackend {
                 admit: tokio::sync::Mutex::new(()),
                 serial: tokio::sync::Mutex::new(()),
                 files: Arc::clone(&files),
+                tasks: Mutex::new(Tasks::default()),
             }),
         };
         if !watch.is_zero() && tokio::runtime::Handle::try_current().is_ok() {
@@ -181,9 +192,33 @@ impl OpenSmBackend {
                 let inner = weak.upgrade()?;
                 Some(async move { OpenSmBackend { inner }.resync().await.map(|_| ()) })
             };
-            tokio::spawn(watch_log(Arc::downgrade(&files), first, watch, resync));
+            let _ = backend
+                .inner
+                .spawn(watch_log(Arc::downgrade(&files), first, watch, resync));
         }
         Ok(backend)
+    }
+
+    /// Ends the backend where it stands, as a crash of its process would: the commit loop and
+    /// the log watch are aborted at their next await point (a write already handed to the
+    /// kernel completes or not, like any crash), callers waiting for a commit are answered
+    /// with an error, and every later request is refused without being stored or written.
+    /// Idempotent. What the store holds is all a new backend on it starts from. For a crash
+    /// inside one process (the simulation, tests); the daemon's stop does not call it: its exit
+    /// ends every task, and until then a commit in flight may finish and be answered.
+    pub fn shutdown(&self) {
+        let running = {
+            let mut t = self.inner.tasks();
+            t.shut_down = true;
+            std::mem::take(&mut t.running)
+        };
+        running.iter().for_each(tokio::task::AbortHandle::abort);
+        drop(self.inner.group.abandon());
+    }
+
+    /// Whether [`OpenSmBackend::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.tasks().shut_down
     }
 
     /// Sweeps requested since start.
@@ -210,6 +245,21 @@ impl OpenSmBackend {
             sweeps: self.sweeps(),
             detail,
         })
+    }
+
+    /// At start, before OpenSM may read the partitions file (the daemon calls it before READY,
+    /// and OpenSM is ordered after the agent): when the store was found restored from a copy
+    /// (`restored`: why, from `Store::rolled_back`), writes the region rendered from the
+    /// restored store, whose sets load without their keys (fail closed), so a partitions file
+    /// put back with the store (a whole-host restore) never hands OpenSM sets the nodes have
+    /// replaced since. With OpenSM not running yet the write stays unconfirmed and the next
+    /// commit checks it again. Nothing to do (Ok) when the store was not restored.
+    pub async fn render_after_restore(&self, restored: Option<&str>) -> Result<(), OpenSmError> {
+        let Some(why) = restored else {
+            return Ok(());
+        };
+        tracing::warn!(%why, "store restored: rendering the partitions file from it before OpenSM reads it");
+        self.resync().await.map(|_| ())
     }
 
     /// Replaces one node's desired set (declarative), as another node asks for it through
@@ -255,6 +305,12 @@ impl OpenSmBackend {
         generation: u64,
         check_ports: bool,
     ) -> Result<SetOutcome, OpenSmError> {
+        if self.is_shut_down() {
+            return Err(OpenSmError::Task {
+                what: "request (the backend is shut down)",
+                source: None,
+            });
+        }
         let arriving = self.inner.group.arriving();
         validate(&desired, self.inner.config.pkey_table_size)?;
         let evidence = match (&self.inner.directory, check_ports) {
@@ -453,13 +509,19 @@ impl OpenSmBackend {
     /// holds the serial lock and commits itself). `node`: the node whose set the caller
     /// carries, answered with an error when the commit left that set out of the file.
     async fn commit(&self, node: Option<&NodeId>) -> CommitResult {
+        let shut_down = || OpenSmError::Task {
+            what: "commit (the backend is shut down)",
+            source: None,
+        };
+        if self.is_shut_down() {
+            return Err(shut_down());
+        }
         if !self.inner.config.group_commit {
             return self.inner.commit_once().await.and_then(|c| c.answer(node));
         }
         let (rx, start) = self.inner.group.join(node.cloned());
-        if start {
-            let inner = Arc::clone(&self.inner);
-            tokio::spawn(async move { inner.commit_loop().await });
+        if start && !self.inner.spawn(Arc::clone(&self.inner).commit_loop()) {
+            return Err(shut_down());
         }
         rx.await.map_err(|_| OpenSmError::Task {
             what: "commit",
@@ -471,6 +533,22 @@ impl OpenSmBackend {
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
+    }
+
+    fn tasks(&self) -> MutexGuard<'_, Tasks> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Spawns one of the backend's tasks, kept for [`OpenSmBackend::shutdown`]; false after
+    /// it (the future is dropped unpolled).
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) -> bool {
+        let mut t = self.tasks();
+        if t.shut_down {
+            return false;
+        }
+        t.running.retain(|h| !h.is_finished());
+        t.running.push(tokio::spawn(task).abort_handle());
+        true
     }
 
     async fn commit_loop(self: Arc<Self>) {

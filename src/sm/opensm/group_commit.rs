@@ -78,6 +78,14 @@ impl<T, R> GroupCommit<T, R> {
         (rx, start)
     }
 
+    /// Takes every queued waiter and marks no loop running (the backend was shut down and its
+    /// loop aborted): dropping them answers their callers with an error.
+    pub fn abandon(&self) -> Vec<Waiter<T, R>> {
+        let mut q = self.queue();
+        q.running = false;
+        std::mem::take(&mut q.pending)
+    }
+
     /// The loop's next group, after the linger; `None` when the queue is empty (the loop ends,
     /// and the next [`GroupCommit::join`] starts another).
     pub async fn next_group(&self) -> Option<Vec<Waiter<T, R>>> {

@@ -1,9 +1,10 @@
 //! Test support shared by the integration tests, one purpose a file: the daemon harness
-//! ([`daemon`]), the one process guard ([`process`]), request builders ([`requests`]), the CLI ([`cli`]), one-line
-//! API calls ([`calls`]), the event log ([`events`]), waits with deadlines ([`wait`]), loopback
-//! ports ([`net`]), a test CA ([`pki`]), an in-process SM host's parts ([`sm_host`]), `fabric.sm.v1` requests ([`sm_requests`]), a
-//! node's desired memberships ([`memberships`]), a UFM credential file ([`cred`]), signed grants ([`grants`]), fixture
-//! trees ([`fixtures`]) and the one way to skip ([`skip`]).
+//! ([`daemon`]), the one process guard ([`process`]), request builders ([`requests`]), the CLI
+//! ([`cli`](mod@cli)), one-line API calls ([`calls`]), the event log ([`events`](mod@events)),
+//! waits with deadlines ([`wait`]), loopback ports ([`net`]), a test CA ([`pki`]), an in-process
+//! SM host's parts ([`sm_host`]), `fabric.sm.v1` requests ([`sm_requests`]), a node's desired
+//! memberships ([`memberships`](mod@memberships)), a UFM credential file ([`cred`]), signed grants
+//! ([`grants`]), fixture trees ([`fixtures`]) and the one way to skip ([`skip`](mod@skip)).
 
 pub mod calls;
 pub mod cli;

@@ -20,8 +20,10 @@ pub mod model_sm;
 pub mod model_ufm;
 pub mod oracle;
 pub mod prune_probe;
+pub mod rollback;
 pub mod run;
 pub mod schedule;
+pub mod sm_host_restart;
 pub mod watcher;
 pub mod world;
 

@@ -28,12 +28,12 @@ use super::world::{keys_of, show_keys, with, Keys, Shared, World, PORT_GUID_BASE
 use async_trait::async_trait;
 use fabric_agent::domain::{NodeMemberships, PKey};
 use fabric_agent::sm::opensm::members::members_of;
-use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader};
-use fabric_agent::sm::opensm::{InMemoryNodeStore, OpenSmBackend, OpenSmConfig, OwnershipConfig};
+use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader, Unsignalled};
+use fabric_agent::sm::opensm::{OpenSmBackend, OpenSmConfig, OwnershipConfig};
 use fabric_agent::sm::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
 use rand::Rng;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The node's id on the SM host.
@@ -46,8 +46,12 @@ const OPERATOR: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
 /// The SM host as the oracle sees it: the backend's stored set and the file on disk.
 #[derive(Clone)]
 pub struct SmHostView {
-    backend: OpenSmBackend,
+    /// None while the SM host's agent is down (the file on disk is all that may be read).
+    pub(super) backend: Option<OpenSmBackend>,
     file: PathBuf,
+    /// OpenSM is down with the whole SM host (a whole-host restore): it reads the file only at
+    /// its start, so what the file holds meanwhile reaches no port.
+    pub(super) opensm_down: bool,
 }
 
 impl std::fmt::Debug for SmHostView {
@@ -59,14 +63,17 @@ impl std::fmt::Debug for SmHostView {
 impl SmHostView {
     /// The generation the SM host holds for the node (0: none).
     pub fn stored_generation(&self) -> u64 {
-        self.backend.node(NODE).map_or(0, |n| n.generation)
+        self.backend
+            .as_ref()
+            .and_then(|b| b.node(NODE))
+            .map_or(0, |n| n.generation)
     }
 
     /// Why `base` may still reach one of the ports `guids` through the SM host (None: it
     /// cannot): its stored set gives it, or the file on disk does (OpenSM reads it at its next
     /// heavy sweep, whenever that comes).
     pub fn may_program(&self, base: u16, guids: &[u64]) -> Option<String> {
-        if let Some(n) = self.backend.node(NODE) {
+        if let Some(n) = self.backend.as_ref().and_then(|b| b.node(NODE)) {
             let set = &n.memberships;
             for (k, _) in set.keys.iter().filter(|(k, _)| k.base() == base) {
                 if let Some(g) = guids
@@ -80,6 +87,9 @@ impl SmHostView {
                     ));
                 }
             }
+        }
+        if self.opensm_down {
+            return None;
         }
         let bytes = std::fs::read(&self.file).unwrap_or_default();
         let members = PKey::new(u32::from(base))
@@ -121,6 +131,9 @@ fn read_file(bytes: &[u8]) -> Option<Keys> {
 
 /// A heavy sweep of the model OpenSM: reads the file now and programs the ports from it.
 fn heavy_sweep(world: &Shared, file: &Path, why: &str) {
+    if opensm_down(world) {
+        return;
+    }
     let bytes = std::fs::read(file).unwrap_or_default();
     let sweeps = with(world, |w| {
         match read_file(&bytes) {
@@ -141,6 +154,12 @@ fn heavy_sweep(world: &Shared, file: &Path, why: &str) {
         super::model_sm::sweep_delays(w)
     });
     super::model_sm::start_sweeps(world, sweeps);
+}
+
+/// Whether OpenSM is down with the whole SM host.
+fn opensm_down(world: &Shared) -> bool {
+    let w = world.lock().expect("world lock");
+    w.fabric.sm_host.as_ref().is_some_and(|h| h.opensm_down)
 }
 
 /// The model OpenSM process, as the backend's [`Reloader`] sees it.
@@ -168,6 +187,15 @@ impl Reloader for ModelOpenSm {
     }
 
     async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
+        if opensm_down(&self.world) {
+            with(&self.world, |w| {
+                w.log("sm host: file written, OpenSM is not running")
+            });
+            return Err(ReloadError::Unreachable(Unsignalled::Signal {
+                pid: 1,
+                source: Arc::new(std::io::Error::from_raw_os_error(3)),
+            }));
+        }
         let signal = with(&self.world, |w| {
             let s = if !w.faults {
                 Signal::Sweep(w.ms(20, 200))
@@ -232,7 +260,10 @@ impl Reloader for ModelOpenSm {
 /// after the node gave up) in front of the real backend's `SetNodeMemberships`.
 pub struct SmHostLink {
     world: Shared,
-    backend: OpenSmBackend,
+    /// The SM host's agent now (None while it is down: requests are refused).
+    pub(super) backend: Mutex<Option<OpenSmBackend>>,
+    /// The requests it is handling, by request number (lost with it when it crashes).
+    pub(super) requests: Mutex<Vec<(u64, tokio::task::JoinHandle<()>)>>,
 }
 
 #[async_trait]
@@ -247,6 +278,7 @@ impl SubnetManager for SmHostLink {
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
         let keys = keys_of(desired);
+        let up = self.backend.lock().expect("backend lock").clone();
         let (id, deliver, reply, lost, no_effect) = with(&self.world, |w| {
             w.note_apply(generation);
             let id = w.next_request;
@@ -264,10 +296,13 @@ impl SubnetManager for SmHostLink {
                 // Slower than the node's apply timeout: it gives up, the request lands later.
                 _ => (w.ms(61_000, 120_000), w.ms(1, 30), false, false),
             };
+            let no_effect = no_effect || up.is_none();
             w.log(format!(
                 "agent: apply #{id} generation {generation} keys {} -> {}",
                 show_keys(&keys),
-                if no_effect {
+                if up.is_none() {
+                    "refused: the SM host's agent is down".to_owned()
+                } else if no_effect {
                     "lost on the way".to_owned()
                 } else {
                     format!(
@@ -290,14 +325,14 @@ impl SubnetManager for SmHostLink {
             w.apply_started.notify_waiters();
             (id, deliver, reply, lost, no_effect)
         });
-        if no_effect {
+        let Some(backend) = up.filter(|_| !no_effect) else {
             tokio::time::sleep(deliver).await;
             return Err(SmError::Unreachable(injected(InjectedFault::Outage)));
-        }
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (world, backend, mut set) = (self.world.clone(), self.backend.clone(), desired.clone());
+        let (world, mut set) = (self.world.clone(), desired.clone());
         set.node_id = fabric_agent::domain::NodeId::parse(NODE).expect("node id");
-        tokio::spawn(async move {
+        let handling = tokio::spawn(async move {
             tokio::time::sleep(deliver).await;
             let result = backend.set_node(set, generation).await;
             with(&world, |w| {
@@ -309,6 +344,11 @@ impl SubnetManager for SmHostLink {
             });
             let _ = tx.send(result);
         });
+        {
+            let mut requests = self.requests.lock().expect("requests lock");
+            requests.retain(|(_, h)| !h.is_finished());
+            requests.push((id, handling));
+        }
         let result = rx
             .await
             .unwrap_or_else(|_| {
@@ -337,58 +377,67 @@ fn injected(fault: InjectedFault) -> SmFailure {
     }
 }
 
-/// The SM host for one run: the link the node applies through, and the temp directory that
-/// holds the partitions file (kept alive with it).
+/// The SM host for one run: the link the node applies through, the partitions file, the
+/// SM host's store and the temp directory that holds them (kept alive with it).
 pub struct SmHost {
     /// What the node's agent applies through.
     pub link: Arc<SmHostLink>,
+    pub(super) file: PathBuf,
+    pub(super) disk: super::sm_host_restart::SmHostDisk,
     _dir: tempfile::TempDir,
 }
 
 /// Builds the real backend on a fresh partitions file, its model OpenSM and the node's link;
-/// registers the SM host with the world's oracle and starts OpenSM's own heavy sweeps.
-pub fn start(world: &Shared) -> SmHost {
-    // In memory when the host has it: the backend fsyncs every write, and the simulation is
-    // about orderings, not disks.
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        tempfile::tempdir_in(shm)
-    } else {
-        tempfile::tempdir()
-    }
-    .expect("temp dir");
+/// registers the SM host with the world's oracle and starts OpenSM's own heavy sweeps. The
+/// SM host's store is a file (with its side file) when the schedule restores it.
+pub fn start(world: &Shared, steps: &[super::schedule::Step]) -> SmHost {
+    let dir = super::rollback::temp_dir();
     let file = dir.path().join("partitions.conf");
     std::fs::write(&file, OPERATOR).expect("partitions file");
+    let disk = super::sm_host_restart::SmHostDisk::new(dir.path(), steps);
+    let backend = backend_on(world, &file, disk.node_store());
+    world.lock().expect("world lock").fabric.sm_host = Some(SmHostView {
+        backend: Some(backend.clone()),
+        file: file.clone(),
+        opensm_down: false,
+    });
+    tokio::spawn(own_sweeps(world.clone(), file.clone()));
+    SmHost {
+        link: Arc::new(SmHostLink {
+            world: world.clone(),
+            backend: Mutex::new(Some(backend)),
+            requests: Mutex::new(Vec::new()),
+        }),
+        file,
+        disk,
+        _dir: dir,
+    }
+}
+
+/// The real backend on the partitions `file` and `store`, signalling a model OpenSM.
+pub(super) fn backend_on(
+    world: &Shared,
+    file: &Path,
+    store: Arc<dyn fabric_agent::sm::opensm::NodeMembershipStore>,
+) -> OpenSmBackend {
     let reloader = Arc::new(ModelOpenSm {
         world: world.clone(),
-        file: file.clone(),
+        file: file.to_owned(),
     });
-    let backend = OpenSmBackend::with_directory(
+    OpenSmBackend::with_directory(
         OpenSmConfig {
-            partitions_file: file.clone(),
+            partitions_file: file.to_owned(),
             pid: Some(1),
             ownership: OwnershipConfig::disabled(),
             watch_ms: 0,
             ..OpenSmConfig::default()
         },
         "smhost".into(),
-        Arc::new(InMemoryNodeStore::default()),
+        store,
         reloader,
         None,
     )
-    .expect("the SM host's backend");
-    world.lock().expect("world lock").fabric.sm_host = Some(SmHostView {
-        backend: backend.clone(),
-        file: file.clone(),
-    });
-    tokio::spawn(own_sweeps(world.clone(), file));
-    SmHost {
-        link: Arc::new(SmHostLink {
-            world: world.clone(),
-            backend,
-        }),
-        _dir: dir,
-    }
+    .expect("the SM host's backend")
 }
 
 /// OpenSM's heavy sweeps of its own (a topology change somewhere in the fabric), at random
@@ -413,7 +462,12 @@ pub fn restart(world: &Shared) {
         .sm_host
         .as_ref()
         .map(|h| h.file.clone());
-    with(world, |w| w.log("opensm: restarted"));
+    with(world, |w| {
+        if let Some(h) = w.fabric.sm_host.as_mut() {
+            h.opensm_down = false;
+        }
+        w.log("opensm: restarted")
+    });
     if let Some(file) = file {
         heavy_sweep(world, &file, "restart");
     }

@@ -596,6 +596,88 @@ impl Oracle {
         }
     }
 
+    /// Hands over the store the oracle reads (the node's store is reopened after a rollback)
+    /// and returns the old one.
+    pub fn swap_store(&mut self, store: Arc<Store>) -> Arc<Store> {
+        std::mem::replace(&mut self.store, store)
+    }
+
+    /// The store was put back from a snapshot taken when the log ended at `snapshot_seq` and
+    /// `attached`/`released` were the acknowledged commands. Judges the reopened store: when
+    /// events were committed after the snapshot, the log must be under a new epoch and every
+    /// event in it above every seq handed out before (none reused). Then the acknowledged
+    /// commands the rollback lost, exactly those acknowledged after the snapshot, are exempt
+    /// from check 3 (a rollback is an operator's act), and the attachments are read again from
+    /// the store (a restored live attachment asks for its key again). Returns the lost
+    /// releases.
+    pub fn restored(
+        &mut self,
+        snapshot_seq: u64,
+        attached: &BTreeSet<String>,
+        released: &BTreeSet<String>,
+        now_ms: u64,
+    ) -> Vec<String> {
+        let lost: Vec<String> = self.acked_release.difference(released).cloned().collect();
+        self.acked_attach.retain(|i| attached.contains(i));
+        self.acked_release.retain(|i| released.contains(i));
+        if self.last_seq > snapshot_seq {
+            if self.store.epoch() == self.epoch {
+                let what = format!(
+                    "the store went back from seq {} to the snapshot's {snapshot_seq} and kept its epoch {}",
+                    self.last_seq, self.epoch
+                );
+                self.fail(now_ms, what);
+            }
+            match self.store.events_after(0, 1) {
+                Ok(e) if e.first().is_some_and(|e| e.seq <= self.last_seq) => {
+                    let what = format!(
+                        "the restored log reuses seq {} (seqs up to {} were handed out)",
+                        e[0].seq, self.last_seq
+                    );
+                    self.fail(now_ms, what);
+                }
+                Ok(_) => {}
+                Err(e) => self.fail(now_ms, format!("reading the restored log failed: {e}")),
+            }
+        }
+        let stored = self.store.attachments().unwrap_or_default();
+        self.instances = stored
+            .iter()
+            .map(|a| {
+                let ports = if a.ports.is_empty() {
+                    (0..PORTS).map(|i| PORT_GUID_BASE + i as u64).collect()
+                } else {
+                    a.ports.iter().map(|p| p.port_guid.0).collect()
+                };
+                let known = Known {
+                    value: a.pkey_value().0,
+                    state: a.state,
+                    ports,
+                    released_ns: (a.state == AttachmentState::Released)
+                        .then_some(a.updated_unix_ns),
+                };
+                (a.instance_id.as_str().to_owned(), known)
+            })
+            .collect();
+        for a in stored.iter().filter(|a| a.state.wants_key()) {
+            self.guard.remove(&a.partition.pkey.base());
+        }
+        // Check 9 goes on from the restored attachments: what the rollback took away was not
+        // pruned, and a restored RELEASED one is kept for its retain from its release.
+        self.prune_due.clear();
+        if let Some(p) = self.pruning {
+            let now_ns = p.now_ns();
+            for (id, k) in &self.instances {
+                let due = k.released_ns.map(|r| r.saturating_add(p.retain_ns));
+                if let Some(due) = due.filter(|d| *d > now_ns) {
+                    self.prune_due.insert((due, id.clone()));
+                }
+            }
+            self.released_seen.notify_one();
+        }
+        lost
+    }
+
     /// What has not converged yet (None: every attachment is ACTIVE or RELEASED as asked).
     pub fn unconverged(&self) -> Option<String> {
         let stored = match self.store.attachments() {

@@ -68,7 +68,10 @@ struct Node {
 }
 
 struct Parts {
-    store: Arc<Store>,
+    /// The node's store (reopened after a rollback).
+    store: std::sync::Mutex<Arc<Store>>,
+    /// The node's store on disk, in schedules that roll it back.
+    node_disk: Option<super::rollback::NodeDisk>,
     sm: Arc<dyn fabric_agent::sm::SubnetManager>,
     observer: Arc<ModelObserver>,
     /// The SM host of a `--opensm` run (kept for its temp directory).
@@ -96,7 +99,7 @@ impl Parts {
             grants: fabric_agent::domain::GrantPolicy::off(
                 FabricName::parse(FABRIC).expect("fabric name"),
             ),
-            store: self.store.clone(),
+            store: self.store.lock().expect("store lock").clone(),
             sm,
             observer: self.observer.clone(),
             observer_reason: "simulation".into(),
@@ -131,11 +134,18 @@ fn failed(world: &Shared) -> bool {
 }
 
 async fn drive(schedule: Schedule) -> Outcome {
-    let store =
-        Arc::new(Store::in_memory(schedule.retention.event_retain).expect("in-memory store"));
+    let retain = schedule.retention.event_retain;
+    let node_disk = super::rollback::rolls_back(&schedule.steps)
+        .then(|| super::rollback::NodeDisk::new().retaining(retain));
+    let store = match &node_disk {
+        Some(disk) => disk.open(),
+        None => Arc::new(Store::in_memory(retain).expect("in-memory store")),
+    };
     let world = World::new(schedule.seed, store.clone());
     let t0 = world.lock().expect("world lock").t0;
-    let sm_host = schedule.opensm.then(|| super::model_opensm::start(&world));
+    let sm_host = schedule
+        .opensm
+        .then(|| super::model_opensm::start(&world, &schedule.steps));
     let ufm = schedule
         .ufm
         .then(|| super::model_ufm::start(&world, schedule.ufm_late_window_ms));
@@ -143,7 +153,8 @@ async fn drive(schedule: Schedule) -> Outcome {
         released_retain: Duration::from_millis(schedule.retention.released_retain_ms),
         watchers: super::watcher::Watchers::start(&world, &schedule, SIM_EPOCH_UNIX_NS),
         ufm,
-        store,
+        store: std::sync::Mutex::new(store),
+        node_disk,
         sm: match &sm_host {
             Some(h) => h.link.clone(),
             None => Arc::new(ModelSm::new(world.clone())),
@@ -319,6 +330,37 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
         }
         Command::PortUp(p) => {
             port_up(world, *p);
+            node
+        }
+        Command::Snapshot => {
+            if let Some(disk) = &parts.node_disk {
+                disk.snapshot(&parts.store.lock().expect("store lock").clone(), world);
+            }
+            if let Some(host) = &parts.sm_host {
+                host.snapshot(world);
+            }
+            node
+        }
+        Command::StoreRollback { down_ms } => {
+            let Some(disk) = &parts.node_disk else {
+                return node;
+            };
+            parts.watchers.down(&node.agent, false);
+            node.reconciler.abort();
+            let _ = node.reconciler.await;
+            drop((node.agent, node.stop));
+            parts.watchers.released().await;
+            with(world, |w| w.log("agent: CRASHED, its store is put back"));
+            let lost = disk.roll_back(&parts.store, world);
+            sleep(Duration::from_millis(*down_ms)).await;
+            let node = parts.start(world).await;
+            super::rollback::resync(&node.agent, world, lost).await;
+            node
+        }
+        Command::SmHostCrash { down_ms, restore } => {
+            if let Some(host) = &parts.sm_host {
+                host.crash_and_restart(world, *down_ms, *restore).await;
+            }
             node
         }
     }

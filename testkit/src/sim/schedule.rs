@@ -79,6 +79,38 @@ pub enum Command {
     PortDown(usize),
     /// A fabric port comes back UP, reprogrammed by the SM from its config.
     PortUp(usize),
+    /// A backup: the node's database file is copied (and, with the SM host, its store's
+    /// database file and the partitions file).
+    Snapshot,
+    /// The node's store is put back from the last snapshot: the agent crashes, the copied
+    /// database file replaces the live one (its side file stays as the live agent left it, as
+    /// a restore from a backup leaves it), and the agent starts again after `down_ms`.
+    StoreRollback {
+        /// How long the node stays down, ms.
+        down_ms: u64,
+    },
+    /// The SM host's agent crashes (its backend is shut down where it stands, the requests it
+    /// was handling are lost) and a new one starts after `down_ms` on the same partitions file
+    /// and store, or on what `restore` put back meanwhile.
+    SmHostCrash {
+        /// How long the SM host's agent stays down, ms (the node's applies fail meanwhile).
+        down_ms: u64,
+        /// What is put back from the last snapshot while it is down.
+        restore: SmHostRestore,
+    },
+}
+
+/// What an SM host's restore from a backup puts back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmHostRestore {
+    /// Nothing: a crash and a restart.
+    Nothing,
+    /// The store's database file (its side file stays); the partitions file stays as OpenSM
+    /// last read it.
+    Store,
+    /// The store's database file and the partitions file (OpenSM reads the old file at its
+    /// next heavy sweep).
+    StoreAndFile,
 }
 
 /// A command at a simulated instant.
@@ -277,6 +309,7 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
         };
         steps.push(Step { at_ms: t, command });
     }
+    super::rollback::draw(seed, options, &mut steps);
     Schedule {
         seed,
         steps,
@@ -343,6 +376,21 @@ impl fmt::Display for Command {
             Command::GenerationConflict => write!(f, "SM generation conflict"),
             Command::PortDown(p) => write!(f, "port {p} DOWN"),
             Command::PortUp(p) => write!(f, "port {p} UP"),
+            Command::Snapshot => write!(f, "snapshot of the stores (a backup)"),
+            Command::StoreRollback { down_ms } => write!(
+                f,
+                "node store rolled back to the snapshot (agent crash, down {down_ms} ms, restart)"
+            ),
+            Command::SmHostCrash { down_ms, restore } => {
+                let what = match restore {
+                    SmHostRestore::Nothing => "",
+                    SmHostRestore::Store => ", its store put back to the snapshot",
+                    SmHostRestore::StoreAndFile => {
+                        ", its store and the partitions file put back to the snapshot"
+                    }
+                };
+                write!(f, "SM-host agent crash, down {down_ms} ms{what}, restart")
+            }
         }
     }
 }

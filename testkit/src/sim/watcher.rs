@@ -21,6 +21,7 @@ use fabric_agent::domain::Event;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -149,6 +150,8 @@ pub struct Watchers {
 struct Board {
     now: Arc<Mutex<Serving>>,
     wakes: Vec<Arc<Notify>>,
+    /// Per consumer: it holds an agent handle (a stream, or the agent it is about to watch).
+    holding: Vec<Arc<AtomicBool>>,
 }
 
 impl Board {
@@ -172,6 +175,7 @@ impl Board {
 struct Seat {
     board: Board,
     wake: Arc<Notify>,
+    holding: Arc<AtomicBool>,
     /// The version last seen.
     seen: u64,
 }
@@ -206,6 +210,9 @@ impl Watchers {
             wakes: (0..schedule.retention.watchers.len())
                 .map(|_| Arc::new(Notify::new()))
                 .collect(),
+            holding: (0..schedule.retention.watchers.len())
+                .map(|_| Arc::default())
+                .collect(),
         };
         let mut tasks = vec![tokio::spawn(super::prune_probe::run(world.clone()))];
         for (i, plan) in schedule.retention.watchers.iter().enumerate() {
@@ -217,6 +224,7 @@ impl Watchers {
                 serving: Seat {
                     board: serving.clone(),
                     wake: serving.wakes[i].clone(),
+                    holding: serving.holding[i].clone(),
                     seen: 0,
                 },
                 cursor: None,
@@ -246,6 +254,23 @@ impl Watchers {
         if clean {
             agent.begin_shutdown();
         }
+    }
+
+    /// Returns once no consumer holds a handle of a stopped agent (its store may then be
+    /// replaced): call after [`Watchers::down`].
+    pub async fn released(&self) {
+        for _ in 0..100_000 {
+            if !self
+                .serving
+                .holding
+                .iter()
+                .any(|h| h.load(Ordering::SeqCst))
+            {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("a WatchEvents consumer still holds the stopped agent");
     }
 
     /// Ends every consumer and the probe; traces what they saw.
@@ -287,28 +312,8 @@ impl Consumer {
     async fn run(mut self) {
         sleep(Duration::from_millis(self.plan.first_ms)).await;
         loop {
-            let (n, agent) = self.agent().await;
-            let from = self.from(&agent);
-            // What a replay-only stream must reach before it ends.
-            let last_at_start = if self.plan.follow {
-                0
-            } else {
-                agent.node().map_or(0, |n| n.last_event_seq)
-            };
-            match agent.watch(from.clone()) {
-                Ok(stream) => {
-                    let epoch = agent.log_epoch();
-                    self.cursor = Some((epoch, from.after));
-                    self.log(format!("watches after seq {}", from.after));
-                    if let Next::Stop = self.follow(stream, (n, &agent), last_at_start).await {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    if !self.refused(&agent, &from, e) {
-                        return;
-                    }
-                }
+            if !self.watch_once().await {
+                return;
             }
             // A control plane's backoff; one that only replays polls again later.
             let backoff = if self.plan.follow {
@@ -320,11 +325,46 @@ impl Consumer {
         }
     }
 
+    /// One watch, followed to its end; every agent handle is dropped on return (false: a
+    /// finding).
+    async fn watch_once(&mut self) -> bool {
+        let (n, agent) = self.agent().await;
+        let go_on = self.watch_agent(n, &agent).await;
+        drop(agent);
+        self.serving.holding.store(false, Ordering::SeqCst);
+        go_on
+    }
+
+    async fn watch_agent(&mut self, n: u64, agent: &Agent) -> bool {
+        {
+            let from = self.from(agent);
+            // What a replay-only stream must reach before it ends.
+            let last_at_start = if self.plan.follow {
+                0
+            } else {
+                agent.node().map_or(0, |n| n.last_event_seq)
+            };
+            match agent.watch(from.clone()) {
+                Ok(stream) => {
+                    let epoch = agent.log_epoch();
+                    self.cursor = Some((epoch, from.after));
+                    self.log(format!("watches after seq {}", from.after));
+                    !matches!(
+                        self.follow(stream, (n, agent), last_at_start).await,
+                        Next::Stop
+                    )
+                }
+                Err(e) => self.refused(agent, &from, e),
+            }
+        }
+    }
+
     /// The agent serving now and its incarnation, once one is up.
     async fn agent(&mut self) -> (u64, Agent) {
         loop {
             let s = self.serving.borrow_and_update();
             if let Some(a) = s.agent {
+                self.serving.holding.store(true, Ordering::SeqCst);
                 return (s.n, a);
             }
             self.serving.changed().await;
@@ -461,13 +501,23 @@ impl Consumer {
                 other => return other,
             }
             if self.plan.pace_ms > 0 {
-                sleep(Duration::from_millis(self.plan.pace_ms)).await;
+                self.nap(self.plan.pace_ms).await;
             }
             if self.plan.pause_one_in > 0 && self.rng.random_range(0..self.plan.pause_one_in) == 0 {
                 let pause = self.rng.random_range(60_000..600_000);
                 self.log(format!("stops reading for {pause} ms"));
-                sleep(Duration::from_millis(pause)).await;
+                self.nap(pause).await;
             }
+        }
+    }
+
+    /// Sleeps `ms`, or less when the agent crashes or restarts meanwhile (the stream then goes
+    /// at once, as a connection does).
+    async fn nap(&mut self, ms: u64) {
+        tokio::select! {
+            biased;
+            _ = self.serving.changed() => {}
+            _ = sleep(Duration::from_millis(ms)) => {}
         }
     }
 

@@ -1,0 +1,241 @@
+//! Store rollbacks inside a schedule: a backup of the node's store taken at a seeded moment
+//! ([`Command::Snapshot`]) and put back later ([`Command::StoreRollback`]): the agent crashes,
+//! the copied database file replaces the live one while its side file stays as the live agent
+//! left it (a restore from a backup does not know about it), and the agent starts again on the
+//! restored store. With the SM host, the same snapshot holds the SM host's store and partitions
+//! file for [`Command::SmHostCrash`] (`sm_host_restart.rs`).
+//!
+//! What the oracle then checks (`Oracle::restored`): the store shows the rollback with a new
+//! log epoch, no seq is reused under any epoch, the acknowledged commands the rollback lost
+//! (exactly those acknowledged after the snapshot) are the only ones exempt from the
+//! durability check, and every other check (no false RELEASED, no key back on a port after an
+//! acknowledged release the restored store holds, liveness) goes on as before.
+//!
+//! The control plane resynchronises on the new epoch (README, "Resynchronising"): a moment
+//! after the restart it releases again every instance whose acknowledged release the
+//! rollback lost.
+//!
+//! The commands are drawn from a stream of their own ([`draw`]), so the rest of a seed's
+//! schedule is the one it has without them.
+
+use super::schedule::{Command, GenOptions, SmHostRestore, Step};
+use super::world::{with, Shared};
+use fabric_agent::agent::Agent;
+use fabric_agent::store::Store;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Seeds whose schedule rolls the node's store back: one in this many.
+const NODE_ROLLBACK_ONE_IN: u32 = 4;
+/// `--opensm` seeds whose SM-host agent crashes (and is perhaps restored): one in this many.
+const SM_HOST_CRASH_ONE_IN: u32 = 3;
+
+/// Adds the snapshot, rollback and SM-host crash commands of `seed` to `steps` (drawn from a
+/// stream of their own; each goes after the steps already at its instant).
+pub fn draw(seed: u64, options: GenOptions, steps: &mut Vec<Step>) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5709_E0B5_0000_0002);
+    let end = steps.last().map_or(0, |s| s.at_ms) + 5_000;
+    let mut extra = Vec::new();
+    let mut snapshot_at = None;
+    // A UFM node's late-write ledger lives in its store: restoring it is the README's known
+    // gap (nothing shows the restore to UFM), not a check.
+    if !options.ufm && rng.random_ratio(1, NODE_ROLLBACK_ONE_IN) {
+        let at = rng.random_range(0..end);
+        snapshot_at = Some(at);
+        extra.push((at, Command::Snapshot));
+        extra.push((
+            rng.random_range(at..=end),
+            Command::StoreRollback {
+                down_ms: rng.random_range(0..5_000),
+            },
+        ));
+    }
+    if options.opensm && rng.random_ratio(1, SM_HOST_CRASH_ONE_IN) {
+        for _ in 0..rng.random_range(1..=2) {
+            let at = rng.random_range(0..end);
+            let restore = match rng.random_range(0..10) {
+                0..=4 => SmHostRestore::Nothing,
+                5..=7 => SmHostRestore::Store,
+                _ => SmHostRestore::StoreAndFile,
+            };
+            if restore != SmHostRestore::Nothing && snapshot_at.is_none_or(|s| s > at) {
+                let s = rng.random_range(0..=at);
+                snapshot_at = Some(s);
+                extra.push((s, Command::Snapshot));
+            }
+            let down_ms = match rng.random_range(0..3) {
+                0 => rng.random_range(0..500),
+                1 => rng.random_range(500..10_000),
+                _ => rng.random_range(10_000..90_000),
+            };
+            extra.push((at, Command::SmHostCrash { down_ms, restore }));
+        }
+    }
+    extra.sort_by_key(|(at, _)| *at);
+    for (at_ms, command) in extra {
+        let i = steps.partition_point(|s| s.at_ms <= at_ms);
+        steps.insert(i, Step { at_ms, command });
+    }
+}
+
+/// Whether a schedule rolls the node's store back (its store is then a file, with its side
+/// file; in memory otherwise).
+pub fn rolls_back(steps: &[Step]) -> bool {
+    steps
+        .iter()
+        .any(|s| matches!(s.command, Command::StoreRollback { .. }))
+}
+
+/// A temp directory for a run's files: in memory when the host has `/dev/shm` (the stores
+/// fsync every commit; the simulation is about orderings, not disks).
+pub fn temp_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .expect("temp dir")
+}
+
+/// A backup of the node's store.
+#[derive(Clone)]
+struct NodeSnapshot {
+    /// The database file's bytes.
+    db: Vec<u8>,
+    /// The newest event seq in it.
+    last_seq: u64,
+    /// Instances whose attach, and whose release, had been acknowledged.
+    attached: BTreeSet<String>,
+    released: BTreeSet<String>,
+}
+
+/// The node's store on disk (schedules with a rollback) and its last backup.
+pub struct NodeDisk {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    snapshot: Mutex<Option<NodeSnapshot>>,
+    /// The store's event retention.
+    retain: u64,
+}
+
+impl NodeDisk {
+    /// A fresh state directory.
+    pub fn new() -> NodeDisk {
+        let dir = temp_dir();
+        NodeDisk {
+            path: dir.path().join("state.redb"),
+            _dir: dir,
+            snapshot: Mutex::new(None),
+            retain: u64::MAX,
+        }
+    }
+
+    /// The same, its store keeping the newest `retain` events.
+    pub fn retaining(self, retain: u64) -> NodeDisk {
+        NodeDisk { retain, ..self }
+    }
+
+    /// Opens the store (its side file beside it).
+    pub fn open(&self) -> Arc<Store> {
+        Arc::new(Store::open(&self.path, self.retain).expect("the node's store"))
+    }
+
+    /// Copies the database file as it is now (every commit is synchronous: none is half
+    /// done between two steps), with what the oracle counted acknowledged by then.
+    pub fn snapshot(&self, store: &Store, world: &Shared) {
+        let db = std::fs::read(&self.path).expect("reading the node's database file");
+        let last_seq = store.last_seq().expect("last seq");
+        with(world, |w| {
+            w.log(format!(
+                "backup: the node's database file copied (events up to seq {last_seq})"
+            ));
+            *self.snapshot.lock().expect("snapshot lock") = Some(NodeSnapshot {
+                db,
+                last_seq,
+                attached: w.oracle.acked_attach.clone(),
+                released: w.oracle.acked_release.clone(),
+            });
+        });
+    }
+
+    /// Puts the snapshot back while the agent is down: closes the live store (`live` and the
+    /// oracle hold its last handles), writes the copied database file over it, leaves the
+    /// side file, reopens the store in `live` and tells the oracle. Returns the acknowledged
+    /// releases the rollback lost.
+    pub fn roll_back(&self, live: &Mutex<Arc<Store>>, world: &Shared) -> Vec<String> {
+        let Some(snap) = self.snapshot.lock().expect("snapshot lock").clone() else {
+            with(world, |w| {
+                w.log("restore: no snapshot taken yet, nothing put back")
+            });
+            return Vec::new();
+        };
+        let mut w = world.lock().expect("world lock");
+        w.check();
+        // Every handle must go before the file is replaced and opened again.
+        let placeholder = Arc::new(Store::in_memory(u64::MAX).expect("in-memory store"));
+        drop(w.oracle.swap_store(placeholder.clone()));
+        let old = std::mem::replace(&mut *live.lock().expect("store lock"), placeholder);
+        assert_eq!(
+            Arc::strong_count(&old),
+            1,
+            "the crashed agent still holds the node's store"
+        );
+        drop(old);
+        std::fs::write(&self.path, &snap.db).expect("writing the copy back");
+        let reopened = self.open();
+        let seen = reopened
+            .rolled_back()
+            .map_or("not seen as a rollback".to_owned(), |why| {
+                format!("seen: {why}")
+            });
+        *live.lock().expect("store lock") = reopened.clone();
+        drop(w.oracle.swap_store(reopened));
+        let now = w.now_ms();
+        let lost = w
+            .oracle
+            .restored(snap.last_seq, &snap.attached, &snap.released, now);
+        w.log(format!(
+            "restore: the node's database file put back to the snapshot (events up to seq {}), \
+             its side file left; {seen}; acknowledged releases lost: {lost:?}",
+            snap.last_seq
+        ));
+        drop(w);
+        with(world, |_| ());
+        lost
+    }
+}
+
+impl Default for NodeDisk {
+    fn default() -> Self {
+        NodeDisk::new()
+    }
+}
+
+/// The control plane resynchronising on the new epoch: a moment after the restart it
+/// releases again each instance whose acknowledged release the rollback lost.
+pub async fn resync(agent: &Agent, world: &Shared, lost: Vec<String>) {
+    if lost.is_empty() {
+        return;
+    }
+    let wait = with(world, |w| w.ms(200, 5_000));
+    tokio::time::sleep(wait).await;
+    for name in lost {
+        let r = agent.release(&name, None).await;
+        with(world, |w| match r {
+            Ok(a) => {
+                w.log(format!(
+                    "control plane: release {name} again after the rollback ({:?})",
+                    a.state
+                ));
+                w.oracle.acked_release.insert(name);
+            }
+            Err(e) => w.log(format!(
+                "control plane: release {name} again after the rollback: {e}"
+            )),
+        });
+    }
+}
