@@ -153,6 +153,10 @@ impl NodeDisk {
             w.log(format!(
                 "backup: the node's database file copied (events up to seq {last_seq})"
             ));
+            // The acknowledged commands as of the copy: attachments pruned by then are
+            // forgotten first (their ids may be attached again after the copy).
+            let now = w.now_ms();
+            w.oracle.check_durable(now);
             *self.snapshot.lock().expect("snapshot lock") = Some(NodeSnapshot {
                 db,
                 last_seq,
