@@ -54,7 +54,9 @@ pub fn run_seed(seed: u64, options: GenOptions) -> Outcome {
         .start_paused(true)
         .build()
         .expect("runtime");
-    rt.block_on(drive(schedule))
+    // The backends' file and store I/O inline: a blocking thread beside the paused clock would
+    // let the machine's load decide where its completion lands among the instant's tasks.
+    fabric_agent::sm::blocking::inline_blocking_io(|| rt.block_on(drive(schedule)))
 }
 
 /// The simulated wall clock's reading at the world's start (2026-01-01T00:00:00Z).
