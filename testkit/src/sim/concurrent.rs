@@ -12,7 +12,8 @@
 //! events are judged by the oracle):
 //! - a terminated instance is never attached again: an attach that starts while the instance is
 //!   RELEASING or RELEASED is refused, and no attach answers a live state (PENDING, ACTIVE, ...)
-//!   for an instance whose release was acknowledged before that answer;
+//!   for an instance whose release was acknowledged before that answer while the store holds it
+//!   RELEASING or RELEASED (not an instance created anew after the released one was pruned);
 //! - two partitions never share a port: of two attaches of different partitions on one port,
 //!   the agent admits at most one while the other is live (the oracle's check 7).
 
@@ -85,8 +86,14 @@ impl AttachCall {
     }
 
     /// Records the answer: traced, counted as acknowledged when Ok, judged against the
-    /// "never attached again" promise.
-    pub fn answered(self, w: &mut World, r: &Answer<(Attachment, bool)>) {
+    /// "never attached again" promise (`agent` shows what the store holds as it arrives).
+    pub fn answered(self, agent: &Agent, world: &Shared, r: &Answer<(Attachment, bool)>) {
+        // Read in the same poll as the answer: no commit can come between.
+        let stored = agent.get(&self.name).ok().map(|a| a.state);
+        with(world, |w| self.judge(w, stored, r));
+    }
+
+    fn judge(self, w: &mut World, stored: Option<AttachmentState>, r: &Answer<(Attachment, bool)>) {
         let name = self.name;
         match r {
             Some(Ok((a, created))) => {
@@ -104,6 +111,7 @@ impl AttachCall {
                     ))
                 } else if w.oracle.acked_release.contains(&name)
                     && !a.state.is_released_or_releasing()
+                    && stored.is_some_and(AttachmentState::is_released_or_releasing)
                 {
                     Some(format!(
                         "attach of {name} answered {:?} after its release was acknowledged",
@@ -193,7 +201,7 @@ pub async fn run(agent: &Agent, world: &Shared, group: &Command) -> Option<(u32,
                     let request = attach_request(&name, partition, membership, port);
                     let call = AttachCall::start(agent, &name);
                     let r = Some(agent.attach(request, wait).await);
-                    with(world, |w| call.answered(w, &r));
+                    call.answered(agent, world, &r);
                 })),
                 Command::Release { instance } => Some(Box::pin(async move {
                     let name = instance_name(instance);

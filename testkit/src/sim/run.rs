@@ -316,7 +316,7 @@ async fn attach(
     let call = AttachCall::start(agent, &name);
     let (limit, wait) = command_crash(world);
     let r = run_command(agent.attach(request, wait), limit).await;
-    with(world, |w| call.answered(w, &r));
+    call.answered(agent, world, &r);
     limit
 }
 
