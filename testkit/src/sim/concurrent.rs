@@ -190,19 +190,16 @@ pub async fn run(agent: &Agent, world: &Shared, group: &Command) -> Option<(u32,
     let calls: Vec<Call<'_>> = commands
         .iter()
         .filter_map(|c| -> Option<Call<'_>> {
-            match *c {
-                Command::Attach {
-                    instance,
-                    partition,
-                    membership,
-                    port,
-                } => Some(Box::pin(async move {
-                    let name = instance_name(instance);
-                    let request = attach_request(&name, partition, membership, port);
+            if let Some(a) = Attached::of(c) {
+                return Some(Box::pin(async move {
+                    let name = instance_name(a.instance);
+                    let request = attach_request(&name, a.partition, a.membership, a.port);
                     let call = AttachCall::start(agent, &name);
                     let r = Some(agent.attach(request, wait).await);
                     call.answered(agent, world, &r);
-                })),
+                }));
+            }
+            match *c {
                 Command::Release { instance } => Some(Box::pin(async move {
                     let name = instance_name(instance);
                     let r = Some(agent.release(&name, wait).await);
@@ -237,6 +234,26 @@ struct Attached {
     port: Option<usize>,
 }
 
+impl Attached {
+    /// The attach `c` asks for, if it is one.
+    fn of(c: &Command) -> Option<Attached> {
+        match *c {
+            Command::Attach {
+                instance,
+                partition,
+                membership,
+                port,
+            } => Some(Attached {
+                instance,
+                partition,
+                membership,
+                port,
+            }),
+            _ => None,
+        }
+    }
+}
+
 fn attach_of(a: Attached) -> Command {
     Command::Attach {
         instance: a.instance,
@@ -249,23 +266,10 @@ fn attach_of(a: Attached) -> Command {
 /// The attaches among `steps`, groups included.
 fn attaches(steps: &[Step]) -> Vec<Attached> {
     fn visit(c: &Command, out: &mut Vec<Attached>) {
-        match *c {
-            Command::Attach {
-                instance,
-                partition,
-                membership,
-                port,
-            } => out.push(Attached {
-                instance,
-                partition,
-                membership,
-                port,
-            }),
-            Command::Together { ref commands, .. } => {
-                commands.iter().for_each(|c| visit(c, out));
-            }
-            _ => {}
+        if let Command::Together { commands, .. } = c {
+            commands.iter().for_each(|c| visit(c, out));
         }
+        out.extend(Attached::of(c));
     }
     let mut out = Vec::new();
     steps.iter().for_each(|s| visit(&s.command, &mut out));
