@@ -9,7 +9,9 @@
 //! model OpenSM process instead of the model SM; `--ufm` through the real UFM backend (`UfmSm`)
 //! to a model UFM that executes requests late, out of order and after the client gave up;
 //! `--ufm-window-ms N` sets that backend's late-write window (default 180,000: above the
-//! model's latest execution; a shorter one lets late adds through, which the oracle catches).
+//! model's latest execution; a shorter one lets late adds through, which the oracle catches);
+//! `--digest` prints one line per seed (applies, RELEASED, simulated ms and a hash of its
+//! trace): two runs of one binary replay exactly when their lines are the same.
 
 use testkit::sim;
 
@@ -21,6 +23,7 @@ struct Args {
     start: u64,
     replay: Option<u64>,
     keep_going: bool,
+    digest: bool,
     options: sim::GenOptions,
 }
 
@@ -30,6 +33,7 @@ fn parse() -> Result<Args, String> {
         start: 0,
         replay: None,
         keep_going: false,
+        digest: false,
         options: sim::GenOptions::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -44,6 +48,7 @@ fn parse() -> Result<Args, String> {
             "--start" => a.start = num("--start")?,
             "--seed" => a.replay = Some(num("--seed")?),
             "--keep-going" => a.keep_going = true,
+            "--digest" => a.digest = true,
             "--mixed-membership" => a.options.mixed_membership = true,
             "--opensm" => a.options.opensm = true,
             "--ufm" => a.options.ufm = true,
@@ -52,6 +57,27 @@ fn parse() -> Result<Args, String> {
         }
     }
     Ok(a)
+}
+
+/// One seed's fingerprint: what it did and a hash of everything it traced (simulated times
+/// included), so a replay that took another path differs.
+fn digest(o: &sim::Outcome) -> String {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same trace hashes the same in every run. A restarted log's
+    // new epoch is drawn at random by the store (an opaque id nothing orders by): left out.
+    let mut h = std::hash::DefaultHasher::new();
+    for line in &o.trace {
+        line.split(" new epoch ").next().hash(&mut h);
+    }
+    o.finding.hash(&mut h);
+    format!(
+        "seed {}: {} applies, {} RELEASED, {} ms simulated, trace {:016x}",
+        o.schedule.seed,
+        o.applies,
+        o.released,
+        o.sim_ms,
+        h.finish()
+    )
 }
 
 fn main() -> ExitCode {
@@ -89,6 +115,9 @@ fn main() -> ExitCode {
         sim_ms += o.sim_ms;
         applies += o.applies;
         released += o.released;
+        if args.digest {
+            println!("{}", digest(&o));
+        }
         if o.finding.is_some() {
             if failures.is_empty() {
                 println!("{}", sim::report(&o, Some(60)));

@@ -3,6 +3,7 @@
 //! Every backend is declarative: [`SubnetManager::apply`] receives the node's complete desired
 //! set and computes the difference itself, so retrying an apply is always safe.
 
+pub mod blocking;
 pub mod embedded;
 pub mod fabric_side;
 pub mod grant_judge;

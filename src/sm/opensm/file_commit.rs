@@ -196,7 +196,7 @@ impl FileCommitter {
         }
         let store = Arc::clone(&self.store);
         let nodes = std::mem::take(unsaved);
-        let (nodes, result) = tokio::task::spawn_blocking(move || {
+        let (nodes, result) = crate::sm::blocking::unblock(move || {
             let result = store.put_group(&nodes, state.as_ref());
             (nodes, result)
         })
@@ -360,7 +360,7 @@ impl FileCommitter {
         let Some(op) = self.config.operator_file.clone() else {
             return Ok(None);
         };
-        let loaded = tokio::task::spawn_blocking(move || super::operator::load_operator_file(&op))
+        let loaded = crate::sm::blocking::unblock(move || super::operator::load_operator_file(&op))
             .await
             .map_err(|e| task_failed("operator file", e))?;
         let mut st = self.health();
@@ -763,7 +763,7 @@ pub(super) async fn watch_log<F, Fut>(
 pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> Result<T, OpenSmError> {
-    tokio::task::spawn_blocking(f)
+    crate::sm::blocking::unblock(f)
         .await
         .map_err(|e| task_failed("file", e))?
         .map_err(|e| OpenSmError::Io(Arc::new(e)))

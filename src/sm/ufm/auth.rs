@@ -106,8 +106,11 @@ fn bad_file(path: &Path, what: &'static str, problem: &'static str) -> SmError {
 }
 
 async fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, SmError> {
-    tokio::fs::read(path)
+    let owned = path.to_owned();
+    crate::sm::blocking::unblock(move || std::fs::read(owned))
         .await
+        .map_err(std::io::Error::other)
+        .and_then(|read| read)
         .map_err(|e| unreadable(path, what, e))
 }
 

@@ -14,7 +14,7 @@ impl UfmSm {
             return Ok(());
         }
         let store = self.ledger_store.clone();
-        let bytes = tokio::task::spawn_blocking(move || store.load())
+        let bytes = crate::sm::blocking::unblock(move || store.load())
             .await
             .map_err(|e| {
                 SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerTask {
@@ -44,7 +44,7 @@ impl UfmSm {
         }
         let bytes = ledger.encode();
         let store = self.ledger_store.clone();
-        tokio::task::spawn_blocking(move || store.save(&bytes))
+        crate::sm::blocking::unblock(move || store.save(&bytes))
             .await
             .map_err(|e| {
                 Failure::NoAnswer(UfmError::LedgerTask {

@@ -13,6 +13,7 @@
 //!
 //! Used by `tests/simulation` (CI) and `examples/simulate.rs` (long runs, replays).
 
+pub mod concurrent;
 pub mod crash;
 pub mod model_opensm;
 pub mod model_ports;

@@ -2,17 +2,14 @@
 //! the model parts and one store, the schedule's commands at their simulated instants, crashes
 //! that drop the agent wherever it is, then healing and the liveness check.
 
+use super::concurrent::{attach_request, instance_name, release_answered, AttachCall};
 use super::model_ports::{port_down, port_up, ModelObserver};
 use super::model_sm::{generation_conflict, restart as sm_restart, ModelSm};
-use super::schedule::{
-    generate, Command, CrashPoint, GenOptions, Schedule, FABRIC, PARTITIONS, PORTS,
-};
-use super::world::{with, Shared, World, PORT_GUID_BASE};
-use fabric_agent::agent::{Agent, AgentParts, AttachRequest};
+use super::schedule::{generate, Command, CrashPoint, GenOptions, Schedule, FABRIC, PORTS};
+use super::world::{with, Shared, World};
+use fabric_agent::agent::{Agent, AgentParts};
 use fabric_agent::config::ReconcilerConfig;
-use fabric_agent::domain::{
-    FabricName, Guid, InstanceId, Membership, Partition, PortName, PortSelector,
-};
+use fabric_agent::domain::{FabricName, Membership, PortSelector};
 use fabric_agent::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,7 +51,9 @@ pub fn run_seed(seed: u64, options: GenOptions) -> Outcome {
         .start_paused(true)
         .build()
         .expect("runtime");
-    rt.block_on(drive(schedule))
+    // The backends' file and store I/O inline: a blocking thread beside the paused clock would
+    // let the machine's load decide where its completion lands among the instant's tasks.
+    fabric_agent::sm::blocking::inline_blocking_io(|| rt.block_on(drive(schedule)))
 }
 
 /// The simulated wall clock's reading at the world's start (2026-01-01T00:00:00Z).
@@ -204,10 +203,6 @@ async fn drive(schedule: Schedule) -> Outcome {
     }
 }
 
-fn instance_name(i: usize) -> String {
-    format!("i{i}")
-}
-
 async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -> Node {
     match command {
         Command::Attach {
@@ -231,17 +226,11 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
             let name = instance_name(*instance);
             let (limit, wait) = command_crash(world);
             let r = run_command(node.agent.release(&name, wait), limit).await;
-            with(world, |w| match r {
-                Some(Ok(a)) => {
-                    w.log(format!(
-                        "agent: release {name} acknowledged ({:?})",
-                        a.state
-                    ));
-                    w.oracle.acked_release.insert(name);
-                }
-                Some(Err(e)) => w.log(format!("agent: release {name} refused: {e}")),
-                None => w.log(format!("agent: release {name} cut short by the crash")),
-            });
+            with(world, |w| release_answered(w, &name, &r));
+            crash_after_command(node, parts, world, limit).await
+        }
+        Command::Together { .. } => {
+            let limit = super::concurrent::run(&node.agent, world, command).await;
             crash_after_command(node, parts, world, limit).await
         }
         Command::Crash {
@@ -375,32 +364,11 @@ async fn attach(
     port: Option<usize>,
 ) -> Option<(u32, u64)> {
     let name = instance_name(instance);
-    let (id, pname, base) = PARTITIONS[partition];
-    let request = AttachRequest {
-        instance_id: InstanceId::parse(&name).expect("instance id"),
-        partition: Partition::new(id, pname, "ws", "acct", FABRIC, u32::from(base))
-            .expect("partition"),
-        membership,
-        grant: None,
-        ports: port
-            .map(|p| PortName::Guid(Guid(PORT_GUID_BASE + p as u64)))
-            .into_iter()
-            .collect(),
-    };
+    let request = attach_request(&name, partition, membership, port);
+    let call = AttachCall::start(agent, &name);
     let (limit, wait) = command_crash(world);
     let r = run_command(agent.attach(request, wait), limit).await;
-    with(world, |w| match r {
-        Some(Ok((a, created))) => {
-            w.log(format!(
-                "agent: attach {name} acknowledged ({:?}{})",
-                a.state,
-                if created { ", created" } else { "" }
-            ));
-            w.oracle.acked_attach.insert(name);
-        }
-        Some(Err(e)) => w.log(format!("agent: attach {name} refused: {e}")),
-        None => w.log(format!("agent: attach {name} cut short by the crash")),
-    });
+    call.answered(agent, world, &r);
     limit
 }
 

@@ -98,6 +98,19 @@ pub enum Command {
         /// What is put back from the last snapshot while it is down.
         restore: SmHostRestore,
     },
+    /// Attach and release commands in flight at once on the same agent
+    /// (`super::concurrent`).
+    Together {
+        /// The commands (attaches and releases only).
+        commands: Vec<Command>,
+        /// How long each command waits for its outcome, ms (0: it answers once durable).
+        wait_ms: u64,
+        /// The agent crashes at this poll of the group (then stays down this long, ms), like
+        /// [`CrashPoint::CommandPoll`]; commands answered by then count as acknowledged.
+        crash: Option<(u32, u64)>,
+        /// Seeds the order in which the group's commands are polled, at every poll.
+        order: u64,
+    },
 }
 
 /// What an SM host's restore from a backup puts back.
@@ -310,6 +323,7 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
         steps.push(Step { at_ms: t, command });
     }
     super::rollback::draw(seed, options, &mut steps);
+    super::concurrent::draw(seed, &mut steps, options.mixed_membership);
     Schedule {
         seed,
         steps,
@@ -390,6 +404,22 @@ impl fmt::Display for Command {
                     }
                 };
                 write!(f, "SM-host agent crash, down {down_ms} ms{what}, restart")
+            }
+            Command::Together {
+                commands,
+                wait_ms,
+                crash,
+                order,
+            } => {
+                write!(f, "together (polled in order {order:#x}")?;
+                if *wait_ms > 0 {
+                    write!(f, ", each waits {wait_ms} ms for its outcome")?;
+                }
+                if let Some((n, down_ms)) = crash {
+                    write!(f, ", agent crash at poll {n}, down {down_ms} ms, restart")?;
+                }
+                let list: Vec<String> = commands.iter().map(ToString::to_string).collect();
+                write!(f, "): [{}]", list.join("; "))
             }
         }
     }
