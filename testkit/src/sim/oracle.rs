@@ -218,6 +218,53 @@ impl Oracle {
         }
     }
 
+    /// When the last RELEASED attachment the oracle knows of is due to be pruned (its retain
+    /// over), if that is within `horizon` of now: the instant the driver waits for before
+    /// [`Oracle::check_pruned`]. None when nothing is due within it.
+    pub fn last_prune_due(&self, horizon: Duration) -> Option<Instant> {
+        let p = self.pruning?;
+        let limit = p.now_ns().saturating_add(horizon.as_nanos() as i64);
+        let due = self
+            .instances
+            .values()
+            .filter(|k| k.state == AttachmentState::Released)
+            .filter_map(|k| k.released_ns.map(|r| r.saturating_add(p.retain_ns)))
+            .filter(|due| *due <= limit)
+            .max()?;
+        Some(p.t0 + Duration::from_nanos((due - p.epoch_ns).max(0) as u64))
+    }
+
+    /// Liveness of check 9: every RELEASED attachment whose retain was over more than `slack`
+    /// ago is gone from the store (the agent prunes on its own clock, not only at start).
+    pub fn check_pruned(&mut self, slack: Duration, now_ms: u64) {
+        let Some(p) = self.pruning else { return };
+        let now_ns = p.now_ns();
+        let slack_ns = slack.as_nanos() as i64;
+        let stored = match self.store.attachments() {
+            Ok(a) => a,
+            Err(e) => return self.fail(now_ms, format!("reading attachments failed: {e}")),
+        };
+        let overdue = stored.iter().find(|a| {
+            a.state == AttachmentState::Released
+                && a.updated_unix_ns
+                    .saturating_add(p.retain_ns)
+                    .saturating_add(slack_ns)
+                    < now_ns
+        });
+        if let Some(a) = overdue {
+            let what = format!(
+                "liveness: {} RELEASED at t={} ms is still stored at t={} ms, more than {} ms \
+                 after its released_retain ({} ms) was over",
+                a.instance_id,
+                p.sim_ms(a.updated_unix_ns),
+                p.sim_ms(now_ns),
+                slack.as_millis(),
+                p.retain_ns / 1_000_000
+            );
+            self.fail(now_ms, what);
+        }
+    }
+
     /// When the prune probe next looks (1 ms before the oldest unprobed RELEASED attachment's
     /// retain is over), None when there is none.
     pub fn next_prune_probe(&self) -> Option<Instant> {

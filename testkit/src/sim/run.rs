@@ -184,6 +184,7 @@ async fn drive(schedule: Schedule) -> Outcome {
     if !failed(&world) {
         heal(&world);
         converge(&world).await;
+        prunes_happen(&world).await;
     }
     // Stop the agent before the runtime goes (its tasks are dropped with it anyway).
     parts.watchers.stop(&world);
@@ -424,6 +425,29 @@ fn heal(world: &Shared) {
     for p in 0..PORTS {
         port_up(world, p);
     }
+}
+
+/// How far past the converged state the run waits for RELEASED attachments to be pruned (a
+/// retain longer than this is not waited for).
+const PRUNE_HORIZON: Duration = Duration::from_secs(15 * 60);
+/// How late after its retain is over a RELEASED attachment may still be stored.
+const PRUNE_SLACK: Duration = Duration::from_secs(5);
+
+/// Waits until the last RELEASED attachment's retain (within [`PRUNE_HORIZON`]) is over, plus
+/// [`PRUNE_SLACK`], and checks the agent pruned every one that was due.
+async fn prunes_happen(world: &Shared) {
+    let due = world
+        .lock()
+        .expect("world lock")
+        .oracle
+        .last_prune_due(PRUNE_HORIZON);
+    if let Some(due) = due {
+        sleep_until(due + PRUNE_SLACK).await;
+    }
+    with(world, |w| {
+        let now = w.now_ms();
+        w.oracle.check_pruned(PRUNE_SLACK, now)
+    });
 }
 
 /// Waits until every attachment is ACTIVE or RELEASED as asked, nothing is in flight to the
