@@ -430,8 +430,10 @@ fn heal(world: &Shared) {
 /// How far past the converged state the run waits for RELEASED attachments to be pruned (a
 /// retain longer than this is not waited for).
 const PRUNE_HORIZON: Duration = Duration::from_secs(15 * 60);
-/// How late after its retain is over a RELEASED attachment may still be stored.
-const PRUNE_SLACK: Duration = Duration::from_secs(5);
+/// How late after its retain is over a RELEASED attachment may still be stored: the
+/// reconciler prunes between its steps, so an apply in flight (capped at 60 s) and a slow port
+/// read may hold it up.
+const PRUNE_SLACK: Duration = Duration::from_secs(70);
 
 /// Waits until the last RELEASED attachment's retain (within [`PRUNE_HORIZON`]) is over, plus
 /// [`PRUNE_SLACK`], and checks the agent pruned every one that was due.
