@@ -272,19 +272,10 @@ impl State {
         if let Some(accepted) = accepted {
             // A grant of the previous accepted set that this one no longer carries is consumed:
             // its instance was released. Stored in the same record, so in the same transaction.
-            let kept: BTreeSet<&str> = accepted.iter().map(|g| g.grant_id.as_str()).collect();
-            let gone: Vec<String> = record
-                .grants
-                .iter()
-                .filter(|g| !kept.contains(g.grant_id.as_str()))
-                .map(|g| g.grant_id.clone())
-                .collect();
-            for id in gone {
+            for id in crate::sm::grant_judge::replace_grants(&mut record, accepted) {
                 tracing::info!(node_id = %desired.node_id, grant_id = %id, "grant consumed: its key left the node's set");
-                self.consumed.insert(id.clone());
-                record.consumed.insert(id);
+                self.consumed.insert(id);
             }
-            record.grants = accepted;
         }
         record.memberships = desired;
         record.generation = generation;
