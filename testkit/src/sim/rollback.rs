@@ -101,6 +101,15 @@ pub fn temp_dir() -> tempfile::TempDir {
     .expect("temp dir")
 }
 
+/// Whether a store put back from a copy opened as restored, for the trace.
+pub fn seen(store: &Store) -> String {
+    store
+        .rolled_back()
+        .map_or("not seen as a rollback".to_owned(), |why| {
+            format!("seen: {why}")
+        })
+}
+
 /// A backup of the node's store.
 #[derive(Clone)]
 struct NodeSnapshot {
@@ -191,11 +200,7 @@ impl NodeDisk {
         drop(old);
         std::fs::write(&self.path, &snap.db).expect("writing the copy back");
         let reopened = self.open();
-        let seen = reopened
-            .rolled_back()
-            .map_or("not seen as a rollback".to_owned(), |why| {
-                format!("seen: {why}")
-            });
+        let seen = seen(&reopened);
         *live.lock().expect("store lock") = reopened.clone();
         drop(w.oracle.swap_store(reopened));
         let now = w.now_ms();

@@ -335,10 +335,7 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
             let Some(disk) = &parts.node_disk else {
                 return node;
             };
-            parts.watchers.down(&node.agent, false);
-            node.reconciler.abort();
-            let _ = node.reconciler.await;
-            drop((node.agent, node.stop));
+            kill(node, parts).await;
             parts.watchers.released().await;
             with(world, |w| w.log("agent: CRASHED, its store is put back"));
             let lost = disk.roll_back(&parts.store, world);
@@ -404,14 +401,18 @@ async fn crash_after_command(
     }
 }
 
-/// Kills the agent where it is (its reconciler aborted, the agent dropped), keeps it down for
-/// `down_ms` and starts it again from the same store.
-async fn crash(node: Node, parts: &Parts, world: &Shared, down_ms: u64) -> Node {
+/// Kills the agent where it is: its streams cut, its reconciler aborted, the agent dropped.
+async fn kill(node: Node, parts: &Parts) {
     parts.watchers.down(&node.agent, false);
     node.reconciler.abort();
     let _ = node.reconciler.await;
-    drop(node.agent);
-    drop(node.stop);
+    drop((node.agent, node.stop));
+}
+
+/// Kills the agent where it is (its reconciler aborted, the agent dropped), keeps it down for
+/// `down_ms` and starts it again from the same store.
+async fn crash(node: Node, parts: &Parts, world: &Shared, down_ms: u64) -> Node {
+    kill(node, parts).await;
     with(world, |w| w.log("agent: CRASHED"));
     sleep(Duration::from_millis(down_ms)).await;
     parts.start(world).await

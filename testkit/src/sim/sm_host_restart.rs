@@ -113,11 +113,7 @@ impl SmHostDisk {
         let mirror = format!("{DB}.mirror");
         std::fs::copy(live.join(&mirror), next.join(&mirror)).expect("copying the side file");
         let store = Store::open(&next.join(DB), u64::MAX).expect("the restored SM store");
-        let seen = store
-            .rolled_back()
-            .map_or("not seen as a rollback".to_owned(), |w| {
-                format!("seen: {w}")
-            });
+        let seen = super::rollback::seen(&store);
         *dir = (dir.0 + 1, Arc::new(store));
         seen
     }
