@@ -407,6 +407,7 @@ mod tests {
             updated_unix_ns: 0,
             ports: Vec::new(),
             named_ports: false,
+            restored: None,
         }
     }
 

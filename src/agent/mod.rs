@@ -207,6 +207,25 @@ impl Agent {
                 &attachments,
                 &inventory,
             )? {
+                Admission::Existing(a) if a.restored.is_some() => {
+                    // The control plane's attach is newer than the copy the store was restored
+                    // from: it confirms the attachment, whose key is sent again (covered in the
+                    // ledger first, as for a new one).
+                    let mut a = *a;
+                    a.restored = None;
+                    a.reason.clear();
+                    tracing::info!(instance = %a.instance_id, "restored attachment confirmed by the control plane's attach");
+                    let ledger = sm_knowledge::SmKnowledge::ledger_for_attach(
+                        &self.ledger(),
+                        a.partition.pkey,
+                    );
+                    self.commit(Batch {
+                        upserts: vec![a.clone()],
+                        ledger,
+                        ..Default::default()
+                    })?;
+                    (a, false)
+                }
                 Admission::Existing(a) => (*a, false),
                 Admission::Create(covered) => {
                     let now = self.now_unix_ns();
@@ -221,6 +240,7 @@ impl Agent {
                         grant: request.grant,
                         ports: covered.ports,
                         named_ports: covered.named,
+                        restored: None,
                     };
                     let event = changed_event(&a, None, "attach requested");
                     // The key will be sent soon: cover it in the ledger now, in the same commit.
@@ -265,6 +285,8 @@ impl Agent {
             if !a.state.is_released_or_releasing() {
                 let from = a.state;
                 a.state = AttachmentState::Releasing;
+                // A restored attachment's release settles it: nothing asks for its key now.
+                a.restored = None;
                 a.reason.clear();
                 a.updated_unix_ns = self.now_unix_ns();
                 let event = changed_event(&a, Some(from), "instance terminated");

@@ -9,7 +9,7 @@
 use super::sm_knowledge::SmKnowledge;
 use crate::domain::{
     Attachment, AttachmentState, Evidence, Guid, Inventory, KeySetting, LinkLayer, Membership,
-    NodeId, NodeMemberships, PKeyValue, PortInfo, PortReading, PortState,
+    NodeId, NodeMemberships, PKeyValue, PortInfo, PortReading, PortState, Restored,
 };
 use std::collections::BTreeSet;
 
@@ -156,6 +156,10 @@ pub fn plan(attachments: &[Attachment], observed: Observed<'_>) -> Vec<Transitio
 type Step = (AttachmentState, String, Option<Evidence>);
 
 fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Option<Step> {
+    if a.restored.is_some() {
+        // Withheld: it moves once confirmed (`restore_checks`, or the control plane's attach).
+        return None;
+    }
     let value = a.pkey_value();
     let key = a.partition.pkey;
     let inventory = observed.inventory?;
@@ -229,7 +233,7 @@ pub fn held_by_partition_mate(
             .filter(|o| {
                 o.instance_id != a.instance_id
                     && o.partition.pkey == key
-                    && o.state.wants_key()
+                    && o.wants_key()
                     && o.covered_guids(observed.inventory).contains(g)
             })
             .map(|o| o.instance_id.as_str())
@@ -254,6 +258,83 @@ pub fn held_by_partition_mate(
         ports.join(", "),
         a.partition.id.as_str()
     ))
+}
+
+/// What the first port read after a store rollback decides for one restored attachment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreCheck {
+    /// Index into the attachments slice given to [`restore_checks`].
+    pub index: usize,
+    /// Whether every covered port holds the key: the fabric side kept it, so the attachment
+    /// asks for it again as before. Otherwise it stays withheld, unconfirmed.
+    pub confirmed: bool,
+    /// The state it goes to (an unconfirmed one that claimed the key goes back to PENDING:
+    /// the ports do not hold it and nothing asks for it).
+    pub to: AttachmentState,
+    /// Why, for the event and the attachment's reason.
+    pub reason: String,
+}
+
+/// Decides, from the first port read after a store rollback (`inventory`), what becomes of
+/// each attachment marked [`Restored::AwaitingRead`]. The read must precede any apply since the
+/// rollback was found, so the ports show what the fabric side held before the restart: a key on
+/// every covered port was kept there (or is wanted there by another instance); a key missing
+/// from one (or on a DOWN port, whose table counts as empty) may have been released after the
+/// copy was taken, and sending it would put it back.
+pub fn restore_checks(attachments: &[Attachment], inventory: &Inventory) -> Vec<RestoreCheck> {
+    let gone = BTreeSet::new();
+    attachments
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.restored == Some(Restored::AwaitingRead))
+        .map(|(index, a)| {
+            let value = a.pkey_value();
+            let cover = Coverage::of(a, Some(inventory), &gone);
+            let held = cover.blocked.is_empty()
+                && !cover.present.is_empty()
+                && cover
+                    .present
+                    .iter()
+                    .all(|p| p.state.table_counts() && p.holds(value));
+            if held {
+                return RestoreCheck {
+                    index,
+                    confirmed: true,
+                    to: a.state,
+                    reason: format!(
+                        "restored from a copy of the store; every covered port still holds {value}"
+                    ),
+                };
+            }
+            RestoreCheck {
+                index,
+                confirmed: false,
+                to: AttachmentState::Pending,
+                reason: unconfirmed_reason(a, &cover, value),
+            }
+        })
+        .collect()
+}
+
+fn unconfirmed_reason(a: &Attachment, cover: &Coverage<'_>, value: PKeyValue) -> String {
+    let mut lacking: Vec<String> = cover
+        .present
+        .iter()
+        .filter(|p| !(p.state.table_counts() && p.holds(value)))
+        .map(|p| format!("{}/{}", p.device, p.port_number))
+        .collect();
+    lacking.extend(cover.blocked.iter().cloned());
+    let lacking = if lacking.is_empty() {
+        "no covered port is present".to_owned()
+    } else {
+        format!("{value} missing on {}", lacking.join(", "))
+    };
+    format!(
+        "restored from a copy of the store that may predate its release; {lacking} after the \
+         restore: the key is withheld until the control plane sends the attach of {} again \
+         (or releases it)",
+        a.instance_id
+    )
 }
 
 /// Why an attachment that is waiting has not moved, when the reason lies with the node rather
@@ -378,7 +459,7 @@ pub fn desired(
         port_guids,
         keys: Default::default(),
     };
-    for a in attachments.iter().filter(|a| a.state.wants_key()) {
+    for a in attachments.iter().filter(|a| a.wants_key()) {
         let ports: BTreeSet<Guid> = a
             .covered_guids(inventory)
             .into_iter()
@@ -414,7 +495,7 @@ pub fn grants(
 ) -> Vec<crate::domain::SignedGrant> {
     attachments
         .iter()
-        .filter(|a| a.state.wants_key())
+        .filter(|a| a.wants_key())
         .filter_map(|a| a.grant.clone())
         .filter(|g| {
             desired

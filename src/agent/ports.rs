@@ -196,6 +196,7 @@ mod tests {
                 })
                 .collect(),
             named_ports: true,
+            restored: None,
         }
     }
 

@@ -15,7 +15,7 @@ use super::sm_knowledge::SmKnowledge;
 use super::{changed_event, ports, Agent, ApplyInFlight};
 use crate::domain::{
     Attachment, AttachmentState, ConditionKind, EventKind, Guid, Inventory, NodeMemberships,
-    SmState,
+    Restored, SmState,
 };
 use crate::sm::{SmError, SmFailure};
 use crate::store::Batch;
@@ -144,7 +144,10 @@ impl Loop {
                 .agent
                 .store()
                 .live_attachments()
-                .map(|all| all.iter().any(|a| is_waiting(a.state)))
+                .map(|all| {
+                    all.iter()
+                        .any(|a| is_waiting(a.state) && a.restored.is_none())
+                })
                 .unwrap_or(true)
     }
 
@@ -153,7 +156,12 @@ impl Loop {
         let mut reading = self.read_ports().await;
         // RELEASED attachments play no part in a pass: only the live ones are read, so a pass
         // costs the same after a million releases as after one.
-        let attachments = self.agent.store().live_attachments()?;
+        let mut attachments = self.agent.store().live_attachments()?;
+        if let Some(inv) = &reading.inventory {
+            if self.check_restored(&attachments, inv).await? {
+                attachments = self.agent.store().live_attachments()?;
+            }
+        }
         let guids: Vec<Guid> = reading
             .inventory
             .as_ref()
@@ -207,6 +215,9 @@ impl Loop {
             allow_full_default,
             self.knows.ack().is_some(),
         );
+        if let Some(detail) = withheld(&attachments) {
+            conditions.insert(ConditionKind::RestoredUnconfirmed, detail);
+        }
         if let Some(error) = &reading.error {
             conditions.insert(
                 ConditionKind::PortsUnreadable,
@@ -243,6 +254,52 @@ impl Loop {
             self.prev_inventory = reading.inventory;
         }
         Ok(again)
+    }
+
+    /// Settles the attachments a store rollback marked, from this pass's port read (taken
+    /// before any apply since the rollback was found; see `plan::restore_checks`). Returns
+    /// whether anything was committed.
+    async fn check_restored(
+        &self,
+        snapshot: &[Attachment],
+        inventory: &Inventory,
+    ) -> Result<bool, super::AgentError> {
+        let checks = plan::restore_checks(snapshot, inventory);
+        if checks.is_empty() {
+            return Ok(false);
+        }
+        let _guard = self.agent.shared.write.lock().await;
+        let now = self.agent.now_unix_ns();
+        let mut batch = Batch::default();
+        for check in checks {
+            let id = snapshot[check.index].instance_id.as_str();
+            let Some(mut a) = self.agent.store().attachment(id)? else {
+                continue;
+            };
+            // A command settled it meanwhile (the control plane's attach or release).
+            if a.restored != Some(Restored::AwaitingRead) {
+                continue;
+            }
+            let from = a.state;
+            if check.confirmed {
+                tracing::info!(instance = id, reason = %check.reason, "restored attachment confirmed by the port read");
+                a.restored = None;
+            } else {
+                tracing::warn!(instance = id, reason = %check.reason, "restored attachment withheld");
+                a.restored = Some(Restored::Unconfirmed);
+                a.state = check.to;
+                a.reason.clone_from(&check.reason);
+                if a.state != from {
+                    a.updated_unix_ns = now;
+                    batch
+                        .events
+                        .push(changed_event(&a, Some(from), &check.reason));
+                }
+            }
+            batch.upserts.push(a);
+        }
+        self.agent.commit(batch)?;
+        Ok(true)
     }
 
     async fn read_ports(&mut self) -> Reading {
@@ -461,7 +518,11 @@ impl Loop {
         // Show why every attachment still waiting has not moved: another instance holding its
         // key, the subnet manager's error, or the node's own reason (a key in doubt, the
         // posture).
-        for a in snapshot.iter().filter(|a| is_waiting(a.state)) {
+        // (A restored attachment keeps the reason its restore check gave it.)
+        for a in snapshot
+            .iter()
+            .filter(|a| is_waiting(a.state) && a.restored.is_none())
+        {
             if touched.iter().any(|t| t.instance_id == a.instance_id) {
                 continue;
             }
@@ -539,6 +600,31 @@ enum Applied {
     RetryNow,
     /// No positive answer: retry after the backoff.
     Failed,
+}
+
+/// The `RESTORED_UNCONFIRMED` detail: the restored attachments whose key is withheld (None
+/// when there is none).
+fn withheld(attachments: &[Attachment]) -> Option<String> {
+    const NAMED: usize = 20;
+    let ids: Vec<&str> = attachments
+        .iter()
+        .filter(|a| a.restored == Some(Restored::Unconfirmed))
+        .map(|a| a.instance_id.as_str())
+        .collect();
+    if ids.is_empty() {
+        return None;
+    }
+    let more = ids.len().saturating_sub(NAMED);
+    let mut named = ids[..ids.len().min(NAMED)].join(", ");
+    if more > 0 {
+        named.push_str(&format!(" and {more} more"));
+    }
+    Some(format!(
+        "{} restored attachment(s) withheld: the store was restored from a copy and the ports \
+         did not hold their keys after it; each waits for the control plane to send its attach \
+         again or to release it: {named}",
+        ids.len()
+    ))
 }
 
 fn is_waiting(s: AttachmentState) -> bool {

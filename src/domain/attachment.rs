@@ -130,9 +130,46 @@ pub struct Attachment {
     /// and a fabric port that appears later joins the attachment too.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub named_ports: bool,
+    /// Set on a live attachment found in a store restored from a copy: its key is withheld
+    /// from the node's sets until the fabric or the control plane confirms it (see
+    /// [`Restored`]). None otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<Restored>,
+}
+
+/// Where a live attachment found in a rolled-back store stands. The copy may predate a release
+/// the control plane was told of (RELEASED, its key off the ports); sending the restored set
+/// would put that key back on the ports. So the key is withheld until something newer than the
+/// copy confirms the attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Restored {
+    /// Marked when the rollback was found: the first port read after it decides. Ports that
+    /// still hold the key on every covered port show the fabric side kept it (nothing was sent
+    /// since the restore); otherwise the attachment becomes [`Restored::Unconfirmed`].
+    AwaitingRead,
+    /// The ports did not hold the key after the restore: withheld until the control plane
+    /// sends the attach again (which confirms it) or releases the instance.
+    Unconfirmed,
+}
+
+impl Restored {
+    /// The name used in reasons and the condition's detail.
+    pub fn name(self) -> &'static str {
+        match self {
+            Restored::AwaitingRead => "restored, awaiting the first port read",
+            Restored::Unconfirmed => "restored, unconfirmed",
+        }
+    }
 }
 
 impl Attachment {
+    /// Whether the node asks the fabric side for this attachment's key now: its state wants
+    /// the key and it is not a restored attachment awaiting confirmation.
+    pub fn wants_key(&self) -> bool {
+        self.state.wants_key() && self.restored.is_none()
+    }
+
     /// The 16-bit table entry this attachment puts on the ports.
     pub fn pkey_value(&self) -> PKeyValue {
         self.partition.pkey.value(self.membership)

@@ -15,7 +15,7 @@ mod pkey;
 mod port;
 mod sm_state;
 
-pub use attachment::{Attachment, AttachmentState, InstanceId};
+pub use attachment::{Attachment, AttachmentState, InstanceId, Restored};
 pub use condition::{Condition, ConditionKind};
 pub use error::DomainError;
 pub use event::{Event, EventKind, Evidence, PortReading};

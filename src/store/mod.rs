@@ -13,13 +13,17 @@
 //! or not the one it names (replaced) gets, in the transaction that opens it, a new log epoch, an
 //! empty log that continues above every seq the mirror saw (with one seq left out, so every old
 //! cursor is out of range), an apply ledger whose reserved generation is at least the
-//! mirror's, and a raised `STORE_ROLLED_BACK` condition ([`Store::rolled_back`]).
+//! mirror's, a raised `STORE_ROLLED_BACK` condition ([`Store::rolled_back`]), and every live
+//! attachment that wants its key marked [`Restored::AwaitingRead`]: the copy may predate a
+//! release, so the reconciler withholds the key until the ports or the control plane confirm
+//! it.
 //!
 //! A restore of the whole state directory (the mirror restored with the database) cannot be
 //! seen here; the fabric side's evidence (it holds a newer generation of the node's set than
 //! any this store sent) is, and the reconciler then commits a batch with
 //! [`Batch::restart_log`]: a new epoch and an empty log that continues [`RESTART_GAP`] seqs
-//! above the restored one, in the same transaction as the condition it raises.
+//! above the restored one, in the same transaction as the condition it raises and the marks on
+//! the live attachments.
 //!
 //! Conditions: the standing conditions are kept with the events that raise and clear them, in
 //! the same transaction ([`Store::conditions`]), so a restarted agent knows what it last
@@ -36,7 +40,7 @@ mod tables;
 pub use error::{Corruption, StoreError};
 
 use crate::domain::{
-    ApplyLedger, Attachment, AttachmentState, ConditionKind, Event, EventKind, InstanceId,
+    ApplyLedger, Attachment, AttachmentState, ConditionKind, Event, EventKind, InstanceId, Restored,
 };
 use mirror::{Mirror, MirrorState};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
@@ -118,7 +122,8 @@ pub struct Batch {
     /// its mirror noticing (a whole state directory restored; the fabric side holds a newer
     /// generation of this node's set). The old events go, and the log continues
     /// [`RESTART_GAP`] seqs above the newest, so no seq the lost writes handed out is reused
-    /// and every old cursor is out of range.
+    /// and every old cursor is out of range. The live attachments that want their key are
+    /// marked [`Restored::AwaitingRead`] in the same transaction (before `upserts`).
     pub restart_log: bool,
 }
 
@@ -233,6 +238,7 @@ impl Store {
                     .map_or(skipped, |e| e.seq);
                 state.generation_reserved = ledger.generation_reserved;
                 state.commits = state.commits.max(m.commits);
+                mark_restored(&txn)?;
             }
             state.commits += 1;
             meta.insert(COMMITS, state.commits.to_be_bytes().as_slice())?;
@@ -360,6 +366,9 @@ impl Store {
         let mut restarted = None;
         let appended = self.write(|txn, next| {
             let appended;
+            if batch.restart_log {
+                mark_restored(txn)?;
+            }
             {
                 let mut attachments = txn.open_table(ATTACHMENTS)?;
                 let mut index = Index {
@@ -579,6 +588,35 @@ impl Index<'_> {
         }
         Ok(())
     }
+}
+
+/// Marks every live attachment that wants its key as restored (its key withheld until the first
+/// port read or the control plane confirms it: see [`Restored`]), in the transaction that found
+/// the rollback. The indexes do not change: the state does not.
+fn mark_restored(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
+    let live: Vec<String> = {
+        let live = txn.open_table(LIVE)?;
+        let mut ids = Vec::new();
+        for row in live.iter()? {
+            ids.push(row?.0.value().to_owned());
+        }
+        ids
+    };
+    let mut attachments = txn.open_table(ATTACHMENTS)?;
+    for id in live {
+        let Some(mut a) = attachments
+            .get(id.as_str())?
+            .map(|v| decode::<Attachment>(v.value()))
+            .transpose()?
+        else {
+            continue;
+        };
+        if a.state.wants_key() && a.restored.is_none() {
+            a.restored = Some(Restored::AwaitingRead);
+            attachments.insert(id.as_str(), encode(&a)?.as_slice())?;
+        }
+    }
+    Ok(())
 }
 
 /// Builds the attachment indexes of a store written before they existed (once).

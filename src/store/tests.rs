@@ -13,6 +13,7 @@ fn attachment(id: &str, state: AttachmentState) -> Attachment {
         updated_unix_ns: 1,
         ports: Vec::new(),
         named_ports: false,
+        restored: None,
     }
 }
 
@@ -380,4 +381,78 @@ fn a_restart_on_the_fabric_sides_evidence_gets_a_new_epoch_and_reuses_no_seq() {
         ..Default::default()
     }
     .is_empty());
+}
+
+#[test]
+fn a_rollback_marks_the_live_attachments_that_want_their_key_in_the_same_transaction() {
+    use crate::domain::Restored;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let copy = dir.path().join("copy.redb");
+    let all = [
+        attachment("pending", AttachmentState::Pending),
+        attachment("active", AttachmentState::Active),
+        attachment("drifted", AttachmentState::Drifted),
+        attachment("releasing", AttachmentState::Releasing),
+        attachment("released", AttachmentState::Released),
+        attachment("failed", AttachmentState::Failed),
+    ];
+    let marked = |store: &Store| -> Vec<String> {
+        store
+            .attachments()
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.restored == Some(Restored::AwaitingRead))
+            .map(|a| a.instance_id.as_str().to_owned())
+            .collect()
+    };
+    {
+        let store = Store::open(&path, 1000).unwrap();
+        let batch = Batch {
+            upserts: all.to_vec(),
+            ..Default::default()
+        };
+        store.commit(batch, 1).unwrap();
+        drop(store);
+        std::fs::copy(&path, &copy).unwrap();
+        let store = Store::open(&path, 1000).unwrap();
+        let later = Batch {
+            events: vec![changed("active", AttachmentState::Active)],
+            ..Default::default()
+        };
+        store.commit(later, 2).unwrap();
+        assert!(
+            marked(&store).is_empty(),
+            "a store that was not rolled back"
+        );
+    }
+    std::fs::copy(&copy, &path).unwrap();
+    let store = Store::open(&path, 1000).unwrap();
+    assert!(store.rolled_back().is_some());
+    assert_eq!(marked(&store), ["active", "drifted", "pending"]);
+    // The indexes are unchanged: the states are.
+    assert_eq!(store.live_attachments().unwrap().len(), 5);
+
+    // The fabric side's evidence marks them in the batch that restarts the log.
+    let store = Store::in_memory(1000).unwrap();
+    store
+        .commit(
+            Batch {
+                upserts: all.to_vec(),
+                ..Default::default()
+            },
+            1,
+        )
+        .unwrap();
+    assert!(marked(&store).is_empty());
+    store
+        .commit(
+            Batch {
+                restart_log: true,
+                ..Default::default()
+            },
+            2,
+        )
+        .unwrap();
+    assert_eq!(marked(&store), ["active", "drifted", "pending"]);
 }

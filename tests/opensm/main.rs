@@ -16,6 +16,7 @@ mod isolation;
 mod isolation_backend;
 mod log_check;
 mod members_sa;
+mod node_restore;
 mod operator;
 mod ownership;
 mod ownership_backend;

@@ -18,6 +18,7 @@ fn att(state: AttachmentState, membership: Membership) -> Attachment {
         updated_unix_ns: 0,
         ports: Vec::new(),
         named_ports: false,
+        restored: None,
     }
 }
 
@@ -537,4 +538,73 @@ fn a_missing_port_the_subnet_manager_no_longer_shows_does_not_block_released() {
         ..observed(&sm, Some(&holds_1))
     };
     assert!(plan(std::slice::from_ref(&programming), o).is_empty());
+}
+
+#[test]
+fn a_restored_attachment_is_withheld_unless_every_covered_port_still_holds_its_key() {
+    let restored = |state| Attachment {
+        restored: Some(Restored::AwaitingRead),
+        ..att(state, Membership::Full)
+    };
+    let full = 0x8012;
+    // Every covered port holds the key: the fabric side kept it.
+    let kept = inv(vec![
+        port(1, PortState::Active, &[full]),
+        port(2, PortState::Init, &[full]),
+    ]);
+    let checks = restore_checks(&[restored(Active)], &kept);
+    assert_eq!(checks.len(), 1);
+    assert!(checks[0].confirmed, "{checks:?}");
+    assert_eq!(checks[0].to, Active);
+    // One covered port lacks it (released after the copy, perhaps): withheld, back to PENDING,
+    // the port named.
+    let lacking = inv(vec![
+        port(1, PortState::Active, &[full]),
+        port(2, PortState::Active, &[]),
+    ]);
+    for state in [Pending, Programming, Active, Drifted] {
+        let checks = restore_checks(&[restored(state)], &lacking);
+        assert!(!checks[0].confirmed, "{state:?}");
+        assert_eq!(checks[0].to, Pending);
+        assert!(checks[0].reason.contains("hca/2"), "{}", checks[0].reason);
+    }
+    // A DOWN port's table counts as empty.
+    let down = inv(vec![
+        port(1, PortState::Active, &[full]),
+        port(2, PortState::Down, &[full]),
+    ]);
+    assert!(!restore_checks(&[restored(Active)], &down)[0].confirmed);
+    // The other membership of the key is not the key asked for.
+    let limited = inv(vec![
+        port(1, PortState::Active, &[0x0012]),
+        port(2, PortState::Active, &[0x0012]),
+    ]);
+    assert!(!restore_checks(&[restored(Active)], &limited)[0].confirmed);
+    // Only marked attachments are checked; settled ones are not checked again.
+    let unconfirmed = Attachment {
+        restored: Some(Restored::Unconfirmed),
+        ..att(Pending, Membership::Full)
+    };
+    assert!(
+        restore_checks(&[att(Active, Membership::Full), unconfirmed.clone()], &kept).is_empty()
+    );
+
+    // A withheld attachment asks for nothing and moves nowhere, even with its key on the ports.
+    let sm = knows(None, &Carried::default());
+    assert!(desired(
+        &n(),
+        vec![Guid(1), Guid(2)],
+        Some(&kept),
+        &[unconfirmed.clone()]
+    )
+    .keys
+    .is_empty());
+    assert!(plan(&[unconfirmed.clone()], observed(&sm, Some(&kept))).is_empty());
+    // It does not hold the key for a partition mate being released either.
+    let mut mate = att(Releasing, Membership::Full);
+    mate.instance_id = InstanceId::parse("i2").unwrap();
+    assert_eq!(
+        held_by_partition_mate(&mate, &[unconfirmed], observed(&sm, Some(&kept))),
+        None
+    );
 }

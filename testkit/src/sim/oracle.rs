@@ -655,8 +655,9 @@ impl Oracle {
     /// event in it above every seq handed out before (none reused). Then the acknowledged
     /// commands the rollback lost, exactly those acknowledged after the snapshot, are exempt
     /// from check 3 (a rollback is an operator's act), and the attachments are read again from
-    /// the store (a restored live attachment asks for its key again). Returns the lost
-    /// releases.
+    /// the store. A key reported RELEASED stays guarded: a restored attachment of it must not
+    /// put it back before the control plane attaches it again ([`Oracle::reattached`]).
+    /// Returns the lost releases.
     pub fn restored(
         &mut self,
         snapshot_seq: u64,
@@ -706,9 +707,6 @@ impl Oracle {
                 (a.instance_id.as_str().to_owned(), known)
             })
             .collect();
-        for a in stored.iter().filter(|a| a.state.wants_key()) {
-            self.guard.remove(&a.partition.pkey.base());
-        }
         // Check 9 goes on from the restored attachments: what the rollback took away was not
         // pruned, and a restored RELEASED one is kept for its retain from its release.
         self.prune_due.clear();
@@ -723,6 +721,14 @@ impl Oracle {
             self.released_seen.notify_one();
         }
         lost
+    }
+
+    /// The control plane sent the attach of a restored attachment again and it was
+    /// acknowledged: its key is asked for again, as by a new attachment.
+    pub fn reattached(&mut self, instance: &str) {
+        if let Some(k) = self.instances.get(instance) {
+            self.guard.remove(&(k.value & 0x7FFF));
+        }
     }
 
     /// What has not converged yet (None: every attachment is ACTIVE or RELEASED as asked).

@@ -8,19 +8,23 @@
 //! What the oracle then checks (`Oracle::restored`): the store shows the rollback with a new
 //! log epoch, no seq is reused under any epoch, the acknowledged commands the rollback lost
 //! (exactly those acknowledged after the snapshot) are the only ones exempt from the
-//! durability check, and every other check (no false RELEASED, no key back on a port after an
-//! acknowledged release the restored store holds, liveness) goes on as before.
+//! durability check, and every other check goes on as before: no false RELEASED, no key
+//! reported RELEASED back on a port before an attach asks for it again (the restored store's
+//! copy of its attachment included), liveness.
 //!
-//! The control plane resynchronises on the new epoch (README, "Resynchronising"): a moment
-//! after the restart it releases again every instance whose acknowledged release the
-//! rollback lost.
+//! The control plane resynchronises on the new epoch (README, "Event cursors and
+//! resynchronising"): a moment after the restart it releases again every instance whose
+//! acknowledged release the rollback lost and sends again the attach of every other restored
+//! attachment. Until then the node withholds the key of each restored attachment the ports did
+//! not hold after the restore, and the oracle keeps every key reported RELEASED guarded.
 //!
 //! The commands are drawn from a stream of their own ([`draw`]), so the rest of a seed's
 //! schedule is the one it has without them.
 
 use super::schedule::{Command, GenOptions, SmHostRestore, Step};
 use super::world::{with, Shared};
-use fabric_agent::agent::Agent;
+use fabric_agent::agent::{Agent, AttachRequest, ListFilter};
+use fabric_agent::domain::{Attachment, PortName};
 use fabric_agent::store::Store;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -224,10 +228,18 @@ impl Default for NodeDisk {
     }
 }
 
-/// The control plane resynchronising on the new epoch: a moment after the restart it
-/// releases again each instance whose acknowledged release the rollback lost.
+/// The control plane resynchronising on the new epoch (README, "Event cursors and
+/// resynchronising"): a moment after the restart it releases again each instance whose
+/// acknowledged release the rollback lost, and sends again the attach of every other restored
+/// attachment (the node withholds their keys until then), built from its own record of it.
 pub async fn resync(agent: &Agent, world: &Shared, lost: Vec<String>) {
-    if lost.is_empty() {
+    let restored: Vec<Attachment> = agent
+        .list(&ListFilter::default())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a.restored.is_some() && !lost.iter().any(|l| l == a.instance_id.as_str()))
+        .collect();
+    if lost.is_empty() && restored.is_empty() {
         return;
     }
     let wait = with(world, |w| w.ms(200, 5_000));
@@ -246,5 +258,39 @@ pub async fn resync(agent: &Agent, world: &Shared, lost: Vec<String>) {
                 "control plane: release {name} again after the rollback: {e}"
             )),
         });
+    }
+    for a in restored {
+        let name = a.instance_id.as_str().to_owned();
+        let r = agent.attach(request_of(&a), None).await;
+        with(world, |w| match r {
+            Ok((a, _)) => {
+                w.log(format!(
+                    "control plane: attach {name} again after the rollback ({:?})",
+                    a.state
+                ));
+                w.oracle.reattached(&name);
+            }
+            Err(e) => w.log(format!(
+                "control plane: attach {name} again after the rollback: {e}"
+            )),
+        });
+    }
+}
+
+/// The attach request a control plane sends again for an attachment it holds.
+fn request_of(a: &Attachment) -> AttachRequest {
+    AttachRequest {
+        instance_id: a.instance_id.clone(),
+        partition: a.partition.clone(),
+        membership: a.membership,
+        grant: a.grant.clone(),
+        ports: if a.named_ports {
+            a.ports
+                .iter()
+                .map(|p| PortName::Guid(p.port_guid))
+                .collect()
+        } else {
+            Vec::new()
+        },
     }
 }

@@ -183,7 +183,7 @@ async fn drive(schedule: Schedule) -> Outcome {
     }
     if !failed(&world) {
         heal(&world);
-        converge(&world).await;
+        converge(&world, &node.agent).await;
         prunes_happen(&world).await;
     }
     // Stop the agent before the runtime goes (its tasks are dropped with it anyway).
@@ -455,7 +455,7 @@ async fn prunes_happen(world: &Shared) {
 
 /// Waits until every attachment is ACTIVE or RELEASED as asked, nothing is in flight to the
 /// SM, and that held for [`STABLE_FOR`]; records a liveness finding past [`LIVENESS_BOUND`].
-async fn converge(world: &Shared) {
+async fn converge(world: &Shared, agent: &Agent) {
     let deadline = Instant::now() + LIVENESS_BOUND;
     let mut stable_since: Option<Instant> = None;
     loop {
@@ -463,6 +463,10 @@ async fn converge(world: &Shared) {
         if failed(world) {
             return;
         }
+        // The control plane resynchronises on a new log epoch: one restarted on the fabric
+        // side's newer generation (seen at an apply, not at a command) withholds restored
+        // attachments until it sends their attach again.
+        super::rollback::resync(agent, world, Vec::new()).await;
         let (lagging, in_flight) = {
             let mut w = world.lock().expect("world lock");
             w.check();
