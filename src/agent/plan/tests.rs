@@ -595,11 +595,15 @@ fn a_restored_attachment_is_withheld_unless_every_covered_port_still_holds_its_k
         &n(),
         vec![Guid(1), Guid(2)],
         Some(&kept),
-        &[unconfirmed.clone()]
+        std::slice::from_ref(&unconfirmed)
     )
     .keys
     .is_empty());
-    assert!(plan(&[unconfirmed.clone()], observed(&sm, Some(&kept))).is_empty());
+    assert!(plan(
+        std::slice::from_ref(&unconfirmed),
+        observed(&sm, Some(&kept))
+    )
+    .is_empty());
     // It does not hold the key for a partition mate being released either.
     let mut mate = att(Releasing, Membership::Full);
     mate.instance_id = InstanceId::parse("i2").unwrap();
