@@ -214,6 +214,10 @@ impl Agent {
                     let mut a = *a;
                     a.restored = None;
                     a.reason.clear();
+                    // The control plane's current grant (checked above) replaces the copy's.
+                    if let Some(grant) = &request.grant {
+                        a.grant = Some(grant.clone());
+                    }
                     tracing::info!(instance = %a.instance_id, "restored attachment confirmed by the control plane's attach");
                     let ledger = sm_knowledge::SmKnowledge::ledger_for_attach(
                         &self.ledger(),
