@@ -14,8 +14,9 @@ use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use rig::agents::{node_config, sm_config, Agent};
 use rig::{Fabric, FabricSpec};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -43,51 +44,59 @@ fn condition(n: &pb::GetNodeResponse, kind: &str) -> Option<String> {
         .map(|c| c.detail.clone())
 }
 
-/// The node attached tenant A (ACTIVE), a copy of its state was taken, A was released
-/// (RELEASED) and tenant B attached on the same port (ACTIVE); then the copy is put back.
-/// Tenant A's key must never be on the port again, until the control plane decides.
-async fn restored_node_never_puts_a_released_key_back(restore: Restore) {
-    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
-        return;
-    };
+/// A fabric with the SM host and node1 after tenant A was attached (ACTIVE) and node1 stopped
+/// for a copy of its state directory.
+struct Copied {
+    fabric: Fabric,
+    sm: Agent,
+    /// Stopped.
+    n1: Agent,
+    /// node1's state directory, and the copy of it.
+    dir: PathBuf,
+    copy: PathBuf,
+}
+
+/// Starts the fabric (None: ibsim/OpenSM not installed), attaches tenant A, stops node1 and
+/// copies its state directory.
+async fn attached_then_copied() -> Option<Copied> {
+    let fabric = Fabric::start(&FabricSpec::new(1, 2), OPERATOR)?;
     let port = free_port();
-    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
+    let sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
     let mut n1 = Agent::start(&fabric, "node1", &node_config(&fabric, "node1", port));
     let mut c = n1.client().await;
-    let a = attach_now(
-        &mut c,
-        attach(
-            "tenant-a",
-            partition("ibpart_a", KEY_A.into()),
-            Some(20_000),
-        ),
-    )
-    .await;
+    let a = partition("ibpart_a", KEY_A.into());
+    let a = attach_now(&mut c, attach("tenant-a", a, Some(20_000))).await;
     assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
     assert!(n1.stop().success());
     let dir = fabric.dir().join("node1-state");
     let copy = fabric.dir().join("node1-state-copy");
     common::copy_tree(&dir, &copy);
+    Some(Copied {
+        fabric,
+        sm,
+        n1,
+        dir,
+        copy,
+    })
+}
 
+/// The node attached tenant A (ACTIVE), a copy of its state was taken, A was released
+/// (RELEASED) and tenant B attached on the same port (ACTIVE); then the copy is put back.
+/// Tenant A's key must never be on the port again, until the control plane decides.
+async fn restored_node_never_puts_a_released_key_back(restore: Restore) {
+    let Some(Copied {
+        fabric,
+        mut sm,
+        mut n1,
+        dir,
+        copy,
+    }) = attached_then_copied().await
+    else {
+        return;
+    };
     n1.spawn(&fabric);
     let mut c = n1.client().await;
-    let r = release(&mut c, "tenant-a", Some(20_000)).await;
-    assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
-    let b = attach_now(
-        &mut c,
-        attach(
-            "tenant-b",
-            partition("ibpart_b", KEY_B.into()),
-            Some(20_000),
-        ),
-    )
-    .await;
-    assert_eq!(state(&b), pb::AttachmentState::Active, "{b:?}");
-    let keys = fabric.pkeys("node1");
-    assert!(
-        has_base(&keys, KEY_B) && !has_base(&keys, KEY_A),
-        "{keys:x?}"
-    );
+    hand_over(&mut c, &fabric).await;
     assert!(n1.stop().success());
 
     put_back(restore, &dir, &copy);
@@ -117,27 +126,26 @@ async fn restored_node_never_puts_a_released_key_back(restore: Restore) {
     .await;
 
     // The control plane resynchronises: it releases A again and attaches B again.
-    let r = release(&mut c, "tenant-a", Some(20_000)).await;
+    hand_over(&mut c, &fabric).await;
+    let n = node(&mut c).await;
+    assert_eq!(condition(&n, "RESTORED_UNCONFIRMED"), None, "{n:?}");
+    assert!(n1.stop().success());
+    assert!(sm.stop().success());
+}
+
+/// The control plane releases tenant A (RELEASED) and gives the port to tenant B (ACTIVE):
+/// only B's key is on it.
+async fn hand_over(c: &mut FabricAgentClient<Channel>, fabric: &Fabric) {
+    let r = release(c, "tenant-a", Some(20_000)).await;
     assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
-    let b = attach_now(
-        &mut c,
-        attach(
-            "tenant-b",
-            partition("ibpart_b", KEY_B.into()),
-            Some(20_000),
-        ),
-    )
-    .await;
+    let b = partition("ibpart_b", KEY_B.into());
+    let b = attach_now(c, attach("tenant-b", b, Some(20_000))).await;
     assert_eq!(state(&b), pb::AttachmentState::Active, "{b:?}");
     let keys = fabric.pkeys("node1");
     assert!(
         has_base(&keys, KEY_B) && !has_base(&keys, KEY_A),
         "{keys:x?}"
     );
-    let n = node(&mut c).await;
-    assert_eq!(condition(&n, "RESTORED_UNCONFIRMED"), None, "{n:?}");
-    assert!(n1.stop().success());
-    assert!(sm.stop().success());
 }
 
 /// Puts the copy back.
@@ -187,27 +195,19 @@ async fn a_whole_state_directory_put_back_never_puts_a_released_key_back() {
 /// moving past it silently; the followed cursor gets OUT_OF_RANGE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
-    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 2), OPERATOR) else {
+    let Some(Copied {
+        fabric,
+        mut sm,
+        mut n1,
+        dir,
+        copy,
+    }) = attached_then_copied().await
+    else {
         return;
     };
-    let port = free_port();
-    let mut sm = Agent::start(&fabric, rig::SM_HOST, &sm_config(&fabric, port));
-    let mut n1 = Agent::start(&fabric, "node1", &node_config(&fabric, "node1", port));
-    let mut c = n1.client().await;
-    let a = attach_now(
-        &mut c,
-        attach("i-1", partition("ibpart_a", 0x0a51), Some(20_000)),
-    )
-    .await;
-    assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
-    assert!(n1.stop().success());
-    let dir = fabric.dir().join("node1-state");
-    let copy = fabric.dir().join("node1-state-copy");
-    common::copy_tree(&dir, &copy);
-
     n1.spawn(&fabric);
     let mut c = n1.client().await;
-    let r = release(&mut c, "i-1", Some(20_000)).await;
+    let r = release(&mut c, "tenant-a", Some(20_000)).await;
     assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
     let followed = node(&mut c).await;
     assert!(n1.stop().success());
@@ -225,8 +225,18 @@ async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
     wait_until("STORE_ROLLED_BACK raised", CONVERGE, || {
         let mut c = c.clone();
         async move {
+            // The log may restart between GetNode and the watch: OUT_OF_RANGE, ask again.
             let n = node(&mut c.clone()).await;
-            raised(&common::events(&mut c, n.first_event_seq.saturating_sub(1)).await)
+            let request = pb::WatchEventsRequest {
+                after_seq: n.first_event_seq.saturating_sub(1),
+                no_follow: true,
+                log_epoch: Some(n.log_epoch),
+            };
+            let Ok(stream) = c.watch_events(request).await else {
+                return false;
+            };
+            let log: Vec<pb::Event> = stream.into_inner().filter_map(Result::ok).collect().await;
+            raised(&log)
         }
     })
     .await;
