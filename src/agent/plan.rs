@@ -113,6 +113,18 @@ impl<'a> Coverage<'a> {
         self.present.iter().map(|p| p.port_guid).collect()
     }
 
+    /// The present covered ports `ok` rejects (as `device/port`), then the blocked ones.
+    fn lacking(&self, ok: impl Fn(&PortInfo) -> bool) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .present
+            .iter()
+            .filter(|p| !ok(p))
+            .map(|p| format!("{}/{}", p.device, p.port_number))
+            .collect();
+        out.extend(self.blocked.iter().cloned());
+        out
+    }
+
     fn all_hold(&self, value: PKeyValue) -> bool {
         self.blocked.is_empty()
             && self.gone.is_empty()
@@ -317,13 +329,7 @@ pub fn restore_checks(attachments: &[Attachment], inventory: &Inventory) -> Vec<
 }
 
 fn unconfirmed_reason(a: &Attachment, cover: &Coverage<'_>, value: PKeyValue) -> String {
-    let mut lacking: Vec<String> = cover
-        .present
-        .iter()
-        .filter(|p| !(p.state.table_counts() && p.holds(value)))
-        .map(|p| format!("{}/{}", p.device, p.port_number))
-        .collect();
-    lacking.extend(cover.blocked.iter().cloned());
+    let lacking = cover.lacking(|p| p.state.table_counts() && p.holds(value));
     let lacking = if lacking.is_empty() {
         "no covered port is present".to_owned()
     } else {
@@ -403,13 +409,7 @@ pub fn waiting_reason(
 }
 
 fn missing(cover: &Coverage<'_>, value: PKeyValue) -> String {
-    let mut lacking: Vec<String> = cover
-        .present
-        .iter()
-        .filter(|p| !(p.state.is_up() && p.holds(value)))
-        .map(|p| format!("{}/{}", p.device, p.port_number))
-        .collect();
-    lacking.extend(cover.blocked.iter().cloned());
+    let mut lacking = cover.lacking(|p| p.state.is_up() && p.holds(value));
     lacking.extend(
         cover
             .gone
