@@ -68,6 +68,15 @@ impl Rig {
         self.backup = Some(std::fs::read(self.path()).unwrap());
     }
 
+    /// A backup taken before K was attached, then K attached (the ledger records it after the
+    /// copy); the agent then goes down.
+    async fn back_up_then_attach_k(&mut self) {
+        let store = self.open();
+        self.sm(&store).apply(&node(&[]), 1).await.unwrap();
+        self.back_up();
+        self.sm(&store).apply(&node(&[K]), 2).await.unwrap();
+    }
+
     /// Puts the backup back (the agent is down: no handle on the store is left) and opens it.
     fn restore(&self) -> Arc<Store> {
         std::fs::write(self.path(), self.backup.as_ref().unwrap()).unwrap();
@@ -177,11 +186,7 @@ async fn a_late_add_the_restored_ledger_forgot_is_removed_and_nothing_acknowledg
 #[tokio::test]
 async fn the_restore_watch_survives_a_crash_right_after_the_start() {
     let mut rig = Rig::new().await;
-    let store = rig.open();
-    rig.sm(&store).apply(&node(&[]), 1).await.unwrap();
-    rig.back_up();
-    rig.sm(&store).apply(&node(&[K]), 2).await.unwrap();
-    drop(store);
+    rig.back_up_then_attach_k().await;
     let store = rig.restore();
     drop(rig.sm(&store));
     // Crash before any apply; the next start no longer sees the restore.
@@ -194,11 +199,7 @@ async fn the_restore_watch_survives_a_crash_right_after_the_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_list_keeps_the_restore_watch_standing() {
     let mut rig = Rig::new().await;
-    let store = rig.open();
-    rig.sm(&store).apply(&node(&[]), 1).await.unwrap();
-    rig.back_up();
-    rig.sm(&store).apply(&node(&[K]), 2).await.unwrap();
-    drop(store);
+    rig.back_up_then_attach_k().await;
     // Another ~10 MB of partitions: the list answer exceeds the 8 MiB cap.
     for k in 0..1_600u16 {
         let members = (0..100u64)
