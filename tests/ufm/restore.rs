@@ -231,3 +231,78 @@ async fn an_unreadable_list_keeps_the_restore_watch_standing() {
     assert!(restore_watch(sm.apply(&node(&[]), 3).await));
     assert!(restore_watch(sm.apply(&node(&[]), 4).await));
 }
+
+/// The daemon started on a store restored from a copy: its UFM backend is told at start, so
+/// even with per-key reads configured every apply reads the whole list and none is
+/// acknowledged (the restore watch of the default 10-minute window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_on_a_restored_store_reads_the_whole_list_and_acknowledges_nothing() {
+    let fake = FakeUfm::start().await;
+    let cred = CredFile::new("admin:123456");
+    let tmp = tempfile::tempdir().unwrap();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mlx5-8x");
+    let extra = format!(
+        "[subnet_manager]\nbackend = \"ufm\"\n\
+         [subnet_manager.ufm]\nurl = \"{}\"\ncredentials_file = \"{}\"\n\
+         connect_timeout_ms = 500\nrequest_timeout_ms = 2000\nretries = 1\n\
+         backoff_initial_ms = 50\nbackoff_max_ms = 100\nlist_reads = false\n\
+         [observer]\nkind = \"sysfs\"\nsysfs_root = \"{}\"\n\
+         [reconciler]\nbackoff_initial_ms = 100\nbackoff_max_ms = 300\n",
+        fake.url(),
+        cred.path().display(),
+        fixture.display(),
+    );
+    let mut d = common::Daemon::prepare(tmp.path(), &extra);
+    let db = tmp.path().join("state").join("state.redb");
+    d.spawn(&[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !node_status(&d).await.subnet_manager.unwrap().reachable {
+        assert!(Instant::now() < deadline, "the first start's apply");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(d.stop().success());
+    let copy = std::fs::read(&db).unwrap();
+    d.spawn(&[]);
+    assert!(d.stop().success());
+
+    // Put the old database back; its mirror beside it still names the newer one.
+    std::fs::write(&db, copy).unwrap();
+    fake.clear_requests();
+    d.spawn(&[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sm = node_status(&d).await.subnet_manager.unwrap();
+        assert!(!sm.reachable, "acknowledged after a restore: {sm:?}");
+        if sm.applies >= 2 {
+            assert!(sm.last_error.contains("restored from a copy"), "{sm:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no apply after the restore: {sm:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lists = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/ufmRest/resources/pkeys?guids_data=true")
+        .count();
+    assert!(
+        lists >= 2,
+        "every apply reads the whole list: {:?}",
+        fake.requests()
+    );
+    assert!(d.stop().success());
+}
+
+async fn node_status(d: &common::Daemon) -> fabric_agent::proto::agent::GetNodeResponse {
+    let request = fabric_agent::proto::agent::GetNodeRequest {};
+    d.client()
+        .await
+        .get_node(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
