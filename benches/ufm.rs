@@ -3,12 +3,12 @@
 //! latency row, default 200).
 
 use testkit::fake_ufm;
+// The ledger in a real store file, as the agent keeps it (every save is an fsync).
+use testkit::sim::model_ufm::StoreLedger;
 mod support;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
-use fabric_agent::sm::ufm::{
-    LedgerStoreError, MemoryLedgerStore, UfmConfig, UfmLedgerStore, UfmSm,
-};
+use fabric_agent::sm::ufm::{MemoryLedgerStore, UfmConfig, UfmLedgerStore, UfmSm};
 use fabric_agent::sm::SubnetManager;
 use fabric_agent::store::Store;
 use fake_ufm::{FakeAuth, FakeUfm};
@@ -38,21 +38,6 @@ fn node(keys: impl IntoIterator<Item = u16>) -> NodeMemberships {
                 )
             })
             .collect(),
-    }
-}
-
-/// The ledger in a real store file, as the agent keeps it (every save is an fsync).
-struct RedbLedger(Store);
-
-impl UfmLedgerStore for RedbLedger {
-    fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
-        self.0.meta("ufm_ledger").map_err(LedgerStoreError::new)
-    }
-
-    fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
-        self.0
-            .set_meta("ufm_ledger", bytes)
-            .map_err(LedgerStoreError::new)
     }
 }
 
@@ -121,7 +106,7 @@ async fn main() {
         let plus_one = node(keys.iter().copied().chain([0x0fff]));
         let change = latency(&sm, &[plus_one.clone(), all.clone()]).await;
         let file = Store::open(&dir.path().join(format!("state-{n}.redb")), 1_000).expect("store");
-        let durable = backend(dir.path(), &fake, Arc::new(RedbLedger(file))).await;
+        let durable = backend(dir.path(), &fake, Arc::new(StoreLedger(Arc::new(file)))).await;
         durable.apply(&all, 0).await.expect("apply");
         let change_durable = latency(&durable, &[plus_one, all.clone()]).await;
         fake.set_delay(Duration::from_millis(2));

@@ -149,7 +149,9 @@ pub(super) fn build(
                 );
             }
             let ledger = Arc::new(StoredUfmLedger(store.clone()));
-            Arc::new(UfmSm::new(cfg, ledger).map_err(StartError::Ufm)?)
+            // A store found restored from a copy holds an old ledger: watch every key.
+            let sm = UfmSm::new(cfg, ledger).and_then(|u| u.after_restore(store.rolled_back()));
+            Arc::new(sm.map_err(StartError::Ufm)?)
         }
     };
     Ok(BuiltBackend {

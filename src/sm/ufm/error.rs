@@ -60,6 +60,16 @@ pub enum UfmError {
         /// When its watch ends.
         until_unix_ms: i64,
     },
+    /// The node's store was restored from a copy: its ledger may lack adds sent after the copy
+    /// was taken, which may be in any key or still land there. Not acknowledged until a read of
+    /// UFM's whole partition list started after the restore watch ends shows every key right.
+    #[error("this node's store was restored from a copy, so its UFM ledger may lack adds that may still land in any key until {until_unix_ms} (unix ms); UFM's whole partition list is read and cleaned of this node's GUIDs until then{}", if *.list_unread { " (the list could not be read in this apply)" } else { "" })]
+    RestoreWatch {
+        /// When the restore watch ends.
+        until_unix_ms: i64,
+        /// Whether this apply could not read the whole list (the watch cannot end without it).
+        list_unread: bool,
+    },
     /// Keys are desired but the node has no InfiniBand port.
     #[error("no InfiniBand port GUIDs on this node to program keys for")]
     NoPorts,

@@ -14,9 +14,14 @@
 //! when a read shows them gone, so every apply keeps reading the key and removes a
 //! re-appearance at once; only a read started after the watch ended may drop them.
 //!
+//! Store restores: a ledger restored with the node's store from a copy lacks every add sent
+//! after the copy was taken. The backend then puts the whole ledger under a *restore watch*
+//! until `late_write_window_ms` after the start that found the restore: every key is treated
+//! as watched, and only a read of UFM's whole partition list started after that ends it.
+//!
 //! Format (JSON, one value): `{"version":1,"keys":{"0x0a12":["0002c903000e0b72", ...]}}`, keys
 //! and GUIDs spelled as UFM spells them, plus `"watch":{"0x0a12":<unix ms>}` while a key is
-//! watched.
+//! watched and `"restore_watch":<unix ms>` while the restore watch stands.
 
 use super::wire::{guid_text, parse_pkey, pkey_text};
 use crate::domain::{Guid, PKey};
@@ -115,6 +120,9 @@ pub struct UfmLedger {
     keys: BTreeMap<PKey, BTreeSet<Guid>>,
     /// Key -> unix milliseconds until which an add carrying it may still land.
     watch: BTreeMap<PKey, i64>,
+    /// Unix milliseconds until which an add this ledger does not know of may still land in
+    /// any key (the store was restored from a copy).
+    restore: Option<i64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -124,12 +132,37 @@ struct LedgerFile {
     keys: BTreeMap<String, Vec<String>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     watch: BTreeMap<String, i64>,
+    // Absent in ledgers written before store restores were watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    restore_watch: Option<i64>,
 }
 
 impl UfmLedger {
-    /// Whether no key holds any GUID of this node and none is watched.
+    /// Whether no key holds any GUID of this node, none is watched and no restore watch stands.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty() && self.watch.is_empty()
+        self.keys.is_empty() && self.watch.is_empty() && self.restore.is_none()
+    }
+
+    /// Until when (unix ms) the restore watch stands, if it does: any key may receive a late
+    /// add of this node that the ledger does not know of.
+    pub fn restore_watched_until(&self) -> Option<i64> {
+        self.restore
+    }
+
+    /// Puts every key under the restore watch until at least `until_ms`.
+    pub(crate) fn watch_restore(&mut self, until_ms: i64) {
+        self.restore = Some(self.restore.map_or(until_ms, |t| t.max(until_ms)));
+    }
+
+    /// Ends the restore watch (a whole-list read started after it showed every key right).
+    pub(crate) fn end_restore_watch(&mut self) {
+        self.restore = None;
+    }
+
+    /// Until when `key` must be treated as watched: its own watch or the restore watch,
+    /// whichever ends later.
+    pub(crate) fn watch_end(&self, key: PKey) -> Option<i64> {
+        self.watched_until(key).max(self.restore)
     }
 
     /// Until when (unix ms) `key` is watched for a late add, if it is.
@@ -213,6 +246,7 @@ impl UfmLedger {
                 .iter()
                 .map(|(k, t)| (pkey_text(*k), *t))
                 .collect(),
+            restore_watch: self.restore,
         };
         serde_json::to_vec(&file).expect("the ledger serialises")
     }
@@ -243,6 +277,7 @@ impl UfmLedger {
                 parse_pkey(key_text).ok_or_else(|| LedgerDecodeError::Key(key_text.clone()))?;
             ledger.watch.insert(key, *until);
         }
+        ledger.restore = file.restore_watch;
         Ok(ledger)
     }
 }
@@ -308,6 +343,30 @@ mod tests {
         l.restore_watch(key(0x0a12), None);
         assert_eq!(l.watched_until(key(0x0a12)), None);
         assert!(!String::from_utf8_lossy(&l.encode()).contains("watch"));
+    }
+
+    #[test]
+    fn the_restore_watch_round_trips_and_older_ledgers_still_read() {
+        let mut l = UfmLedger::default();
+        l.record(key(5), set(&[2]));
+        l.watch(key(5), 1_000);
+        l.watch_restore(3_000);
+        l.watch_restore(2_000);
+        assert_eq!(l.restore_watched_until(), Some(3_000));
+        assert_eq!(l.watch_end(key(5)), Some(3_000));
+        assert_eq!(l.watch_end(key(6)), Some(3_000));
+        let bytes = l.encode();
+        assert!(String::from_utf8_lossy(&bytes).contains(r#""restore_watch":3000"#));
+        assert_eq!(UfmLedger::decode(&bytes).unwrap(), l);
+        l.end_restore_watch();
+        assert_eq!(l.watch_end(key(6)), None);
+        assert!(!String::from_utf8_lossy(&l.encode()).contains("restore"));
+        let mut restored = UfmLedger::default();
+        restored.watch_restore(1);
+        assert!(!restored.is_empty());
+        // A ledger written before the restore watch existed.
+        let old = UfmLedger::decode(br#"{"version":1,"keys":{"0x0005":["0000000000000002"]}}"#);
+        assert_eq!(old.unwrap().restore_watched_until(), None);
     }
 
     #[test]

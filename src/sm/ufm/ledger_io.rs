@@ -1,33 +1,73 @@
 //! The ledger's I/O for [`UfmSm`]: loading it once from its store, saving it when it changed,
-//! and recording a late write (a released key that came back to this node's GUIDs at UFM).
+//! recording a late write (a released key that came back to this node's GUIDs at UFM), and the
+//! restore watch of a store found restored from a copy.
 
-use super::{refused, Failure, State, UfmError, UfmLedger, UfmSm};
+use super::{refused, Failure, State, UfmError, UfmLedger, UfmLedgerStore, UfmSm};
 use crate::domain::PKey;
 use crate::sm::{SmError, SmFailure};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// The ledger as saved in `store` (empty when nothing was saved).
+fn read_ledger(store: &dyn UfmLedgerStore) -> Result<UfmLedger, SmError> {
+    match store
+        .load()
+        .map_err(|e| SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerLoad(e))))?
+    {
+        None => Ok(UfmLedger::default()),
+        Some(bytes) => {
+            UfmLedger::decode(&bytes).map_err(|why| refused(UfmError::LedgerDecode(Arc::new(why))))
+        }
+    }
+}
+
 impl UfmSm {
+    /// Tells the backend that the node's store, its ledger with it, was found restored from a
+    /// copy when it was opened (`restored`: why, from `Store::rolled_back`; `None`: nothing to
+    /// do). The restored ledger lacks every add sent after the copy was taken, and such an add
+    /// may be in any key now or land there until `late_write_window_ms` after it was sent, so
+    /// before this returns the ledger records, durably, a restore watch until
+    /// `late_write_window_ms` from now (module docs, "Store restores"). Call it once at start,
+    /// after [`UfmSm::with_link`] (the watch is measured on the link's clock) and before the
+    /// first apply. Blocks on the ledger store.
+    pub fn after_restore(mut self, restored: Option<&str>) -> Result<UfmSm, SmError> {
+        let Some(why) = restored else {
+            return Ok(self);
+        };
+        let now = match &self.link {
+            Some(link) => link.unix_ms(),
+            None => super::link::system_unix_ms(),
+        };
+        let until = now.saturating_add(self.late_window_ms);
+        let state = self.state.get_mut();
+        let mut ledger = match state.ledger.take() {
+            Some(ledger) => ledger,
+            None => read_ledger(self.ledger_store.as_ref())?,
+        };
+        ledger.watch_restore(until);
+        self.ledger_store
+            .save(&ledger.encode())
+            .map_err(|e| SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerSave(e))))?;
+        tracing::error!(%why, until_unix_ms = until, "store restored from a copy: the UFM ledger may lack adds sent after the copy; UFM's whole partition list is read and cleaned of this node's GUIDs, and no set acknowledged, until the late-write window from now is over");
+        state.saved = ledger.clone();
+        state.ledger = Some(ledger);
+        Ok(self)
+    }
+
     /// Reads the ledger from its store once.
     pub(super) async fn load_ledger(&self, state: &mut State) -> Result<(), SmError> {
         if state.ledger.is_some() {
             return Ok(());
         }
         let store = self.ledger_store.clone();
-        let bytes = crate::sm::blocking::unblock(move || store.load())
+        let ledger = crate::sm::blocking::unblock(move || read_ledger(store.as_ref()))
             .await
             .map_err(|e| {
                 SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerTask {
                     saving: false,
                     source: Arc::new(e),
                 }))
-            })?
-            .map_err(|e| SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerLoad(e))))?;
-        let ledger = match bytes {
-            None => UfmLedger::default(),
-            Some(bytes) => UfmLedger::decode(&bytes)
-                .map_err(|why| refused(UfmError::LedgerDecode(Arc::new(why))))?,
-        };
+            })??;
         state.saved = ledger.clone();
         state.ledger = Some(ledger);
         Ok(())
@@ -61,7 +101,7 @@ impl UfmSm {
     /// the node no longer gives them, after a read had shown them gone. The apply removes them
     /// now.
     pub(super) fn late_write(&self, ledger: &UfmLedger, key: PKey, count: usize) {
-        let until = ledger.watched_until(key).unwrap_or_default();
+        let until = ledger.watch_end(key).unwrap_or_default();
         let detail = format!("{count} GUID(s) of this node re-appeared in {key} at UFM after it was released from them (an add executed after the client gave up); removed, and watched until {until} (unix ms)");
         tracing::error!(%key, count, "UFM late write: a released key came back to this node's ports; removing it");
         self.late_writes_mut().insert(key, detail);

@@ -57,6 +57,28 @@
 //! `DELETE …/resources/pkeys/{pkey}/guids/{g1,g2}` when UFM answers 404/405 to the old form.
 //! `200 {}` and 404 on a read both mean "no such key"; 404 on a removal means already gone.
 //!
+//! # Store restores
+//! The ledger lives in the node's store. A store restored from a copy brings back an old
+//! ledger: it lacks every add sent after the copy was taken, which may be in UFM now or land
+//! there up to `late_write_window_ms` after it was sent, in keys the ledger does not name.
+//! [`UfmSm::after_restore`], called at start when the store says it was found restored, puts
+//! the whole ledger under a *restore watch* until `late_write_window_ms` from then, recorded
+//! durably before it returns. While it stands:
+//! - every apply reads UFM's whole partition list (even with `list_reads` off), records every
+//!   key holding a visible port, as the start-up scan does, and never skips on the stamp;
+//! - every key is treated as watched (the late-write rules, `ledger.rs`): the node's GUIDs are removed from
+//!   every key that does not give them, kept in the ledger while read absent, and a GUID found
+//!   in a key where an earlier list read of this process did not find it is a late write
+//!   (`UFM_LATE_WRITE`);
+//! - nothing is added (a port must not take a key while a key the restored ledger forgot may
+//!   still land on it: two partitions on one port), and no apply is acknowledged
+//!   (`UfmError::RestoreWatch`).
+//!
+//! The watch ends with the first apply whose list read started after it and that left every
+//! key right (that apply adds what is missing). A list that cannot be read (over the answer
+//! cap) keeps it standing: fail closed. Only visible ports are looked for: a GUID of a port the node no longer sees, added after
+//! the copy, is not found.
+//!
 //! # Failures
 //! Timeouts, connection errors and 5xx are retried per request with capped, jittered backoff,
 //! then reported as [`SmError::Unreachable`]. A 4xx is [`SmError::Refused`] at once. After
@@ -196,6 +218,12 @@ struct State {
     /// Watched keys, with the GUIDs not desired in them that a read of this process showed
     /// absent: a later read that finds one of them again saw a late write.
     seen_absent: BTreeMap<PKey, BTreeSet<Guid>>,
+    /// Whether this process read the whole list during the restore watch: every visible port
+    /// it found then is in the ledger, so one found later in a key where the ledger lacks it
+    /// is a late write.
+    restore_scanned: bool,
+    /// Whether the last apply during the restore watch could not read the whole list.
+    restore_unread: bool,
 }
 
 /// An apply that read the stamp, then read every key and found all right, and wrote nothing.
@@ -349,6 +377,8 @@ impl UfmSm {
                 stamp_supported: true,
                 confirmed: None,
                 seen_absent: BTreeMap::new(),
+                restore_scanned: false,
+                restore_unread: false,
             }),
             late_window_ms: i64::try_from(config.late_write_window_ms).unwrap_or(i64::MAX),
             late_writes: std::sync::Mutex::default(),
@@ -399,6 +429,8 @@ impl UfmSm {
             stamp_supported,
             confirmed,
             seen_absent,
+            restore_scanned,
+            restore_unread,
             ..
         } = state;
         let ledger = ledger
@@ -417,8 +449,11 @@ impl UfmSm {
             .collect();
         let ports_of = |key: &PKey| key_ports.get(key).unwrap_or(ports);
 
+        // During a restore watch every apply reads the whole list (module docs, store restores).
+        let restoring = ledger.restore_watched_until();
+
         // 0. Nothing changed at UFM since the last confirming read: trust it (module docs).
-        let stamp = if self.max_skipped > 0 && *stamp_supported {
+        let stamp = if self.max_skipped > 0 && *stamp_supported && restoring.is_none() {
             self.read_stamp(ex, stamp_supported).await?
         } else {
             None
@@ -442,18 +477,43 @@ impl UfmSm {
 
         // 1. Read first.
         let read_ms = ex.link.unix_ms();
-        let current: BTreeMap<PKey, Option<PartitionState>> = if !*discovered {
+        let mut restore_read = None;
+        let current: BTreeMap<PKey, Option<PartitionState>> = if !*discovered || restoring.is_some()
+        {
             let keys = keys_of(desired, ledger);
-            let (picked, all) = self.read_many(ex, list_usable, &keys, true).await?;
+            // The restore watch reads the list even where per-key reads are configured: only
+            // the list shows keys the restored ledger forgot.
+            let mut list = *list_usable || restoring.is_some();
+            let (picked, all) = self.read_many(ex, &mut list, &keys, true).await?;
+            *list_usable &= list;
             let current = match all {
                 Some(all) => {
                     for (key, partition) in &all {
-                        let ours = partition
+                        let ours: BTreeSet<Guid> = partition
                             .members
                             .keys()
                             .filter(|g| ports.contains(g))
-                            .copied();
+                            .copied()
+                            .collect();
+                        if restoring.is_some() && *restore_scanned {
+                            let unknown = ours
+                                .iter()
+                                .filter(|&&g| {
+                                    let undesired = !desired.keys.contains_key(key)
+                                        || !ports_of(key).contains(&g);
+                                    undesired
+                                        && !ledger.guids_ref(*key).is_some_and(|l| l.contains(&g))
+                                })
+                                .count();
+                            if unknown > 0 {
+                                self.late_write(ledger, *key, unknown);
+                            }
+                        }
                         ledger.record(*key, ours);
+                    }
+                    if restoring.is_some() {
+                        *restore_scanned = true;
+                        restore_read = Some(read_ms);
                     }
                     keys_of(desired, ledger)
                         .into_iter()
@@ -461,12 +521,15 @@ impl UfmSm {
                         .collect()
                 }
                 None => {
-                    if self.list_reads {
+                    if restoring.is_some() {
+                        tracing::warn!("UFM's partition list is not readable: this node's store was restored from a copy and no apply is acknowledged until the list can be read");
+                    } else if self.list_reads {
                         tracing::warn!("UFM's partition list is not readable here: the start-up scan covers only the desired and ledger keys");
                     }
                     picked
                 }
             };
+            *restore_unread = restoring.is_some() && restore_read.is_none();
             self.save_ledger(ledger, saved).await?;
             *discovered = true;
             current
@@ -494,6 +557,18 @@ impl UfmSm {
             } else {
                 plans.insert(*key, plan);
             }
+        }
+
+        // During the restore watch nothing is added: a port must not take a key while one the
+        //    restored ledger forgot may still land on it (module docs, store restores).
+        let restore_ends = restore_read
+            .zip(restoring)
+            .is_some_and(|(read, until)| read > until);
+        if restoring.is_some() && !restore_ends {
+            plans.retain(|_, plan| {
+                plan.add.clear();
+                !plan.is_empty()
+            });
         }
 
         // 3. Write ahead: every GUID about to be added is recorded durably before the request
@@ -549,6 +624,12 @@ impl UfmSm {
                 wrong.push((*key, left));
             }
         }
+        // The restore watch ends with an apply whose whole-list read started after it and
+        // that left every key right: nothing the restored ledger forgot can land any more.
+        if wrong.is_empty() && restore_ends {
+            ledger.end_restore_watch();
+            *restore_scanned = false;
+        }
         self.save_ledger(ledger, saved).await?;
         if let Some((key, left)) = wrong.first() {
             return Err(Failure::NoAnswer(UfmError::NotApplied {
@@ -585,9 +666,7 @@ impl UfmSm {
         ports: &BTreeSet<Guid>,
         read_ms: i64,
     ) {
-        let watched = ledger
-            .watched_until(key)
-            .is_some_and(|until| read_ms <= until);
+        let watched = ledger.watch_end(key).is_some_and(|until| read_ms <= until);
         let undesired: BTreeSet<Guid> = match want {
             Some(_) => ledger.guids(key).difference(ports).copied().collect(),
             None => ledger.guids(key).union(ports).copied().collect(),
@@ -763,6 +842,13 @@ impl SubnetManager for UfmSm {
                 result = Err(Failure::NoAnswer(UfmError::LateWriteWindow {
                     key,
                     until_unix_ms: until,
+                }));
+            } else if let Some(until) = ledger.restore_watched_until() {
+                // Any key may still receive an add the restored ledger forgot: no set is
+                // acknowledged until the restore watch ended (module docs, store restores).
+                result = Err(Failure::NoAnswer(UfmError::RestoreWatch {
+                    until_unix_ms: until,
+                    list_unread: state.restore_unread,
                 }));
             }
         }

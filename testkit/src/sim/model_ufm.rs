@@ -14,6 +14,10 @@
 //!
 //! The oracle's "may still be programmed" grows by every add UFM may still execute: a key is
 //! not RELEASED while an add carrying it to a covered port is on its way (`Fabric::ufm_adds`).
+//!
+//! The backend's ledger lives in the node's store, as in the daemon ([`StoreLedger`]): a
+//! rollback of the store rolls the ledger back, and the agent started on the restored store
+//! builds its backend with [`UfmSm::after_restore`], like the daemon.
 
 use crate::fake_ufm::model as rules;
 
@@ -21,13 +25,16 @@ use super::schedule::PORTS;
 use super::world::{keys_of, show_keys, with, Keys, Shared, World, PORT_GUID_BASE};
 use async_trait::async_trait;
 use fabric_agent::domain::{Membership, NodeMemberships};
-use fabric_agent::sm::ufm::{LinkError, MemoryLedgerStore, UfmAnswer, UfmConfig, UfmLink, UfmSm};
+use fabric_agent::sm::ufm::{
+    LedgerStoreError, LinkError, UfmAnswer, UfmConfig, UfmLedgerStore, UfmLink, UfmSm,
+};
 use fabric_agent::sm::{ApplyOutcome, SmError, SubnetManager};
+use fabric_agent::store::Store;
 use rand::Rng;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -395,23 +402,56 @@ impl SubnetManager for Traced {
     }
 }
 
-/// UFM for one run: its configuration, and the node's durable ledger store (kept across the
-/// agent's crashes, like the node's store).
+/// The UFM ledger kept in a node's store under the daemon's meta key (`ufm_ledger`, see
+/// docs/UFM.md): it goes back with the store when the store is restored from a copy.
+pub struct StoreLedger(pub Arc<Store>);
+
+impl UfmLedgerStore for StoreLedger {
+    fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
+        self.0.meta("ufm_ledger").map_err(LedgerStoreError::new)
+    }
+
+    fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
+        self.0
+            .set_meta("ufm_ledger", bytes)
+            .map_err(LedgerStoreError::new)
+    }
+}
+
+/// UFM for one run: its configuration, and the store whose rollback a backend was last told
+/// about.
 pub struct Ufm {
     config: UfmConfig,
-    ledger: MemoryLedgerStore,
+    /// A store reports its rollback for as long as it is open; the daemon sees it at the one
+    /// start on it, so only the first backend built on it is told.
+    told: Mutex<Weak<Store>>,
     _dir: tempfile::TempDir,
 }
 
 impl Ufm {
-    /// A fresh backend, as a (re)started agent builds it: the ledger from the store, nothing
-    /// in memory.
-    pub fn backend(&self, world: &Shared) -> Arc<dyn SubnetManager> {
-        let inner = UfmSm::new(&self.config, Arc::new(self.ledger.clone()))
+    /// A fresh backend, as a (re)started agent builds it on the node's `store`: the ledger
+    /// from the store, nothing in memory, and, on a store found restored, the restore watch.
+    pub fn backend(&self, world: &Shared, store: &Arc<Store>) -> Arc<dyn SubnetManager> {
+        let restored = {
+            let mut told = self.told.lock().expect("told lock");
+            let first = !std::ptr::eq(told.as_ptr(), Arc::as_ptr(store));
+            *told = Arc::downgrade(store);
+            store.rolled_back().filter(|_| first)
+        };
+        if let Some(why) = restored {
+            with(world, |w| {
+                w.log(format!(
+                    "agent: the UFM backend is told the store was restored ({why})"
+                ))
+            });
+        }
+        let inner = UfmSm::new(&self.config, Arc::new(StoreLedger(store.clone())))
             .expect("the UFM backend")
             .with_link(Arc::new(ModelLink {
                 world: world.clone(),
-            }));
+            }))
+            .after_restore(restored)
+            .expect("the restore watch recorded");
         Arc::new(Traced {
             world: world.clone(),
             inner,
@@ -453,7 +493,7 @@ pub fn start(world: &Shared, late_window_ms: Option<u64>) -> Ufm {
     });
     Ufm {
         config,
-        ledger: MemoryLedgerStore::new(),
+        told: Mutex::new(Weak::new()),
         _dir: dir,
     }
 }

@@ -44,9 +44,9 @@ pub fn draw(seed: u64, options: GenOptions, steps: &mut Vec<Step>) {
     let end = steps.last().map_or(0, |s| s.at_ms) + 5_000;
     let mut extra = Vec::new();
     let mut snapshot_at = None;
-    // A UFM node's late-write ledger lives in its store: restoring it is the README's known
-    // gap (nothing shows the restore to UFM), not a check.
-    if !options.ufm && rng.random_ratio(1, NODE_ROLLBACK_ONE_IN) {
+    // A UFM node's late-write ledger lives in its store and goes back with it: the backend
+    // then watches every key until the window from the restart is over (docs/UFM.md).
+    if rng.random_ratio(1, NODE_ROLLBACK_ONE_IN) {
         let at = rng.random_range(0..end);
         snapshot_at = Some(at);
         extra.push((at, Command::Snapshot));

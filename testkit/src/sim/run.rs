@@ -88,7 +88,7 @@ impl Parts {
         let sm = Arc::new(super::crash::Crashable {
             world: world.clone(),
             inner: match &self.ufm {
-                Some(u) => u.backend(world),
+                Some(u) => u.backend(world, &self.store.lock().expect("store lock")),
                 None => self.sm.clone(),
             },
         });
