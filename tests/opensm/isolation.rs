@@ -264,26 +264,26 @@ async fn a_rejected_addition_does_not_hold_up_another_nodes_release() {
     })
     .await;
 
+    // node2's addition of 0x0a62, never answered OK: its refusal.
+    let node2_adds = || async {
+        sm.set_node(one_port("node2", g2, &[0x0a63, 0x0a62]), 2)
+            .await
+            .expect_err("node2's addition answered OK")
+    };
+    let held_for = |e: OpenSmError| match e {
+        OpenSmError::Rejected(Rejection::Repeated { wait_s, .. }) => wait_s,
+        other => panic!("node2's addition during the hold: {other}"),
+    };
     // node2 adds 0x0a62: OpenSM rejects the file, the accepted one is put back, and the
     // addition is held back (its retry is refused without a write).
     let log_at = fabric.opensm_log().len();
-    let e = sm
-        .set_node(one_port("node2", g2, &[0x0a63, 0x0a62]), 2)
-        .await
-        .unwrap_err();
+    let e = node2_adds().await;
     assert!(
         matches!(e, OpenSmError::Rejected(Rejection::Written { .. })),
         "{e}"
     );
     assert!(fabric.opensm_log()[log_at..].contains("PARSE ERROR"));
-    let e = sm
-        .set_node(one_port("node2", g2, &[0x0a63, 0x0a62]), 2)
-        .await
-        .unwrap_err();
-    let hold_s = match e {
-        OpenSmError::Rejected(Rejection::Repeated { wait_s, .. }) => wait_s,
-        other => panic!("node2's retry during the hold: {other}"),
-    };
+    let hold_s = held_for(node2_adds().await);
 
     // node1 releases 0x0a61 during node2's hold, retrying every second like a node would.
     let started = Instant::now();
@@ -313,13 +313,6 @@ async fn a_rejected_addition_does_not_hold_up_another_nodes_release() {
     .await;
     let k2 = fabric.pkeys("node2");
     assert!(has_base(&k2, 0x0a63) && !has_base(&k2, 0x0a62), "{k2:x?}");
-    // node2's addition is still held, never answered OK.
-    let e = sm
-        .set_node(one_port("node2", g2, &[0x0a63, 0x0a62]), 2)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(e, OpenSmError::Rejected(Rejection::Repeated { .. })),
-        "{e}"
-    );
+    // node2's addition is still held.
+    held_for(node2_adds().await);
 }

@@ -29,6 +29,8 @@ use std::time::Duration;
 struct FakeOpenSm {
     path: PathBuf,
     reject_next: AtomicUsize,
+    /// The next reloads that do not see OpenSM re-read the file (it is slow or stopped).
+    unseen_next: AtomicUsize,
     poison: Mutex<Option<(u32, u64)>>,
     seen: Mutex<Vec<Vec<u8>>>,
 }
@@ -46,16 +48,20 @@ impl Reloader for FakeOpenSm {
             .unwrap()
             .is_some_and(|(key, guid)| gives(&bytes, key, guid));
         self.seen.lock().unwrap().push(bytes);
-        if poisoned
-            || self
-                .reject_next
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-        {
+        if take_one(&self.unseen_next) {
+            return Ok(ReloadReport { file_read: false });
+        }
+        if poisoned || take_one(&self.reject_next) {
             return Err(ReloadError::Rejected("PARSE ERROR: line 2".into()));
         }
         Ok(ReloadReport { file_read: true })
     }
+}
+
+/// Takes one from `n`; false when it is 0.
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 struct Host {
@@ -315,4 +321,27 @@ async fn a_release_in_the_same_commit_as_a_rejected_addition_goes_through() {
         "{e}"
     );
     assert_eq!(std::fs::read(&h.path).unwrap(), seen[2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_after_an_unconfirmed_addition_goes_through_when_opensm_rejects_that() {
+    let h = two_nodes_and_a_poisoned_addition().await;
+    // node-b's addition is written but OpenSM is not seen re-reading it: unconfirmed, no verdict.
+    h.opensm.unseen_next.store(1, Ordering::SeqCst);
+    let e = h
+        .backend
+        .set_node(node_set("node-b", 0x20, &[9, 8]), 2)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, OpenSmError::Unconfirmed { .. }), "{e}");
+    // node-a's release renders node-b's unconfirmed addition too; OpenSM rejects that file, and
+    // the file without the addition is written and confirmed in the same commit.
+    h.backend.set_node(set(&[]), 2).await.unwrap();
+    assert!(!h.file_gives(7, 0x10) && h.file_gives(9, 0x20) && !h.file_gives(8, 0x20));
+    let e = h
+        .backend
+        .set_node(node_set("node-b", 0x20, &[9, 8]), 2)
+        .await
+        .unwrap_err();
+    assert!(held(&e).is_some(), "{e}");
 }
