@@ -14,7 +14,11 @@
 //! a full member of one partition). An operator's rejected edit is kept as `<name>.rejected`.
 //! Rejections the agent did not cause are noticed at the next commit and by a log watch every
 //! `watch_ms`, also those logged while the agent was down (the log mark is persisted); see
-//! [`super::repair`]. Bytes OpenSM rejected are written again only as [`RejectedFile`] allows.
+//! [`super::repair`]. Bytes OpenSM rejected are written again only as [`RejectedFile`] allows;
+//! while it holds back what a rejected file added (a node's addition), every commit renders the
+//! region without that ([`isolation::without_held`]), and right after a rejection the same commit
+//! writes the file again without it once the accepted one is back: another node's release is
+//! answered OK at once, the held node with the rejection or the hold.
 
 use super::config::OpenSmConfig;
 use super::error::{task_failed, OpenSmError, Rejection, Restored};
