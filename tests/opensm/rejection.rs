@@ -1,7 +1,10 @@
-//! Bytes OpenSM rejected, against a fake OpenSM that rejects the reloads it is told to: a
-//! release whose file OpenSM rejected once still goes through, a rejected set is never answered
-//! OK, what a node was acknowledged stays in the file, and other rejected bytes are held back for
-//! a hold that doubles, then written again.
+//! Bytes OpenSM rejected, against a fake OpenSM that rejects the reloads it is told to (or every
+//! file giving one key to one port): a release whose file OpenSM rejected once still goes
+//! through, a rejected set is never answered OK, what a node was acknowledged stays in the file,
+//! and other rejected bytes are held back for a hold that doubles, then written again. Another
+//! node's release is not held up by a held or just rejected addition: written at once without
+//! it, in the same commit or during the hold. The same on the ibsim rig:
+//! `tests/opensm/isolation.rs`.
 
 use testkit::common;
 
@@ -19,12 +22,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Rejects the next `reject_next` reloads (a parse error not caused by the bytes); records the
-/// bytes of every file it was asked to re-read.
+/// Rejects the next `reject_next` reloads (a parse error not caused by the bytes), and every
+/// file that gives the `poison` (key, port); records the bytes of every file it was asked to
+/// re-read.
 #[derive(Default)]
 struct FakeOpenSm {
     path: PathBuf,
     reject_next: AtomicUsize,
+    /// The next reloads that do not see OpenSM re-read the file (it is slow or stopped).
+    unseen_next: AtomicUsize,
+    poison: Mutex<Option<(u32, u64)>>,
     seen: Mutex<Vec<Vec<u8>>>,
 }
 
@@ -34,19 +41,27 @@ impl Reloader for FakeOpenSm {
         0
     }
     async fn reload(&self, _checkpoint: u64) -> Result<ReloadReport, ReloadError> {
-        self.seen
+        let bytes = std::fs::read(&self.path).unwrap();
+        let poisoned = self
+            .poison
             .lock()
             .unwrap()
-            .push(std::fs::read(&self.path).unwrap());
-        if self
-            .reject_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+            .is_some_and(|(key, guid)| gives(&bytes, key, guid));
+        self.seen.lock().unwrap().push(bytes);
+        if take_one(&self.unseen_next) {
+            return Ok(ReloadReport { file_read: false });
+        }
+        if poisoned || take_one(&self.reject_next) {
             return Err(ReloadError::Rejected("PARSE ERROR: line 2".into()));
         }
         Ok(ReloadReport { file_read: true })
     }
+}
+
+/// Takes one from `n`; false when it is 0.
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 struct Host {
@@ -100,11 +115,7 @@ impl Host {
 
     /// Whether the partitions file gives `key` to port `guid`.
     fn file_gives(&self, key: u32, guid: u64) -> bool {
-        let bytes = std::fs::read(&self.path).unwrap();
-        members_of(&bytes, PKey::new(key).unwrap())
-            .unwrap()
-            .iter()
-            .any(|m| m.guid.0 == guid)
+        gives(&std::fs::read(&self.path).unwrap(), key, guid)
     }
 
     fn reloads(&self) -> usize {
@@ -112,10 +123,22 @@ impl Host {
     }
 }
 
+/// Whether `file` gives `key` to port `guid`.
+fn gives(file: &[u8], key: u32, guid: u64) -> bool {
+    members_of(file, PKey::new(key).unwrap())
+        .unwrap()
+        .iter()
+        .any(|m| m.guid.0 == guid)
+}
+
 fn set(keys: &[u32]) -> NodeMemberships {
+    node_set("node-a", 0x10, keys)
+}
+
+fn node_set(node: &str, guid: u64, keys: &[u32]) -> NodeMemberships {
     common::memberships(
-        "node-a",
-        [0x10],
+        node,
+        [guid],
         keys.iter().map(|k| (*k, Membership::Full)),
         |_| String::new(),
     )
@@ -209,4 +232,116 @@ async fn rejected_bytes_that_add_are_held_back_for_a_doubling_hold_then_written_
     h.backend.set_node(set(&[7, 8]), 2).await.unwrap();
     assert!(h.file_gives(7, 0x10) && h.file_gives(8, 0x10));
     assert!(h.backend.conditions_now().is_empty());
+}
+
+/// node-a holds 7 on port 0x10, node-b holds 9 on port 0x20; OpenSM rejects every file giving
+/// 8 to node-b's port.
+async fn two_nodes_and_a_poisoned_addition() -> Host {
+    let h = Host::new();
+    h.backend.set_node(set(&[7]), 1).await.unwrap();
+    h.backend
+        .set_node(node_set("node-b", 0x20, &[9]), 1)
+        .await
+        .unwrap();
+    *h.opensm.poison.lock().unwrap() = Some((8, 0x20));
+    h
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_nodes_release_goes_through_while_an_addition_is_held() {
+    let h = two_nodes_and_a_poisoned_addition().await;
+    let e = h
+        .backend
+        .set_node(node_set("node-b", 0x20, &[9, 8]), 2)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, OpenSmError::Rejected(Rejection::Written { .. })),
+        "{e}"
+    );
+    // node-a's release, during node-b's hold: one write, without node-b's addition, confirmed.
+    let before = h.reloads();
+    h.backend.set_node(set(&[]), 2).await.unwrap();
+    assert_eq!(h.reloads(), before + 1);
+    assert!(!h.file_gives(7, 0x10) && h.file_gives(9, 0x20) && !h.file_gives(8, 0x20));
+    assert_eq!(
+        std::fs::read(accepted_copy_path(&h.path)).unwrap(),
+        std::fs::read(&h.path).unwrap()
+    );
+    // node-b is still held, never answered OK; the rejection stays shown.
+    let e = h
+        .backend
+        .set_node(node_set("node-b", 0x20, &[9, 8]), 2)
+        .await
+        .unwrap_err();
+    assert!(held(&e).is_some_and(|s| (1..=60).contains(&s)), "{e}");
+    assert!(h
+        .backend
+        .conditions_now()
+        .iter()
+        .any(|c| c.kind == fabric_agent::domain::ConditionKind::PartitionsFileRejected));
+    // node-a's own addition is not held back either.
+    h.backend.set_node(set(&[6]), 3).await.unwrap();
+    assert!(h.file_gives(6, 0x10) && !h.file_gives(8, 0x20));
+    // A restarted agent still holds node-b's addition back and lets node-a's next release
+    // through.
+    let restarted = Host::backend(&h.path, &h.opensm, &h.store);
+    restarted.set_node(set(&[]), 4).await.unwrap();
+    assert!(!h.file_gives(6, 0x10) && !h.file_gives(8, 0x20));
+    // After the hold, with OpenSM taking it now, node-b's addition is written and confirmed.
+    *h.opensm.poison.lock().unwrap() = None;
+    tokio::time::advance(Duration::from_secs(61)).await;
+    restarted
+        .set_node(node_set("node-b", 0x20, &[9, 8]), 2)
+        .await
+        .unwrap();
+    assert!(h.file_gives(8, 0x20));
+    assert!(restarted.conditions_now().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_in_the_same_commit_as_a_rejected_addition_goes_through() {
+    let h = two_nodes_and_a_poisoned_addition().await;
+    let before = h.reloads();
+    let (release, addition) = tokio::join!(
+        h.backend.set_node(set(&[]), 2),
+        h.backend.set_node(node_set("node-b", 0x20, &[9, 8]), 2)
+    );
+    let seen = h.opensm.seen.lock().unwrap()[before..].to_vec();
+    // One group: its file (the release and the addition) rejected, the accepted file put back,
+    // then the file with the release alone.
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(!gives(&seen[0], 7, 0x10) && gives(&seen[0], 8, 0x20));
+    assert!(gives(&seen[1], 7, 0x10));
+    assert!(!gives(&seen[2], 7, 0x10) && !gives(&seen[2], 8, 0x20) && gives(&seen[2], 9, 0x20));
+    release.unwrap();
+    let e = addition.unwrap_err();
+    assert!(
+        matches!(e, OpenSmError::Rejected(Rejection::Written { .. })),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&h.path).unwrap(), seen[2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_after_an_unconfirmed_addition_goes_through_when_opensm_rejects_that() {
+    let h = two_nodes_and_a_poisoned_addition().await;
+    // node-b's addition is written but OpenSM is not seen re-reading it: unconfirmed, no verdict.
+    h.opensm.unseen_next.store(1, Ordering::SeqCst);
+    let e = h
+        .backend
+        .set_node(node_set("node-b", 0x20, &[9, 8]), 2)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, OpenSmError::Unconfirmed { .. }), "{e}");
+    // node-a's release renders node-b's unconfirmed addition too; OpenSM rejects that file, and
+    // the file without the addition is written and confirmed in the same commit.
+    h.backend.set_node(set(&[]), 2).await.unwrap();
+    assert!(!h.file_gives(7, 0x10) && h.file_gives(9, 0x20) && !h.file_gives(8, 0x20));
+    let e = h
+        .backend
+        .set_node(node_set("node-b", 0x20, &[9, 8]), 2)
+        .await
+        .unwrap_err();
+    assert!(held(&e).is_some(), "{e}");
 }

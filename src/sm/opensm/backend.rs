@@ -15,7 +15,7 @@
 use super::admission::{gather_evidence, lock, requires_grants, Admitted, Posture, State};
 use super::config::OpenSmConfig;
 use super::error::OpenSmError;
-use super::file::read_or_empty;
+use super::file::{accepted_copy_path, read_or_empty};
 use super::file_commit::{
     all_full_of, read_optional, watch_log, CommitResult, Committed, FileCommitter, Health,
 };
@@ -148,10 +148,13 @@ impl OpenSmBackend {
             (Some(m), _) => (m.offset, true),
             (None, _) => (reloader.checkpoint(), false),
         };
-        // Bytes rejected in an earlier run: held back again from this start.
+        // Bytes rejected in an earlier run: what they add to the accepted file is held back
+        // again from this start.
+        let io = |e| OpenSmError::Io(Arc::new(e));
+        let accepted = read_optional(&accepted_copy_path(&config.partitions_file)).map_err(io)?;
         let rejected = read_optional(&rejected_bytes_path(&config.partitions_file))
-            .map_err(|e| OpenSmError::Io(Arc::new(e)))?
-            .map(|bytes| RejectedFile::after(None, bytes));
+            .map_err(io)?
+            .map(|bytes| RejectedFile::after(None, bytes, accepted.as_deref()));
         let health = Health {
             commit,
             all_full: all_full_of(&config, &operator),

@@ -193,11 +193,12 @@ pub enum Rejection {
         /// What the agent put back.
         restored: Restored,
     },
-    /// OpenSM rejected these exact bytes before and they add to the accepted file: they are
-    /// not written again before `wait_s` seconds have passed (the hold doubles with each
-    /// rejection of the same bytes; see [`super::repair::RejectedFile`]).
+    /// OpenSM rejected a file that added what this set adds (or these exact bytes) before: it
+    /// is not written again before `wait_s` seconds have passed (the hold doubles with each
+    /// rejection of the same bytes or additions; see [`super::repair::RejectedFile`]). The
+    /// rest of the file (other nodes' releases) is written without it meanwhile.
     #[error(
-        "OpenSM rejected this exact partitions file before; it is not written again for {wait_s} s ({earlier})"
+        "OpenSM rejected a partitions file with this addition before; it is not written again for {wait_s} s ({earlier})"
     )]
     Repeated {
         /// The earlier rejection, as recorded in the commit state.

@@ -14,7 +14,11 @@
 //! a full member of one partition). An operator's rejected edit is kept as `<name>.rejected`.
 //! Rejections the agent did not cause are noticed at the next commit and by a log watch every
 //! `watch_ms`, also those logged while the agent was down (the log mark is persisted); see
-//! [`super::repair`]. Bytes OpenSM rejected are written again only as [`RejectedFile`] allows.
+//! [`super::repair`]. Bytes OpenSM rejected are written again only as [`RejectedFile`] allows;
+//! while it holds back what a rejected file added (a node's addition), every commit renders the
+//! region without that ([`isolation::without_held`]), and right after a rejection the same commit
+//! writes the file again without it once the accepted one is back: another node's release is
+//! answered OK at once, the held node with the rejection or the hold.
 
 use super::config::OpenSmConfig;
 use super::error::{task_failed, OpenSmError, Rejection, Restored};
@@ -27,7 +31,7 @@ use super::region::{
     RegionPlan, TableLimits, TenantEntry,
 };
 use super::reload::{ReloadError, Reloader};
-use super::repair::{describe, operator_part, rejected_bytes_path, RejectedFile};
+use super::repair::{describe, operator_part, region_members, rejected_bytes_path, RejectedFile};
 use super::store::{CommitState, LogMark, NodeMembershipStore, OperatorRejected, StoredNode};
 use crate::domain::{is_safe_key_name, Condition, ConditionKind, Membership, NodeId, PKey};
 use std::collections::BTreeMap;
@@ -39,20 +43,29 @@ use std::time::Duration;
 /// The result one commit hands to every caller it carried.
 pub(super) type CommitResult = Result<String, OpenSmError>;
 
-/// What one commit did: its detail, and the nodes whose sets it left out of the file.
+/// The nodes whose sets a written file did not serve whole because OpenSM's rejection holds
+/// back what they add, with the answer each gets.
+type Withheld = BTreeMap<NodeId, OpenSmError>;
+
+/// What one commit did: its detail, the nodes whose sets it left out of the file, and those it
+/// served only in part (an addition held back after OpenSM rejected it).
 pub(super) struct Committed {
     detail: String,
     quarantined: BTreeMap<NodeId, String>,
+    withheld: Withheld,
 }
 
 impl Committed {
     /// The answer for a caller that carried `node`'s set: an error when that set was left out.
     pub(super) fn answer(&self, node: Option<&NodeId>) -> CommitResult {
-        match node.and_then(|n| self.quarantined.get_key_value(n)) {
-            Some((node, reason)) => Err(OpenSmError::Quarantined {
+        if let Some((node, reason)) = node.and_then(|n| self.quarantined.get_key_value(n)) {
+            return Err(OpenSmError::Quarantined {
                 node: node.clone(),
                 reason: reason.clone(),
-            }),
+            });
+        }
+        match node.and_then(|n| self.withheld.get(n)) {
+            Some(e) => Err(e.clone()),
             None => Ok(self.detail.clone()),
         }
     }
@@ -286,7 +299,7 @@ impl FileCommitter {
                 {
                     let mut st = self.health();
                     let earlier = st.rejected.take();
-                    st.rejected = Some(RejectedFile::after(earlier, current.clone()));
+                    st.rejected = Some(RejectedFile::after(earlier, current.clone(), Some(&good)));
                 }
                 let kept = rejected_copy_path(&path);
                 let shown = kept.display().to_string();
@@ -446,9 +459,10 @@ impl FileCommitter {
         mut unsaved: Vec<StoredNode>,
     ) -> (Result<Committed, OpenSmError>, Vec<StoredNode>) {
         let result = self.commit_steps(nodes, &mut unsaved).await;
-        let result = result.map(|detail| Committed {
+        let result = result.map(|(detail, withheld)| Committed {
             detail,
             quarantined: self.health().quarantined.clone(),
+            withheld,
         });
         (result, unsaved)
     }
@@ -486,11 +500,12 @@ impl FileCommitter {
         out
     }
 
+    /// One commit's steps: its detail and the nodes it served only in part.
     async fn commit_steps(
         &self,
         nodes: &BTreeMap<NodeId, StoredNode>,
         unsaved: &mut Vec<StoredNode>,
-    ) -> CommitResult {
+    ) -> Result<(String, Withheld), OpenSmError> {
         self.repair_foreign_rejection().await?;
         self.retry_restore().await?;
         let path = self.config.partitions_file.clone();
@@ -529,123 +544,203 @@ impl FileCommitter {
             st.quarantined = quarantined;
             st.operator = Arc::new(operator.clone());
         }
-        let plan = self.plan(&served, &operator);
-        check_operator_keys(&operator, plan.tenants.keys())?;
-        let region = render_region(&plan);
-        let bytes = compose(&parts, &region);
-        let whole = check_composed(
-            &bytes,
-            &region,
-            &plan,
-            TableLimits {
-                table_size: self.config.pkey_table_size,
-                allow_both_pkeys: self.config.allow_both_pkeys,
-            },
-        )?;
-        check_operator_unchanged(&operator, &whole, &plan)?;
-        let (confirmed, held) = {
+        let full = self.plan(&served, &operator);
+        check_operator_keys(&operator, full.tenants.keys())?;
+        let accepted_members = accepted.as_deref().and_then(region_members);
+        // What a rejection holds back (another node's addition) is left out of the file; the
+        // nodes that leaves unserved are answered with the hold, never OK.
+        let (mut plan, mut withheld) = {
             let st = self.health();
-            (
-                st.commit.unconfirmed.is_none(),
-                st.rejected
-                    .as_ref()
-                    .and_then(|r| r.holds(&bytes, accepted.as_deref())),
-            )
-        };
-        if bytes == current && confirmed && accepted.as_deref() == Some(&current[..]) {
-            self.save_group(unsaved, None::<fn(&mut CommitState)>)
-                .await?;
-            return Ok("partitions file already up to date (OpenSM accepted it)".into());
-        }
-        if let Some(left) = held {
-            let why = self.health().commit.rejected.clone().unwrap_or_default();
-            return Err(OpenSmError::Rejected(Rejection::Repeated {
-                earlier: why,
-                wait_s: left.as_secs().max(1),
-            }));
-        }
-        self.save_group(
-            unsaved,
-            Some(|c: &mut CommitState| {
-                c.unconfirmed = Some("a write is in progress or was interrupted".into())
-            }),
-        )
-        .await?;
-        match self.write_and_reload(bytes.clone()).await? {
-            Ok(true) => {
-                let copy = accepted_copy_path(&path);
-                let good = bytes.clone();
-                blocking(move || replace_atomically(&copy, &good)).await?;
-                self.health().rejected = None;
-                let gone = rejected_bytes_path(&path);
-                let _ = blocking(move || match std::fs::remove_file(&gone) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                    _ => Ok(()),
-                })
-                .await;
-                let written_part = operator_part(&bytes);
-                self.save_commit(|c| {
-                    c.unconfirmed = None;
-                    c.rejected = None;
-                    // The operator's rejected edit is cleared once the operator's part changed
-                    // and OpenSM accepted it; the restored part alone does not clear it.
-                    if c.operator_rejected
-                        .as_ref()
-                        .is_some_and(|o| o.restored_operator_part != written_part)
-                    {
-                        c.operator_rejected = None;
-                    }
-                })
-                .await?;
-                Ok(format!(
-                    "partitions file written ({} keys), heavy sweep requested, OpenSM re-read it without error",
-                    plan.tenants.len()
-                ))
-            }
-            Ok(false) => {
-                let e = OpenSmError::Unconfirmed {
-                    written_keys: plan.tenants.len(),
-                    waited_ms: self.config.reload_check_ms,
-                };
-                let why = e.to_string();
-                self.save_commit(|c| c.unconfirmed = Some(why)).await?;
-                Err(e)
-            }
-            Err(ReloadError::Unreachable(source)) => {
-                let e = OpenSmError::Unreachable {
-                    written_keys: Some(plan.tenants.len()),
-                    source,
-                };
-                let why = e.to_string();
-                self.save_commit(|c| c.unconfirmed = Some(why)).await?;
-                Err(e)
-            }
-            Err(ReloadError::Rejected(lines)) => {
-                {
-                    let mut st = self.health();
-                    let earlier = st.rejected.take();
-                    st.rejected = Some(RejectedFile::after(earlier, bytes.clone()));
+            let holding = st.rejected.as_ref().and_then(RejectedFile::held_additions);
+            match (holding, &accepted_members) {
+                (Some((held, left)), Some(acc)) => {
+                    let plan = isolation::without_held(&full, acc, held);
+                    let error = OpenSmError::Rejected(Rejection::Repeated {
+                        earlier: st.commit.rejected.clone().unwrap_or_default(),
+                        wait_s: left.as_secs().max(1),
+                    });
+                    let withheld = held_back_with(&full, &plan, &served, &error);
+                    (plan, withheld)
                 }
-                self.keep_rejected_bytes(bytes.clone()).await;
-                // Raised before anything is restored: whoever sees the restored file sees why.
-                let first = Rejection::written_before_restore(&lines);
-                self.save_commit(|c| c.rejected = Some(first.clone()))
+                _ => (full.clone(), Withheld::new()),
+            }
+        };
+        let mut current = current;
+        let mut retried = false;
+        loop {
+            let region = render_region(&plan);
+            let bytes = compose(&parts, &region);
+            let whole = check_composed(
+                &bytes,
+                &region,
+                &plan,
+                TableLimits {
+                    table_size: self.config.pkey_table_size,
+                    allow_both_pkeys: self.config.allow_both_pkeys,
+                },
+            )?;
+            check_operator_unchanged(&operator, &whole, &plan)?;
+            let (confirmed, held) = {
+                let st = self.health();
+                (
+                    st.commit.unconfirmed.is_none(),
+                    st.rejected
+                        .as_ref()
+                        .and_then(|r| r.holds(&bytes, accepted.as_deref())),
+                )
+            };
+            if bytes == current && confirmed && accepted.as_deref() == Some(&current[..]) {
+                self.save_group(unsaved, None::<fn(&mut CommitState)>)
                     .await?;
-                let fallback = accepted.or_else(|| (current != bytes).then_some(current));
-                let restored = match fallback {
-                    Some(good) => self.restore(good).await,
-                    None => Restored::NothingKept,
-                };
-                let reread = restored.reread();
-                let rejection = Rejection::Written { lines, restored };
-                let why = rejection.to_string();
-                tracing::error!(detail = %why, "partitions file rejected");
-                self.save_commit(|c| {
-                    c.rejected = Some(why.clone());
-                    c.unconfirmed = (!reread).then(|| why.clone());
-                })
-                .await?;
-                Err(OpenSmError::Rejected(rejection))
+                return Ok((
+                    "partitions file already up to date (OpenSM accepted it)".into(),
+                    withheld,
+                ));
+            }
+            if let Some(left) = held {
+                let why = self.health().commit.rejected.clone().unwrap_or_default();
+                return Err(OpenSmError::Rejected(Rejection::Repeated {
+                    earlier: why,
+                    wait_s: left.as_secs().max(1),
+                }));
+            }
+            self.save_group(
+                unsaved,
+                Some(|c: &mut CommitState| {
+                    c.unconfirmed = Some("a write is in progress or was interrupted".into())
+                }),
+            )
+            .await?;
+            match self.write_and_reload(bytes.clone()).await? {
+                Ok(true) => {
+                    let copy = accepted_copy_path(&path);
+                    let good = bytes.clone();
+                    blocking(move || replace_atomically(&copy, &good)).await?;
+                    // A file that held nothing back ends the hold; one written without a held
+                    // addition keeps it (and the rejected condition that explains it).
+                    let ends_hold = withheld.is_empty();
+                    if ends_hold {
+                        self.health().rejected = None;
+                        let gone = rejected_bytes_path(&path);
+                        let _ = blocking(move || match std::fs::remove_file(&gone) {
+                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                            _ => Ok(()),
+                        })
+                        .await;
+                    }
+                    let written_part = operator_part(&bytes);
+                    self.save_commit(|c| {
+                        c.unconfirmed = None;
+                        if ends_hold {
+                            c.rejected = None;
+                        }
+                        // The operator's rejected edit is cleared once the operator's part
+                        // changed and OpenSM accepted it; the restored part alone does not
+                        // clear it.
+                        if c.operator_rejected
+                            .as_ref()
+                            .is_some_and(|o| o.restored_operator_part != written_part)
+                        {
+                            c.operator_rejected = None;
+                        }
+                    })
+                    .await?;
+                    let without = if withheld.is_empty() {
+                        String::new()
+                    } else {
+                        let nodes: Vec<String> = withheld.keys().map(ToString::to_string).collect();
+                        format!(
+                            " without the additions OpenSM rejected (held back for {})",
+                            nodes.join(", ")
+                        )
+                    };
+                    return Ok((
+                        format!(
+                            "partitions file written ({} keys){without}, heavy sweep requested, OpenSM re-read it without error",
+                            plan.tenants.len()
+                        ),
+                        withheld,
+                    ));
+                }
+                Ok(false) => {
+                    let e = OpenSmError::Unconfirmed {
+                        written_keys: plan.tenants.len(),
+                        waited_ms: self.config.reload_check_ms,
+                    };
+                    let why = e.to_string();
+                    self.save_commit(|c| c.unconfirmed = Some(why)).await?;
+                    return Err(e);
+                }
+                Err(ReloadError::Unreachable(source)) => {
+                    let e = OpenSmError::Unreachable {
+                        written_keys: Some(plan.tenants.len()),
+                        source,
+                    };
+                    let why = e.to_string();
+                    self.save_commit(|c| c.unconfirmed = Some(why)).await?;
+                    return Err(e);
+                }
+                Err(ReloadError::Rejected(lines)) => {
+                    {
+                        let mut st = self.health();
+                        let earlier = st.rejected.take();
+                        st.rejected = Some(RejectedFile::after(
+                            earlier,
+                            bytes.clone(),
+                            accepted.as_deref(),
+                        ));
+                    }
+                    self.keep_rejected_bytes(bytes.clone()).await;
+                    // Raised before anything is restored: whoever sees the restored file sees
+                    // why.
+                    let first = Rejection::written_before_restore(&lines);
+                    self.save_commit(|c| c.rejected = Some(first.clone()))
+                        .await?;
+                    let fallback = accepted
+                        .clone()
+                        .or_else(|| (current != bytes).then(|| current.clone()));
+                    let restored = match fallback.clone() {
+                        Some(good) => self.restore(good).await,
+                        None => Restored::NothingKept,
+                    };
+                    let reread = restored.reread();
+                    let rejection = Rejection::Written { lines, restored };
+                    let why = rejection.to_string();
+                    tracing::error!(detail = %why, "partitions file rejected");
+                    self.save_commit(|c| {
+                        c.rejected = Some(why.clone());
+                        c.unconfirmed = (!reread).then(|| why.clone());
+                    })
+                    .await?;
+                    let error = OpenSmError::Rejected(rejection);
+                    // Once the accepted file is back and re-read, the rest of the group (a
+                    // release of another node) is written at once without what the rejection
+                    // holds back.
+                    let held = self
+                        .health()
+                        .rejected
+                        .as_ref()
+                        .and_then(|r| r.held_additions().map(|(h, _)| h.clone()));
+                    let next = match (&accepted_members, held) {
+                        (Some(acc), Some(held)) if reread && !retried => {
+                            Some(isolation::without_held(&full, acc, &held))
+                        }
+                        _ => None,
+                    };
+                    let Some(next) = next.filter(|n| {
+                        *n != plan
+                            && fallback.as_deref() != Some(&compose(&parts, &render_region(n))[..])
+                    }) else {
+                        return Err(error);
+                    };
+                    tracing::warn!(
+                        "writing the partitions file again without the additions OpenSM rejected"
+                    );
+                    withheld = held_back_with(&full, &next, &served, &error);
+                    plan = next;
+                    current = fallback.unwrap_or_default();
+                    retried = true;
+                }
             }
         }
     }
@@ -760,6 +855,19 @@ pub(super) async fn watch_log<F, Fut>(
         }
     }
 }
+/// The nodes of `served` that `written` serves differently from `full`, each answered `error`.
+fn held_back_with(
+    full: &RegionPlan,
+    written: &RegionPlan,
+    served: &BTreeMap<NodeId, StoredNode>,
+    error: &OpenSmError,
+) -> Withheld {
+    isolation::held_back(full, written, served.values().map(|n| &n.memberships))
+        .into_iter()
+        .map(|n| (n, error.clone()))
+        .collect()
+}
+
 pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> Result<T, OpenSmError> {

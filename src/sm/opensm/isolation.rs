@@ -11,14 +11,21 @@
 //!   entries now fill) is *quarantined* ([`quarantine_reason`]): left out of the rendered
 //!   region (fail closed: its ports lose its keys) and shown as a condition naming the node,
 //!   while every other node's set is written.
+//! - While OpenSM's rejection of a file holds back what that file added (another node's
+//!   addition; see [`super::repair::RejectedFile`]), every commit renders the region *without*
+//!   it ([`without_held`]): each held (key, port) as OpenSM last accepted it (or not at all), the
+//!   rest as stored. A release therefore goes through at once, rendered against the other
+//!   nodes' last accepted sets; the nodes whose sets the written file does not serve whole
+//!   ([`held_back`]) are answered with the hold, never OK.
 //!
 //! The node is answered OK only when the SM host serves exactly the (port, key) pairs its
 //! request gives ([`serves_all`]); otherwise it gets the refusal, and every key of the request
 //! stays in doubt on the node. A node is never acknowledged a key on a port that was refused.
 
 use super::model::PartitionsConf;
-use super::region::{check_operator_keys, RegionError, TableOverflow};
-use crate::domain::{Guid, KeySetting, NodeMemberships, PKey};
+use super::region::{check_operator_keys, RegionError, RegionPlan, TableOverflow};
+use super::repair::RegionMember;
+use crate::domain::{Guid, KeySetting, Membership, NodeId, NodeMemberships, PKey};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// `set` without the ports in `refused`: they leave `port_guids` and every key's own port set,
@@ -144,6 +151,61 @@ pub fn quarantine_reason(
         }
     }
     None
+}
+
+/// The region to write while `held` (the (key, port)s a rejected file added) is held back:
+/// `full` (every served node's set) with each held member that adds to `accepted` (the members
+/// of the region OpenSM last accepted) put back as accepted, or left out when OpenSM accepted
+/// none. Everything else of `full` stays: removals (a release, a narrowed membership) and
+/// additions that are not held. Adds nothing to `full`.
+pub fn without_held(
+    full: &RegionPlan,
+    accepted: &BTreeMap<RegionMember, Membership>,
+    held: &BTreeSet<RegionMember>,
+) -> RegionPlan {
+    let mut out = full.clone();
+    for (key, t) in out.tenants.iter_mut() {
+        t.members.retain(|g, m| {
+            let id = (key.base(), *g);
+            if !held.contains(&id) {
+                return true;
+            }
+            match accepted.get(&id) {
+                // The narrower of the two (Limited orders after Full).
+                Some(a) => {
+                    *m = (*m).max(*a);
+                    true
+                }
+                None => false,
+            }
+        });
+    }
+    out.tenants.retain(|_, t| !t.members.is_empty());
+    out
+}
+
+/// The nodes of `sets` that `written` does not serve as `full` does: a port of theirs whose
+/// key or membership differs between the two.
+pub fn held_back<'a>(
+    full: &RegionPlan,
+    written: &RegionPlan,
+    sets: impl IntoIterator<Item = &'a NodeMemberships>,
+) -> BTreeSet<NodeId> {
+    let members = |p: &RegionPlan| -> BTreeSet<(PKey, Guid, Membership)> {
+        p.tenants
+            .iter()
+            .flat_map(|(k, t)| t.members.iter().map(move |(g, m)| (*k, *g, *m)))
+            .collect()
+    };
+    let (full, written) = (members(full), members(written));
+    let differ: BTreeSet<Guid> = full
+        .symmetric_difference(&written)
+        .map(|(_, g, _)| *g)
+        .collect();
+    sets.into_iter()
+        .filter(|s| s.port_guids.iter().any(|g| differ.contains(g)))
+        .map(|s| s.node_id.clone())
+        .collect()
 }
 
 #[cfg(test)]
@@ -291,5 +353,55 @@ mod tests {
         // A key that gives no port (its only port was refused) clashes with nothing.
         let portless = set(&[1], vec![key(0x0a62, Membership::Full, Some(&[]))]);
         assert!(quarantine_reason(&operator, &portless, 64, false).is_none());
+    }
+
+    #[test]
+    fn a_held_addition_is_rendered_as_accepted_while_a_release_and_other_additions_go_through() {
+        use super::super::region::TenantEntry;
+        let k = |k: u32| PKey::new(k).unwrap();
+        let plan = |members: &[(u32, u64, Membership)]| {
+            let mut tenants: BTreeMap<PKey, TenantEntry> = BTreeMap::new();
+            for (key, g, m) in members {
+                tenants
+                    .entry(k(*key))
+                    .or_insert_with(|| TenantEntry {
+                        name: format!("fa.{key:04x}"),
+                        members: BTreeMap::new(),
+                    })
+                    .members
+                    .insert(Guid(*g), *m);
+            }
+            RegionPlan {
+                default_entry: Some(Membership::Limited),
+                tenants,
+            }
+        };
+        use Membership::{Full, Limited};
+        // Accepted: A (port 1) holds 0x11, B (port 2) holds 0x12 limited.
+        let accepted: BTreeMap<RegionMember, Membership> =
+            BTreeMap::from([((0x11, Guid(1)), Full), ((0x12, Guid(2)), Limited)]);
+        // Stored now: A released 0x11; B added 0x13 and widened 0x12 (OpenSM rejected both);
+        // C (port 3) added 0x14, not held.
+        let full = plan(&[(0x12, 2, Full), (0x13, 2, Full), (0x14, 3, Full)]);
+        let held = BTreeSet::from([(0x12, Guid(2)), (0x13, Guid(2))]);
+        let written = without_held(&full, &accepted, &held);
+        assert_eq!(written, plan(&[(0x12, 2, Limited), (0x14, 3, Full)]));
+        // A's release is in it (0x11 is gone), B is served only in part.
+        let a = set(&[1], vec![]);
+        let mut b = set(&[2], vec![key(0x12, Full, None), key(0x13, Full, None)]);
+        b.node_id = NodeId::parse("node2").unwrap();
+        let mut c = set(&[3], vec![key(0x14, Full, None)]);
+        c.node_id = NodeId::parse("node3").unwrap();
+        assert_eq!(
+            held_back(&full, &written, [&a, &b, &c]),
+            BTreeSet::from([b.node_id.clone()])
+        );
+        // Nothing held: the file is the stored sets, nobody is held back.
+        assert_eq!(without_held(&full, &accepted, &BTreeSet::new()), full);
+        assert!(held_back(&full, &full, [&a, &b, &c]).is_empty());
+        // A held member B narrows (full to limited) is a release: it goes through.
+        let narrowed = plan(&[(0x11, 1, Limited)]);
+        let held = BTreeSet::from([(0x11, Guid(1))]);
+        assert_eq!(without_held(&narrowed, &accepted, &held), narrowed);
     }
 }

@@ -5,15 +5,18 @@
 //! - The log mark ([`super::store::LogMark`]) is persisted with every commit state: a rejection
 //!   OpenSM logged while the agent was down lies after it and is repaired at start.
 //! - The bytes of the last file of the agent's that OpenSM rejected are kept as
-//!   `.<name>.fabric-agent-rejected`: a restarted agent holds them back again
-//!   ([`RejectedFile`]: written again at once only when they take away from the accepted file).
+//!   `.<name>.fabric-agent-rejected`: a restarted agent holds back again what they add to the
+//!   accepted file ([`RejectedFile`]: written again at once only when they take away from it;
+//!   every other change is written without the held additions meanwhile).
 //! - An operator's rejected edit raises `PARTITIONS_FILE_REJECTED` with OpenSM's lines and the
 //!   strict parser's line and reason, until the operator's part of the file changes again and
 //!   OpenSM accepts the result.
 
-use super::model::{Entry, MemberKind, PartitionsConf};
-use super::parse::parse;
+use super::model::{Entry, MemberKind, PartitionsConf, PortSet, DEFAULT_BASE};
+use super::parse::{parse, parse_part};
 use super::region::split_region;
+use crate::domain::{Guid, Membership};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -37,6 +40,49 @@ pub fn operator_part(file: &[u8]) -> Vec<u8> {
         }
         Err(_) => file.to_vec(),
     }
+}
+
+/// A (key base, port) member of the agent's region.
+pub type RegionMember = (u16, Guid);
+
+/// The members of the agent's region of `file` (every tenant entry's port GUIDs, with the
+/// membership each grants: `both` as full); empty when the file has no region, `None` when its
+/// region does not parse.
+pub fn region_members(file: &[u8]) -> Option<BTreeMap<RegionMember, Membership>> {
+    let parts = split_region(file).ok()?;
+    let end = file.len().checked_sub(parts.after.len())?;
+    let mut out = BTreeMap::new();
+    if parts.before.len() >= end {
+        return Some(out);
+    }
+    let region = parse_part(&file[parts.before.len()..end]).ok()?;
+    for e in region.entries.iter().filter(|e| e.pkey != DEFAULT_BASE) {
+        for m in &e.members {
+            if let PortSet::Guid(g) = m.ports {
+                let kind = match m.kind {
+                    MemberKind::Limited => Membership::Limited,
+                    MemberKind::Full | MemberKind::Both => Membership::Full,
+                };
+                // Full is the smaller (wider) membership: the widest listing wins.
+                let held = out.entry((e.pkey, g)).or_insert(kind);
+                *held = (*held).min(kind);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The members of `file`'s region that `accepted`'s region does not hold as wide (a new
+/// (key, port), or limited widened to full): what `file` adds to the accepted file. Empty when
+/// either region does not parse.
+pub fn region_additions(accepted: &[u8], file: &[u8]) -> BTreeSet<RegionMember> {
+    let (Some(old), Some(new)) = (region_members(accepted), region_members(file)) else {
+        return BTreeSet::new();
+    };
+    new.into_iter()
+        .filter(|(id, m)| old.get(id).is_none_or(|o| o > m))
+        .map(|(id, _)| id)
+        .collect()
 }
 
 /// Whether `file` only takes away from `accepted` (a file OpenSM accepted): the same operator
@@ -113,7 +159,7 @@ const REJECTED_HOLD_FIRST: Duration = Duration::from_secs(60);
 /// The longest hold on bytes OpenSM rejected.
 const REJECTED_HOLD_MAX: Duration = Duration::from_secs(600);
 
-/// The last file OpenSM rejected, and until when it is held back.
+/// The last file OpenSM rejected, and until when what it added is held back.
 ///
 /// OpenSM's verdict is a property of the bytes it reads, and the agent writes only bytes the
 /// strict parser (OpenSM's own parser, re-implemented) accepts: a rejection of them is most
@@ -122,33 +168,59 @@ const REJECTED_HOLD_MAX: Duration = Duration::from_secs(600);
 /// - bytes that only take away from the last accepted file ([`takes_away_only`]: a release) are
 ///   written again at once: they add nothing OpenSM did not accept, and a release must go
 ///   through;
-/// - other rejected bytes are held back: not written again before the hold ends (1 min, doubling
-///   with each rejection of the same bytes in a row, at most 10 min), so a file OpenSM does
-///   reject costs at most one fail-open window per hold, and a rejection not caused by the bytes
-///   does not stall the node for good.
+/// - what the rejected file added to the accepted one ([`RejectedFile::additions`]: the
+///   (key, port)s of the nodes whose additions it carried) is held back: not written again
+///   before the hold ends (1 min, doubling with each rejection of the same bytes or of the
+///   same additions in a row, at most 10 min), so a file OpenSM does reject costs at most one
+///   fail-open window per hold, and a rejection not caused by the bytes does not stall the node
+///   for good. Meanwhile every other change is written without them (see
+///   [`super::isolation::without_held`]): another node's release does not wait for the hold.
 #[derive(Debug)]
 pub struct RejectedFile {
     /// The bytes.
     pub bytes: Vec<u8>,
-    /// Rejections of these bytes in a row.
+    /// What the rejected file added to the file accepted then (and what an earlier rejection
+    /// still held when this one came): held back until the hold ends. Empty when the rejected
+    /// file took nothing new, or when no accepted file was known or either does not parse (the
+    /// exact bytes are held back then, as [`RejectedFile::holds`] says).
+    pub additions: BTreeSet<RegionMember>,
+    /// Rejections of these bytes (or additions) in a row.
     times: u32,
-    /// The bytes are not written again before this (unless they only take away).
+    /// Neither the bytes nor the additions are written again before this (unless the bytes
+    /// only take away).
     hold_until: tokio::time::Instant,
 }
 
 impl RejectedFile {
-    /// `bytes` rejected (again, when `earlier` held the same bytes).
-    pub fn after(earlier: Option<RejectedFile>, bytes: Vec<u8>) -> RejectedFile {
-        let times = earlier
-            .filter(|e| e.bytes == bytes)
-            .map_or(1, |e| e.times.saturating_add(1));
+    /// `bytes` rejected (again, when `earlier` held the same bytes or some of the same
+    /// additions) while `accepted` was the last accepted file.
+    pub fn after(
+        earlier: Option<RejectedFile>,
+        bytes: Vec<u8>,
+        accepted: Option<&[u8]>,
+    ) -> RejectedFile {
+        let now = tokio::time::Instant::now();
+        let mut additions = accepted.map_or_else(BTreeSet::new, |a| region_additions(a, &bytes));
+        let again = earlier
+            .as_ref()
+            .is_some_and(|e| e.bytes == bytes || !e.additions.is_disjoint(&additions));
+        let times = match &earlier {
+            Some(e) if again => e.times.saturating_add(1),
+            _ => 1,
+        };
+        // What an earlier rejection still holds stays held: its node's addition is not written
+        // again early because another file was rejected since.
+        if let Some(e) = earlier.filter(|e| e.hold_until > now) {
+            additions.extend(e.additions);
+        }
         let hold = REJECTED_HOLD_FIRST
             .saturating_mul(1 << (times - 1).min(16))
             .min(REJECTED_HOLD_MAX);
         RejectedFile {
             bytes,
+            additions,
             times,
-            hold_until: tokio::time::Instant::now() + hold,
+            hold_until: now + hold,
         }
     }
 
@@ -158,6 +230,18 @@ impl RejectedFile {
         if self.bytes != bytes || accepted.is_some_and(|a| takes_away_only(a, bytes)) {
             return None;
         }
+        self.left()
+    }
+
+    /// The additions held back now and the time left, `None` when none are.
+    pub fn held_additions(&self) -> Option<(&BTreeSet<RegionMember>, Duration)> {
+        if self.additions.is_empty() {
+            return None;
+        }
+        self.left().map(|left| (&self.additions, left))
+    }
+
+    fn left(&self) -> Option<Duration> {
         let left = self
             .hold_until
             .saturating_duration_since(tokio::time::Instant::now());
@@ -203,6 +287,45 @@ mod tests {
         }
         let other_operator = format!("op=0x1 : ALL=full;\n{BEGIN_MARKER}\n{END_MARKER}\n");
         assert!(!takes_away_only(&accepted, other_operator.as_bytes()));
+    }
+
+    #[test]
+    fn a_rejected_file_holds_back_what_it_added_and_keeps_an_earlier_hold() {
+        use super::super::region::{BEGIN_MARKER, END_MARKER};
+        let file = |region: &str| {
+            format!("op=0x1 : ALL;\n{BEGIN_MARKER}\n{region}{END_MARKER}\n").into_bytes()
+        };
+        let g = |n: u64| Guid(n);
+        let accepted = file("t=0x2 : 0x10=full, 0x11=limited ;\n");
+        // 0x10 released, 0x11 widened, 0x12 new on key 2, key 3 new: the last three are added.
+        let rejected = file("t=0x2 : 0x11=full, 0x12 ;\nu=0x3 : 0x10 ;\n");
+        assert_eq!(
+            region_additions(&accepted, &rejected),
+            BTreeSet::from([(0x2, g(0x11)), (0x2, g(0x12)), (0x3, g(0x10))])
+        );
+        assert!(region_additions(&accepted, &file("")).is_empty());
+        assert!(region_additions(&accepted, b"broken=0x2 : 0xzz ;\n").is_empty());
+        assert_eq!(
+            region_members(b"Default=0x7fff : ALL ;\n"),
+            Some(BTreeMap::new())
+        );
+        let first = RejectedFile::after(None, rejected.clone(), Some(&accepted));
+        let (held, left) = first.held_additions().unwrap();
+        assert_eq!(held.len(), 3);
+        assert!(left > Duration::from_secs(59));
+        // A later rejection of another file keeps what the first one still holds, and counts as
+        // a rejection of the same additions (the hold doubles) when they overlap.
+        let other = file("t=0x2 : 0x10=full, 0x11=limited ;\nv=0x4 : 0x13 ;\n");
+        let second = RejectedFile::after(Some(first), other.clone(), Some(&accepted));
+        assert_eq!(second.additions.len(), 4);
+        assert_eq!(second.times, 1);
+        let third = RejectedFile::after(Some(second), other, Some(&accepted));
+        assert_eq!(third.times, 2);
+        assert!(third.held_additions().unwrap().1 > Duration::from_secs(119));
+        // Without an accepted file nothing is known to be added: the exact bytes are held.
+        let blind = RejectedFile::after(None, rejected.clone(), None);
+        assert!(blind.held_additions().is_none());
+        assert!(blind.holds(&rejected, None).is_some());
     }
 
     #[test]
