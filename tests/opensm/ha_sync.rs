@@ -382,12 +382,13 @@ async fn a_revocation_sent_to_one_sm_host_takes_the_key_off_the_port_through_the
         "revoked at the standby's agent -> key off node1's port (master's agent, by PullNodeSets): {:?}",
         revoked_at.elapsed()
     );
-    assert!(
+    // The line comes once OpenSM confirmed the file, which may be after its sweep changed the
+    // port.
+    wait_until("the master's agent logs the revocation", LONG, || async {
         sm_a.log_text()
-            .contains("took revocations from the peer SM hosts"),
-        "{}",
-        sm_a.log_text()
-    );
+            .contains("took revocations from the peer SM hosts")
+    })
+    .await;
 
     // node1 still wants the key and still carries the revoked grant: both hosts refuse it.
     let mut to_a = PartitionsClient::connect(format!("http://127.0.0.1:{pa}"))
