@@ -56,6 +56,15 @@ struct Copied {
     copy: PathBuf,
 }
 
+impl Copied {
+    /// Stops node1, puts the copy back as `how` says and starts node1 again.
+    fn restore(&mut self, how: Restore) {
+        assert!(self.n1.stop().success());
+        put_back(how, &self.dir, &self.copy);
+        self.n1.spawn(&self.fabric);
+    }
+}
+
 /// Starts the fabric (None: ibsim/OpenSM not installed), attaches tenant A, stops node1 and
 /// copies its state directory.
 async fn attached_then_copied() -> Option<Copied> {
@@ -84,24 +93,14 @@ async fn attached_then_copied() -> Option<Copied> {
 /// (RELEASED) and tenant B attached on the same port (ACTIVE); then the copy is put back.
 /// Tenant A's key must never be on the port again, until the control plane decides.
 async fn restored_node_never_puts_a_released_key_back(restore: Restore) {
-    let Some(Copied {
-        fabric,
-        mut sm,
-        mut n1,
-        dir,
-        copy,
-    }) = attached_then_copied().await
-    else {
+    let Some(mut rig) = attached_then_copied().await else {
         return;
     };
-    n1.spawn(&fabric);
-    let mut c = n1.client().await;
-    hand_over(&mut c, &fabric).await;
-    assert!(n1.stop().success());
-
-    put_back(restore, &dir, &copy);
-    n1.spawn(&fabric);
-    let c = n1.client().await;
+    rig.n1.spawn(&rig.fabric);
+    let mut c = rig.n1.client().await;
+    hand_over(&mut c, &rig.fabric).await;
+    rig.restore(restore);
+    let c = rig.n1.client().await;
     // The restored attachment is withheld: PENDING, the condition naming it.
     let withheld = wait_until("tenant-a withheld", CONVERGE, || {
         let mut c = c.clone();
@@ -110,27 +109,27 @@ async fn restored_node_never_puts_a_released_key_back(restore: Restore) {
             condition(&n, "RESTORED_UNCONFIRMED").is_some_and(|d| d.contains("tenant-a"))
         }
     });
-    watch_port_while(&fabric, withheld).await;
+    watch_port_while(&rig.fabric, withheld).await;
     let mut c = c.clone();
     let a = get(&mut c, "tenant-a").await;
     assert_eq!(state(&a), pb::AttachmentState::Pending, "{a:?}");
     assert!(a.reason.contains("withheld"), "{a:?}");
     // Nothing asks for either key now (B's attach went with the rollback): for a while, and
     // after the SM host acknowledged the node's set, neither is on the port.
-    watch_port_while(&fabric, tokio::time::sleep(Duration::from_secs(3))).await;
+    watch_port_while(&rig.fabric, tokio::time::sleep(Duration::from_secs(3))).await;
     wait_until(
         "tenant-b's key gone with its lost attach",
         CONVERGE,
-        || async { !has_base(&fabric.pkeys("node1"), KEY_B) },
+        || async { !has_base(&rig.fabric.pkeys("node1"), KEY_B) },
     )
     .await;
 
     // The control plane resynchronises: it releases A again and attaches B again.
-    hand_over(&mut c, &fabric).await;
+    hand_over(&mut c, &rig.fabric).await;
     let n = node(&mut c).await;
     assert_eq!(condition(&n, "RESTORED_UNCONFIRMED"), None, "{n:?}");
-    assert!(n1.stop().success());
-    assert!(sm.stop().success());
+    assert!(rig.n1.stop().success());
+    assert!(rig.sm.stop().success());
 }
 
 /// The control plane releases tenant A (RELEASED) and gives the port to tenant B (ACTIVE):
@@ -195,26 +194,16 @@ async fn a_whole_state_directory_put_back_never_puts_a_released_key_back() {
 /// moving past it silently; the followed cursor gets OUT_OF_RANGE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
-    let Some(Copied {
-        fabric,
-        mut sm,
-        mut n1,
-        dir,
-        copy,
-    }) = attached_then_copied().await
-    else {
+    let Some(mut rig) = attached_then_copied().await else {
         return;
     };
-    n1.spawn(&fabric);
-    let mut c = n1.client().await;
+    rig.n1.spawn(&rig.fabric);
+    let mut c = rig.n1.client().await;
     let r = release(&mut c, "tenant-a", Some(20_000)).await;
     assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
     let followed = node(&mut c).await;
-    assert!(n1.stop().success());
-
-    put_back(Restore::WholeDirectory, &dir, &copy);
-    n1.spawn(&fabric);
-    let c = n1.client().await;
+    rig.restore(Restore::WholeDirectory);
+    let c = rig.n1.client().await;
     let raised = |log: &[pb::Event]| {
         log.iter().any(|e| {
             matches!(&e.kind, Some(pb::event::Kind::ConditionChanged(cc))
@@ -258,6 +247,6 @@ async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
         .await
         .expect_err("the followed cursor belongs to the old log");
     assert_eq!(old.code(), Code::OutOfRange, "{old:?}");
-    assert!(n1.stop().success());
-    assert!(sm.stop().success());
+    assert!(rig.n1.stop().success());
+    assert!(rig.sm.stop().success());
 }
