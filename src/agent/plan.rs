@@ -302,13 +302,8 @@ pub fn restore_checks(attachments: &[Attachment], inventory: &Inventory) -> Vec<
         .map(|(index, a)| {
             let value = a.pkey_value();
             let cover = Coverage::of(a, Some(inventory), &gone);
-            let held = cover.blocked.is_empty()
-                && !cover.present.is_empty()
-                && cover
-                    .present
-                    .iter()
-                    .all(|p| p.state.table_counts() && p.holds(value));
-            if held {
+            let lacking = cover.lacking(|p| p.state.table_counts() && p.holds(value));
+            if lacking.is_empty() && !cover.present.is_empty() {
                 return RestoreCheck {
                     index,
                     confirmed: true,
@@ -322,14 +317,13 @@ pub fn restore_checks(attachments: &[Attachment], inventory: &Inventory) -> Vec<
                 index,
                 confirmed: false,
                 to: AttachmentState::Pending,
-                reason: unconfirmed_reason(a, &cover, value),
+                reason: unconfirmed_reason(a, &lacking, value),
             }
         })
         .collect()
 }
 
-fn unconfirmed_reason(a: &Attachment, cover: &Coverage<'_>, value: PKeyValue) -> String {
-    let lacking = cover.lacking(|p| p.state.table_counts() && p.holds(value));
+fn unconfirmed_reason(a: &Attachment, lacking: &[String], value: PKeyValue) -> String {
     let lacking = if lacking.is_empty() {
         "no covered port is present".to_owned()
     } else {
