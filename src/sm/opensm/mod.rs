@@ -20,7 +20,7 @@
 //! - [`error`]   — why a request was not applied, what OpenSM rejected and what was restored
 //! - [`admission`] — what of a node's set is admitted: the fencing check, claims, validation
 //! - [`group_commit`] — requests arriving during a commit share the next one (knows no OpenSM)
-//! - [`file_commit`] — one write of the file: paths, health, confirmation, restore, repair, log watch
+//! - [`file_commit`] — one write of the file: paths, health, confirmation, restore, repair; `outcome` what an accepted or rejected write does, `log_watch` the log watch
 //! - [`backend`] — the glue: admission, group commit and file commit as [`crate::sm::SubnetManager`]
 //! - [`fabric_side`] — the backend as [`crate::sm::FabricSide`] (what `fabric.sm.v1.Partitions` calls)
 //! - [`peers`]   — `[subnet_manager.opensm_ha]`: the fabric's other SM hosts (several SM hosts)

@@ -37,8 +37,12 @@ use crate::domain::{is_safe_key_name, Condition, ConditionKind, Membership, Node
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+mod log_watch;
+mod outcome;
+
+pub(super) use log_watch::watch_log;
 
 /// The result one commit hands to every caller it carried.
 pub(super) type CommitResult = Result<String, OpenSmError>;
@@ -613,54 +617,10 @@ impl FileCommitter {
             .await?;
             match self.write_and_reload(bytes.clone()).await? {
                 Ok(true) => {
-                    let copy = accepted_copy_path(&path);
-                    let good = bytes.clone();
-                    blocking(move || replace_atomically(&copy, &good)).await?;
-                    // A file that held nothing back ends the hold; one written without a held
-                    // addition keeps it (and the rejected condition that explains it).
-                    let ends_hold = withheld.is_empty();
-                    if ends_hold {
-                        self.health().rejected = None;
-                        let gone = rejected_bytes_path(&path);
-                        let _ = blocking(move || match std::fs::remove_file(&gone) {
-                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                            _ => Ok(()),
-                        })
-                        .await;
-                    }
-                    let written_part = operator_part(&bytes);
-                    self.save_commit(|c| {
-                        c.unconfirmed = None;
-                        if ends_hold {
-                            c.rejected = None;
-                        }
-                        // The operator's rejected edit is cleared once the operator's part
-                        // changed and OpenSM accepted it; the restored part alone does not
-                        // clear it.
-                        if c.operator_rejected
-                            .as_ref()
-                            .is_some_and(|o| o.restored_operator_part != written_part)
-                        {
-                            c.operator_rejected = None;
-                        }
-                    })
-                    .await?;
-                    let without = if withheld.is_empty() {
-                        String::new()
-                    } else {
-                        let nodes: Vec<String> = withheld.keys().map(ToString::to_string).collect();
-                        format!(
-                            " without the additions OpenSM rejected (held back for {})",
-                            nodes.join(", ")
-                        )
-                    };
-                    return Ok((
-                        format!(
-                            "partitions file written ({} keys){without}, heavy sweep requested, OpenSM re-read it without error",
-                            plan.tenants.len()
-                        ),
-                        withheld,
-                    ));
+                    let detail = self
+                        .accepted_write(&bytes, &withheld, plan.tenants.len())
+                        .await?;
+                    return Ok((detail, withheld));
                 }
                 Ok(false) => {
                     let e = OpenSmError::Unconfirmed {
@@ -681,38 +641,9 @@ impl FileCommitter {
                     return Err(e);
                 }
                 Err(ReloadError::Rejected(lines)) => {
-                    {
-                        let mut st = self.health();
-                        let earlier = st.rejected.take();
-                        st.rejected = Some(RejectedFile::after(
-                            earlier,
-                            bytes.clone(),
-                            accepted.as_deref(),
-                        ));
-                    }
-                    self.keep_rejected_bytes(bytes.clone()).await;
-                    // Raised before anything is restored: whoever sees the restored file sees
-                    // why.
-                    let first = Rejection::written_before_restore(&lines);
-                    self.save_commit(|c| c.rejected = Some(first.clone()))
+                    let (error, fallback, reread) = self
+                        .rejected_write(lines, &bytes, accepted.as_deref(), &current)
                         .await?;
-                    let fallback = accepted
-                        .clone()
-                        .or_else(|| (current != bytes).then(|| current.clone()));
-                    let restored = match fallback.clone() {
-                        Some(good) => self.restore(good).await,
-                        None => Restored::NothingKept,
-                    };
-                    let reread = restored.reread();
-                    let rejection = Rejection::Written { lines, restored };
-                    let why = rejection.to_string();
-                    tracing::error!(detail = %why, "partitions file rejected");
-                    self.save_commit(|c| {
-                        c.rejected = Some(why.clone());
-                        c.unconfirmed = (!reread).then(|| why.clone());
-                    })
-                    .await?;
-                    let error = OpenSmError::Rejected(rejection);
                     // Once the accepted file is back and re-read, the rest of the group (a
                     // release of another node) is written at once without what the rejection
                     // holds back.
@@ -815,46 +746,6 @@ pub(super) fn all_full_of(config: &OpenSmConfig, operator: &PartitionsConf) -> O
     }
 }
 
-/// Looks at OpenSM's log every `every` (the first time after `first`) for rejections the agent
-/// did not cause, and repairs them with a commit (`resync`: `None` once the backend is gone);
-/// also retries a repair that was not confirmed and confirms an operator's new edit after a
-/// rejected one. Ends when the committer or the backend is dropped.
-pub(super) async fn watch_log<F, Fut>(
-    files: Weak<FileCommitter>,
-    first: Duration,
-    every: Duration,
-    resync: F,
-) where
-    F: Fn() -> Option<Fut>,
-    Fut: std::future::Future<Output = Result<(), OpenSmError>>,
-{
-    let mut scanned = 0u64;
-    let mut wait = first;
-    let mut at_start = first.is_zero();
-    loop {
-        tokio::time::sleep(wait).await;
-        wait = every;
-        let Some(files) = files.upgrade() else {
-            return;
-        };
-        let mark = files.health().log_mark;
-        let (errors, end) = files.reloader.rejections_since(scanned.max(mark));
-        scanned = end;
-        let start = std::mem::take(&mut at_start);
-        if let Err(e) = files.operator_parts().await {
-            tracing::warn!(error = %e, "operator file check");
-        }
-        if !errors.is_empty() || start || files.needs_repair().await {
-            drop(files);
-            let Some(commit) = resync() else {
-                return;
-            };
-            if let Err(e) = commit.await {
-                tracing::warn!(error = %e, "repair after a rejected partitions file");
-            }
-        }
-    }
-}
 /// The nodes of `served` that `written` serves differently from `full`, each answered `error`.
 fn held_back_with(
     full: &RegionPlan,
