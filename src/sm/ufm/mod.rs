@@ -66,18 +66,18 @@
 //! durably before it returns. While it stands:
 //! - every apply reads UFM's whole partition list (even with `list_reads` off), records every
 //!   key holding a visible port, as the start-up scan does, and never skips on the stamp;
-//! - every key is treated as watched (the late-write rules, `ledger.rs`): the node's GUIDs are removed from
-//!   every key that does not give them, kept in the ledger while read absent, and a GUID found
-//!   in a key where an earlier list read of this process did not find it is a late write
-//!   (`UFM_LATE_WRITE`);
+//! - every key is treated as watched (the late-write rules, `ledger.rs`): the node's GUIDs are
+//!   removed from every key that does not give them, kept in the ledger while read absent,
+//!   and a GUID found in a key where an earlier list read of this process did not find it is
+//!   a late write (`UFM_LATE_WRITE`);
 //! - nothing is added (a port must not take a key while a key the restored ledger forgot may
 //!   still land on it: two partitions on one port), and no apply is acknowledged
 //!   (`UfmError::RestoreWatch`).
 //!
 //! The watch ends with the first apply whose list read started after it and that left every
 //! key right (that apply adds what is missing). A list that cannot be read (over the answer
-//! cap) keeps it standing: fail closed. Only visible ports are looked for: a GUID of a port the node no longer sees, added after
-//! the copy, is not found.
+//! cap) keeps it standing: fail closed. Only visible ports are looked for: a GUID of a port the
+//! node no longer sees, added after the copy, is not found.
 //!
 //! # Failures
 //! Timeouts, connection errors and 5xx are retried per request with capped, jittered backoff,
@@ -93,8 +93,10 @@
 //! backend.
 //!
 //! # Files
-//! This file holds the backend's state and the apply; `reads.rs` and `writes.rs` are its
-//! partition reads and writes, `ledger_io.rs` the ledger's load, save and late-write record,
+//! This file holds the backend's state and the apply; `subnet_manager.rs` the trait (one apply
+//! under the lock, and the acknowledgement rule); `reads.rs` and `writes.rs` are its
+//! partition reads and writes, `ledger_io.rs` the ledger's load, save, late-write record and
+//! restore watch,
 //! `plan.rs` the pure per-key plan, `wire.rs` UFM's JSON, `http.rs` retries and the budget's
 //! use, `link.rs` one attempt, `ledger.rs` the ledger type and its store, `auth.rs` the
 //! credentials, `config.rs` `[subnet_manager.ufm]`, `ports.rs` UFM's port list, `broker/` the
@@ -112,6 +114,7 @@ mod link;
 mod plan;
 mod ports;
 mod reads;
+mod subnet_manager;
 mod wire;
 mod writes;
 
@@ -123,18 +126,17 @@ pub use link::{Answer as UfmAnswer, LinkError, UfmLink};
 pub use ports::{parse_ports, UfmPort};
 pub use wire::WireError;
 
-use super::{ApplyOutcome, SmError, SmFailure, SubnetManager};
+use super::{SmError, SmFailure};
 use crate::domain::{Guid, Membership, NodeMemberships, PKey};
-use async_trait::async_trait;
 use auth::{Credential, Loaded, Secret};
 use budget::Budget;
 use config::AuthConfig;
-use http::{Answer, Exchange, ReqwestLink, RetryPolicy};
+use http::{Answer, Exchange, RetryPolicy};
 use plan::{plan_key, KeyPlan};
 use reqwest::{Certificate, Client, StatusCode};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use wire::PartitionState;
@@ -560,7 +562,7 @@ impl UfmSm {
         }
 
         // During the restore watch nothing is added: a port must not take a key while one the
-        //    restored ledger forgot may still land on it (module docs, store restores).
+        // restored ledger forgot may still land on it (module docs, store restores).
         let restore_ends = restore_read
             .zip(restoring)
             .is_some_and(|(read, until)| read > until);
@@ -770,116 +772,4 @@ fn confirm(ledger: &mut UfmLedger, key: PKey, want: Option<Membership>, ports: &
         Some(_) => ledger.confirm(key, ports),
         None => ledger.confirm(key, &BTreeSet::new()),
     };
-}
-
-#[async_trait]
-impl SubnetManager for UfmSm {
-    fn backend(&self) -> &'static str {
-        "ufm"
-    }
-
-    fn conditions(&self) -> Vec<crate::domain::Condition> {
-        let late = self.late_writes_mut();
-        if late.is_empty() {
-            return Vec::new();
-        }
-        vec![crate::domain::Condition {
-            kind: crate::domain::ConditionKind::UfmLateWrite,
-            detail: late.values().cloned().collect::<Vec<_>>().join("; "),
-        }]
-    }
-
-    async fn apply(
-        &self,
-        desired: &NodeMemberships,
-        _generation: u64,
-    ) -> Result<ApplyOutcome, SmError> {
-        let ports: BTreeSet<Guid> = desired.port_guids.iter().copied().collect();
-        if ports.is_empty() && !desired.keys.is_empty() {
-            return Err(refused(UfmError::NoPorts));
-        }
-        let mut state = self.state.lock().await;
-        self.load_ledger(&mut state).await?;
-        if ports.is_empty() && state.ledger.as_ref().is_some_and(UfmLedger::is_empty) {
-            return Ok(ApplyOutcome {
-                detail: "UFM: no fabric ports and no GUIDs of this node in any key, nothing to do"
-                    .into(),
-            });
-        }
-        let loaded = auth::load(&self.auth).await?;
-        if let Some((fingerprint, status)) = state.rejected {
-            if fingerprint == loaded.fingerprint {
-                return Err(refused(Self::rejected(&loaded, status)));
-            }
-        }
-        self.refresh_identity(&mut state, &loaded)?;
-        let client = state.client.clone();
-        let reqwest = ReqwestLink {
-            client: &client,
-            credential: &loaded,
-        };
-        let ex = Exchange {
-            link: self.link.as_deref().unwrap_or(&reqwest),
-            base: &self.base,
-            credential: &loaded,
-            policy: self.policy,
-            sent: AtomicUsize::new(0),
-            budget: &self.budget,
-        };
-        let mut result = self.apply_locked(&mut state, desired, &ports, &ex).await;
-        if result.is_ok() {
-            // A released key still watched for a late add, or a watched key that still holds
-            // GUIDs no longer given it (a port released while another keeps the key), is not
-            // acknowledged: the node says RELEASED only when nothing it sent can still land
-            // (module docs, late writes).
-            let ledger = state.ledger.as_ref().expect("the ledger is loaded");
-            if let Some((key, until)) = ledger.watched().find(|(k, _)| {
-                !desired.keys.contains_key(k) || {
-                    let given: BTreeSet<Guid> = desired.guids_for(*k).into_iter().collect();
-                    !ledger.guids(*k).is_subset(&given)
-                }
-            }) {
-                result = Err(Failure::NoAnswer(UfmError::LateWriteWindow {
-                    key,
-                    until_unix_ms: until,
-                }));
-            } else if let Some(until) = ledger.restore_watched_until() {
-                // Any key may still receive an add the restored ledger forgot: no set is
-                // acknowledged until the restore watch ended (module docs, store restores).
-                result = Err(Failure::NoAnswer(UfmError::RestoreWatch {
-                    until_unix_ms: until,
-                    list_unread: state.restore_unread,
-                }));
-            }
-        }
-        let sent = ex.sent.load(Ordering::Relaxed);
-        match result {
-            Ok(s) if s.skipped => {
-                state.rejected = None;
-                Ok(ApplyOutcome {
-                    detail: format!(
-                        "UFM: partitions unchanged since the last confirming read (same last_updated stamp); {} key(s) right ({sent} requests)",
-                        s.unchanged
-                    ),
-                })
-            }
-            Ok(s) => {
-                state.rejected = None;
-                Ok(ApplyOutcome {
-                    detail: format!(
-                        "UFM: {} key(s) programmed, {} released, {} already right ({sent} requests)",
-                        s.programmed, s.released, s.unchanged
-                    ),
-                })
-            }
-            Err(Failure::Rejected(status)) => {
-                state.rejected = Some((loaded.fingerprint, status));
-                let e = Self::rejected(&loaded, status);
-                tracing::warn!(error = %e, "UFM apply refused");
-                Err(refused(e))
-            }
-            Err(Failure::Refused(e)) => Err(refused(e)),
-            Err(Failure::NoAnswer(e)) => Err(SmError::Unreachable(SmFailure::Ufm(e))),
-        }
-    }
 }
