@@ -4,7 +4,7 @@
 
 use testkit::fake_ufm;
 // The ledger in a real store file, as the agent keeps it (every save is an fsync).
-use testkit::sim::model_ufm::StoreLedger;
+use fabric_agent::daemon::StoredUfmLedger;
 mod support;
 
 use fabric_agent::domain::{Guid, KeySetting, Membership, NodeMemberships, PKey};
@@ -106,7 +106,7 @@ async fn main() {
         let plus_one = node(keys.iter().copied().chain([0x0fff]));
         let change = latency(&sm, &[plus_one.clone(), all.clone()]).await;
         let file = Store::open(&dir.path().join(format!("state-{n}.redb")), 1_000).expect("store");
-        let durable = backend(dir.path(), &fake, Arc::new(StoreLedger(Arc::new(file)))).await;
+        let durable = backend(dir.path(), &fake, Arc::new(StoredUfmLedger(Arc::new(file)))).await;
         durable.apply(&all, 0).await.expect("apply");
         let change_durable = latency(&durable, &[plus_one, all.clone()]).await;
         fake.set_delay(Duration::from_millis(2));

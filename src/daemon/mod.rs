@@ -11,7 +11,7 @@ mod stores;
 pub use error::StartError;
 pub use listen::{bind, Bound};
 pub use observer::read_ports_once;
-pub use stores::StoredSmNodes;
+pub use stores::{StoredSmNodes, StoredUfmLedger};
 
 use crate::agent::{Agent, AgentParts};
 use crate::config::Config;

@@ -178,8 +178,9 @@ impl SimPersistence for StoredSimTables {
     }
 }
 
-/// Keeps the UFM backend's ledger in the agent's store.
-pub(super) struct StoredUfmLedger(pub(super) Arc<Store>);
+/// Keeps the UFM backend's ledger in the agent's store (meta key `ufm_ledger`): it goes back
+/// with the store when the store is restored from a copy.
+pub struct StoredUfmLedger(pub Arc<Store>);
 
 impl UfmLedgerStore for StoredUfmLedger {
     fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {

@@ -4,9 +4,9 @@
 //! node's GUIDs from every key it does not give them until the late-write window from the start
 //! is over, and acknowledges nothing before a read after that window showed every key right.
 
+use fabric_agent::daemon::StoredUfmLedger;
 use testkit::common;
 use testkit::fake_ufm;
-use testkit::sim::model_ufm::StoreLedger;
 
 use common::cred::CredFile;
 use fabric_agent::domain::{Membership, NodeMemberships, PKey};
@@ -57,7 +57,7 @@ impl Rig {
 
     /// A backend as the daemon builds it on `store`.
     fn sm(&self, store: &Arc<Store>) -> UfmSm {
-        UfmSm::new(&self.config(), Arc::new(StoreLedger(store.clone())))
+        UfmSm::new(&self.config(), Arc::new(StoredUfmLedger(store.clone())))
             .unwrap()
             .after_restore(store.rolled_back())
             .unwrap()
@@ -96,7 +96,7 @@ fn node(keys: &[u16]) -> NodeMemberships {
 }
 
 fn ledger(store: &Arc<Store>) -> UfmLedger {
-    match StoreLedger(store.clone()).load().unwrap() {
+    match StoredUfmLedger(store.clone()).load().unwrap() {
         Some(bytes) => UfmLedger::decode(&bytes).unwrap(),
         None => UfmLedger::default(),
     }
@@ -222,7 +222,7 @@ async fn an_unreadable_list_keeps_the_restore_watch_standing() {
     config.late_write_window_ms = 100;
     config.request_timeout_ms = 20_000;
     let store = rig.restore();
-    let sm = UfmSm::new(&config, Arc::new(StoreLedger(store.clone())))
+    let sm = UfmSm::new(&config, Arc::new(StoredUfmLedger(store.clone())))
         .unwrap()
         .after_restore(store.rolled_back())
         .unwrap();

@@ -15,7 +15,7 @@
 //! The oracle's "may still be programmed" grows by every add UFM may still execute: a key is
 //! not RELEASED while an add carrying it to a covered port is on its way (`Fabric::ufm_adds`).
 //!
-//! The backend's ledger lives in the node's store, as in the daemon ([`StoreLedger`]): a
+//! The backend's ledger lives in the node's store, as in the daemon ([`StoredUfmLedger`]): a
 //! rollback of the store rolls the ledger back, and the agent started on the restored store
 //! builds its backend with [`UfmSm::after_restore`], like the daemon.
 
@@ -24,10 +24,9 @@ use crate::fake_ufm::model as rules;
 use super::schedule::PORTS;
 use super::world::{keys_of, show_keys, with, Keys, Shared, World, PORT_GUID_BASE};
 use async_trait::async_trait;
+use fabric_agent::daemon::StoredUfmLedger;
 use fabric_agent::domain::{Membership, NodeMemberships};
-use fabric_agent::sm::ufm::{
-    LedgerStoreError, LinkError, UfmAnswer, UfmConfig, UfmLedgerStore, UfmLink, UfmSm,
-};
+use fabric_agent::sm::ufm::{LinkError, UfmAnswer, UfmConfig, UfmLink, UfmSm};
 use fabric_agent::sm::{ApplyOutcome, SmError, SubnetManager};
 use fabric_agent::store::Store;
 use rand::Rng;
@@ -402,22 +401,6 @@ impl SubnetManager for Traced {
     }
 }
 
-/// The UFM ledger kept in a node's store under the daemon's meta key (`ufm_ledger`, see
-/// docs/UFM.md): it goes back with the store when the store is restored from a copy.
-pub struct StoreLedger(pub Arc<Store>);
-
-impl UfmLedgerStore for StoreLedger {
-    fn load(&self) -> Result<Option<Vec<u8>>, LedgerStoreError> {
-        self.0.meta("ufm_ledger").map_err(LedgerStoreError::new)
-    }
-
-    fn save(&self, bytes: &[u8]) -> Result<(), LedgerStoreError> {
-        self.0
-            .set_meta("ufm_ledger", bytes)
-            .map_err(LedgerStoreError::new)
-    }
-}
-
 /// UFM for one run: its configuration, and the store whose rollback a backend was last told
 /// about.
 pub struct Ufm {
@@ -445,7 +428,7 @@ impl Ufm {
                 ))
             });
         }
-        let inner = UfmSm::new(&self.config, Arc::new(StoreLedger(store.clone())))
+        let inner = UfmSm::new(&self.config, Arc::new(StoredUfmLedger(store.clone())))
             .expect("the UFM backend")
             .with_link(Arc::new(ModelLink {
                 world: world.clone(),
