@@ -559,10 +559,7 @@ impl FileCommitter {
             match (holding, &accepted_members) {
                 (Some((held, left)), Some(acc)) => {
                     let plan = isolation::without_held(&full, acc, held);
-                    let error = OpenSmError::Rejected(Rejection::Repeated {
-                        earlier: st.commit.rejected.clone().unwrap_or_default(),
-                        wait_s: left.as_secs().max(1),
-                    });
+                    let error = still_held(&st.commit, left);
                     let withheld = held_back_with(&full, &plan, &served, &error);
                     (plan, withheld)
                 }
@@ -602,11 +599,7 @@ impl FileCommitter {
                 ));
             }
             if let Some(left) = held {
-                let why = self.health().commit.rejected.clone().unwrap_or_default();
-                return Err(OpenSmError::Rejected(Rejection::Repeated {
-                    earlier: why,
-                    wait_s: left.as_secs().max(1),
-                }));
+                return Err(still_held(&self.health().commit, left));
             }
             self.save_group(
                 unsaved,
@@ -744,6 +737,15 @@ pub(super) fn all_full_of(config: &OpenSmConfig, operator: &PartitionsConf) -> O
     } else {
         None
     }
+}
+
+/// The answer while OpenSM's earlier rejection (as `commit` records it) holds a write back for
+/// `left` more.
+fn still_held(commit: &CommitState, left: std::time::Duration) -> OpenSmError {
+    OpenSmError::Rejected(Rejection::Repeated {
+        earlier: commit.rejected.clone().unwrap_or_default(),
+        wait_s: left.as_secs().max(1),
+    })
 }
 
 /// The nodes of `served` that `written` serves differently from `full`, each answered `error`.
