@@ -14,6 +14,7 @@ benches=(
   "ufm_fleet||--fleet 20 --runs 1"
   "smp||"
   "fabric_attach||--cycles 3"
+  "grant_flood||--copies 2000 --attaches 20 --floods 3"
   "opensm_commit||--nodes 50 --per-leaf 10 --runs 1 --off-nodes 2"
   "opensm_restart||--nodes 50 --per-leaf 10 --runs 1"
   "streams||--streams 50 --cycles 5 --stalled 10"

@@ -9,6 +9,11 @@ scripts/setup.sh
 # fuzz or bench smoke run that finds a tool missing.
 export FABRIC_TEST_STRICT=1
 
+# The docs: every relative link and anchor in README.md and docs/ resolves, every docs page is in
+# docs/README.md, inline diagrams match their sources (the self-test shows each rule can fail).
+python3 scripts/check-docs.py --self-test
+python3 scripts/check-docs.py
+
 # --workspace / --all: the agent crate and the fleet client crate (fleet/).
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
@@ -18,15 +23,21 @@ RUSTDOCFLAGS='-D warnings' cargo doc --no-deps --workspace --quiet
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
-# The two-SM-host failover test on ibsim (tests/opensm/ha.rs) is #[ignore]d in the run above:
-# OpenSM 3.3.23 under ibsim sometimes stops sweeping for good after a handover (about one run in
-# five on a 2-core machine, more under load), a fault of the simulated fabric's SM, not of the agent. It runs here
-# up to five times; a failed SAFETY assertion (a tenant key lost in the failover, a released key
-# back on a port) fails at once.
+# Tests must not depend on the signal dispositions they were started with: under nohup SIGHUP
+# is ignored and children inherit that unless spawned through sys::process::with_default_signals
+# (a signalled child would survive). The process tests again, with SIGHUP ignored.
+# Piped, so nohup writes no nohup.out; not added to the totals below (counted above already).
+nohup cargo test --lib sys:: < /dev/null 2>&1 | cat
+# The two-SM-host failover test on ibsim (tests/opensm/ha.rs) is #[ignore]d in the run above and
+# runs here on its own, up to five times: OpenSM under plain umad2sim stops sweeping for good
+# after a handover (no MAD send timeouts; docs/TESTING.md "Why OpenSM stalls under ibsim"). The
+# rig's timeout interposer ended that (0 stalls in 26 runs); the tries stay as a safety net for
+# the simulated fabric. A failed SAFETY assertion (a tenant key lost in the failover, a released
+# key back on a port) fails at once.
 ha_log="$(mktemp)"
 ha_passed=0
 for attempt in 1 2 3 4 5; do
-  if cargo test -q --test opensm ha:: -- --ignored 2>&1 | tee "$ha_log"; then
+  if cargo test -q --test opensm -- --ignored ha:: ha_fence:: 2>&1 | tee "$ha_log"; then
     ha_passed=1
     break
   fi
@@ -38,6 +49,8 @@ for attempt in 1 2 3 4 5; do
 done
 rm -f "$ha_log"
 [ "$ha_passed" = 1 ] || { echo "opensm_ha: failed five times" >&2; exit 1; }
+# The chaos campaign (tests/chaos, its seed-1 smoke ran above): a second fixed seed, 150 s of faults.
+CHAOS_SECS=150 CHAOS_SEED=2 CHAOS_RESTORES=0 cargo test -q --test chaos -- --ignored campaign_from_env
 # The reconciler's deterministic simulation, long run (docs/SIMULATION.md).
 cargo run --release --example simulate -- --seeds 20000
 # ... and through the real SM-host backends: OpenSM's (model OpenSM process) and UFM's (model UFM

@@ -38,6 +38,33 @@ pub enum FleetError {
     /// The node is not in the registry.
     #[error("node {0:?} is not in the nodes file")]
     UnknownNode(String),
+    /// The node released the instance, but not every SM host confirmed the revocation that
+    /// follows it: call release again (idempotent) until every one does.
+    #[error("node {node} released instance {instance}, but the revocation on the SM hosts is not confirmed everywhere: {}", crate::fabric_side::describe(.failures))]
+    Revoke {
+        /// The node.
+        node: String,
+        /// The instance.
+        instance: String,
+        /// The node's answer to the release.
+        released: Box<ReleaseInstanceResponse>,
+        /// The SM hosts that did not confirm.
+        failures: Vec<crate::fabric_side::SmHostFailure>,
+    },
+    /// The delete guard could not decide.
+    #[error(transparent)]
+    Guard(#[from] GuardError),
+    /// The partition may be deleted, but not every SM host confirmed the P_Key's retirement:
+    /// call delete again (idempotent) before the key goes to another tenant.
+    #[error("partition {partition_id}: P_Key {pkey:#06x} not retired on every SM host: {}", crate::fabric_side::describe(.failures))]
+    Retire {
+        /// The partition.
+        partition_id: String,
+        /// Its key.
+        pkey: u32,
+        /// The SM hosts that did not confirm.
+        failures: Vec<crate::fabric_side::SmHostFailure>,
+    },
     /// The node answered with an error status.
     #[error("node {node}: {code:?}: {message}")]
     Node {
@@ -66,6 +93,19 @@ pub struct AttachSpec {
     /// The instance's ports (a partial-node instance): each a device and port number or a port
     /// GUID. Empty: every fabric port of the node (a whole-node instance).
     pub ports: Vec<PortName>,
+}
+
+/// What [`Fleet::delete_partition`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Deleted {
+    /// The guard said yes and every SM host of the fabric retired the P_Key as of this time:
+    /// the partition may be deleted and its key given to another tenant (with new grants).
+    Retired {
+        /// The retirement time sent (this client's clock, ms since the Unix epoch).
+        retired_at_unix_ms: u64,
+    },
+    /// The guard said no: nothing was retired.
+    Blocked(Vec<Blocker>),
 }
 
 /// The fleet client. Drop it or call [`Fleet::shutdown`] to stop following.
@@ -274,21 +314,85 @@ impl Fleet {
             .map_err(|s| node_error(&spec.node_id, s))
     }
 
-    /// Sends ReleaseInstance for an instance on a node.
+    /// Sends ReleaseInstance for an instance on a node, then RevokeInstance for it on every
+    /// configured SM host, so the fabric side takes the instance's keys off and consumes its
+    /// grants whatever the node does. The node's answer, or [`FleetError::Revoke`] (carrying it)
+    /// when an SM host did not confirm the revocation: call again, both calls are idempotent.
     pub async fn release(
         &self,
         node_id: &str,
         instance_id: &str,
         wait_ms: Option<u32>,
     ) -> Result<ReleaseInstanceResponse, FleetError> {
-        self.agent(node_id)?
+        let released = self
+            .agent(node_id)?
             .release_instance(ReleaseInstanceRequest {
                 instance_id: instance_id.to_owned(),
                 wait_ms,
             })
             .await
             .map(|r| r.into_inner())
-            .map_err(|s| node_error(node_id, s))
+            .map_err(|s| node_error(node_id, s))?;
+        let hosts: Vec<(String, Channel)> = self
+            .sm_hosts
+            .iter()
+            .map(|(_, e, ch)| (e.clone(), ch.clone()))
+            .collect();
+        let failures = crate::fabric_side::revoke_everywhere(
+            &hosts,
+            self.registry.follow.call_timeout(),
+            node_id,
+            instance_id,
+        )
+        .await;
+        if failures.is_empty() {
+            Ok(released)
+        } else {
+            Err(FleetError::Revoke {
+                node: node_id.to_owned(),
+                instance: instance_id.to_owned(),
+                released: Box::new(released),
+                failures,
+            })
+        }
+    }
+
+    /// Deletes a partition on the fabric side: asks the delete guard ([`Fleet::may_delete`])
+    /// and, only when it says yes, retires the partition's P_Key on every SM host of its fabric
+    /// as of now, so no grant signed for the old partition is accepted again and the key may
+    /// go to another tenant. [`Deleted::Blocked`] when the guard says no (nothing retired);
+    /// [`FleetError::Retire`] when an SM host did not confirm (call again: idempotent).
+    pub async fn delete_partition(&self, partition: &Partition) -> Result<Deleted, FleetError> {
+        if let Decision::No(blockers) = self.may_delete(&partition.id).await? {
+            return Ok(Deleted::Blocked(blockers));
+        }
+        let hosts: Vec<(String, Channel)> = self
+            .sm_hosts
+            .iter()
+            .filter(|(f, _, _)| *f == partition.fabric)
+            .map(|(_, e, ch)| (e.clone(), ch.clone()))
+            .collect();
+        if hosts.is_empty() {
+            return Err(GuardError::NoSmHost(partition.fabric.clone()).into());
+        }
+        let retired_at_unix_ms = now_ms();
+        let failures = crate::fabric_side::retire_everywhere(
+            &hosts,
+            self.registry.follow.call_timeout(),
+            &partition.id,
+            partition.pkey,
+            retired_at_unix_ms,
+        )
+        .await;
+        if failures.is_empty() {
+            Ok(Deleted::Retired { retired_at_unix_ms })
+        } else {
+            Err(FleetError::Retire {
+                partition_id: partition.id.clone(),
+                pkey: partition.pkey,
+                failures,
+            })
+        }
     }
 
     /// Every attach this client recorded for a partition.

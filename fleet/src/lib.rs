@@ -18,6 +18,7 @@
 //! - `store`    redb: node records (cursor + view) and the attach ledger
 //! - `follower` one node's resumable follower
 //! - `guard`    the delete guard's rules (pure) and blockers
+//! - `fabric_side` revocations and P_Key retirements sent to every SM host
 //! - `fleet`    the composition: followers, store writer, attach/release helpers, the guard's I/O
 //! - `cli`      the `fabric-fleet` binary's subcommands and exit codes
 
@@ -25,6 +26,7 @@
 pub mod backoff;
 pub mod cli;
 pub mod connect;
+pub mod fabric_side;
 pub mod fleet;
 mod follower;
 pub mod grant;
@@ -35,5 +37,5 @@ pub mod sm_state;
 pub mod store;
 pub mod view;
 
-pub use fleet::{AttachSpec, Fleet, FleetError};
+pub use fleet::{AttachSpec, Deleted, Fleet, FleetError};
 pub use guard::{Blocker, Decision, GuardError};

@@ -211,3 +211,43 @@ async fn a_pruned_cursor_is_refused_and_resynced_once() {
     assert_eq!(resyncs(), 2);
     assert_eq!(f.may_delete("ibpart_pruned").await.unwrap(), Decision::Yes);
 }
+
+#[tokio::test]
+async fn release_revokes_on_the_sm_host_and_delete_retires_the_key_only_after_the_guard() {
+    let node = FakeAgentState::new("rk", "0x00000000000000c3");
+    let url = fake_agent::serve(node.clone(), std::future::pending()).await;
+    let (sm, sm_url) = fake_sm::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = fleet(
+        &nodes_file(&[("rk", url)], &sm_url),
+        &dir.path().join("s.redb"),
+    );
+    let p = partition("ibpart_rk", 0x33);
+    attach(&f, "rk", "i-rk", &p).await;
+    sm.hold(0x33, &["0x00000000000000C3"]);
+    // The guard says no while the fabric holds the port: nothing is retired.
+    let d = f.delete_partition(&p).await.unwrap();
+    assert!(matches!(d, fabric_fleet::Deleted::Blocked(_)), "{d:?}");
+    assert!(sm.retired.lock().unwrap().is_empty());
+    // The release revokes the instance on the SM host too.
+    f.release("rk", "i-rk", None).await.unwrap();
+    assert_eq!(
+        *sm.revoked.lock().unwrap(),
+        vec![("rk".to_owned(), "i-rk".to_owned())]
+    );
+    wait_for("RELEASED", WAIT, || {
+        (state_of(&f, "rk", "i-rk").as_deref() == Some("RELEASED")).then_some(())
+    })
+    .await;
+    sm.hold(0x33, &[]);
+    let before = fabric_fleet::view::now_ms();
+    let d = f.delete_partition(&p).await.unwrap();
+    let fabric_fleet::Deleted::Retired { retired_at_unix_ms } = d else {
+        panic!("{d:?}");
+    };
+    assert!(retired_at_unix_ms >= before);
+    assert_eq!(
+        *sm.retired.lock().unwrap(),
+        vec![(0x33, retired_at_unix_ms)]
+    );
+}

@@ -18,6 +18,8 @@ mod reconciler_config;
 mod runner;
 mod schedule;
 mod sm_knowledge;
+mod stall;
+mod start_check;
 mod status;
 mod watch;
 

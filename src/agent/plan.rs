@@ -338,11 +338,122 @@ fn unconfirmed_reason(a: &Attachment, lacking: &[String], value: PKeyValue) -> S
 }
 
 /// Why an attachment that is waiting has not moved, when the reason lies with the node rather
-/// than with an unreachable subnet manager (that error is shown instead). None when there is
-/// nothing to say.
+/// than with an unreachable subnet manager (that error is shown instead). Always `Some` (never
+/// empty) for a waiting state (PENDING, PROGRAMMING, DRIFTED, RELEASING): it names what the
+/// attachment waits for (the subnet manager's acknowledgement, which covered port, what the
+/// subnet manager holds). None only for the other states.
 /// `others` are the node's other attachments (an instance of the same partition on a covered
 /// port keeps the key there).
 pub fn waiting_reason(
+    a: &Attachment,
+    others: &[Attachment],
+    observed: Observed<'_>,
+) -> Option<String> {
+    if !is_waiting_state(a.state) {
+        return None;
+    }
+    Some(specific_reason(a, others, observed).unwrap_or_else(|| waits_for(a, observed)))
+}
+
+fn is_waiting_state(state: AttachmentState) -> bool {
+    matches!(
+        state,
+        AttachmentState::Programming
+            | AttachmentState::Drifted
+            | AttachmentState::Releasing
+            | AttachmentState::Pending
+    )
+}
+
+/// What a waiting attachment that no specific rule explains waits for, spelled from the
+/// subnet manager's acknowledgement and the covered ports' read (the fallback of
+/// [`waiting_reason`]; the runner re-sends the set when such a wait outlasts
+/// `stall::REAPPLY_AFTER`).
+fn waits_for(a: &Attachment, observed: Observed<'_>) -> String {
+    let value = a.pkey_value();
+    let key = a.partition.pkey;
+    let Some(inventory) = observed.inventory else {
+        return format!("{value}: the ports could not be read; no state change until they are");
+    };
+    let cover = Coverage::of(a, Some(inventory), observed.gone);
+    if cover.guids.is_empty() {
+        return format!("{value}: no covered fabric port is present on this node");
+    }
+    let acked = observed.sm.ack().map(|ack| ack.generation);
+    let reapply = super::stall::REAPPLY_AFTER.as_secs();
+    match a.state {
+        AttachmentState::Releasing => {
+            let holding =
+                cover.lacking(|p| !(p.state.table_counts() && p.holds_base(value.base())));
+            match acked {
+                Some(g) if !holding.is_empty() => format!(
+                    "the subnet manager acknowledged a set without {value} (generation {g}), but covered port {} still holds it: waiting for the subnet manager's master to program the port (the set is sent again if this lasts {reapply}s)",
+                    holding.join(", ")
+                ),
+                Some(g) => format!(
+                    "the subnet manager acknowledged a set without {value} (generation {g}); waiting for a port read taken after that acknowledgement"
+                ),
+                None => format!(
+                    "waiting for the subnet manager to acknowledge a set without {value}"
+                ),
+            }
+        }
+        _ => {
+            if !observed
+                .sm
+                .acked_with(key, a.membership, &cover.present_guids())
+            {
+                return format!(
+                    "waiting for the subnet manager to acknowledge a set with {value} on the covered ports{}",
+                    acked.map_or_else(String::new, |g| format!(
+                        " (its last acknowledged set, generation {g}, lacks it)"
+                    ))
+                );
+            }
+            let g = acked.unwrap_or_default();
+            let lacking = cover.lacking(|p| p.state.is_up() && p.holds(value));
+            let mut lacking = lacking;
+            lacking.extend(
+                cover
+                    .gone
+                    .iter()
+                    .map(|p| format!("{p} (gone from the fabric)")),
+            );
+            if lacking.is_empty() {
+                format!(
+                    "the subnet manager acknowledged {value} (generation {g}) and every covered port holds it: waiting for a port read taken after that acknowledgement"
+                )
+            } else {
+                format!(
+                    "the subnet manager acknowledged {value} (generation {g}), but covered port {} lacks it: waiting for the subnet manager's master to program the port (the set is sent again if this lasts {reapply}s)",
+                    lacking.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// Whether sending the set again may end `a`'s wait (the bounded re-apply, `stall`): it
+/// waits on the fabric side, not on the node. False when a covered port is unreadable, missing
+/// or (for a key wanted) down, when no covered port is present, or when another instance of
+/// the partition keeps the key on a covered port.
+pub fn re_apply_may_help(a: &Attachment, others: &[Attachment], observed: Observed<'_>) -> bool {
+    if !is_waiting_state(a.state) || a.restored.is_some() {
+        return false;
+    }
+    let cover = Coverage::of(a, observed.inventory, observed.gone);
+    if observed.inventory.is_none() || !cover.blocked.is_empty() || cover.present.is_empty() {
+        return false;
+    }
+    if a.state == AttachmentState::Releasing {
+        return held_by_partition_mate(a, others, observed).is_none();
+    }
+    cover.present.iter().all(|p| p.state.is_up())
+}
+
+/// The rules that explain a wait by something specific (a blocked port read, a partition mate,
+/// a key in doubt, the posture, a port down).
+fn specific_reason(
     a: &Attachment,
     others: &[Attachment],
     observed: Observed<'_>,

@@ -12,6 +12,7 @@ use super::metrics::Timed;
 use super::plan::{self, Observed};
 use super::schedule::Schedule;
 use super::sm_knowledge::SmKnowledge;
+use super::stall::{self, Stall};
 use super::{changed_event, ports, Agent, ApplyInFlight};
 use crate::domain::{
     Attachment, AttachmentState, ConditionKind, EventKind, Guid, Inventory, NodeMemberships,
@@ -22,6 +23,9 @@ use crate::store::Batch;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+mod start;
+use start::StartCheck;
 
 /// Longest a single apply may take before it counts as unavailable (its keys stay in doubt).
 pub(super) const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -56,6 +60,12 @@ struct Loop {
     conditions: Conditions,
     /// No prune before this (one attempt a second at most, whether it succeeded or not).
     prune_not_before: Instant,
+    /// The start check while it is not settled (`start_check`): until then only removals are
+    /// sent. None once every SM host answered, an apply was acknowledged, or the backend keeps
+    /// no per-node sets.
+    start: Option<StartCheck>,
+    /// A wait without progress, re-applied at its bound (`stall`).
+    stall: Stall,
 }
 
 pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
@@ -76,6 +86,12 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         prev_inventory,
         conditions,
         prune_not_before: Instant::now(),
+        stall: Stall::default(),
+        start: Some(StartCheck {
+            began: Instant::now(),
+            next_try: Instant::now(),
+            verdict: None,
+        }),
     };
     loop {
         let again = match l.pass().await {
@@ -99,10 +115,16 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         let pending = l.pending();
         let retry = l.schedule.retry_ahead(Instant::now());
         let prune_at = l.prune_at();
+        // The start check asks again, and its bound ends, on time.
+        // (Only instants still ahead: a check that could not run, its ports unread, waits for
+        // the next pass like everything else instead of spinning.)
+        let start_at = l.start.as_ref().and_then(|c| c.due_at(Instant::now()));
         let deadline = [
             retry,
             Some(l.schedule.resync_at()),
             prune_at,
+            start_at,
+            l.stall.due_at(),
             Some(Instant::now() + HEARTBEAT),
         ]
         .into_iter()
@@ -161,32 +183,60 @@ impl Loop {
             if self.check_restored(&attachments, inv).await? {
                 attachments = self.agent.store().live_attachments()?;
             }
+            // Recorded before any set that sends the key to them.
+            if self.join_ports(&attachments, inv).await? {
+                attachments = self.agent.store().live_attachments()?;
+            }
         }
         let guids: Vec<Guid> = reading
             .inventory
             .as_ref()
             .map(|i| i.fabric_ports().map(|p| p.port_guid).collect())
             .unwrap_or_default();
-        let desired = plan::desired(
+        let mut desired = plan::desired(
             &self.agent.shared.parts.node_id,
-            guids,
+            guids.clone(),
             reading.inventory.as_ref(),
             &attachments,
         );
         let mut again = false;
-        let needed = self.force_apply
-            || self.knows.unacked()
-            || self.knows.ack().map(|a| &a.set) != Some(&desired);
+        // Before any apply that adds a key: what the SM hosts hold may prove the store went
+        // back in time (`start_check`); until every host answered, only removals go out.
+        let mut sendable = Some(desired.clone());
+        if let Some(inv) = &reading.inventory {
+            if self.start_check(&mut attachments, inv, &desired).await? {
+                desired = plan::desired(
+                    &self.agent.shared.parts.node_id,
+                    guids,
+                    reading.inventory.as_ref(),
+                    &attachments,
+                );
+            }
+            sendable = self.sendable(&desired);
+        }
+        let needed = sendable.as_ref().is_some_and(|set| {
+            self.force_apply
+                || self.knows.unacked()
+                || self.knows.ack().map(|a| &a.set) != Some(set)
+        });
         // (Only with ports read: a set built without them is no request.)
-        if reading.inventory.is_some() && self.schedule.desired(&desired) {
+        if reading.inventory.is_some()
+            && sendable
+                .as_ref()
+                .is_some_and(|set| self.schedule.desired(set))
+        {
             tracing::debug!("the desired set changed since the failed apply; retrying now");
         }
         let due = self.schedule.due(Instant::now());
-        if needed && due && reading.inventory.is_some() {
+        let mut acknowledged = false;
+        if let (true, true, true, Some(desired)) =
+            (needed, due, reading.inventory.is_some(), sendable)
+        {
             // The grants come from the same snapshot as the set: never one for a key it lacks.
             let grants = plan::grants(&desired, &attachments);
             match self.apply(desired, grants).await? {
                 Applied::Acknowledged => {
+                    acknowledged = true;
                     // The evidence for ACTIVE and RELEASED must come from a read that started
                     // after the acknowledgement.
                     reading = self.read_ports().await;
@@ -218,6 +268,9 @@ impl Loop {
         if let Some(detail) = withheld(&attachments) {
             conditions.insert(ConditionKind::RestoredUnconfirmed, detail);
         }
+        if let Some(detail) = self.start.as_ref().and_then(StartCheck::incomplete) {
+            conditions.insert(ConditionKind::StartCheckIncomplete, detail);
+        }
         if let Some(error) = &reading.error {
             conditions.insert(
                 ConditionKind::PortsUnreadable,
@@ -245,6 +298,27 @@ impl Loop {
             self.force_apply = true;
             again = true;
         }
+        // A wait the acknowledged set does not end (the key still on a covered port of a
+        // RELEASING attachment, or missing from an up port of a PROGRAMMING one): the set is
+        // sent again at the bound, not only at the resync.
+        let stalled = inventory.is_some()
+            && self.start.is_none()
+            && self.sm_error.is_none()
+            && self.knows.ack().is_some()
+            && !self.knows.unacked()
+            && posture_ok
+            && attachments
+                .iter()
+                .any(|a| plan::re_apply_may_help(a, &attachments, observed));
+        let progressed = acknowledged || !transitions.is_empty();
+        if self.stall.observe(stalled, progressed, Instant::now()) {
+            tracing::warn!(
+                after_secs = stall::REAPPLY_AFTER.as_secs(),
+                "an attachment waited without progress since the set was acknowledged; sending the set again"
+            );
+            self.force_apply = true;
+            again = true;
+        }
         self.commit(&attachments, transitions, observed, batch)
             .await?;
         self.knows.forget_released();
@@ -254,6 +328,36 @@ impl Loop {
             self.prev_inventory = reading.inventory;
         }
         Ok(again)
+    }
+
+    /// Records the fabric ports that joined a whole-node attachment wanting its key
+    /// (`Attachment::join_ports`): they stay covered for its life. Returns whether anything
+    /// was committed.
+    async fn join_ports(
+        &self,
+        snapshot: &[Attachment],
+        inventory: &Inventory,
+    ) -> Result<bool, super::AgentError> {
+        if !snapshot.iter().any(|a| a.clone().join_ports(inventory)) {
+            return Ok(false);
+        }
+        let _guard = self.agent.shared.write.lock().await;
+        let mut batch = Batch::default();
+        for a in snapshot {
+            // The stored record, not the snapshot: a command may have changed it meanwhile.
+            let Some(mut current) = self.agent.store().attachment(a.instance_id.as_str())? else {
+                continue;
+            };
+            if current.join_ports(inventory) {
+                tracing::info!(instance = %a.instance_id, ports = current.ports.len(), "a fabric port joined a whole-node attachment");
+                batch.upserts.push(current);
+            }
+        }
+        if batch.upserts.is_empty() {
+            return Ok(false);
+        }
+        self.agent.commit(batch)?;
+        Ok(true)
     }
 
     /// Settles the attachments a store rollback marked, from this pass's port read (taken
@@ -397,25 +501,13 @@ impl Loop {
                 // Before this process's first acknowledgement, a newer set on the fabric side is
                 // proof that the store lost writes (restored with its mirror, or replaced):
                 // raise it, never move on silently.
-                let kind = ConditionKind::StoreRolledBack;
                 let detail = self
                     .knows
                     .ack()
                     .is_none()
                     .then(|| self.conditions.rolled_back(sent, stored));
                 if let Some(detail) = detail.flatten() {
-                    let _guard = self.agent.shared.write.lock().await;
-                    self.agent.commit(Batch {
-                        events: vec![EventKind::ConditionChanged {
-                            condition: kind,
-                            active: true,
-                            detail: detail.clone(),
-                        }],
-                        // The log went back with the store: a new epoch, no seq reused.
-                        restart_log: true,
-                        ..Default::default()
-                    })?;
-                    self.conditions.raised(kind, detail);
+                    self.raise_rolled_back(detail).await?;
                 }
                 Applied::RetryNow
             }
@@ -527,6 +619,7 @@ impl Loop {
                 continue;
             }
             let reason = plan::held_by_partition_mate(a, snapshot, observed)
+                .or_else(|| self.held_back(a))
                 .or_else(|| self.sm_error.clone())
                 .or_else(|| plan::waiting_reason(a, snapshot, observed))
                 .unwrap_or_default();

@@ -15,7 +15,7 @@
 //! life's first generation. [`SmKnowledge::acked_with`] and [`SmKnowledge::acked_without_on`]
 //! are the SM-side halves of ACTIVE and RELEASED (the port-read halves are in `plan`).
 
-use crate::domain::{ApplyLedger, Guid, Membership, NodeMemberships, PKey};
+use crate::domain::{set_digest, AckedSet, ApplyLedger, Guid, Membership, NodeMemberships, PKey};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The subnet manager's last positive answer in this process's life.
@@ -164,12 +164,21 @@ impl SmKnowledge {
         }
     }
 
-    /// `ledger` without the keys an acknowledged apply removed everywhere (None: unchanged).
-    /// The durable ledger stays per key, the stricter reading: after a restart a key it holds
-    /// is in doubt on every port.
+    /// `ledger` without the keys an acknowledged apply removed everywhere, and with the last
+    /// acknowledged (generation, set digest) (None: unchanged). The durable ledger stays per
+    /// key, the stricter reading: after a restart a key it holds is in doubt on every port.
     pub fn ledger_after_ack(&self, ledger: &ApplyLedger) -> Option<ApplyLedger> {
         let mut kept = ledger.clone();
         kept.keys.retain(|k| !self.acked_without(*k));
+        if let Some(a) = &self.ack {
+            // Only ever forward: an older answer never replaces a newer recorded one.
+            if kept.acked.is_none_or(|r| r.generation < a.generation) {
+                kept.acked = Some(AckedSet {
+                    generation: a.generation,
+                    digest: set_digest(&a.set),
+                });
+            }
+        }
         (kept != *ledger).then_some(kept)
     }
 

@@ -329,4 +329,49 @@ mod tests {
         attach(&agent, 9).await;
         assert_eq!(caught_up.next().await.unwrap().unwrap().seq, 9);
     }
+
+    /// `after_seq = 0` ("processed nothing yet") replays from seq 1; once seq 1 is pruned it is
+    /// refused like any pruned cursor (the proto's WatchEventsRequest.after_seq), never a
+    /// silent start at the oldest retained event; `first_event_seq - 1` replays what is kept.
+    #[tokio::test]
+    async fn after_seq_zero_is_from_seq_one_and_out_of_range_once_it_was_pruned() {
+        let agent = agent(3).await;
+        attach(&agent, 1).await;
+        let from = WatchFrom {
+            after: 0,
+            epoch: None,
+            follow: false,
+            batch: 64,
+            max_age: None,
+        };
+        let mut whole = agent.watch(from.clone()).unwrap();
+        assert_eq!(whole.next().await.unwrap().unwrap().seq, 1);
+        for n in 2..=5 {
+            attach(&agent, n).await;
+        }
+        let (first, last) = agent.store().event_bounds().unwrap();
+        assert_eq!((first, last), (3, 5));
+        match agent.watch(from.clone()) {
+            Err(AgentError::Cursor(e @ CursorError::Pruned { .. })) => {
+                let message = e.to_string();
+                assert!(message.contains("events up to 2 were pruned"), "{message}");
+                assert!(message.contains("after_seq = 5"), "{message}");
+            }
+            Err(other) => {
+                panic!("after_seq = 0 on a pruned log must be OUT_OF_RANGE, got {other:?}")
+            }
+            Ok(_) => panic!("after_seq = 0 on a pruned log must be OUT_OF_RANGE, got a stream"),
+        }
+        let mut kept = agent
+            .watch(WatchFrom {
+                after: first - 1,
+                ..from
+            })
+            .unwrap();
+        let mut seqs = Vec::new();
+        while let Some(e) = kept.next().await {
+            seqs.push(e.unwrap().seq);
+        }
+        assert_eq!(seqs, [3, 4, 5]);
+    }
 }

@@ -5,6 +5,7 @@
 use super::agent_v1::AgentService;
 use super::gate::conn_limits::ConnLimits;
 use super::gate::limits::InFlightLimitLayer;
+use super::gate::quota::{Bounds, Quota, Reserve};
 use super::gate::socket_guard;
 use super::gate::{Guarded, LiveTlsAccess, LocalPolicy, Policy, TlsService};
 use super::server_tls::TlsReloader;
@@ -248,13 +249,21 @@ pub async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let streams = agent.stream_slots();
-    let in_flight = |listener: &str| {
+    let reserve = Reserve::new(
+        listeners.tls_access(),
+        partitions
+            .as_ref()
+            .map(|p| p.peer_identities().clone())
+            .unwrap_or_default(),
+    );
+    let in_flight = |listener: &str, conns: Option<ConnLimits>| {
         InFlightLimitLayer::new(
             bounds.max_in_flight_requests,
             listener,
             Duration::from_secs(bounds.request_body_secs),
             streams.clone(),
         )
+        .with_identities(reserve.clone(), conns)
     };
     let owned = socket_guard::OwnedSocket::default();
     let unix_incoming = socket_guard::incoming(
@@ -265,7 +274,7 @@ pub async fn serve(
         owned.clone(),
     );
     let unix = builder(&bounds)
-        .layer(in_flight("the unix socket"))
+        .layer(in_flight("the unix socket", None))
         .add_routes(routes(Policies::same(Policy::Local(listeners.local))))
         .serve_with_incoming_shutdown(unix_incoming, signal(shutdown.clone()));
     let tcp = async {
@@ -281,15 +290,30 @@ pub async fn serve(
                             .max_connection_age_secs
                             .saturating_add(bounds.request_timeout_secs),
                     ),
+                )
+                .with_identity_quota(
+                    Quota::new(Bounds {
+                        total: bounds.max_connections,
+                        per_holder: bounds.max_connections_per_identity(),
+                        reserved: bounds.reserved_connections(),
+                        what: "TCP connections",
+                        keys: [
+                            "max_connections",
+                            "max_connections_per_identity",
+                            "reserved_connections",
+                        ],
+                    }),
+                    reserve.clone(),
                 );
-                let incoming =
-                    tokio_stream::wrappers::ReceiverStream::new(reloader.incoming(listener, conns));
+                let incoming = tokio_stream::wrappers::ReceiverStream::new(
+                    reloader.incoming(listener, conns.clone()),
+                );
                 builder(&bounds)
                     // GOAWAY at the age; the connection's own deadline (age + the request
                     // timeout) ends it if a stream outlives that. (tonic's grace setting would
                     // skip the GOAWAY and only cut the connection at age + grace.)
                     .max_connection_age(Duration::from_secs(bounds.max_connection_age_secs))
-                    .layer(in_flight("the TCP listener"))
+                    .layer(in_flight("the TCP listener", Some(conns)))
                     .add_routes(routes(Policies::tls(&lists)))
                     .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))
                     .await
@@ -297,7 +321,7 @@ pub async fn serve(
             Some((listener, TcpMode::InsecureTest)) => {
                 let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
                 builder(&bounds)
-                    .layer(in_flight("the TCP listener"))
+                    .layer(in_flight("the TCP listener", None))
                     .add_routes(routes(Policies::same(Policy::InsecureTest)))
                     .serve_with_incoming_shutdown(incoming, signal(shutdown.clone()))
                     .await

@@ -223,8 +223,17 @@ impl TlsReloader {
                         .await
                     {
                         Ok(Ok(stream)) => {
-                            let authenticated = stream.get_ref().1.peer_certificates().is_some();
-                            let conn = admitted.into_conn(stream, authenticated, &limits);
+                            let leaf = stream
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first().map(|c| c.as_ref().to_vec()));
+                            let conn = admitted.into_identified_conn(
+                                stream,
+                                leaf.as_deref(),
+                                peer,
+                                &limits,
+                            );
                             let _ = tx.send(Ok(conn)).await;
                         }
                         Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake refused"),

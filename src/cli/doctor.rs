@@ -42,11 +42,18 @@ pub async fn doctor(config_path: &Path, json: bool) -> ExitCode {
     opensm_log(&mut checks, &config);
     let daemon = daemon(&mut checks, &config).await;
     let ports = ports(&mut checks, &config, daemon.as_ref()).await;
-    if let Some(ports) = ports {
-        port_checks(&mut checks, &config, &ports);
+    let sm_host = config.subnet_manager.backend == crate::config::Backend::Opensm;
+    if let Some(ports) = &ports {
+        port_checks(&mut checks, &config, ports);
+    }
+    if sm_host {
+        super::doctor_sm_host::opensm_unit(
+            &mut checks.0,
+            &super::doctor_sm_host::UnitSource::System,
+        );
     }
     if let Some(node) = &daemon {
-        daemon_checks(&mut checks, node);
+        daemon_checks(&mut checks, node, sm_host, ports.as_deref());
     }
     let failed = checks.0.iter().any(|c| !c.ok);
     if json {
@@ -119,7 +126,8 @@ fn clock(checks: &mut Checks) {
 }
 
 /// On an OpenSM SM host: the configured log is the one OpenSM writes (WARN when it cannot be
-/// seen, FAIL when it is not).
+/// seen, FAIL when it is not), and OpenSM's M_Key settings (WARN when a host could write its
+/// own P_Key table).
 fn opensm_log(checks: &mut Checks, config: &Config) {
     let Some(o) = &config.subnet_manager.opensm else {
         return;
@@ -131,6 +139,10 @@ fn opensm_log(checks: &mut Checks, config: &Config) {
         Ok(c) if c.unverified.is_empty() => checks.add(Verdict::Ok, "opensm log", c.summary()),
         Ok(c) => checks.add(Verdict::Warn, "opensm log", c.summary()),
         Err(e) => checks.add(Verdict::Fail, "opensm log", e.to_string()),
+    }
+    for f in crate::sm::opensm::mkey_check::verify(o) {
+        let verdict = if f.warn { Verdict::Warn } else { Verdict::Ok };
+        checks.add(verdict, "opensm m_key", f.detail);
     }
 }
 
@@ -256,14 +268,34 @@ fn port_checks(checks: &mut Checks, config: &Config, ports: &[pb::Port]) {
             "no fabric port: nothing can become ACTIVE or RELEASED (check [ports] and the link layers)",
         );
     }
+    let sm_host = config.subnet_manager.backend == crate::config::Backend::Opensm;
     for p in ports {
-        port_check(checks, p, selected_by_config, config.allow_full_default);
+        port_check(
+            checks,
+            p,
+            selected_by_config,
+            config.allow_full_default,
+            sm_host,
+        );
     }
+}
+
+/// On an SM host, whether `p` is the port of the master SM (its LID is the SM LID it knows):
+/// OpenSM makes its own port a full member of the default partition (`SELF=full`), as it must
+/// to serve every port; that is expected there, not a tenant's exposure.
+fn is_sm_port(p: &pb::Port, sm_host: bool) -> bool {
+    sm_host && p.lid != 0 && p.lid == p.sm_lid
 }
 
 /// One port: its state and why it is (not) a fabric port; for a fabric port also its
 /// default-partition membership and its P_Key table space.
-fn port_check(checks: &mut Checks, p: &pb::Port, selected_by_config: bool, allow_full: bool) {
+fn port_check(
+    checks: &mut Checks,
+    p: &pb::Port,
+    selected_by_config: bool,
+    allow_full: bool,
+    sm_host: bool,
+) {
     let name = format!("port {}/{}", p.device, p.port_number);
     let state = pb::PortState::try_from(p.state)
         .unwrap_or_default()
@@ -308,7 +340,14 @@ fn port_check(checks: &mut Checks, p: &pb::Port, selected_by_config: bool, allow
             }
         ),
     );
-    let (verdict, detail) = default_partition(&p.pkeys, allow_full);
+    let (verdict, detail) = if is_sm_port(p, sm_host) && p.pkeys.contains(&0xffff) {
+        (
+            Verdict::Ok,
+            "full member (0xffff): the master SM's own port (OpenSM's SELF=full), as expected",
+        )
+    } else {
+        default_partition(&p.pkeys, allow_full)
+    };
     checks.add(verdict, format!("{name} default partition"), detail);
     let used = u32::try_from(p.pkeys.len()).unwrap_or(u32::MAX);
     let free = p.pkey_table_size.saturating_sub(used);
@@ -344,8 +383,16 @@ fn default_partition(pkeys: &[u32], allow_full: bool) -> (Verdict, &'static str)
     }
 }
 
-fn daemon_checks(checks: &mut Checks, n: &pb::GetNodeResponse) {
+fn daemon_checks(
+    checks: &mut Checks,
+    n: &pb::GetNodeResponse,
+    sm_host: bool,
+    ports: Option<&[pb::Port]>,
+) {
     let sm = n.subnet_manager.clone().unwrap_or_default();
+    if let Some(h) = &sm.sm_host {
+        super::doctor_sm_host::role(&mut checks.0, h, &n.conditions);
+    }
     let backend = sm.backend.to_lowercase();
     let (verdict, summary) = super::sm_view::summary(&sm);
     checks.add(verdict, "subnet manager", format!("{backend}: {summary}"));
@@ -359,17 +406,31 @@ fn daemon_checks(checks: &mut Checks, n: &pb::GetNodeResponse) {
             super::output::in_doubt_line(&sm),
         );
     }
+    // The SM host's full default membership is its own SM port's only (SELF=full): expected.
+    let only_sm_ports_full = ports.is_some_and(|ports| {
+        let full: Vec<&pb::Port> = ports
+            .iter()
+            .filter(|p| p.fabric_port && p.pkeys.contains(&0xffff))
+            .collect();
+        !full.is_empty() && full.iter().all(|p| is_sm_port(p, sm_host))
+    });
     for c in &n.conditions {
         let accepted = c.detail.contains("accepted by allow_full_default");
-        checks.add(
-            if accepted {
-                Verdict::Warn
-            } else {
-                Verdict::Fail
-            },
-            format!("condition {}", c.kind),
-            c.detail.clone(),
-        );
+        let sm_self = c.kind == "FULL_DEFAULT_MEMBERSHIP" && only_sm_ports_full;
+        let (verdict, detail) = if sm_self {
+            (
+                Verdict::Ok,
+                format!(
+                    "{} (the master SM's own port: OpenSM's SELF=full, expected on the SM host)",
+                    c.detail
+                ),
+            )
+        } else if accepted {
+            (Verdict::Warn, c.detail.clone())
+        } else {
+            (Verdict::Fail, c.detail.clone())
+        };
+        checks.add(verdict, format!("condition {}", c.kind), detail);
     }
     checks.add(
         Verdict::Ok,

@@ -1,6 +1,7 @@
 //! Hidden subcommands that print the man pages and shell completions, generated from the same
 //! clap definitions as the command line itself, and the configuration reference page generated
-//! from [`crate::config::reference`] (used to build the Debian package).
+//! from [`crate::config::reference`] (used to build the Debian package), also as the Markdown
+//! page docs/CONFIG-REFERENCE.md.
 
 use super::Cli;
 use clap::Args;
@@ -17,13 +18,21 @@ pub struct ManArgs {
     /// Write every page into this directory instead: fabric-agent.1, one
     /// fabric-agent-COMMAND.1 per subcommand (the main page names them) and
     /// fabric-agent.toml.5 (the configuration reference).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "config_reference")]
     pub dir: Option<PathBuf>,
+    /// Print the configuration reference as Markdown instead (docs/CONFIG-REFERENCE.md is
+    /// this output), from the same table as fabric-agent.toml(5).
+    #[arg(long)]
+    pub config_reference: bool,
 }
 
-/// Prints the fabric-agent(1) man page (roff) to stdout, or writes every page into `--dir`.
+/// Prints the fabric-agent(1) man page (roff) to stdout, writes every page into `--dir`, or
+/// prints the Markdown configuration reference (`--config-reference`).
 pub fn man(args: &ManArgs) -> ExitCode {
     let result = match &args.dir {
+        _ if args.config_reference => {
+            write_stdout(crate::config::reference::markdown_page().as_bytes())
+        }
         None => render(&Cli::definition()).and_then(|page| write_stdout(&page)),
         Some(dir) => write_pages(dir),
     };

@@ -4,7 +4,9 @@
 mod client;
 mod commands;
 mod doctor;
+mod doctor_sm_host;
 pub mod exit;
+mod fence_sm_host;
 mod generate;
 mod grant;
 mod loaded;
@@ -13,6 +15,7 @@ mod output;
 pub mod preflight;
 pub mod reload;
 mod remote;
+mod reset_generation;
 pub mod secret_file;
 mod serve;
 mod sm_view;
@@ -253,6 +256,25 @@ pub enum Command {
         fabric-agent opensm apply"
     )]
     Opensm(opensm::OpensmCommand),
+    /// SM host, agent stopped: recover a node stranded at the generation bound (its stored
+    /// generation above 2^53 - 2^32 becomes 0, its set kept). Run on every SM host (exit 0
+    /// reset, 65 unknown or not stranded, 71 store busy or failed, 64 config).
+    #[command(after_help = "Example:
+  systemctl stop fabric-agent &&         fabric-agent reset-node-generation gpu-a17 && systemctl start fabric-agent")]
+    ResetNodeGeneration {
+        /// The stranded node's id.
+        node: String,
+    },
+    /// SM host, agent running: fence peer SM host NAME after the physical check (its agent
+    /// silent, its SM port not answering SMInfo); the nodes' applies then go on without it. Run
+    /// on every live SM host (exit 0 fenced, 65 refused: its agent or SM answers, 64 no peers,
+    /// 69 agent unreachable, 71 not stored, 77 not permitted).
+    #[command(after_help = "Example (smhost2's OpenSM stopped, its agent dead):
+  fabric-agent fence-sm-host smhost2.fab1.example")]
+    FenceSmHost {
+        /// The peer's name (as it states it) or its endpoint as in `peers`.
+        host: String,
+    },
     /// Print the man page (roff), or with --dir write every page, for packaging.
     #[command(hide = true)]
     Man(generate::ManArgs),
@@ -271,6 +293,7 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
         Command::Completions { shell } => return generate::completions(shell),
         Command::Grant(g) => return grant::run(g),
         Command::Opensm(o) => return opensm::run(o, &cli.config),
+        Command::ResetNodeGeneration { node } => return reset_generation::run(&node, &cli.config),
         _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -308,6 +331,15 @@ pub fn run(cli: Cli, log: LogControl) -> ExitCode {
             Command::CheckConfig(a) => commands::check_config(&cli.config, &a, json),
             Command::Ports => commands::ports(&cli.config, format).await,
             Command::Doctor => doctor::doctor(&cli.config, json).await,
+            Command::FenceSmHost { host } => {
+                match client::Target::resolve(&cli.client, &cli.config, cli.given.config) {
+                    Ok(target) => fence_sm_host::run(&host, &target).await,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        ExitCode::from(exit::CONFIG)
+                    }
+                }
+            }
             command => {
                 let target =
                     match client::Target::resolve(&cli.client, &cli.config, cli.given.config) {

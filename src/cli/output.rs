@@ -118,6 +118,22 @@ fn node_json(n: &pb::GetNodeResponse) -> Value {
         "attachment_counts": n.attachment_counts,
         "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq, "log_epoch": n.log_epoch,
         "ports": n.ports.iter().map(port_json).collect::<Vec<_>>(),
+        "sm_host": sm.sm_host.as_ref().map(sm_host_json),
+    })
+}
+
+/// An SM host among several (absent elsewhere): its OpenSM's role and where it came from, its
+/// catch-up, and each peer with its last answer.
+fn sm_host_json(h: &pb::SmHostStatus) -> Value {
+    json!({
+        "role": h.role, "role_source": h.role_source, "role_reason": h.role_fallback_reason,
+        "caught_up": h.caught_up, "catching_up_with": h.catching_up_with,
+        "held_back_nodes": h.held_back_nodes, "disagreeing_nodes": h.disagreeing_nodes,
+        "peers": h.peers.iter().map(|p| json!({
+            "endpoint": p.endpoint, "host": p.host, "last_answer": time(&p.last_answer),
+            "last_error": p.last_error, "caught_up": p.caught_up,
+            "last_generation": p.last_generation, "nodes": p.nodes,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -578,6 +594,7 @@ fn sm_host_line(h: &crate::proto::agent::SmHostStatus) -> String {
     let mut line = match h.role_source.as_str() {
         "sminfo" => format!("opensm {} (SMInfo)", h.role),
         "" => format!("opensm {}", h.role),
+        "not-running" => format!("opensm NOT RUNNING ({})", h.role_fallback_reason),
         _ => format!(
             "opensm {} (fallback: OpenSM's log; {})",
             h.role, h.role_fallback_reason
@@ -620,6 +637,34 @@ fn sm_host_line(h: &crate::proto::agent::SmHostStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_json_carries_the_sm_host_role_catch_up_and_peers() {
+        let n = pb::GetNodeResponse {
+            subnet_manager: Some(pb::SubnetManagerStatus {
+                sm_host: Some(pb::SmHostStatus {
+                    role: "not running".into(),
+                    role_source: "not-running".into(),
+                    role_fallback_reason: "OpenSM's pid 9 is gone".into(),
+                    caught_up: false,
+                    catching_up_with: vec!["https://smhost2:7443".into()],
+                    peers: vec![pb::SmPeerStatus {
+                        endpoint: "https://smhost2:7443".into(),
+                        last_error: "tcp connect error".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = node_json(&n);
+        assert_eq!(v["sm_host"]["role"], "not running");
+        assert_eq!(v["sm_host"]["caught_up"], false);
+        assert_eq!(v["sm_host"]["peers"][0]["last_error"], "tcp connect error");
+        assert!(node_json(&pb::GetNodeResponse::default())["sm_host"].is_null());
+    }
 
     #[test]
     fn long_text_wraps_and_is_never_cut() {

@@ -26,6 +26,42 @@ enum Pem {
     Secret,
 }
 
+/// The umad devices the configured components open, each with its setting's name.
+fn umad_users(config: &Config) -> Vec<(&'static str, &Path)> {
+    use crate::config::ObserverKind;
+    let mut users: Vec<(&'static str, &Path)> = Vec::new();
+    match config.observer.kind {
+        Some(ObserverKind::Smp) => {
+            users.push(("observer.umad_device", &config.observer.umad_device))
+        }
+        Some(ObserverKind::Embedded) => {}
+        _ => {
+            if let Some(d) = &config.observer.sa_umad_device {
+                users.push(("observer.sa_umad_device", d));
+            }
+        }
+    }
+    if config.subnet_manager.backend == Backend::Opensm {
+        if let Some(o) = &config.subnet_manager.opensm {
+            if o.ownership.enabled {
+                users.push((
+                    "subnet_manager.opensm.ownership.umad_device",
+                    &o.ownership.umad_device,
+                ));
+            }
+        }
+        if let Some(d) = config
+            .subnet_manager
+            .opensm_ha
+            .as_ref()
+            .and_then(|h| h.sminfo_umad_device.as_ref())
+        {
+            users.push(("subnet_manager.opensm_ha.sminfo_umad_device", d));
+        }
+    }
+    users
+}
+
 /// Every check's verdict for one configuration.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Preflight {
@@ -51,7 +87,43 @@ impl Preflight {
         }
         p.subnet_manager(&config.subnet_manager);
         p.grants(config);
+        p.umad_users(config, crate::sys::umad::umad2sim_in_process());
         p
+    }
+
+    /// The umad devices this agent opens, and by which settings. Under the umad2sim shim
+    /// (`shim`: what gave it away) a device opened by two of them kills the process (see
+    /// [`crate::sys::umad::umad2sim_in_process`]), so that is refused before anything starts;
+    /// on a kernel each user's agents are apart and sharing a device is fine.
+    fn umad_users(&mut self, config: &Config, shim: Option<String>) {
+        let users = umad_users(config);
+        let mut shared: Vec<(&Path, Vec<&str>)> = Vec::new();
+        for (setting, device) in &users {
+            match shared.iter_mut().find(|(d, _)| d == device) {
+                Some((_, settings)) => settings.push(setting),
+                None => shared.push((device, vec![setting])),
+            }
+        }
+        shared.retain(|(_, settings)| settings.len() > 1);
+        for (device, settings) in shared {
+            let names = settings.join(", ");
+            match &shim {
+                Some(why) => self.fail(
+                    "umad.shared_device",
+                    format!(
+                        "{} is opened by {names} in one process under the umad2sim shim ({why}): the shim \
+                         routes each management class to one fd per device and crashes the process \
+                         (SIGSEGV) once one of them closes; give each its own device, or leave all but one \
+                         unset (e.g. observer.kind = \"sysfs\" beside sminfo_umad_device)",
+                        device.display()
+                    ),
+                ),
+                None => self.pass(
+                    "umad.shared_device",
+                    format!("{} is opened by {names} (separate umad agents)", device.display()),
+                ),
+            }
+        }
     }
 
     /// `[grants]`: loaded (keys parsed at validation); not requiring them is a loud warning on
@@ -135,6 +207,12 @@ impl Preflight {
                 // The peers' client TLS files, read as the first pull will read them.
                 if let Some(ha) = &sm.opensm_ha {
                     self.client_tls("subnet_manager.opensm_ha", &ha.ca, &ha.cert, &ha.key);
+                    // OpenSM bound to this agent (systemd), so it never reads a stale file.
+                    use super::doctor_sm_host::{binding, Binding, UnitSource};
+                    match binding(&UnitSource::System) {
+                        Binding::Bound(d) => self.pass("opensm unit", d),
+                        Binding::Unbound(d) | Binding::Unknown(d) => self.warn("opensm unit", d),
+                    }
                 }
             }
             Backend::Remote => {
@@ -475,6 +553,47 @@ mod tests {
         assert!(peers[0].detail.contains(&ca.display().to_string()), "{p:?}");
         assert!(peers[1].detail.contains("missing.crt"), "{p:?}");
         assert!(peers[2].detail.contains("missing.key"), "{p:?}");
+    }
+
+    #[test]
+    fn one_umad_device_for_two_users_is_refused_under_the_shim_only() {
+        let text = |observer: &str, ownership: &str| {
+            format!(
+                "fabric = \"f\"\nstate_dir = \"/tmp/s\"\n[listen]\nunix_socket = \"/tmp/a.sock\"\n\
+                 [subnet_manager]\nbackend = \"opensm\"\n\
+                 [subnet_manager.opensm]\npartitions_file = \"/tmp/p.conf\"\nlog_file = \"/tmp/o.log\"\npid = 4194000\n\
+                 [subnet_manager.opensm.ownership]\nenabled = {ownership}\n\
+                 [subnet_manager.opensm_ha]\npeers = [\"https://smhost2:7443\"]\npeer_identities = [\"dns:smhost2\"]\n\
+                 ca = \"/tmp/ca.pem\"\ncert = \"/tmp/a.crt\"\nkey = \"/tmp/a.key\"\nsminfo_umad_device = \"/dev/infiniband/umad0\"\n[observer]\nkind = \"{observer}\"\n"
+            )
+        };
+        let check = |observer: &str, ownership: &str, shim: Option<&str>| {
+            let mut p = Preflight::default();
+            p.umad_users(&config(&text(observer, ownership)), shim.map(str::to_owned));
+            p.checks
+        };
+        // The SMP observer and SMInfo on umad0 under the shim: refused, both settings named.
+        let refused = check("smp", "false", Some("LD_PRELOAD names libumad2sim.so"));
+        assert_eq!(refused.len(), 1);
+        assert!(!refused[0].ok);
+        assert!(
+            refused[0]
+                .detail
+                .contains("observer.umad_device, subnet_manager.opensm_ha.sminfo_umad_device")
+                && refused[0].detail.contains("SIGSEGV"),
+            "{refused:?}"
+        );
+        // The ownership check is a third user of the same device.
+        let three = check("smp", "true", Some("x"));
+        assert!(
+            three[0].detail.contains("ownership.umad_device"),
+            "{three:?}"
+        );
+        // On a kernel: passes, named.
+        let kernel = check("smp", "false", None);
+        assert!(kernel.len() == 1 && kernel[0].ok, "{kernel:?}");
+        // One user only (sysfs observer beside SMInfo): nothing to say.
+        assert!(check("sysfs", "false", Some("x")).is_empty());
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub async fn run(command: Command, target: &Target, format: Format) -> ExitCode 
         | Command::Man(_)
         | Command::Grant(_)
         | Command::Opensm(_)
+        | Command::ResetNodeGeneration { .. }
+        | Command::FenceSmHost { .. }
         | Command::Completions { .. } => {
             unreachable!("handled locally")
         }

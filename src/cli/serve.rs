@@ -92,14 +92,6 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     } else {
         "off ([metrics] enabled = false)".to_owned()
     };
-    tracing::info!(
-        node = %config.node_id,
-        fabric = %config.fabric.as_str(),
-        socket = %config.listen.unix_socket.display(),
-        tcp = %config.listen.tcp.map(|a| a.to_string()).unwrap_or_else(|| "off".to_owned()),
-        metrics = %metrics_at,
-        "ready"
-    );
     // An SM host with peers catches up before READY: its OpenSM (ordered after the agent)
     // must not read a region that holds sets nobody confirmed (docs/OPENSM.md).
     if let (Some(sync), Some(ha)) = (&peer_sync, &peers_config) {
@@ -113,6 +105,16 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
             tracing::warn!(error = %e, "rendering the partitions file after a store restore");
         }
     }
+    // `ready` is said when it is true: after the catch-up (or its timeout, which leaves
+    // SM_HOST_NOT_CAUGHT_UP standing), together with READY=1.
+    tracing::info!(
+        node = %config.node_id,
+        fabric = %config.fabric.as_str(),
+        socket = %config.listen.unix_socket.display(),
+        tcp = %config.listen.tcp.map(|a| a.to_string()).unwrap_or_else(|| "off".to_owned()),
+        metrics = %metrics_at,
+        "ready"
+    );
     systemd::ready(&agent.status_line());
     // The pets start after READY=1: the watchdog's first tick is immediate, and a pet sent
     // before READY tells systemd nothing it can use.

@@ -8,7 +8,7 @@
 //! set `require = true` (the packaged `config.toml` does).
 
 use super::error::{invalid, ConfigError};
-use crate::domain::{is_grant_id, FabricName, GrantKey, GrantKeys, GrantPolicy};
+use crate::domain::{is_grant_id, FabricName, GrantKey, GrantKeys, GrantLifetime, GrantPolicy};
 use base64::Engine;
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -26,6 +26,53 @@ pub struct GrantsConfig {
     /// The control plane's public keys.
     #[serde(default)]
     pub keys: Vec<GrantKeyConfig>,
+    /// How long after its issue a grant may still be admitted for the first time (a duration,
+    /// e.g. `"1h"`; default `"1h"`). A grant already admitted for its node keeps
+    /// working; an older never-used one is refused.
+    #[serde(default)]
+    pub max_age: Option<String>,
+    /// The clock disagreement tolerated between the control plane (which stamps the issue
+    /// time) and this host (default `"5m"`).
+    #[serde(default)]
+    pub max_clock_skew: Option<String>,
+}
+
+/// `max_age` when not set: a grant is signed when the control plane decides an attach and
+/// presented at once; an hour covers a node agent's retries and restarts.
+pub const DEFAULT_MAX_AGE: &str = "1h";
+/// `max_clock_skew` when not set.
+pub const DEFAULT_MAX_CLOCK_SKEW: &str = "5m";
+/// The longest `max_age` accepted.
+pub const MAX_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+/// The longest `max_clock_skew` accepted.
+pub const MAX_MAX_CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Parses a `[grants]` duration and checks it against `min..=max`.
+fn duration(
+    field: &'static str,
+    text: Option<&str>,
+    default: &str,
+    min: std::time::Duration,
+    max: std::time::Duration,
+) -> Result<u64, ConfigError> {
+    let t = text.unwrap_or(default);
+    let d = humantime::parse_duration(t).map_err(|e| {
+        invalid(
+            field,
+            format!("{t:?} is not a duration (e.g. \"1h\", \"30m\"): {e}"),
+        )
+    })?;
+    if d < min || d > max {
+        return Err(invalid(
+            field,
+            format!(
+                "{t:?} is outside {}..={}",
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ),
+        ));
+    }
+    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One `[[grants.keys]]` entry.
@@ -72,6 +119,14 @@ fn unix_ms(id: &str, field: &str, text: &Option<String>) -> Result<Option<u64>, 
     Ok(Some(u64::try_from(ms).unwrap_or(u64::MAX)))
 }
 
+/// The defaults of `max_age` and `max_clock_skew`.
+fn default_lifetime() -> GrantLifetime {
+    GrantLifetime {
+        max_age_ms: 3_600_000,
+        max_clock_skew_ms: 300_000,
+    }
+}
+
 /// `[grants]` checked: everything but the key files, which [`GrantsSettings::load`] reads (at
 /// start and in `check-config`'s host checks, like TLS files; `check-config --syntax` does not).
 #[derive(Debug, Clone)]
@@ -80,6 +135,8 @@ pub struct GrantsSettings {
     pub require: bool,
     /// The fabric grants must name.
     pub fabric: FabricName,
+    /// A grant's first-admission lifetime and the clock skew tolerated.
+    pub lifetime: GrantLifetime,
     keys: Vec<GrantKeyConfig>,
 }
 
@@ -89,6 +146,7 @@ impl GrantsSettings {
         GrantsSettings {
             require: false,
             fabric,
+            lifetime: default_lifetime(),
             keys: Vec::new(),
         }
     }
@@ -100,7 +158,8 @@ impl GrantsSettings {
             keys.push(k.load(true)?);
         }
         let keys = GrantKeys::new(keys)
-            .map_err(|id| invalid("grants.keys", format!("key id {id:?} is listed twice")))?;
+            .map_err(|id| invalid("grants.keys", format!("key id {id:?} is listed twice")))?
+            .with_lifetime(self.lifetime);
         Ok(GrantPolicy {
             require: self.require,
             fabric: self.fabric.clone(),
@@ -187,10 +246,61 @@ impl GrantsConfig {
                 "require = true needs at least one [[grants.keys]] entry (the control plane's public key)",
             ));
         }
+        let lifetime = GrantLifetime {
+            max_age_ms: duration(
+                "grants.max_age",
+                self.max_age.as_deref(),
+                DEFAULT_MAX_AGE,
+                std::time::Duration::from_secs(1),
+                MAX_MAX_AGE,
+            )?,
+            max_clock_skew_ms: duration(
+                "grants.max_clock_skew",
+                self.max_clock_skew.as_deref(),
+                DEFAULT_MAX_CLOCK_SKEW,
+                std::time::Duration::ZERO,
+                MAX_MAX_CLOCK_SKEW,
+            )?,
+        };
         Ok(GrantsSettings {
             require: self.require,
             fabric,
+            lifetime,
             keys: self.keys.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(extra: &str) -> Result<GrantsSettings, ConfigError> {
+        let c: GrantsConfig = toml::from_str(extra).unwrap();
+        c.validate(&FabricName::parse("fab1").unwrap())
+    }
+
+    #[test]
+    fn the_lifetime_defaults_and_is_bounded() {
+        let d = section("").unwrap().lifetime;
+        assert_eq!((d.max_age_ms, d.max_clock_skew_ms), (3_600_000, 300_000));
+        let s = section("max_age = \"2h\"\nmax_clock_skew = \"30s\"\n").unwrap();
+        assert_eq!(
+            (s.lifetime.max_age_ms, s.lifetime.max_clock_skew_ms),
+            (7_200_000, 30_000)
+        );
+        for (bad, field) in [
+            ("max_age = \"0s\"", "grants.max_age"),
+            ("max_age = \"30days\"", "grants.max_age"),
+            ("max_age = \"soon\"", "grants.max_age"),
+            ("max_clock_skew = \"2h\"", "grants.max_clock_skew"),
+        ] {
+            let e = section(bad).unwrap_err().to_string();
+            assert!(e.contains(field), "{bad}: {e}");
+        }
+        assert_eq!(
+            section("").unwrap().load().unwrap().keys.lifetime(),
+            Some(d)
+        );
     }
 }

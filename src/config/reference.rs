@@ -1,5 +1,7 @@
 //! The configuration reference, `fabric-agent.toml(5)`: one row per key of every section the
-//! agent's own structs define, rendered as a man page by `fabric-agent man --dir`. A test holds
+//! agent's own structs define, rendered as a man page by `fabric-agent man --dir` and as
+//! docs/CONFIG-REFERENCE.md by `fabric-agent man --config-reference` (a test fails when the
+//! checked-in page differs from what that prints). A test holds
 //! the table to the structs: each section's keys are exactly the fields its struct accepts
 //! (serde's own list of expected fields), so a key added to a struct without a row here, or a
 //! row for a key that is gone, fails the build's tests. The backends' own sections
@@ -72,9 +74,9 @@ pub const KEYS: &[Key] = &[
     k("subnet_manager", "backend", "string", "\"embedded\"", "embedded (simulated, demos), opensm (SM host), remote (node of an OpenSM fabric), ufm (NVIDIA UFM)."),
     k("subnet_manager", "embedded", "table", "{}", "The embedded backend's settings."),
     k("subnet_manager", "opensm", "table", "none", "The opensm backend's settings (docs/OPENSM.md)."),
-    k("subnet_manager", "remote", "table", "none", "The remote backend's settings: endpoint (one SM host) or endpoints (every SM host of the fabric; an apply is acknowledged only when all acknowledged it), TLS, timeouts (docs/OPENSM.md)."),
+    k("subnet_manager", "remote", "table", "none", "The remote backend's settings: endpoint (one SM host) or endpoints (every SM host of the fabric; an apply is acknowledged only when every SM host the SM hosts name, less the ones all of them hold fenced, acknowledged it), TLS, timeouts (docs/OPENSM.md)."),
     k("subnet_manager", "ufm", "table", "none", "The ufm backend's settings (docs/UFM.md)."),
-    k("subnet_manager", "opensm_ha", "table", "none", "With backend = \"opensm\": the fabric's other SM hosts; peers, peer_identities, ca/cert/key, sync_interval_ms (docs/OPENSM.md, \"Several SM hosts\")."),
+    k("subnet_manager", "opensm_ha", "table", "none", "With backend = \"opensm\": the fabric's other SM hosts; peers, peer_identities, ca/cert/key, sync_interval_ms, fencing (docs/OPENSM.md, \"Several SM hosts\")."),
     k("subnet_manager", "ufm_broker", "table", "none", "With backend = \"ufm\": `enabled = true` serves fabric.sm.v1 to the fabric's nodes, which then use the remote backend and hold no UFM credential (docs/UFM.md, \"The UFM broker\")."),
     k("subnet_manager.opensm_ha", "peers", "array of strings", "required", "The other SM hosts' agents: https://host:port (mTLS with ca, cert, key), or http:// to a loopback address (test rigs)."),
     k("subnet_manager.opensm_ha", "peer_identities", "array of strings", "[]", "Who may pull this host's sets: the peers' certificate identities (dns:NAME, uri:URI, cn:NAME); required with https peers."),
@@ -86,6 +88,10 @@ pub const KEYS: &[Key] = &[
     k("subnet_manager.opensm_ha", "catch_up_timeout_ms", "integer", "5000", "At start, how long the first pull may take before the agent reports ready, milliseconds."),
     k("subnet_manager.opensm_ha", "request_timeout_ms", "integer", "10000", "One pull's deadline, milliseconds."),
     k("subnet_manager.opensm_ha", "sminfo_umad_device", "path", "none", "umad device of the port this host's OpenSM is bound to: master/standby is read from the SM's own SMInfo there (a standby's write is confirmed only on an SMInfo read after it); none: from OpenSM's log lines, shown as a fallback."),
+    k("subnet_manager.opensm_ha", "host_name", "string", "node_id", "The name this SM host states to the nodes and peers; over TLS it must be the name the nodes verify in its certificate (their domain_name, else the host of their endpoint URL), or they do not count its acknowledgements."),
+    k("subnet_manager.opensm_ha", "peer_host_names", "array of strings", "[]", "The name each peer states, in the order of peers; empty: an https peer's verified name (domain_name, else the URL's host), a plaintext peer's stated one."),
+    k("subnet_manager.opensm_ha", "peer_sm_port_guids", "array of strings", "[]", "The port GUID each peer's OpenSM is bound to, in the order of peers (needs sminfo_umad_device): a peer whose agent is silent for fence_after_ms is fenced when that port does not answer SMInfo or is not in the fabric; empty: never fenced."),
+    k("subnet_manager.opensm_ha", "fence_after_ms", "integer", "3 x sync_interval_ms", "How long a peer's agent must not answer pulls before its SM is checked for fencing, milliseconds (100-3600000)."),
     k("observer", "kind", "string", "embedded with the embedded backend, else auto", "auto (verbs, then sysfs), embedded, smp, sysfs or verbs."),
     k("observer", "fast_poll_ms", "integer", "50", "Poll interval while a transition is pending, milliseconds."),
     k("observer", "slow_poll_ms", "integer", "5000", "Poll interval when idle, milliseconds (at least fast_poll_ms)."),
@@ -117,12 +123,18 @@ pub const KEYS: &[Key] = &[
     k("limits", "list_max_page_size", "integer", "5000", "Largest ListAttachments page size accepted."),
     k("limits", "max_connections", "integer", "1024", "TCP connections open at once."),
     k("limits", "max_unauthenticated_per_address", "integer", "16", "Per address: connections handshaking or without a client certificate."),
+    k("limits", "max_connections_per_identity", "integer", "16 (at most max_connections - reserved_connections)", "TCP connections one client certificate identity may hold; more get RESOURCE_EXHAUSTED."),
+    k("limits", "reserved_connections", "integer", "max_connections / 16 (64)", "Of max_connections, kept for operators, the control plane and peer SM hosts."),
+    k("limits", "max_watch_streams_per_identity", "integer", "max_watch_streams / 8, at least 1 (8)", "Open-ended streams one client certificate identity may hold."),
+    k("limits", "reserved_watch_streams", "integer", "max_watch_streams / 4 (16)", "Of max_watch_streams, kept for operators, the control plane, peer SM hosts and local callers."),
     k("limits", "unauthenticated_secs", "integer", "10", "A handshake must finish within this."),
     k("limits", "max_connection_age_secs", "integer", "3600", "GOAWAY after this, so rotated CAs and revoked certificates take effect."),
     k("limits", "request_body_secs", "integer", "10", "A unary request's body must arrive within this."),
     k("grants", "require", "bool", "false", "Attaches need the control plane's grant (node); keys need one per node (SM host)."),
     k("grants", "fabric", "string", "the top-level fabric", "The fabric grants must name."),
     k("grants", "keys", "array of tables", "[]", "The control plane's public keys, below."),
+    k("grants", "max_age", "duration", "\"1h\"", "A grant is admitted for the first time only this long after its issue (1s..=7d); an admitted one keeps working."),
+    k("grants", "max_clock_skew", "duration", "\"5m\"", "Clock disagreement tolerated between the control plane and this host (0..=1h)."),
     k("grants.keys", "id", "string", "required", "The key id grants name."),
     k("grants.keys", "public_key", "string", "none", "The Ed25519 public key, base64 (or public_key_file)."),
     k("grants.keys", "public_key_file", "path", "none", "A file holding the base64 public key."),
@@ -181,6 +193,80 @@ pub fn man_page() -> String {
         ".SH SEE ALSO\nfabric\\-agent(1), fabric\\-agent\\-check\\-config(1), \
          /usr/share/doc/fabric\\-agent/OPENSM.md, /usr/share/doc/fabric\\-agent/UFM.md\n",
     );
+    out
+}
+
+/// The command that prints [`markdown_page`]; the checked-in docs/CONFIG-REFERENCE.md is its
+/// output.
+pub const MARKDOWN_COMMAND: &str =
+    "cargo run --quiet -- man --config-reference > docs/CONFIG-REFERENCE.md";
+
+/// A section's title on the Markdown page.
+fn section_title(section: &str) -> String {
+    match section {
+        "" => "Top level".to_owned(),
+        "grants.keys" => "[[grants.keys]]".to_owned(),
+        other => format!("[{other}]"),
+    }
+}
+
+/// Escapes text for a Markdown table cell.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+/// A default as the Markdown page shows it: a TOML value in code, a description (`required`,
+/// `the host name`) as text, a dash for none.
+fn default_cell(default: &str) -> String {
+    let value = default.starts_with(['"', '[', '{'])
+        || default == "true"
+        || default == "false"
+        || default.parse::<f64>().is_ok();
+    if default.is_empty() {
+        "\u{2014}".to_owned()
+    } else if value {
+        format!("`{}`", cell(default))
+    } else {
+        cell(default)
+    }
+}
+
+/// docs/CONFIG-REFERENCE.md: the same table as [`man_page`], as Markdown.
+pub fn markdown_page() -> String {
+    let mut out = String::from(
+        "> For operators: every configuration key with its type, default and meaning, \
+         generated from the same table as the fabric-agent.toml(5) man page (do not edit).\n\n\
+         # Configuration reference\n\n",
+    );
+    out.push_str(&format!(
+        "The agent reads `/etc/fabric-agent/config.toml` (or `--config`). Unknown keys are \
+         errors; check a file with `fabric-agent check-config` (exit 64 when invalid). SIGHUP \
+         re-reads {}; every other setting takes effect on restart, and the log says which. The \
+         file section by section, with an example: [CONFIGURATION.md](CONFIGURATION.md). The \
+         backends' own sections (`[subnet_manager.opensm]`, `.remote`, `.ufm`, `.ufm_broker`, \
+         `.embedded`) are described in [OPENSM.md](OPENSM.md), [UFM.md](UFM.md) and \
+         CONFIGURATION.md.\n\n\
+         This page is generated from `src/config/reference.rs`, whose keys a test holds to the \
+         configuration structs. Regenerate it with `{MARKDOWN_COMMAND}`.\n",
+        RELOADED_ON_SIGHUP.join(" and ")
+    ));
+    let mut section = None;
+    for key in KEYS {
+        if section != Some(key.section) {
+            section = Some(key.section);
+            out.push_str(&format!(
+                "\n## {}\n\n| key | type | default | meaning |\n|---|---|---|---|\n",
+                section_title(key.section)
+            ));
+        }
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            key.key,
+            cell(key.ty),
+            default_cell(key.default),
+            cell(key.doc)
+        ));
+    }
     out
 }
 
@@ -252,5 +338,35 @@ mod tests {
             );
         }
         assert!(page.starts_with(".TH fabric-agent.toml 5"));
+    }
+
+    #[test]
+    fn the_markdown_page_names_every_key_in_its_section() {
+        let page = markdown_page();
+        let mut at = 0;
+        for key in KEYS {
+            let title = format!("\n## {}\n", section_title(key.section));
+            let start = page.find(&title).unwrap_or_else(|| panic!("{title}"));
+            let end = page[start + 1..]
+                .find("\n## ")
+                .map_or(page.len(), |i| i + start + 1);
+            let row = format!("\n| `{}` |", key.key);
+            let found = page[start..end].find(&row).map(|i| i + start);
+            let found = found.unwrap_or_else(|| panic!("no row for {key:?} in its section"));
+            assert!(found >= at, "{key:?} out of order");
+            at = found;
+        }
+    }
+
+    /// The checked-in docs/CONFIG-REFERENCE.md is exactly what the generator prints.
+    #[test]
+    fn the_checked_in_reference_page_is_the_generated_one() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG-REFERENCE.md");
+        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            checked_in == markdown_page(),
+            "{path} differs from the configuration table in src/config/reference.rs; \
+             regenerate it: {MARKDOWN_COMMAND}"
+        );
     }
 }

@@ -178,28 +178,67 @@ fn build_ha(
     use crate::sm::opensm::standby::StandbyAware;
     use crate::sm::opensm::sync::{GatedStore, PeerSync};
     let log = Arc::new(LogStateReader::new(cfg.log_file.clone()));
-    let state = Arc::new(match &ha.sminfo_umad_device {
-        Some(device) => SmRole::with_sminfo(log, device.clone()),
-        None => SmRole::from_log(log),
-    });
+    let state = Arc::new(
+        match &ha.sminfo_umad_device {
+            Some(device) => SmRole::with_sminfo(log, device.clone()),
+            None => SmRole::from_log(log),
+        }
+        .with_pid_check(crate::sm::opensm::sminfo::pid_check(&cfg)),
+    );
     let reloader = Arc::new(StandbyAware::new(
         Arc::new(OpenSmReloader::new(&cfg)),
         state.clone(),
         &cfg,
     ));
-    let backend = OpenSmBackend::with_reloader(
-        cfg,
-        node_id.as_str().to_owned(),
-        Arc::new(GatedStore(Arc::new(StoredSmNodes(store.clone())))),
-        reloader,
-    )
-    .map_err(StartError::OpenSm)?;
+    // Every stored set loads held back until confirmed. Beside an OpenSM that already runs
+    // (an agent restart), a held-back set keeps the keys the running file holds for it: the
+    // file OpenSM has programmed is never rewritten with fewer tenant keys before a newer
+    // confirmed set removes them (`sm::opensm::running_start`).
+    use crate::sm::opensm::running_start::{file_members, opensm_running, KeepRunningKeys};
+    let stored: Arc<dyn crate::sm::opensm::NodeMembershipStore> =
+        Arc::new(StoredSmNodes(store.clone()));
+    let gated: Arc<dyn crate::sm::opensm::NodeMembershipStore> = match opensm_running(&cfg) {
+        Ok(pid) => {
+            tracing::info!(
+                pid,
+                "OpenSM is already running: held-back sets keep the keys its partitions file holds until the catch-up"
+            );
+            Arc::new(KeepRunningKeys {
+                store: stored,
+                file: file_members(&cfg.partitions_file),
+            })
+        }
+        Err(why) => {
+            tracing::debug!(%why, "OpenSM is not running at start");
+            Arc::new(GatedStore(stored))
+        }
+    };
+    let gated_for_fences = gated.clone();
+    let backend = OpenSmBackend::with_reloader(cfg, node_id.as_str().to_owned(), gated, reloader)
+        .map_err(StartError::OpenSm)?;
+    // No commit for a node, a revocation or the local apply before the catch-up's own.
+    backend.hold_commits_until_caught_up();
     let peers = crate::api::sm_v1::peers::peers(ha).map_err(StartError::Remote)?;
-    let sync = PeerSync::new(
+    let evidence: Option<Arc<dyn crate::sm::opensm::fence::FenceEvidence>> = ha
+        .sminfo_umad_device
+        .is_some()
+        .then(|| Arc::new(crate::sm::opensm::fence::SmInfoEvidence(state.clone())) as Arc<_>);
+    let fences = crate::sm::opensm::fence::Fences::new(
+        ha.host_name
+            .clone()
+            .unwrap_or_else(|| node_id.as_str().to_owned()),
+        ha.identities(),
+        evidence,
+        Some(gated_for_fences),
+        ha.fence_after(),
+    )
+    .map_err(|e| StartError::OpenSm(crate::sm::opensm::OpenSmError::Store(e)))?;
+    let sync = PeerSync::with_fences(
         backend.clone(),
         node_id.as_str().to_owned(),
         peers,
         Some(state),
+        Arc::new(fences),
     );
     Ok((backend, sync))
 }

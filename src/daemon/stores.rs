@@ -20,6 +20,10 @@ struct RecordError {
 }
 /// Store meta key of the OpenSM backend's commit state (unconfirmed write, rejected file).
 const OPENSM_COMMIT: &str = "opensm_commit_state";
+/// Store meta key of the OpenSM backend's retired P_Keys.
+const OPENSM_RETIRED: &str = "opensm_retired_pkeys";
+/// Store meta key of the peer SM hosts this SM host holds fenced.
+const OPENSM_FENCED: &str = "opensm_fenced_sm_hosts";
 /// Store meta key: the log epoch of the rollback whose node sets were marked unconfirmed.
 const SM_ROLLBACK_MARKED: &str = "sm_rollback_marked";
 /// Store meta key of the UFM backend's ledger (GUIDs this node put in partitions).
@@ -160,6 +164,47 @@ impl NodeMembershipStore for StoredSmNodes {
             }),
             None => Ok(CommitState::default()),
         }
+    }
+
+    fn load_retired(&self) -> Result<crate::domain::RetiredKeys, NodeStoreError> {
+        match self.0.meta(OPENSM_RETIRED).map_err(NodeStoreError::new)? {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| {
+                NodeStoreError::new(RecordError {
+                    key: OPENSM_RETIRED.to_owned(),
+                    source,
+                })
+            }),
+            None => Ok(crate::domain::RetiredKeys::default()),
+        }
+    }
+
+    fn put_retired(&self, retired: &crate::domain::RetiredKeys) -> Result<(), NodeStoreError> {
+        let bytes = serde_json::to_vec(retired).map_err(NodeStoreError::new)?;
+        self.0
+            .set_meta(OPENSM_RETIRED, &bytes)
+            .map_err(NodeStoreError::new)
+    }
+
+    fn load_fenced(&self) -> Result<Vec<crate::sm::opensm::fence::FencedHost>, NodeStoreError> {
+        match self.0.meta(OPENSM_FENCED).map_err(NodeStoreError::new)? {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| {
+                NodeStoreError::new(RecordError {
+                    key: OPENSM_FENCED.to_owned(),
+                    source,
+                })
+            }),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn put_fenced(
+        &self,
+        fenced: &[crate::sm::opensm::fence::FencedHost],
+    ) -> Result<(), NodeStoreError> {
+        let bytes = serde_json::to_vec(fenced).map_err(NodeStoreError::new)?;
+        self.0
+            .set_meta(OPENSM_FENCED, &bytes)
+            .map_err(NodeStoreError::new)
     }
 }
 

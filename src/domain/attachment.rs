@@ -190,6 +190,25 @@ impl Attachment {
         out
     }
 
+    /// Fixes the fabric ports of `inventory` that a whole-node attachment covers now into its
+    /// recorded ports, while it wants its key (a key sent to a port may be on it): once joined,
+    /// a port stays covered for the attachment's life, so RELEASED needs it read without the
+    /// key (or gone from the fabric by the subnet manager's view) even after it drops out of
+    /// the read. Returns whether a port joined. Named-port attachments never change.
+    pub fn join_ports(&mut self, inventory: &Inventory) -> bool {
+        if self.named_ports || !self.wants_key() {
+            return false;
+        }
+        let mut joined = false;
+        for p in inventory.fabric_ports() {
+            if !self.ports.iter().any(|k| k.port_guid == p.port_guid) {
+                self.ports.push(AttachmentPort::of(p));
+                joined = true;
+            }
+        }
+        joined
+    }
+
     /// How a covered port is named in reasons: as fixed at admission, else as read now.
     pub fn port_label(&self, guid: Guid, inventory: Option<&Inventory>) -> String {
         if let Some(p) = self.ports.iter().find(|p| p.port_guid == guid) {
@@ -199,5 +218,75 @@ impl Attachment {
             Some(p) => AttachmentPort::of(p).to_string(),
             None => guid.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{PortInfo, PortState};
+
+    fn port(n: u64, fabric: bool) -> PortInfo {
+        PortInfo {
+            device: "hca".into(),
+            port_number: u8::try_from(n).unwrap(),
+            port_guid: Guid(n),
+            state: PortState::Active,
+            fabric_port: fabric,
+            ..Default::default()
+        }
+    }
+
+    fn att(state: AttachmentState, named: bool, ports: &[u64]) -> Attachment {
+        Attachment {
+            grant: None,
+            instance_id: InstanceId::parse("i1").unwrap(),
+            partition: Partition::new("ibpart_a", "a", "ws", "acct", "fab1", 0x12).unwrap(),
+            membership: Membership::Full,
+            state,
+            reason: String::new(),
+            created_unix_ns: 0,
+            updated_unix_ns: 0,
+            ports: ports
+                .iter()
+                .map(|n| AttachmentPort::of(&port(*n, true)))
+                .collect(),
+            named_ports: named,
+            restored: None,
+        }
+    }
+
+    #[test]
+    fn a_fabric_port_joins_a_whole_node_attachment_for_good() {
+        let later = Inventory {
+            ports: vec![port(1, true), port(2, true), port(3, false)],
+        };
+        let mut a = att(AttachmentState::Active, false, &[1]);
+        assert!(a.join_ports(&later));
+        let guids: Vec<Guid> = a.ports.iter().map(|p| p.port_guid).collect();
+        assert_eq!(guids, [Guid(1), Guid(2)], "a non-fabric port never joins");
+        assert!(!a.join_ports(&later), "nothing new");
+        // Port 2 drops out of the read: it stays covered.
+        let without = Inventory {
+            ports: vec![port(1, true)],
+        };
+        assert!(!a.join_ports(&without));
+        assert_eq!(a.covered_guids(Some(&without)), [Guid(1), Guid(2)]);
+        // The record survives the store's encoding (old records without joined ports read too).
+        let back: Attachment = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back.ports, a.ports);
+    }
+
+    #[test]
+    fn named_ports_and_releasing_attachments_take_no_new_port() {
+        let inv = Inventory {
+            ports: vec![port(1, true), port(2, true)],
+        };
+        let mut named = att(AttachmentState::Active, true, &[1]);
+        assert!(!named.join_ports(&inv));
+        assert_eq!(named.ports.len(), 1);
+        let mut releasing = att(AttachmentState::Releasing, false, &[1]);
+        assert!(!releasing.join_ports(&inv));
+        assert_eq!(releasing.ports.len(), 1);
     }
 }

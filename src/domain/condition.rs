@@ -45,6 +45,31 @@ pub enum ConditionKind {
     /// keys are withheld from the node's sets until the control plane sends their attach again
     /// (or releases them). The detail names them. Stands while any is withheld.
     RestoredUnconfirmed,
+    /// An SM host with peers has not caught up with every peer since it started (its first
+    /// pull timed out or a peer did not answer): the sets it holds back stay out of its file
+    /// until the node or a peer confirms them. The detail names the peers it waits for.
+    SmHostNotCaughtUp,
+    /// An SM host's own OpenSM is not running (no SMInfo answer on its port, or its pid is
+    /// gone): this host's acknowledgements are missing from every node's applies, so releases
+    /// and attaches wait on it. The detail says how it was seen.
+    OpenSmNotRunning,
+    /// An SM host holds a peer fenced: the peer's agent stopped answering pulls and its SM port
+    /// did not answer SMInfo (or was down). The nodes' applies go on without it; it rejoins once
+    /// its agent answers again, caught up. The detail names it and the evidence.
+    SmHostFenced,
+    /// A peer SM host's agent does not answer but its SM answers SMInfo (it could become master
+    /// with a stale file): it is not fenced, so releases and attaches wait on it. The detail
+    /// says what the operator can do (stop that OpenSM, or `fabric-agent fence-sm-host`).
+    SmHostAgentSilent,
+    /// A node (remote backend): the SM hosts' answers name a host set its `endpoints` do not
+    /// cover (a known host missing, two endpoints answering as one host, a stated name that is
+    /// not the TLS-verified one): its applies are not acknowledged until they do.
+    SmHostSetIncomplete,
+    /// A node's start check (what each SM host stores for it, asked before any apply that adds
+    /// a key) got no answer from some SM host within its bound: the node then sends its sets
+    /// again without that host's evidence that its store did not go back in time. The detail
+    /// names the hosts; cleared when every host answered or an apply was acknowledged.
+    StartCheckIncomplete,
 }
 
 impl ConditionKind {
@@ -61,6 +86,12 @@ impl ConditionKind {
             ConditionKind::SmHostsDisagree => "SM_HOSTS_DISAGREE",
             ConditionKind::NodeSetQuarantined => "NODE_SET_QUARANTINED",
             ConditionKind::RestoredUnconfirmed => "RESTORED_UNCONFIRMED",
+            ConditionKind::SmHostNotCaughtUp => "SM_HOST_NOT_CAUGHT_UP",
+            ConditionKind::OpenSmNotRunning => "OPENSM_NOT_RUNNING",
+            ConditionKind::SmHostFenced => "SM_HOST_FENCED",
+            ConditionKind::SmHostAgentSilent => "SM_HOST_AGENT_SILENT",
+            ConditionKind::SmHostSetIncomplete => "SM_HOST_SET_INCOMPLETE",
+            ConditionKind::StartCheckIncomplete => "START_CHECK_INCOMPLETE",
         }
     }
 }

@@ -1,4 +1,4 @@
-use super::PKey;
+use super::{NodeMemberships, PKey};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -16,6 +16,48 @@ pub struct ApplyLedger {
     pub generation_reserved: u64,
     /// Keys an apply may have carried and no later acknowledged apply has removed.
     pub keys: BTreeSet<PKey>,
+    /// The fabric side's last positive answer to this node, as recorded in the same commit as
+    /// the apply's outcome (ACTIVE, RELEASED): at a start, a fabric side that holds a newer
+    /// generation with a set that is neither this one nor the node's current desired set
+    /// proves the store went back in time (`agent::start_check`). None before the first
+    /// acknowledgement (and in stores written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked: Option<AckedSet>,
+}
+
+/// One acknowledged apply, as the ledger keeps it: its generation and its set's digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckedSet {
+    /// The acknowledged apply's generation.
+    pub generation: u64,
+    /// [`set_digest`] of the set it carried.
+    pub digest: u64,
+}
+
+/// A digest of what a set asks of the fabric: its port GUIDs and, per key, the membership and
+/// the ports that get it (not the partition names, which are labels). Two sets with the same
+/// digest program the same P_Key tables; stable across versions (FNV-1a over a fixed text).
+pub fn set_digest(set: &NodeMemberships) -> u64 {
+    let mut guids: Vec<_> = set.port_guids.clone();
+    guids.sort_unstable();
+    guids.dedup();
+    let mut text = String::new();
+    for g in &guids {
+        text.push_str(&format!("port {g}\n"));
+    }
+    for (key, setting) in &set.keys {
+        let mut ports = set.guids_for(*key);
+        ports.sort_unstable();
+        ports.dedup();
+        text.push_str(&format!("key {:#06x} {}", key.base(), setting.membership));
+        for p in ports {
+            text.push_str(&format!(" {p}"));
+        }
+        text.push('\n');
+    }
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl ApplyLedger {

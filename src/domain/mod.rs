@@ -20,12 +20,12 @@ pub use condition::{Condition, ConditionKind};
 pub use error::DomainError;
 pub use event::{Event, EventKind, Evidence, PortReading};
 pub use grant::{
-    is_grant_id, signed_message, Grant, GrantError, GrantKey, GrantKeys, GrantPolicy, GrantUse,
-    SignedGrant, SIGNING_CONTEXT,
+    is_grant_id, signed_message, Grant, GrantError, GrantKey, GrantKeys, GrantLifetime,
+    GrantPolicy, GrantUse, RetiredKeys, SignedGrant, SIGNING_CONTEXT,
 };
 pub use guid::Guid;
 pub use ident::{validate_label, LabelRules};
-pub use ledger::ApplyLedger;
+pub use ledger::{set_digest, AckedSet, ApplyLedger};
 pub use membership::{KeySetting, Membership, NodeMemberships};
 pub use node::{is_safe_key_name, NodeId, KEY_NAME_MAX};
 pub use partition::{FabricName, Partition, PartitionId};

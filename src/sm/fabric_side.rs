@@ -143,6 +143,21 @@ pub trait FabricSide: Send + Sync + 'static {
         instance: &str,
     ) -> Result<Revocation, FabricSideError>;
 
+    /// Retires `pkey` as of `retired_at_unix_ms` (the control plane deleted its partition):
+    /// grants for it issued then or before are refused, and the keys they justified leave the
+    /// nodes' sets. A fabric side that cannot refuses with `Precondition`.
+    async fn retire_pkey(
+        &self,
+        pkey: PKey,
+        retired_at_unix_ms: u64,
+    ) -> Result<super::opensm::Retirement, FabricSideError> {
+        let _ = (pkey, retired_at_unix_ms);
+        Err(FabricSideError::new(
+            FabricSideErrorKind::Precondition,
+            std::io::Error::other("this fabric side does not retire P_Keys"),
+        ))
+    }
+
     /// The ports the subnet manager holds in `pkey`.
     async fn partition_members(&self, pkey: PKey) -> Result<PartitionMembers, FabricSideError>;
 
@@ -153,6 +168,23 @@ pub trait FabricSide: Send + Sync + 'static {
     /// peer SM host (`from` names it). `None`: this fabric side has no peers.
     fn peer_sets(&self, from: &str) -> Option<super::opensm::sync::PeerAnswer> {
         let _ = from;
+        None
+    }
+
+    /// The SM-host set this fabric side states in its answers to nodes (its name, the SM hosts
+    /// it knows, the ones it holds fenced). `None`: a fabric side without peers (the node then
+    /// identifies it by its endpoint).
+    fn sm_hosts(&self) -> Option<super::opensm::fence::SmHostSet> {
+        None
+    }
+
+    /// The operator's fence of peer SM host `name` after the physical check
+    /// (`fabric-agent fence-sm-host`). `None`: this fabric side has no peers.
+    async fn fence_sm_host(
+        &self,
+        name: &str,
+    ) -> Option<Result<super::opensm::fence::FencedHost, super::opensm::fence::FenceRefusal>> {
+        let _ = name;
         None
     }
 }

@@ -17,7 +17,7 @@ pub use fabric_side::{
 };
 pub use opensm::{OpenSmBackend, OpenSmError, StoredNode};
 
-use crate::domain::{Condition, NodeMemberships, SmState};
+use crate::domain::{Condition, NodeId, NodeMemberships, SmState};
 use crate::embedded_fabric::SimError;
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -126,6 +126,29 @@ pub struct ApplyOutcome {
     pub detail: String,
 }
 
+/// One fabric-side host's answer to "what do you store for this node" ([`SubnetManager::stored_sets`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostStoredSet {
+    /// The host as configured (its endpoint).
+    pub host: String,
+    /// Its answer.
+    pub answer: StoredSetAnswer,
+}
+
+/// What one fabric-side host said about a node's stored set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredSetAnswer {
+    /// It stores this generation of the node's set.
+    Stored(u64, NodeMemberships),
+    /// It stores no set for the node.
+    NotStored,
+    /// It refused to tell (the node's identity may not read that node's set): it refuses the
+    /// node's sets by the same rule, so it cannot take a key from the node either. Why.
+    Refused(String),
+    /// No answer (unreachable, timed out, an answer that does not convert): why.
+    NoAnswer(String),
+}
+
 /// A subnet-manager backend.
 #[async_trait]
 pub trait SubnetManager: Send + Sync + 'static {
@@ -163,6 +186,15 @@ pub trait SubnetManager: Send + Sync + 'static {
     /// out a refusal's backoff. Default: never (the backoff runs its course).
     async fn cause_changed(&self) {
         std::future::pending::<()>().await
+    }
+
+    /// What each fabric-side host stores for `node` now (the remote backend: every configured
+    /// SM host's `GetNodeMemberships`), for the check a node makes at every start before it
+    /// adds a key (`agent::start_check`). `None`: this backend keeps no per-node sets, so there
+    /// is nothing to check. Default: None.
+    async fn stored_sets(&self, node: &NodeId) -> Option<Vec<HostStoredSet>> {
+        let _ = node;
+        None
     }
 
     /// Standing conditions the backend sees now (e.g. OpenSM rejected a file, the operator's

@@ -93,6 +93,7 @@ fn the_apply_ledger_commits_with_the_batch_and_survives_reopen() {
     let ledger = ApplyLedger {
         generation_reserved: 2048,
         keys: [PKey::new(0x12).unwrap()].into(),
+        ..Default::default()
     };
     {
         let store = Store::open(&path, 100).unwrap();

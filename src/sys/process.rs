@@ -1,4 +1,5 @@
-//! Signals to other processes, and facts about this process's own file descriptors.
+//! Signals to other processes, children that can receive them, and facts about this process's
+//! own file descriptors.
 
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
@@ -97,6 +98,38 @@ fn pidfd_send_sighup(pidfd: &OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The signals a child must be able to receive: SIGHUP (a reload: OpenSM's heavy sweep, the
+/// agent's configuration) and SIGINT and SIGTERM (a stop).
+const CHILD_DEFAULT_SIGNALS: [nix::sys::signal::Signal; 3] = [
+    nix::sys::signal::Signal::SIGHUP,
+    nix::sys::signal::Signal::SIGINT,
+    nix::sys::signal::Signal::SIGTERM,
+];
+
+/// Makes `command`'s child start with the default disposition of SIGHUP, SIGINT and SIGTERM,
+/// whatever this process's are. An ignored signal stays ignored across fork and exec, so a
+/// process started with SIGHUP ignored (under `nohup`, by some init scripts and CI runners)
+/// would otherwise pass that on, and its children could not be reloaded or stopped with the
+/// signal. (std already resets the child's signal mask and SIGPIPE; handlers are reset by exec.)
+pub fn with_default_signals(command: &mut std::process::Command) -> &mut std::process::Command {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
+    use std::os::unix::process::CommandExt;
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe functions may be called: it calls only sigaction(2), which POSIX lists
+    // as async-signal-safe, with a value built before the fork; it allocates nothing and takes
+    // no lock. Setting SIG_DFL installs no handler, so sigaction's own safety condition (a
+    // handler must be async-signal-safe) holds.
+    unsafe {
+        command.pre_exec(move || {
+            for signal in CHILD_DEFAULT_SIGNALS {
+                sigaction(signal, &default).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        })
+    }
+}
+
 /// The device and inode of what a file descriptor refers to (`fstat`'s `st_dev`, `st_ino`).
 pub fn device_and_inode(fd: impl AsFd) -> std::io::Result<(u64, u64)> {
     let stat = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
@@ -116,8 +149,9 @@ mod tests {
 
     #[test]
     fn a_named_sighup_reaches_only_the_named_program() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
+        // Default dispositions: when this suite runs with SIGHUP ignored (under nohup), a plain
+        // child would inherit that and survive the signal.
+        let mut child = with_default_signals(std::process::Command::new("sleep").arg("30"))
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
@@ -157,5 +191,73 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         assert_eq!(ino, std::fs::metadata(&path).unwrap().ino());
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// The environment variable that makes `dispositions_probe` run (it is started by
+    /// `a_child_gets_default_dispositions_when_this_process_ignores_sighup`).
+    const PROBE: &str = "FABRIC_AGENT_DISPOSITIONS_PROBE";
+
+    /// Signals ignored by `pid`, from the `SigIgn` mask of `/proc/PID/status` (bit n-1 for
+    /// signal n), read by a `cat` child spawned with `command`.
+    fn ignored_by_a_child(command: &mut std::process::Command) -> u64 {
+        let out = command.arg("/proc/self/status").output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let status = String::from_utf8(out.stdout).unwrap();
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .unwrap_or_else(|| panic!("{status}"));
+        u64::from_str_radix(mask.trim(), 16).unwrap()
+    }
+
+    const HUP_INT_TERM: u64 =
+        1 << (nix::libc::SIGHUP - 1) | 1 << (nix::libc::SIGINT - 1) | 1 << (nix::libc::SIGTERM - 1);
+
+    /// Run by the test below under `nohup` (SIGHUP ignored in this process): a plain child
+    /// inherits the ignored SIGHUP, a child spawned through `with_default_signals` does not.
+    #[test]
+    #[ignore = "a probe started by a_child_gets_default_dispositions_when_this_process_ignores_sighup"]
+    fn dispositions_probe() {
+        assert_eq!(
+            std::env::var(PROBE).as_deref(),
+            Ok("1"),
+            "run by the test below"
+        );
+        let sighup = 1 << (nix::libc::SIGHUP - 1);
+        let plain = ignored_by_a_child(&mut std::process::Command::new("cat"));
+        assert_eq!(
+            plain & sighup,
+            sighup,
+            "the probe must run with SIGHUP ignored"
+        );
+        let reset =
+            ignored_by_a_child(with_default_signals(&mut std::process::Command::new("cat")));
+        assert_eq!(
+            reset & HUP_INT_TERM,
+            0,
+            "a child spawned through with_default_signals ignores {reset:#x}"
+        );
+        println!("PROBE-OK plain={plain:#x} reset={reset:#x}");
+    }
+
+    #[test]
+    fn a_child_gets_default_dispositions_when_this_process_ignores_sighup() {
+        // This test binary again, under nohup (SIGHUP ignored from its start), running only the
+        // probe: independent of how this process itself was started.
+        let me = std::env::current_exe().unwrap();
+        let out = std::process::Command::new("nohup")
+            .arg(me)
+            .args(["--exact", "sys::process::tests::dispositions_probe"])
+            .args(["--ignored", "--nocapture", "--test-threads=1"])
+            .env(PROBE, "1")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("PROBE-OK"),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -236,6 +236,39 @@ fn byte_count(ret: isize) -> Result<usize, Errno> {
     }
 }
 
+/// The umad2sim shim's library file name (ibsim's userspace umad, loaded with LD_PRELOAD).
+pub const UMAD2SIM_LIBRARY: &str = "libumad2sim.so";
+
+/// Whether the umad2sim shim is (or will be) in this process: loaded (its library among the
+/// mappings of `/proc/self/maps`) or preloaded (named in `LD_PRELOAD`, as `check-config` run
+/// with the service's environment sees it). Returns what gave it away.
+///
+/// Under the shim, one process may have only one user per umad device: the shim routes every
+/// answer by management class to the last fd that registered that class on the device, and
+/// when that fd is closed its receiver thread dereferences the freed fd's queue (a NULL pointer
+/// since `close` cleared the slot) on the next answer of that class and the whole process dies
+/// with SIGSEGV. Two users that open the same device (the SMP observer, the SMInfo read, the
+/// port-ownership SA check, the SA presence check) therefore crash an agent under the shim,
+/// while on a kernel each fd's agents are apart.
+pub fn umad2sim_in_process() -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let preload = std::env::var("LD_PRELOAD").ok();
+    umad2sim_named(&maps, preload.as_deref())
+}
+
+/// [`umad2sim_in_process`] on given texts.
+fn umad2sim_named(maps: &str, ld_preload: Option<&str>) -> Option<String> {
+    if let Some(line) = maps.lines().find(|l| l.ends_with(UMAD2SIM_LIBRARY)) {
+        let path = line.split_whitespace().last().unwrap_or(UMAD2SIM_LIBRARY);
+        return Some(format!("{path} is loaded in this process"));
+    }
+    let preload = ld_preload?;
+    preload
+        .split([':', ' '])
+        .find(|entry| entry.ends_with(UMAD2SIM_LIBRARY))
+        .map(|entry| format!("LD_PRELOAD names {entry}"))
+}
+
 impl UmadPort {
     /// Opens a umad device and checks the ABI version. The P_Key index header is left off
     /// (no `IB_USER_MAD_ENABLE_PKEY`): MADs use the default 56-byte header, see [`HEADER_LEN`].
@@ -399,6 +432,20 @@ mod tests {
             Err(UmadError::Open { errno, .. }) => assert_eq!(errno, Errno::ENOENT),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_shim_is_found_loaded_or_preloaded() {
+        let maps = "7f00-7f01 r-xp 0 08:01 42 /usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so\n";
+        assert!(umad2sim_named(maps, None).unwrap().contains("is loaded"));
+        assert!(umad2sim_named("", Some("/x/libfoo.so:/y/libumad2sim.so"))
+            .unwrap()
+            .contains("LD_PRELOAD names /y/libumad2sim.so"));
+        assert_eq!(
+            umad2sim_named("7f00 r-xp /usr/lib/libc.so.6\n", Some("")),
+            None
+        );
+        assert_eq!(umad2sim_named("", None), None);
     }
 
     #[test]

@@ -6,13 +6,18 @@
 //!   API calls, the event log, waits with deadlines, loopback ports, a test CA, grants and the one
 //!   way to skip a test that cannot run here.
 //! - [`rig`]: the InfiniBand test fabric — `ibsim` plus a real OpenSM, clients under the umad2sim
-//!   shim, `fabric-agent` daemons as its nodes, several SM hosts, two HCAs on one host.
+//!   shim, `fabric-agent` daemons as its nodes, several SM hosts, two HCAs on one host; OpenSM
+//!   under the umad timeout interposer (`rig::preload`), stall evidence kept on request
+//!   (`rig::stall`).
 //! - [`fake_ufm`]: a fake NVIDIA UFM REST server inside the test process.
 //! - [`sim`]: the deterministic simulation of the reconciler (seeded schedules, model subnet
 //!   managers and ports, the oracle).
+//! - [`chaos`]: the fault campaign on the rig (real agents and OpenSMs, seeded faults, a
+//!   control-plane driver) and its independent checker.
 //!
 //! `rig` and `sim` use `common`; nothing here is used by the agent itself.
 
+pub mod chaos;
 pub mod common;
 pub mod fake_ufm;
 pub mod rig;

@@ -65,7 +65,10 @@ echo "== TCP 127.0.0.1:$port (no client option)"
 echo "== unix socket, grpc.default_authority = localhost"
 "$py" "$here/client.py" --target "unix:$sock" --authority localhost --instance vm-unix --partition ibpart_grpciounix --pkey 0x0a13 || status=1
 echo "== unix socket without the option (what the README warns about)"
-"$py" "$here/client.py" --target "unix:$sock" --probe-only || status=1
+# Informational: the outcome is printed either way. Bounded, because grpcio has been seen to
+# hang past its own deadline on this call once (no answer for 10 min).
+timeout 90 "$py" "$here/client.py" --target "unix:$sock" --probe-only \
+  || echo "grpcio: the probe without the option gave no outcome within 90 s (exit $?)"
 
 if [ "$status" != 0 ]; then
   echo "grpcio: FAILED; the agent's log:" >&2

@@ -708,7 +708,7 @@ async fn tenant_entries_never_resolve_operator_entries_by_name() {
         .for_each(|k| k.name = "storage".into());
     s.backend.set_node(named, 1).await.unwrap();
     let text = std::fs::read_to_string(&s.path).unwrap();
-    assert!(text.contains("fa.0a12.storage=0x0a12"), "{text}");
+    assert!(text.contains("fa.0a12=0x0a12"), "{text}");
     let conf = parse(text.as_bytes()).unwrap();
     let eff = conf.effective();
     assert_eq!(eff[&0x0a12].members.len(), 1, "{text}");
@@ -994,6 +994,31 @@ impl NodeMembershipStore for FlakyStore {
     ) -> Result<fabric_agent::sm::opensm::CommitState, fabric_agent::sm::opensm::NodeStoreError>
     {
         self.inner.load_commit_state()
+    }
+    fn load_retired(
+        &self,
+    ) -> Result<fabric_agent::domain::RetiredKeys, fabric_agent::sm::opensm::NodeStoreError> {
+        self.inner.load_retired()
+    }
+    fn put_retired(
+        &self,
+        retired: &fabric_agent::domain::RetiredKeys,
+    ) -> Result<(), fabric_agent::sm::opensm::NodeStoreError> {
+        self.inner.put_retired(retired)
+    }
+    fn load_fenced(
+        &self,
+    ) -> Result<
+        Vec<fabric_agent::sm::opensm::fenced_host::FencedHost>,
+        fabric_agent::sm::opensm::NodeStoreError,
+    > {
+        self.inner.load_fenced()
+    }
+    fn put_fenced(
+        &self,
+        fenced: &[fabric_agent::sm::opensm::fenced_host::FencedHost],
+    ) -> Result<(), fabric_agent::sm::opensm::NodeStoreError> {
+        self.inner.put_fenced(fenced)
     }
 }
 

@@ -14,6 +14,9 @@
 //! - **a node reaching one SM host only**: its release is programmed by the master and stays
 //!   RELEASING naming the unreachable host; the other host takes the node's new set from its
 //!   peer; once the node reaches it again the release is RELEASED, and the key never came back.
+//! - **consumption exchange**: a release sent to one SM host consumes its grant there; the other
+//!   consumes it at its next pull (its file loses the key) and refuses the old grant replayed to
+//!   it at a higher generation.
 //!
 //! Skipped when ibsim/OpenSM are not installed.
 
@@ -192,12 +195,10 @@ async fn sm_hosts_partitioned_from_each_other_never_bring_a_released_key_back() 
         hb.catching_up_with,
         [format!("http://127.0.0.1:{}", b_to_a.port())]
     );
-    wait_until(
-        "the restarted agent's file without the held-back sets' keys",
-        LONG,
-        || async { !region_of(&files.b.0).contains(&format!("{k2:#06x}")) },
-    )
-    .await;
+    // Its OpenSM kept running: a held-back set keeps the keys the running file holds
+    // (sm::opensm::running_start), so node2's key stays in that file.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(region_of(&files.b.0).contains(&format!("{k2:#06x}")));
 
     // The nodes reach both hosts: a release and an attach are acknowledged by both.
     let r = release(&mut c1, "i-1", Some(30_000)).await;
@@ -217,7 +218,7 @@ async fn sm_hosts_partitioned_from_each_other_never_bring_a_released_key_back() 
     assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
     let (ha, hb) = (sm_host_status(&sm_a).await, sm_host_status(&sm_b).await);
     // node1's new sets confirmed it at the restarted host; node2 (nothing new to send) stays
-    // held back there until the peer confirms it: its key is out of that file meanwhile.
+    // held back there until the peer confirms it, keeping the key its running OpenSM's file held.
     assert!(
         !hb.held_back_nodes.contains(&"node1".to_owned())
             && hb.held_back_nodes.contains(&"node2".to_owned()),
@@ -231,7 +232,7 @@ async fn sm_hosts_partitioned_from_each_other_never_bring_a_released_key_back() 
         );
     }
     assert!(region_of(&files.a.0).contains(&format!("{k2:#06x}")));
-    assert!(!region_of(&files.b.0).contains(&format!("{k2:#06x}")));
+    assert!(region_of(&files.b.0).contains(&format!("{k2:#06x}")));
     for (who, c) in [
         ("smhost", conditions(&sm_a).await),
         ("smhost2", conditions(&sm_b).await),
@@ -518,5 +519,111 @@ async fn a_node_reaching_one_sm_host_only_releases_once_the_other_has_its_set() 
     drop(c1);
     let mut one = one;
     assert!(one.stop().success());
+    drop((sm_a, sm_b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // a lock between the tests' own runtimes
+async fn a_release_to_one_sm_host_consumes_the_grant_on_the_other_at_its_next_pull() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((fabric, standby)) =
+        start_two_sms(&FabricSpec::new(1, 2), LIMITED_DEFAULT_PARTITIONS, "node2")
+    else {
+        common::skip("ibsim/opensm not installed");
+        return;
+    };
+    let files = TwoSmFiles::of(&fabric, &standby, (free_port(), free_port()));
+    let (pa, pb_) = (free_port(), free_port());
+    let control_plane = GrantSigner::new("cp-1");
+    let grants = format!(
+        "[grants]\nrequire = true\n{}",
+        control_plane.config_entry("")
+    );
+    let sm_a = SmHostAgent::start(
+        &fabric,
+        "smhost",
+        &(ha_sm_config(&fabric, "smhost", pa, &files.sm_a(), &[pb_]) + &grants),
+    );
+    let sm_b = SmHostAgent::start(
+        &fabric,
+        "smhost2",
+        &(ha_sm_config(&fabric, "smhost2", pb_, &files.sm_b(), &[pa]) + &grants),
+    );
+    let mut one = Agent::start(
+        &fabric,
+        "node1",
+        &(ha_node_config(&fabric, "node1", &[pa, pb_]) + &grants),
+    );
+    let mut c1 = one.client().await;
+    let key = 0x0a61u32;
+    let mut request = attach(
+        "i-1",
+        partition(&format!("ibpart_{key:04x}"), key),
+        Some(30_000),
+    );
+    let g1 = control_plane.sign(&grant("g-1", "fab1", "node1", "i-1", key, Membership::Full));
+    request.grant = Some(g1.clone());
+    let a = attach_now(&mut c1, request).await;
+    assert_eq!(state(&a), pb::AttachmentState::Active, "{a:?}");
+    wait_until(
+        "both SM hosts caught up and holding the key",
+        LONG,
+        || async {
+            sm_host_status(&sm_a).await.caught_up
+                && sm_host_status(&sm_b).await.caught_up
+                && region_of(&files.b.0).contains(&format!("{key:#06x}"))
+        },
+    )
+    .await;
+    // node1 is rooted from here on: its agent stops and the node speaks for itself.
+    drop(c1);
+    assert!(one.stop().success());
+    let guid1 = fabric.node_info("node1").port_guid;
+    let mut to_a = PartitionsClient::connect(format!("http://127.0.0.1:{pa}"))
+        .await
+        .expect("connect to the master's agent");
+    let mut to_b = PartitionsClient::connect(format!("http://127.0.0.1:{pb_}"))
+        .await
+        .expect("connect to the standby's agent");
+    // The release goes to the master's agent only: it consumes g-1 there.
+    let generation = 1u64 << 40;
+    to_a.set_node_memberships(common::sm_requests::set_memberships(
+        "node1",
+        &[guid1],
+        &[],
+        generation,
+    ))
+    .await
+    .unwrap_or_else(|s| panic!("{s:?}\n{}", sm_a.log_text()));
+    // The old grant, at a higher generation, goes to the standby's agent: taken, or refused
+    // when the standby already pulled the release.
+    let replay = |g: u64| {
+        let mut set = common::sm_requests::set_memberships("node1", &[guid1], &[key], g);
+        set.memberships.as_mut().expect("set").grants = vec![g1.clone()];
+        set
+    };
+    let first = to_b.set_node_memberships(replay(generation + 1)).await;
+    eprintln!(
+        "the replay at the standby before its pull: {:?}",
+        first.as_ref().map(|_| "OK").map_err(|s| s.code())
+    );
+    if let Err(s) = &first {
+        assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
+    }
+    // At its next pull the standby consumes g-1: its file (the one its OpenSM would program at
+    // a failover) loses the key, and the replay is refused there.
+    wait_until(
+        "the standby's region without the consumed key",
+        LONG,
+        || async { !region_of(&files.b.0).contains(&format!("{key:#06x}")) },
+    )
+    .await;
+    let s = to_b
+        .set_node_memberships(replay(generation + 2))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
+    assert!(s.message().contains("consumed"), "{s:?}");
+    assert!(!has_base(&fabric.pkeys("node1"), key as u16));
     drop((sm_a, sm_b));
 }

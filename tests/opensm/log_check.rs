@@ -111,3 +111,61 @@ fn the_agent_refuses_to_start_when_opensm_logs_to_another_file() {
         "a refused start opened the store"
     );
 }
+
+/// `doctor` on an SM host reports OpenSM's M_Key settings: the rig's OpenSM runs with
+/// OpenSM's defaults (m_key 0, protection level 0), two WARNs naming the settings; with a key
+/// and protection level 2 in its opensm.conf, an OK line.
+#[test]
+fn doctor_warns_when_opensm_leaves_p_key_tables_unprotected() {
+    let Some(fabric) = Fabric::start(&FabricSpec::new(1, 1), LIMITED_DEFAULT_PARTITIONS) else {
+        return;
+    };
+    let d = fabric.dir();
+    let conf = d.join("opensm.conf");
+    let config = d.join("smhost.toml");
+    std::fs::write(
+        &config,
+        sm_config(&fabric, common::free_port()).replace(
+            "[subnet_manager.opensm]\n",
+            &format!(
+                "[subnet_manager.opensm]\nopensm_conf = \"{}\"\n",
+                conf.display()
+            ),
+        ),
+    )
+    .unwrap();
+    let m_key_lines = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.contains("opensm m_key"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let (_, out) = run(&config, &["doctor"]);
+    let lines = m_key_lines(&out);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("WARN") && l.contains("m_key is 0")),
+        "{out}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("WARN") && l.contains("m_key_protection_level is 0")),
+        "{out}"
+    );
+
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str("m_key 0x5eed00000000c0de\nm_key_protection_level 2\nm_key_lease_period 60\n");
+    std::fs::write(&conf, text).unwrap();
+    let (_, out) = run(&config, &["doctor"]);
+    let lines = m_key_lines(&out);
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| l.starts_with("OK")),
+        "{out}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("m_key_protection_level 2")),
+        "{out}"
+    );
+}

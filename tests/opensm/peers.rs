@@ -193,6 +193,7 @@ async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
             },
         ],
         revocations: Vec::new(),
+        ..PeerAnswer::default()
     });
     a.sync.round().await;
     assert!(a.backend.node("node2").is_none());
@@ -225,6 +226,7 @@ async fn a_peer_set_is_judged_here_and_the_highest_generation_wins() {
             confirmed: false,
         }],
         revocations: Vec::new(),
+        ..PeerAnswer::default()
     });
     a.sync.round().await;
     assert_eq!(a.backend.node("node1").unwrap().generation, 3);
@@ -383,6 +385,7 @@ async fn a_revocation_on_one_host_is_applied_by_its_peer_and_the_grant_refused_t
             confirmed: true,
         }],
         revocations: Vec::new(),
+        ..PeerAnswer::default()
     });
     b.sync.round().await;
     assert!(!file_has(&b, KEY));

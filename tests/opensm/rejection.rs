@@ -3,7 +3,8 @@
 //! through, a rejected set is never answered OK, what a node was acknowledged stays in the file,
 //! and other rejected bytes are held back for a hold that doubles, then written again. Another
 //! node's release is not held up by a held or just rejected addition: written at once without
-//! it, in the same commit or during the hold. The same on the ibsim rig:
+//! it, in the same commit or during the hold. After three rejections of the same addition it is
+//! refused (no more fail-open windows) until the node's set changes. The same on the ibsim rig:
 //! `tests/opensm/isolation.rs`.
 
 use testkit::common;
@@ -344,4 +345,65 @@ async fn a_release_after_an_unconfirmed_addition_goes_through_when_opensm_reject
         .await
         .unwrap_err();
     assert!(held(&e).is_some(), "{e}");
+}
+
+fn refused(e: &OpenSmError) -> bool {
+    matches!(e, OpenSmError::Rejected(Rejection::Refused { .. }))
+}
+
+fn rejected_shown(h: &Host) -> bool {
+    h.backend
+        .conditions_now()
+        .iter()
+        .any(|c| c.kind == fabric_agent::domain::ConditionKind::PartitionsFileRejected)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_addition_rejected_three_times_is_refused_until_the_nodes_set_changes() {
+    let h = two_nodes_and_a_poisoned_addition().await;
+    let b = |keys: &[u32]| node_set("node-b", 0x20, keys);
+    // Three rejections of node-b's addition, each after its hold (1 min, then 2 min).
+    for wait in [0, 61, 121] {
+        tokio::time::advance(Duration::from_secs(wait)).await;
+        let e = h.backend.set_node(b(&[9, 8]), 2).await.unwrap_err();
+        assert!(
+            matches!(e, OpenSmError::Rejected(Rejection::Written { .. })),
+            "{e}"
+        );
+    }
+    // Refused now: however long it waits, the same set is not written again (no fail-open
+    // window per retry), never answered OK, and the rejection stays shown.
+    let before = h.reloads();
+    for _ in 0..4 {
+        tokio::time::advance(Duration::from_secs(700)).await;
+        let e = h.backend.set_node(b(&[9, 8]), 2).await.unwrap_err();
+        assert!(refused(&e), "{e}");
+        assert!(e.to_string().contains("3 times"), "{e}");
+    }
+    assert_eq!(h.reloads(), before);
+    assert!(!h.file_gives(8, 0x20) && h.file_gives(9, 0x20));
+    assert!(rejected_shown(&h));
+    // Another node's attach and release go through meanwhile, without node-b's addition.
+    h.backend.set_node(set(&[7, 6]), 2).await.unwrap();
+    h.backend.set_node(set(&[6]), 3).await.unwrap();
+    assert!(h.file_gives(6, 0x10) && !h.file_gives(7, 0x10) && !h.file_gives(8, 0x20));
+    assert!(rejected_shown(&h));
+    // node-b's set changes (one key more): written once more; OpenSM rejects it again, and it
+    // is refused again at once, with no hold to wait out.
+    let before = h.reloads();
+    let e = h.backend.set_node(b(&[9, 8, 5]), 3).await.unwrap_err();
+    assert!(
+        matches!(e, OpenSmError::Rejected(Rejection::Written { .. })),
+        "{e}"
+    );
+    assert!(h.reloads() > before);
+    let before = h.reloads();
+    tokio::time::advance(Duration::from_secs(700)).await;
+    let e = h.backend.set_node(b(&[9, 8, 5]), 3).await.unwrap_err();
+    assert!(refused(&e), "{e}");
+    assert_eq!(h.reloads(), before);
+    // A set without the rejected key is written and confirmed; the condition clears.
+    h.backend.set_node(b(&[9, 5]), 4).await.unwrap();
+    assert!(h.file_gives(5, 0x20) && !h.file_gives(8, 0x20));
+    assert!(!rejected_shown(&h));
 }

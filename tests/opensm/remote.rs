@@ -122,7 +122,7 @@ async fn plaintext_loopback_apply_reaches_the_file() {
     sm.apply(&desired(&[0x0a12]), 1).await.unwrap();
     let text = std::fs::read_to_string(&host.partitions).unwrap();
     assert!(
-        text.contains("tenant-a=0x0a12 :\n    0x0002c903000e0b72=full;"),
+        text.contains("fa.0a12=0x0a12 :\n    0x0002c903000e0b72=full;"),
         "{text}"
     );
 

@@ -3,8 +3,8 @@
 //! umad shim as the HCA their OpenSM is bound to (`sminfo_umad_device`). At every stage the role
 //! each agent's `GetNode` shows (labelled `sminfo`) is the one infiniband-diags' `sminfo -D 0`
 //! reads on that host's port: master and standby at start; after the master OpenSM is SIGKILLed,
-//! the standby's agent says master and the dead host's agent falls back to OpenSM's log,
-//! labelled so with SMInfo's error; after the old master returns, both agree with `sminfo`
+//! the standby's agent says master and the dead host's agent says `not running` (its pid is
+//! gone, SMInfo gets no answer), with the condition OPENSM_NOT_RUNNING naming node1; after the old master returns, both agree with `sminfo`
 //! again. A set sent to the standby's agent alone is confirmed there on SMInfo's STANDBY, and
 //! its key is on the node's port once that OpenSM is master. Skipped when ibsim/OpenSM are not
 //! installed.
@@ -138,14 +138,36 @@ async fn the_role_read_over_sminfo_matches_sminfo_through_a_failover() {
         "master"
     );
     wait_until(
-        "the dead master's agent falls back to the log",
+        "the dead master's agent says its OpenSM is not running",
         LONG,
         || async {
             let s = sm_host_status(&sm_a).await;
-            s.role_source == "opensm-log" && s.role_fallback_reason.contains(UMAD)
+            s.role == "not running"
+                && s.role_source == "not-running"
+                && s.role_fallback_reason.contains("gone")
+                && s.role_fallback_reason.contains(UMAD)
         },
     )
     .await;
+    wait_until(
+        "the dead master's agent raises OPENSM_NOT_RUNNING naming node1",
+        LONG,
+        || async {
+            let node = rig::process::client(&sm_a.socket)
+                .await
+                .get_node(fabric_agent::proto::agent::GetNodeRequest {})
+                .await
+                .expect("GetNode")
+                .into_inner();
+            node.conditions
+                .iter()
+                .any(|c| c.kind == "OPENSM_NOT_RUNNING" && c.detail.contains("node1"))
+        },
+    )
+    .await;
+    assert!(
+        scrape(a_files.metrics).contains("fabric_agent_condition{kind=\"OPENSM_NOT_RUNNING\"} 1")
+    );
     let a = sm_host_status(&sm_a).await;
     eprintln!(
         "after the failover: smhost says {} from {} ({}); sminfo as smhost: {:?}",

@@ -121,22 +121,23 @@ fn the_unreachable_and_refused_rules_each_fire_on_their_own_series_only() {
 }
 
 #[test]
-fn the_readme_shows_the_packaged_rules() {
+fn the_metrics_page_shows_the_packaged_rules() {
     let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/METRICS.md"))
+            .unwrap();
     assert!(
         readme.contains("packaging/prometheus/fabric-agent.rules.yml"),
-        "README points to the rules file"
+        "docs/METRICS.md points to the rules file"
     );
     assert!(readme.contains("and ignoring(state)"));
     assert!(!readme.contains("fabric_agent_sm_reachable == 0 and fabric_agent_attachments"));
-    // The README names both subnet-manager alerts and the state each watches.
+    // The metrics page names both subnet-manager alerts and the state each watches.
     for name in [
         "FabricAgentSubnetManagerUnreachable",
         "FabricAgentSubnetManagerRefused",
         UNREACHABLE_EXPR,
         REFUSED_EXPR,
     ] {
-        assert!(readme.contains(name), "README lacks {name}");
+        assert!(readme.contains(name), "docs/METRICS.md lacks {name}");
     }
 }

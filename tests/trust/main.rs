@@ -5,8 +5,10 @@
 
 mod fabric;
 mod flood;
+mod grant_ledger;
 mod grants;
 mod local;
 mod partitions;
+mod quotas;
 mod tls;
 mod tls_reload;

@@ -438,6 +438,8 @@ async fn nodes_reach_ufm_only_through_the_broker() {
     assert!(fake.members(TENANT_B as u16).is_empty());
 
     // UFM's port inventory cannot be read: the claim is refused (fail closed), nothing written.
+    // (node2's last read stands in for a fresh one for NODE_READ_INTERVAL: let it age first.)
+    tokio::time::sleep(fabric_agent::sm::ufm::broker::inventory::NODE_READ_INTERVAL).await;
     fake.outage_503(Duration::from_millis(800));
     let e = n2
         .set_node_memberships(set("node2", guid2, &[TENANT_B], 1, vec![g2.clone()]))

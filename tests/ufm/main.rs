@@ -8,5 +8,6 @@ mod broker;
 mod fleet;
 mod late_write_ports;
 mod ledger;
+mod ownership;
 mod restore;
 mod tls;

@@ -1,5 +1,6 @@
 //! A fake SM host serving `fabric.sm.v1.Partitions` on loopback: ListPartitionMembers answers
-//! what the test sets; every other RPC is UNIMPLEMENTED.
+//! what the test sets; RevokeInstance and RetirePartitionKey are counted and answered OK; every
+//! other RPC is UNIMPLEMENTED.
 
 use fabric_fleet::proto::sm::partitions_server::{Partitions, PartitionsServer};
 use fabric_fleet::proto::sm::*;
@@ -12,6 +13,10 @@ use tonic::{Request, Response, Status};
 pub struct FakeSmState {
     pub members: Mutex<BTreeMap<u32, Vec<PartitionMember>>>,
     pub calls: Mutex<u64>,
+    /// (node, instance) of every RevokeInstance.
+    pub revoked: Mutex<Vec<(String, String)>>,
+    /// (pkey, retired_at) of every RetirePartitionKey.
+    pub retired: Mutex<Vec<(u32, u64)>>,
 }
 
 impl FakeSmState {
@@ -54,11 +59,38 @@ impl Partitions for Fake {
     ) -> Result<Response<PullNodeSetsResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn fence_sm_host(
+        &self,
+        _: Request<FenceSmHostRequest>,
+    ) -> Result<Response<FencedSmHost>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn revoke_instance(
         &self,
-        _: Request<RevokeInstanceRequest>,
+        r: Request<RevokeInstanceRequest>,
     ) -> Result<Response<RevokeInstanceResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        let r = r.into_inner();
+        self.0
+            .revoked
+            .lock()
+            .unwrap()
+            .push((r.node_id, r.instance_id));
+        Ok(Response::new(RevokeInstanceResponse::default()))
+    }
+    async fn retire_partition_key(
+        &self,
+        r: Request<RetirePartitionKeyRequest>,
+    ) -> Result<Response<RetirePartitionKeyResponse>, Status> {
+        let r = r.into_inner();
+        self.0
+            .retired
+            .lock()
+            .unwrap()
+            .push((r.pkey, r.retired_at_unix_ms));
+        Ok(Response::new(RetirePartitionKeyResponse {
+            retired_at_unix_ms: r.retired_at_unix_ms,
+            removed: Vec::new(),
+        }))
     }
     async fn list_partition_members(
         &self,

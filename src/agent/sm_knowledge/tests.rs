@@ -30,6 +30,7 @@ fn ledger(reserved: u64, keys: &[u16]) -> ApplyLedger {
     ApplyLedger {
         generation_reserved: reserved,
         keys: keys.iter().map(|b| k(*b)).collect(),
+        ..Default::default()
     }
 }
 
@@ -102,7 +103,20 @@ fn an_unanswered_apply_leaves_what_it_carried_in_doubt_per_port() {
     sk.acknowledged(g2, only_2.clone(), 2);
     assert!(sk.acked_without_on(k(0x12), &[Guid(1)]));
     assert!(!sk.acked_without_on(k(0x12), &[Guid(2)]));
-    assert_eq!(sk.ledger_after_ack(&stored), None, "still given on port 2");
+    let after = sk
+        .ledger_after_ack(&stored)
+        .expect("the acknowledgement is recorded");
+    assert_eq!(after.keys, stored.keys, "still given on port 2");
+    assert_eq!(
+        after.acked,
+        Some(crate::domain::AckedSet {
+            generation: g2,
+            digest: crate::domain::set_digest(&only_2),
+        }),
+        "the last acknowledged generation and set"
+    );
+    stored = after;
+    assert_eq!(sk.ledger_after_ack(&stored), None, "recorded once");
     // Both again, no answer: port 1 is in doubt again, the ack of g2 no longer proves it.
     let g3 = send(&mut sk, &mut stored, &set(&[0x12], &[1, 2]));
     assert!(g3 > g2 && sk.unacked());

@@ -460,12 +460,19 @@ pub fn node_to_pb(n: NodeView) -> pb::GetNodeResponse {
 /// The SM host's sync state as `GetNode` shows it (`fabric.agent.v1.SmHostStatus`).
 pub fn sync_status_to_pb(s: &crate::sm::opensm::sync::SyncStatus) -> pb::SmHostStatus {
     pb::SmHostStatus {
-        role: s.role.unwrap_or_default().as_str().to_owned(),
+        // An OpenSM seen dead is "not running", never the log's last word.
+        role: match &s.role_source {
+            Some(crate::sm::opensm::sminfo::RoleSource::NotRunning { .. }) => "not running",
+            _ => s.role.unwrap_or_default().as_str(),
+        }
+        .to_owned(),
         role_source: s.role_source.as_ref().map_or("", |r| r.as_str()).to_owned(),
-        role_fallback_reason: match &s.role_source {
-            Some(crate::sm::opensm::sminfo::RoleSource::LogFallback { reason }) => reason.clone(),
-            _ => String::new(),
-        },
+        role_fallback_reason: s
+            .role_source
+            .as_ref()
+            .and_then(|r| r.reason())
+            .unwrap_or_default()
+            .to_owned(),
         caught_up: s.caught_up,
         catching_up_with: s.waiting_for.clone(),
         held_back_nodes: s.gated_nodes.clone(),

@@ -34,7 +34,7 @@ impl AgentService {
         AgentService {
             agent,
             node_id,
-            streams: StreamSlots::new(limits.max_watch_streams),
+            streams: StreamSlots::from_limits(&limits),
             limits,
             sm_host: None,
         }
@@ -234,9 +234,9 @@ impl FabricAgent for AgentService {
         &self,
         request: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<WireEvents>, Status> {
-        let r = request.into_inner();
         // The slot is held by the stream and freed when the client goes away.
-        let slot = self.streams.acquire()?;
+        let slot = self.streams.acquire(request.extensions().get())?;
+        let r = request.into_inner();
         let events = self
             .agent
             .watch(WatchFrom {

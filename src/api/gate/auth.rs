@@ -264,6 +264,13 @@ impl ClientAllowlist {
             .cloned()
     }
 
+    /// Whether an entry matches one of `names` (a certificate's names, unverified).
+    pub fn matches_any(&self, names: &[ClientId]) -> bool {
+        names
+            .iter()
+            .any(|n| self.allowed.iter().any(|e| e.matches(n)))
+    }
+
     /// The matched name, or PERMISSION_DENIED naming the certificate's first name.
     pub fn check(&self, identity: &CertIdentity) -> Result<ClientId, Status> {
         self.matching(identity)

@@ -67,8 +67,11 @@ const READ_ONLY: &[&str] = &[
 ];
 
 /// Mutating methods that callers on the operator list may call too (the handler then admits
-/// only operators): the control plane's revocation on the fabric side.
-const OPERATOR_MUTATIONS: &[&str] = &["/fabric.sm.v1.Partitions/RevokeInstance"];
+/// only operators): the control plane's revocation and P_Key retirement on the fabric side.
+const OPERATOR_MUTATIONS: &[&str] = &[
+    "/fabric.sm.v1.Partitions/RevokeInstance",
+    "/fabric.sm.v1.Partitions/RetirePartitionKey",
+];
 
 /// Whether a gRPC path names a read-only method.
 pub fn is_read_only(path: &str) -> bool {

@@ -4,10 +4,18 @@
 //! connection lives at most (its maximum age plus grace: the server's GOAWAY at the maximum age
 //! lets calls in progress finish, this deadline ends the connection even if a stream never
 //! does). A [`BoundedConn`] holds its slots for as long as the connection is open.
+//!
+//! With an identity quota ([`ConnLimits::with_identity_quota`]), a connection that presented a
+//! client certificate also takes a slot of its certificate's identity ([`super::quota`]). One
+//! beyond that quota is treated like an unauthenticated connection (it keeps its address slot
+//! and ends after `unauthenticated_for`) and is marked by its remote address, so the listener's
+//! layer answers each of its calls with RESOURCE_EXHAUSTED and the reason instead of a bare
+//! reset.
 
+use super::quota::{Quota, QuotaSlot, Reserve};
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -64,6 +72,9 @@ impl Drop for AddressSlot {
     }
 }
 
+/// Connections refused by the identity quota, by remote address, with the reason.
+type Marked = Arc<Mutex<HashMap<SocketAddr, String>>>;
+
 /// The listener's connection bounds.
 #[derive(Clone)]
 pub struct ConnLimits {
@@ -72,6 +83,8 @@ pub struct ConnLimits {
     per_address: usize,
     unauthenticated_for: Duration,
     lifetime: Duration,
+    identities: Option<(Quota, Reserve)>,
+    over_quota: Marked,
 }
 
 impl ConnLimits {
@@ -89,7 +102,25 @@ impl ConnLimits {
             per_address,
             unauthenticated_for,
             lifetime,
+            identities: None,
+            over_quota: Marked::default(),
         }
+    }
+
+    /// Also bounds the connections of each certificate identity by `quota`, `reserve` telling
+    /// which identities may use its reserved slots.
+    pub fn with_identity_quota(self, quota: Quota, reserve: Reserve) -> Self {
+        ConnLimits {
+            identities: Some((quota, reserve)),
+            ..self
+        }
+    }
+
+    /// Why the connection from `peer` is refused, if its identity was over its quota when it
+    /// was accepted.
+    pub fn refusal_of(&self, peer: &SocketAddr) -> Option<String> {
+        let marked = self.over_quota.lock().unwrap_or_else(|p| p.into_inner());
+        marked.get(peer).cloned()
     }
 
     /// Slots for a connection just accepted from `addr`, or why it must be closed now.
@@ -142,8 +173,59 @@ impl ConnSlots {
             io,
             _open: self.open,
             _slot: slot,
+            _identity: None,
+            _mark: None,
             deadline,
         }
+    }
+
+    /// The connection from `peer` with its slots, after its handshake presented `leaf` (the
+    /// client certificate, chain verified) or none: as [`ConnSlots::into_conn`], and with an
+    /// identity quota the certificate's identity takes a slot; one over its quota is kept like
+    /// an unauthenticated connection and marked refused (see the module doc).
+    pub fn into_identified_conn<T>(
+        self,
+        io: T,
+        leaf: Option<&[u8]>,
+        peer: SocketAddr,
+        limits: &ConnLimits,
+    ) -> BoundedConn<T> {
+        let (Some(leaf), Some((quota, reserve))) = (leaf, &limits.identities) else {
+            return self.into_conn(io, leaf.is_some(), limits);
+        };
+        let held = reserve.held_by_cert(Some(leaf));
+        match quota.take(&held) {
+            Ok(identity) => {
+                let mut conn = self.into_conn(io, true, limits);
+                conn._identity = Some(identity);
+                conn
+            }
+            Err(refusal) => {
+                let reason = quota.explain(&refusal);
+                tracing::info!(%peer, reason, "connection over its identity's quota: its calls are refused");
+                let mut conn = self.into_conn(io, false, limits);
+                let mut marked = limits.over_quota.lock().unwrap_or_else(|p| p.into_inner());
+                marked.insert(peer, reason);
+                conn._mark = Some(Mark {
+                    marked: limits.over_quota.clone(),
+                    peer,
+                });
+                conn
+            }
+        }
+    }
+}
+
+/// A connection's entry among those refused by the identity quota; removed when dropped.
+struct Mark {
+    marked: Marked,
+    peer: SocketAddr,
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
+        marked.remove(&self.peer);
     }
 }
 
@@ -152,6 +234,8 @@ pub struct BoundedConn<T> {
     io: T,
     _open: OwnedSemaphorePermit,
     _slot: Option<AddressSlot>,
+    _identity: Option<QuotaSlot>,
+    _mark: Option<Mark>,
     deadline: Option<Pin<Box<Sleep>>>,
 }
 

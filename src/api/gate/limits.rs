@@ -1,48 +1,73 @@
 //! Resource bounds of the gRPC listeners: requests in progress per listener (a tower layer that
-//! answers RESOURCE_EXHAUSTED instead of queueing), WatchEvents streams over all listeners
-//! (slots held by the open streams), and the HTTP/2 settings that bound time and idleness.
+//! answers RESOURCE_EXHAUSTED instead of queueing), open-ended streams over all listeners and per
+//! certificate identity (slots held by the open streams), and the refusal of every call on a
+//! connection over its identity's quota. The layer attaches each request's [`Held`] (who holds
+//! what it takes) for the handlers.
 
+use super::conn_limits::ConnLimits;
+use super::quota::{Bounds, Held, Quota, QuotaSlot, Reserve};
+use crate::api::settings::LimitsConfig;
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tonic::body::Body;
 use tonic::codegen::http;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::Status;
 
-/// Slots for concurrent WatchEvents streams, shared by every listener.
-#[derive(Clone)]
+/// Slots for concurrent open-ended streams (WatchEvents, Health.Watch, reflection), shared by
+/// every listener: at most `max_watch_streams` in all, `max_watch_streams_per_identity` per
+/// certificate identity, and `reserved_watch_streams` kept for operators, the control plane,
+/// peer SM hosts and local callers ([`super::quota`]).
+#[derive(Clone, Debug)]
 pub struct StreamSlots {
-    slots: Arc<Semaphore>,
-    max: usize,
+    quota: Quota,
 }
 
 impl StreamSlots {
-    /// At most `max` streams at once.
+    /// At most `max` streams at once, with no per-identity bound and no reserve.
     pub fn new(max: usize) -> StreamSlots {
+        StreamSlots::bounded(max, max, 0)
+    }
+
+    /// The bounds `[limits]` sets.
+    pub fn from_limits(limits: &LimitsConfig) -> StreamSlots {
+        StreamSlots::bounded(
+            limits.max_watch_streams,
+            limits.max_watch_streams_per_identity(),
+            limits.reserved_watch_streams(),
+        )
+    }
+
+    fn bounded(max: usize, per_identity: usize, reserved: usize) -> StreamSlots {
         StreamSlots {
-            slots: Arc::new(Semaphore::new(max)),
-            max,
+            quota: Quota::new(Bounds {
+                total: max,
+                per_holder: per_identity,
+                reserved,
+                what: "open-ended streams (WatchEvents, Health.Watch)",
+                keys: [
+                    "max_watch_streams",
+                    "max_watch_streams_per_identity",
+                    "reserved_watch_streams",
+                ],
+            }),
         }
     }
 
-    /// Takes a slot for one stream (held until the permit drops), or RESOURCE_EXHAUSTED.
-    pub fn acquire(&self) -> Result<OwnedSemaphorePermit, Status> {
-        self.slots.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "this agent already serves its maximum of {} WatchEvents streams ([limits] \
-                 max_watch_streams); close an idle stream or retry later",
-                self.max
-            ))
-        })
+    /// Takes a slot for one stream of `held` (a local caller when `None`), held until the
+    /// slot drops, or RESOURCE_EXHAUSTED naming the bound.
+    pub fn acquire(&self, held: Option<&Held>) -> Result<QuotaSlot, Status> {
+        self.quota.take_or_status(held.unwrap_or(&Held::local()))
     }
 
     /// Streams open now.
     pub fn in_use(&self) -> usize {
-        self.max - self.slots.available_permits()
+        self.quota.in_use()
     }
 }
 
@@ -58,6 +83,8 @@ pub struct InFlightLimitLayer {
     listener: Arc<str>,
     body_timeout: Duration,
     streams: StreamSlots,
+    reserve: Reserve,
+    connections: Option<ConnLimits>,
 }
 
 impl InFlightLimitLayer {
@@ -75,7 +102,29 @@ impl InFlightLimitLayer {
             listener: listener.into(),
             body_timeout,
             streams,
+            reserve: Reserve::default(),
+            connections: None,
         }
+    }
+
+    /// Judges who holds a stream by `reserve`, and refuses every call on a connection that
+    /// `connections` found over its identity's quota.
+    pub fn with_identities(self, reserve: Reserve, connections: Option<ConnLimits>) -> Self {
+        InFlightLimitLayer {
+            reserve,
+            connections,
+            ..self
+        }
+    }
+
+    /// Why every call on the request's connection is refused, if it is.
+    fn connection_refused<B>(&self, request: &http::Request<B>) -> Option<Status> {
+        let conns = self.connections.as_ref()?;
+        let tls = request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()?;
+        let peer = tls.get_ref().remote_addr()?;
+        conns.refusal_of(&peer).map(Status::resource_exhausted)
     }
 }
 
@@ -128,13 +177,18 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
         // The readied service answers this call; a clone is left for the next one.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limit = self.limit.clone();
+        if let Some(status) = limit.connection_refused(&request) {
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
+        let held = limit.reserve.held_by_request(&request);
+        request.extensions_mut().insert(held.clone());
         if is_open_ended_stream(request.uri().path()) {
-            let slot = match limit.streams.acquire() {
+            let slot = match limit.streams.acquire(Some(&held)) {
                 Ok(slot) => slot,
                 Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
             };
@@ -184,7 +238,7 @@ where
 /// A response body that holds a stream slot until the stream ends or is dropped.
 struct SlotBody {
     body: Body,
-    _slot: OwnedSemaphorePermit,
+    _slot: QuotaSlot,
 }
 
 impl http_body::Body for SlotBody {
@@ -363,12 +417,12 @@ mod tests {
     #[test]
     fn stream_slots_count_and_refuse() {
         let slots = StreamSlots::new(2);
-        let a = slots.acquire().unwrap();
-        let _b = slots.acquire().unwrap();
+        let a = slots.acquire(None).unwrap();
+        let _b = slots.acquire(None).unwrap();
         assert_eq!(slots.in_use(), 2);
-        let e = slots.acquire().unwrap_err();
+        let e = slots.acquire(None).unwrap_err();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
         drop(a);
-        assert!(slots.acquire().is_ok());
+        assert!(slots.acquire(None).is_ok());
     }
 }

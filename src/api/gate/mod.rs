@@ -2,7 +2,7 @@
 //! who calls (`caller`: SO_PEERCRED on the unix socket, typed mTLS identities on TCP, and each
 //! listener's policy), whether they may (`auth` allowlists, `node_identity` the certificate ->
 //! node mapping, `access` the mTLS lists in effect, replaced on SIGHUP), within which bounds (`limits`
-//! per call and stream, `conn_limits` per TCP connection), the unix socket's mode and group
+//! per call and stream, `conn_limits` per TCP connection, `quota` per certificate identity), the unix socket's mode and group
 //! (`socket_guard`), and the audit trail of mutating calls (`audit`).
 
 mod access;
@@ -13,6 +13,7 @@ pub mod conn_limits;
 mod guarded;
 pub mod limits;
 mod node_identity;
+pub mod quota;
 pub(super) mod socket_guard;
 
 pub use access::{LiveTlsAccess, TlsAccess, TlsService};

@@ -64,6 +64,29 @@ pub struct LimitsConfig {
     /// ending any stream still open (a WatchEvents client resumes from its last seq). At least 1.
     #[serde(default = "default_max_connection_age")]
     pub max_connection_age_secs: u64,
+    /// TCP connections one client certificate identity may hold at once (default: 16, or
+    /// `max_connections - reserved_connections` if less); a connection beyond it is served
+    /// only to refuse every call with RESOURCE_EXHAUSTED naming this key, and is closed after
+    /// `unauthenticated_secs`. 1..=`max_connections`.
+    #[serde(default)]
+    pub max_connections_per_identity: Option<usize>,
+    /// Of `max_connections`, how many only operators (`listen.tls.operator_clients`), the
+    /// control plane (`listen.tls.allowed_clients`) and peer SM hosts
+    /// (`opensm_ha.peer_identities`) may use (default: a sixteenth, 64 of 1024): the nodes and
+    /// any other identity hold at most `max_connections - reserved_connections` together. Less
+    /// than `max_connections`.
+    #[serde(default)]
+    pub reserved_connections: Option<usize>,
+    /// Open-ended streams (WatchEvents, Health.Watch, reflection) one client certificate
+    /// identity may hold at once (default: an eighth of `max_watch_streams`, at least 1: 8 of
+    /// 64); more are refused with RESOURCE_EXHAUSTED naming this key. Local callers count
+    /// against `max_watch_streams` only. 1..=`max_watch_streams`.
+    #[serde(default)]
+    pub max_watch_streams_per_identity: Option<usize>,
+    /// Of `max_watch_streams`, how many only operators, the control plane, peer SM hosts and
+    /// local callers may use (default: a quarter, 16 of 64). Less than `max_watch_streams`.
+    #[serde(default)]
+    pub reserved_watch_streams: Option<usize>,
     /// A unary request's body must arrive within this many seconds (default 10); it is read
     /// before the request takes an in-flight slot, so a body that trickles in holds none.
     #[serde(default = "default_request_body_secs")]
@@ -124,6 +147,10 @@ impl Default for LimitsConfig {
             list_max_page_size: default_list_max_page_size(),
             max_connections: default_max_connections(),
             max_unauthenticated_per_address: default_max_unauthenticated_per_address(),
+            max_connections_per_identity: None,
+            reserved_connections: None,
+            max_watch_streams_per_identity: None,
+            reserved_watch_streams: None,
             unauthenticated_secs: default_unauthenticated_secs(),
             max_connection_age_secs: default_max_connection_age(),
             request_body_secs: default_request_body_secs(),
@@ -132,6 +159,35 @@ impl Default for LimitsConfig {
 }
 
 impl LimitsConfig {
+    /// `reserved_connections` in effect.
+    pub fn reserved_connections(&self) -> usize {
+        self.reserved_connections
+            .unwrap_or(self.max_connections / 16)
+    }
+
+    /// `max_connections_per_identity` in effect.
+    pub fn max_connections_per_identity(&self) -> usize {
+        self.max_connections_per_identity.unwrap_or_else(|| {
+            16.min(
+                self.max_connections
+                    .saturating_sub(self.reserved_connections()),
+            )
+            .max(1)
+        })
+    }
+
+    /// `reserved_watch_streams` in effect.
+    pub fn reserved_watch_streams(&self) -> usize {
+        self.reserved_watch_streams
+            .unwrap_or(self.max_watch_streams / 4)
+    }
+
+    /// `max_watch_streams_per_identity` in effect.
+    pub fn max_watch_streams_per_identity(&self) -> usize {
+        self.max_watch_streams_per_identity
+            .unwrap_or((self.max_watch_streams / 8).max(1))
+    }
+
     /// Every bound is usable: non-zero, and the request timeout outlasts the longest wait.
     pub fn validate(&self) -> Result<(), LimitsError> {
         if self.max_watch_streams == 0 {
@@ -176,6 +232,36 @@ impl LimitsConfig {
             return Err(invalid(
                 "limits.max_connections",
                 "max_connections and max_unauthenticated_per_address must be at least 1",
+            ));
+        }
+        if !(1..=self.max_connections).contains(&self.max_connections_per_identity()) {
+            return Err(invalid(
+                "limits.max_connections_per_identity",
+                format!("must be 1..={} (max_connections)", self.max_connections),
+            ));
+        }
+        if self.reserved_connections() >= self.max_connections {
+            return Err(invalid(
+                "limits.reserved_connections",
+                format!(
+                    "must be less than max_connections ({}): the nodes need some",
+                    self.max_connections
+                ),
+            ));
+        }
+        if !(1..=self.max_watch_streams).contains(&self.max_watch_streams_per_identity()) {
+            return Err(invalid(
+                "limits.max_watch_streams_per_identity",
+                format!("must be 1..={} (max_watch_streams)", self.max_watch_streams),
+            ));
+        }
+        if self.reserved_watch_streams() >= self.max_watch_streams {
+            return Err(invalid(
+                "limits.reserved_watch_streams",
+                format!(
+                    "must be less than max_watch_streams ({}): the nodes need some",
+                    self.max_watch_streams
+                ),
             ));
         }
         if !(1..=300).contains(&self.unauthenticated_secs)

@@ -3,18 +3,22 @@
 //! and their rules are `sm::remote`'s; conversion and error mapping are [`super::convert`]'s.
 //!
 //! Several SM hosts: every apply goes to all of them at once, and is acknowledged only when
-//! every one acknowledged that generation. Otherwise the apply fails naming each host that did
-//! not: [`SmError::StaleGeneration`] when any host holds a newer generation (the highest one,
+//! every SM host the answers name (less those every answering host holds fenced) acknowledged
+//! that generation through one of the endpoints, compared by identity ([`super::host_set`]).
+//! Otherwise the apply fails naming each host that did not (and why a silent one is not
+//! fenced, as the answering hosts say), and any host-set problem (`SM_HOST_SET_INCOMPLETE`): [`SmError::StaleGeneration`] when any host holds a newer generation (the highest one,
 //! so the node moves past every host's), else [`SmError::Refused`] when any host answered with
 //! a refusal, else [`SmError::Unreachable`]. The keys stay in doubt (the reconciler's rules).
+//! A status the SM host's agent sent is its answer, so a refusal even with UNAVAILABLE or
+//! ABORTED; only a transport failure or a timeout is "no answer" (`classify`).
 
 use super::convert::{memberships_to_proto, sm_error_of};
 use crate::api::grant_v1::signed_grant_to_proto;
-use crate::domain::{NodeMemberships, SignedGrant};
+use crate::domain::{NodeId, NodeMemberships, SignedGrant};
 use crate::proto::sm as pb;
 use crate::proto::sm::partitions_client::PartitionsClient;
 use crate::sm::remote::{RemoteConfig, RemoteConfigError};
-use crate::sm::{ApplyOutcome, SmError, SmFailure, SubnetManager};
+use crate::sm::{ApplyOutcome, HostStoredSet, SmError, SmFailure, SubnetManager};
 use async_trait::async_trait;
 use std::path::PathBuf;
 use thiserror::Error;
@@ -50,12 +54,18 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, RemoteError> {
 struct SmHostClient {
     /// The endpoint as configured (names the host in errors).
     endpoint: String,
+    /// The name TLS verifies in its certificate (https), `None` on plaintext.
+    verified: Option<String>,
     client: PartitionsClient<Channel>,
 }
 
 /// The remote subnet manager: one client per configured SM host.
 pub struct RemoteSm {
     hosts: Vec<SmHostClient>,
+    /// Plaintext endpoints: the name each stated in its last answer.
+    stated: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+    /// The host-set problems of the last apply (`SM_HOST_SET_INCOMPLETE`).
+    host_set: std::sync::Mutex<Vec<String>>,
 }
 
 /// Builds a lazily connecting channel to `url` with `config`'s timeouts and TLS material.
@@ -89,32 +99,77 @@ impl RemoteSm {
             .map(|endpoint| {
                 Ok(SmHostClient {
                     client: PartitionsClient::new(sm_host_channel(config, &endpoint)?),
+                    verified: endpoint
+                        .starts_with("https://")
+                        .then(|| {
+                            config
+                                .domain_name
+                                .clone()
+                                .or_else(|| crate::sm::opensm::peers::url_host(&endpoint))
+                        })
+                        .flatten(),
                     endpoint,
                 })
             })
             .collect::<Result<Vec<_>, RemoteError>>()?;
-        Ok(RemoteSm { hosts })
+        Ok(RemoteSm {
+            hosts,
+            stated: Default::default(),
+            host_set: Default::default(),
+        })
     }
 }
 
-/// One apply's answers, host by host, folded into the node's outcome.
-fn fold_answers(
-    answers: Vec<(&str, Result<pb::SetNodeMembershipsResponse, tonic::Status>)>,
+/// What one host's error status means. A status the SM host's agent sent (no transport error
+/// behind it) is its answer: UNAVAILABLE ("OpenSM has not confirmed"), ABORTED and the like
+/// from a reachable host are refusals, never "no answer"; only a failure of the connection or
+/// the call itself (tonic puts the transport error behind the status: refused or reset
+/// connection, timeout) is [`SmError::Unreachable`].
+fn classify(status: &tonic::Status, generation: u64) -> SmError {
+    let answered = std::error::Error::source(status).is_none()
+        && !matches!(
+            status.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        );
+    match sm_error_of(status, generation) {
+        SmError::Unreachable(failure) if answered => SmError::Refused(failure),
+        other => other,
+    }
+}
+
+/// One SM host's answer to an apply.
+pub struct HostAnswer<'a> {
+    /// The endpoint as configured.
+    pub endpoint: &'a str,
+    /// The name TLS verifies for it (https: `domain_name`, else the URL's host).
+    pub verified: Option<String>,
+    /// On plaintext: the name it stated in an earlier answer.
+    pub remembered: Option<String>,
+    /// What it answered.
+    pub answer: Result<pb::SetNodeMembershipsResponse, tonic::Status>,
+}
+
+/// One apply's answers, host by host, folded into the node's outcome, and the host-set
+/// problems seen ([`super::host_set`]), for the node's condition.
+pub fn fold_answers(
+    answers: Vec<HostAnswer<'_>>,
     generation: u64,
-) -> Result<ApplyOutcome, SmError> {
+) -> (Result<ApplyOutcome, SmError>, Vec<String>) {
     let single = answers.len() == 1;
     let mut sweeps = 0;
     let mut stale: Option<u64> = None;
     let mut refused = false;
-    let mut failed: Vec<String> = Vec::new();
-    let mut first: Option<tonic::Status> = None;
-    for (endpoint, answer) in answers {
-        match answer {
-            Ok(reply) => sweeps = sweeps.max(reply.sweeps),
+    let mut errors: Vec<Option<(SmError, tonic::Status)>> = Vec::with_capacity(answers.len());
+    for a in &answers {
+        match &a.answer {
+            Ok(reply) => {
+                sweeps = sweeps.max(reply.sweeps);
+                errors.push(None);
+            }
             Err(status) => {
-                let error = sm_error_of(&status, generation);
+                let error = classify(status, generation);
                 if single {
-                    return Err(error);
+                    return (Err(error), Vec::new());
                 }
                 match &error {
                     SmError::StaleGeneration { stored, .. } => {
@@ -123,39 +178,102 @@ fn fold_answers(
                     SmError::Refused(_) => refused = true,
                     SmError::Unreachable(_) => {}
                 }
-                failed.push(format!("{endpoint} ({error})"));
-                first.get_or_insert(status);
+                errors.push(Some((error, status.clone())));
             }
         }
     }
     if let Some(stored) = stale {
-        return Err(SmError::StaleGeneration {
-            sent: generation,
-            stored,
-        });
+        return (
+            Err(SmError::StaleGeneration {
+                sent: generation,
+                stored,
+            }),
+            Vec::new(),
+        );
     }
-    let Some(status) = first else {
-        return Ok(ApplyOutcome {
-            detail: if single {
-                format!("SM host merged the memberships ({sweeps} sweeps requested there so far)")
-            } else {
-                "every SM host merged the memberships".to_owned()
-            },
-        });
-    };
+    let views: Vec<super::host_set::EndpointView<'_>> = answers
+        .iter()
+        .map(|a| super::host_set::EndpointView {
+            endpoint: a.endpoint,
+            verified: a.verified.clone(),
+            remembered: a.remembered.clone(),
+            reply: a.answer.as_ref().ok(),
+        })
+        .collect();
+    let verdict = super::host_set::judge(&views);
+    if verdict.complete() {
+        let excused = if verdict.excused.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; fenced by every answering SM host, excused: {}",
+                verdict.excused.join(", ")
+            )
+        };
+        let detail = if single && verdict.excused.is_empty() {
+            format!("SM host merged the memberships ({sweeps} sweeps requested there so far)")
+        } else {
+            format!(
+                "every SM host merged the memberships (acknowledged by {}{excused})",
+                verdict.acknowledged.join(", ")
+            )
+        };
+        return (Ok(ApplyOutcome { detail }), verdict.problems);
+    }
+    let mut failed: Vec<String> = Vec::new();
+    let mut first: Option<tonic::Status> = None;
+    for i in &verdict.unacknowledged {
+        let endpoint = answers[*i].endpoint;
+        match &errors[*i] {
+            Some((error, status)) => {
+                failed.push(format!("{endpoint} ({error})"));
+                first.get_or_insert_with(|| status.clone());
+            }
+            None => failed.push(format!("{endpoint} (its acknowledgement is not counted)")),
+        }
+    }
+    let problems = verdict.problems.clone();
+    let mut message = format!(
+        "not acknowledged by {} of the fabric's SM hosts",
+        failed.len()
+            + problems
+                .iter()
+                .filter(|p| p.contains("is not among"))
+                .count()
+    );
+    if !failed.is_empty() {
+        message.push_str(&format!(": {}", failed.join("; ")));
+    }
+    if !problems.is_empty() {
+        message.push_str(&format!(
+            "; the SM-host set is not covered: {}",
+            problems.join("; ")
+        ));
+    }
+    let mut not_fenced: Vec<&str> = answers
+        .iter()
+        .filter_map(|a| a.answer.as_ref().ok())
+        .flat_map(|r| r.not_fenced.iter().map(String::as_str))
+        .collect();
+    not_fenced.sort_unstable();
+    not_fenced.dedup();
+    if !not_fenced.is_empty() {
+        message.push_str(&format!("; {}", not_fenced.join("; ")));
+    }
+    let host_set_refusal = !problems.is_empty();
+    let status = first.unwrap_or_else(|| tonic::Status::failed_precondition(message.clone()));
     let failure = SmFailure::SmHost {
-        message: format!(
-            "not acknowledged by {} of the fabric's SM hosts: {}",
-            failed.len(),
-            failed.join("; ")
-        ),
+        message,
         source: std::sync::Arc::new(status),
     };
-    Err(if refused {
-        SmError::Refused(failure)
-    } else {
-        SmError::Unreachable(failure)
-    })
+    (
+        Err(if refused || host_set_refusal || failed.is_empty() {
+            SmError::Refused(failure)
+        } else {
+            SmError::Unreachable(failure)
+        }),
+        problems,
+    )
 }
 
 #[async_trait]
@@ -170,6 +288,13 @@ impl SubnetManager for RemoteSm {
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
         self.apply_granted(desired, &[], generation).await
+    }
+
+    /// Every configured SM host's stored set for the node (asked in `sm_v1::stored_set`).
+    async fn stored_sets(&self, node: &NodeId) -> Option<Vec<HostStoredSet>> {
+        let hosts = self.hosts.iter();
+        let hosts = hosts.map(|h| (h.endpoint.as_str(), h.client.clone()));
+        Some(super::stored_set::query(hosts, node).await)
     }
 
     /// Sends the set with the grants of every desired attachment: the SM host refuses keys
@@ -193,11 +318,51 @@ impl SubnetManager for RemoteSm {
                     .set_node_memberships(request)
                     .await
                     .map(tonic::Response::into_inner);
-                (host.endpoint.as_str(), answer)
+                (host, answer)
             }
         }))
         .await;
-        fold_answers(answers, generation)
+        let answers: Vec<HostAnswer<'_>> = {
+            let mut stated = self.stated.lock().unwrap_or_else(|p| p.into_inner());
+            answers
+                .into_iter()
+                .map(|(host, answer)| {
+                    if let (None, Ok(reply)) = (&host.verified, &answer) {
+                        if !reply.host.is_empty() {
+                            stated.insert(host.endpoint.clone(), reply.host.clone());
+                        }
+                    }
+                    HostAnswer {
+                        endpoint: host.endpoint.as_str(),
+                        verified: host.verified.clone(),
+                        remembered: stated.get(&host.endpoint).cloned(),
+                        answer,
+                    }
+                })
+                .collect()
+        };
+        let (outcome, problems) = fold_answers(answers, generation);
+        if !problems.is_empty() {
+            tracing::warn!(problems = ?problems, "the SM hosts' answers name a host set this node's endpoints do not cover");
+        }
+        *self.host_set.lock().unwrap_or_else(|p| p.into_inner()) = problems;
+        outcome
+    }
+
+    /// `SM_HOST_SET_INCOMPLETE` while the last apply's answers named a host set the endpoints
+    /// do not cover.
+    fn conditions(&self) -> Vec<crate::domain::Condition> {
+        let problems = self.host_set.lock().unwrap_or_else(|p| p.into_inner());
+        if problems.is_empty() {
+            return Vec::new();
+        }
+        vec![crate::domain::Condition {
+            kind: crate::domain::ConditionKind::SmHostSetIncomplete,
+            detail: format!(
+                "the SM hosts' answers name a host set this node's endpoints do not cover, so no apply is acknowledged: {}",
+                problems.join("; ")
+            ),
+        }]
     }
 }
 
@@ -207,33 +372,66 @@ mod tests {
     use tonic::{Code, Status};
 
     fn ok() -> Result<pb::SetNodeMembershipsResponse, Status> {
-        Ok(pb::SetNodeMembershipsResponse { sweeps: 3 })
+        Ok(pb::SetNodeMembershipsResponse {
+            sweeps: 3,
+            ..Default::default()
+        })
+    }
+
+    /// What tonic gives for a host it could not reach: the transport error behind the status.
+    fn unreachable() -> Status {
+        Status::from_error(Box::new(std::io::Error::other("tcp connect error")))
+    }
+
+    fn fold(
+        answers: Vec<(&str, Result<pb::SetNodeMembershipsResponse, Status>)>,
+    ) -> Result<ApplyOutcome, SmError> {
+        fold_answers(
+            answers
+                .into_iter()
+                .map(|(endpoint, answer)| HostAnswer {
+                    endpoint,
+                    verified: None,
+                    remembered: None,
+                    answer,
+                })
+                .collect(),
+            7,
+        )
+        .0
+    }
+
+    #[test]
+    fn an_answer_is_a_refusal_never_unreachable() {
+        for status in [
+            Status::unavailable("OpenSM has not confirmed the file"),
+            Status::aborted("older generation"),
+        ] {
+            let err = fold(vec![("https://a", Err(status))]).unwrap_err();
+            assert!(matches!(err, SmError::Refused(_)), "{err:?}");
+        }
+        let err = fold(vec![("a", ok()), ("b", Err(Status::unavailable("busy")))]).unwrap_err();
+        assert!(matches!(err, SmError::Refused(_)), "{err:?}");
+        let err = fold(vec![("a", Err(unreachable()))]).unwrap_err();
+        assert!(matches!(err, SmError::Unreachable(_)), "{err:?}");
+        let err = fold(vec![("a", Err(Status::deadline_exceeded("timeout")))]).unwrap_err();
+        assert!(matches!(err, SmError::Unreachable(_)), "{err:?}");
     }
 
     #[test]
     fn every_host_must_acknowledge() {
-        assert!(fold_answers(vec![("a", ok()), ("b", ok())], 7).is_ok());
-        let err = fold_answers(
-            vec![
-                ("https://a", ok()),
-                ("https://b", Err(Status::unavailable("down"))),
-            ],
-            7,
-        )
-        .unwrap_err();
+        assert!(fold(vec![("a", ok()), ("b", ok())]).is_ok());
+        let err = fold(vec![("https://a", ok()), ("https://b", Err(unreachable()))]).unwrap_err();
         assert!(matches!(err, SmError::Unreachable(_)), "{err:?}");
         assert!(err.to_string().contains("https://b"), "{err}");
         assert!(!err.to_string().contains("https://a ("), "{err}");
-        let err = fold_answers(
-            vec![
-                ("a", Err(Status::unavailable("down"))),
-                (
-                    "b",
-                    Err(Status::new(Code::FailedPrecondition, "operator file")),
-                ),
-            ],
-            7,
-        )
+        let err = fold(vec![
+            ("a", Err(unreachable())),
+            (
+                "b",
+                Err(Status::new(Code::FailedPrecondition, "operator file")),
+            ),
+        ])
         .unwrap_err();
         assert!(matches!(err, SmError::Refused(_)), "{err:?}");
         assert!(err.to_string().contains("a (") && err.to_string().contains("b ("));
@@ -241,8 +439,90 @@ mod tests {
 
     #[test]
     fn one_host_error_is_unchanged() {
-        let err = fold_answers(vec![("a", Err(Status::unavailable("down")))], 7).unwrap_err();
+        let err = fold(vec![("a", Err(unreachable()))]).unwrap_err();
         assert!(matches!(err, SmError::Unreachable(_)));
         assert!(!err.to_string().contains("not acknowledged by"), "{err}");
+    }
+
+    fn named(
+        host: &str,
+        known: &[&str],
+        fenced: &[&str],
+    ) -> Result<pb::SetNodeMembershipsResponse, Status> {
+        Ok(super::super::host_set::reply(host, known, fenced))
+    }
+
+    #[test]
+    fn a_node_whose_endpoints_lack_a_known_host_never_counts_an_apply_complete() {
+        let err = fold(vec![(
+            "http://127.0.0.1:1",
+            named("sm1", &["sm1", "sm2"], &[]),
+        )])
+        .unwrap_err();
+        assert!(matches!(err, SmError::Refused(_)), "{err:?}");
+        assert!(
+            err.to_string().contains("\"sm2\"") && err.to_string().contains("not among"),
+            "{err}"
+        );
+        let (outcome, problems) = fold_answers(
+            vec![HostAnswer {
+                endpoint: "http://127.0.0.1:1",
+                verified: None,
+                remembered: None,
+                answer: named("sm1", &["sm1", "sm2"], &[]),
+            }],
+            7,
+        );
+        assert!(outcome.is_err());
+        assert_eq!(problems.len(), 1);
+    }
+
+    #[test]
+    fn two_endpoints_answering_as_one_host_are_not_acknowledged() {
+        let err = fold(vec![
+            ("http://127.0.0.1:1", named("sm1", &["sm1"], &[])),
+            ("http://127.0.0.1:2", named("sm1", &["sm1"], &[])),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("answer as one SM host"), "{err}");
+    }
+
+    #[test]
+    fn a_fenced_host_is_excused_only_when_every_answering_host_says_so() {
+        let three = ["sm1", "sm2", "sm3"];
+        let dead = || Err(unreachable());
+        let err = fold(vec![
+            ("http://127.0.0.1:1", named("sm1", &three, &["sm3"])),
+            ("http://127.0.0.1:2", named("sm2", &three, &[])),
+            ("http://127.0.0.1:3", dead()),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("http://127.0.0.1:3"), "{err}");
+        // The dead endpoint's identity is known over TLS (or from an earlier answer).
+        let answers = |fenced2: &'static [&'static str]| {
+            vec![
+                HostAnswer {
+                    endpoint: "https://sm1:7443",
+                    verified: Some("sm1".into()),
+                    remembered: None,
+                    answer: named("sm1", &three, &["sm3"]),
+                },
+                HostAnswer {
+                    endpoint: "https://sm2:7443",
+                    verified: Some("sm2".into()),
+                    remembered: None,
+                    answer: named("sm2", &three, fenced2),
+                },
+                HostAnswer {
+                    endpoint: "https://sm3:7443",
+                    verified: Some("sm3".into()),
+                    remembered: None,
+                    answer: dead(),
+                },
+            ]
+        };
+        assert!(fold_answers(answers(&[]), 7).0.is_err());
+        let ok = fold_answers(answers(&["sm3"]), 7).0.unwrap();
+        assert!(ok.detail.contains("excused: sm3"), "{}", ok.detail);
     }
 }

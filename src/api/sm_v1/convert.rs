@@ -253,6 +253,15 @@ pub fn sm_host_status(e: &SmError) -> Option<&Status> {
     }
 }
 
+/// A fenced SM host on the wire.
+pub fn fenced_to_proto(f: &crate::sm::opensm::fenced_host::FencedHost) -> pb::FencedSmHost {
+    pb::FencedSmHost {
+        host: f.host.clone(),
+        since_unix_ms: f.since_unix_ms,
+        evidence: f.evidence.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,6 +83,15 @@ pub fn append(agent_text: String, status: &SyncStatus) -> String {
             .get_or_create(&labels)
             .set(i64::from(p.last_answer.is_some() && p.last_error.is_none()));
     }
+    let fenced: Family<Labels, Gauge> = Family::default();
+    registry.register(
+        "sm_peer_fenced",
+        "1 for each peer SM host this host holds fenced (its agent silent and its SM proven not running)",
+        fenced.clone(),
+    );
+    for f in &status.fenced {
+        fenced.get_or_create(&vec![("peer", f.host.clone())]).set(1);
+    }
     let mut text = agent_text
         .strip_suffix("# EOF\n")
         .map(str::to_owned)
@@ -109,6 +118,11 @@ mod tests {
                 generations: [("node1".to_owned(), 9)].into_iter().collect(),
                 ..PeerStatus::default()
             }],
+            fenced: vec![crate::sm::opensm::fence::FencedHost {
+                host: "smhost3".into(),
+                since_unix_ms: 1,
+                evidence: "SMInfo: no answer".into(),
+            }],
             ..SyncStatus::default()
         };
         let text = append("# HELP x y\n# TYPE x gauge\nx 1\n# EOF\n".into(), &status);
@@ -121,5 +135,9 @@ mod tests {
         assert!(text.contains("fabric_agent_sm_host_caught_up 1"));
         assert!(text.contains("fabric_agent_sm_peer_generation{peer=\"https://smhost1:7443\"} 9"));
         assert!(text.contains("fabric_agent_sm_peer_answering{peer=\"https://smhost1:7443\"} 1"));
+        assert!(
+            text.contains("fabric_agent_sm_peer_fenced{peer=\"smhost3\"} 1"),
+            "{text}"
+        );
     }
 }

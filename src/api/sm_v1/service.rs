@@ -28,6 +28,8 @@ pub struct PartitionsService {
     /// The mTLS listener's identity -> node mapping, read at each call; `None`: the default rule.
     nodes: Option<LiveTlsAccess>,
     peers: ClientAllowlist,
+    /// About the most one `PullNodeSets` answer holds.
+    page_bytes: usize,
 }
 
 impl PartitionsService {
@@ -38,12 +40,26 @@ impl PartitionsService {
             backend: Arc::new(backend),
             nodes: None,
             peers: ClientAllowlist::default(),
+            page_bytes: super::peers::PAGE_BYTES,
+        }
+    }
+
+    /// Pages `PullNodeSets` answers at about `bytes` (default [`super::peers::PAGE_BYTES`]).
+    pub fn with_page_bytes(self, bytes: usize) -> Self {
+        PartitionsService {
+            page_bytes: bytes.max(1),
+            ..self
         }
     }
 
     /// Peer SM hosts' certificate identities: they may pull every stored set (`PullNodeSets`).
     pub fn with_peer_identities(self, peers: ClientAllowlist) -> Self {
         PartitionsService { peers, ..self }
+    }
+
+    /// The peer SM hosts' identities.
+    pub fn peer_identities(&self) -> &ClientAllowlist {
+        &self.peers
     }
 
     /// Uses the mTLS listener's mapping in effect at each call.
@@ -107,6 +123,39 @@ impl PartitionsService {
         }
     }
 
+    /// Authorises (operators only) and retires one P_Key.
+    async fn retire(
+        &self,
+        caller: Option<&Caller>,
+        r: &pb::RetirePartitionKeyRequest,
+    ) -> Result<Response<pb::RetirePartitionKeyResponse>, Status> {
+        authorise_operator(caller, "RetirePartitionKey", true)
+            .map_err(|r| status_of_refusal(&r))?;
+        let pkey = PKey::new(r.pkey).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if !r.partition_id.is_empty() && !crate::domain::is_grant_id(&r.partition_id) {
+            return Err(Status::invalid_argument(format!(
+                "partition_id {:?} is not 1-128 characters [A-Za-z0-9._:-]",
+                r.partition_id
+            )));
+        }
+        let out = self
+            .backend
+            .retire_pkey(pkey, r.retired_at_unix_ms)
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::RetirePartitionKeyResponse {
+            retired_at_unix_ms: out.retired_at_unix_ms,
+            removed: out
+                .removed
+                .into_iter()
+                .map(|(node, ids, _)| pb::RetiredFromNode {
+                    node_id: node.to_string(),
+                    consumed_grant_ids: ids,
+                })
+                .collect(),
+        }))
+    }
+
     /// Validates, authorises (before anything is written) and applies one node's set.
     async fn set(
         &self,
@@ -116,7 +165,7 @@ impl PartitionsService {
         if m.node_id.is_empty() && m.keys.is_empty() && m.port_guids.is_empty() {
             return Err(status_of_refusal(&PartitionsRefusal::MembershipsMissing));
         }
-        let carried = std::mem::take(&mut m.grants);
+        let mut carried = std::mem::take(&mut m.grants);
         let (desired, generation) = memberships_from_proto(m)?;
         authorise(
             caller,
@@ -128,6 +177,11 @@ impl PartitionsService {
         // Grants are decoded only where they are enforced; a grant that does not decode refuses
         // the set like any other refused grant.
         let grants = if self.backend.requires_grants() {
+            // Exact copies of one grant are dropped before anything is decoded or verified: a
+            // set repeating one grant costs what one copy costs.
+            let mut seen = std::collections::HashSet::new();
+            carried
+                .retain(|g| seen.insert((g.grant.clone(), g.key_id.clone(), g.signature.clone())));
             carried
                 .iter()
                 .map(signed_grant_from_proto)
@@ -144,7 +198,20 @@ impl PartitionsService {
             Vec::new()
         };
         match self.backend.set_node(desired, &grants, generation).await {
-            Ok(sweeps) => Ok(Response::new(pb::SetNodeMembershipsResponse { sweeps })),
+            Ok(sweeps) => {
+                let hosts = self.backend.sm_hosts().unwrap_or_default();
+                Ok(Response::new(pb::SetNodeMembershipsResponse {
+                    sweeps,
+                    host: hosts.host,
+                    known_hosts: hosts.known,
+                    fenced_hosts: hosts
+                        .fenced
+                        .iter()
+                        .map(super::convert::fenced_to_proto)
+                        .collect(),
+                    not_fenced: hosts.not_fenced,
+                }))
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "memberships not applied");
                 Err(status_of(&e))
@@ -262,15 +329,72 @@ impl Partitions for PartitionsService {
                 "{who} may not call PullNodeSets: only the peer SM hosts ([subnet_manager.opensm_ha] peer_identities) may"
             )));
         }
-        let from = request.into_inner().from_host;
-        self.backend
-            .peer_sets(&from)
-            .map(|a| Response::new(super::peers::answer_to_proto(&a)))
+        let r = request.into_inner();
+        let answer = self.backend.peer_sets(&r.from_host).ok_or_else(|| {
+            Status::failed_precondition(
+                "this host has no peer SM hosts ([subnet_manager.opensm_ha])",
+            )
+        })?;
+        super::peers::answer_page(&answer, &r.page_token, self.page_bytes)
+            .map(Response::new)
             .ok_or_else(|| {
-                Status::failed_precondition(
-                    "this host has no peer SM hosts ([subnet_manager.opensm_ha])",
-                )
+                Status::invalid_argument(format!(
+                    "page_token {:?} is not one this host handed out",
+                    r.page_token
+                ))
             })
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn fence_sm_host(
+        &self,
+        request: Request<pb::FenceSmHostRequest>,
+    ) -> Result<Response<pb::FencedSmHost>, Status> {
+        use crate::sm::opensm::fence::FenceRefusal as R;
+        let caller = Caller::of(&request).cloned();
+        authorise_operator(caller.as_ref(), "FenceSmHost", true)
+            .map_err(|r| status_of_refusal(&r))?;
+        let host = request.into_inner().host;
+        let who = caller.map_or_else(|| "an unverified caller".to_owned(), |c| c.to_string());
+        let result = self.backend.fence_sm_host(&host).await.ok_or_else(|| {
+            Status::failed_precondition(
+                "this host has no peer SM hosts ([subnet_manager.opensm_ha])",
+            )
+        })?;
+        match result {
+            Ok(f) => {
+                tracing::warn!(caller = %who, host = %f.host, evidence = %f.evidence, "FenceSmHost");
+                Ok(Response::new(super::convert::fenced_to_proto(&f)))
+            }
+            Err(e) => {
+                tracing::warn!(caller = %who, %host, error = %e, "FenceSmHost refused");
+                Err(match e {
+                    R::UnknownPeer(..) => Status::not_found(e.to_string()),
+                    R::Store(..) => Status::unavailable(e.to_string()),
+                    _ => Status::failed_precondition(e.to_string()),
+                })
+            }
+        }
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn retire_partition_key(
+        &self,
+        request: Request<pb::RetirePartitionKeyRequest>,
+    ) -> Result<Response<pb::RetirePartitionKeyResponse>, Status> {
+        let caller = Caller::of(&request).cloned();
+        let r = request.into_inner();
+        let result = self.retire(caller.as_ref(), &r).await;
+        let who = caller.map_or_else(|| "an unverified caller".to_owned(), |c| c.to_string());
+        match &result {
+            Ok(_) => {
+                tracing::warn!(caller = %who, pkey = r.pkey, partition_id = %r.partition_id, retired_at_unix_ms = r.retired_at_unix_ms, "RetirePartitionKey")
+            }
+            Err(s) => {
+                tracing::warn!(caller = %who, pkey = r.pkey, partition_id = %r.partition_id, code = ?s.code(), error = %s.message(), "RetirePartitionKey refused or not confirmed")
+            }
+        }
+        result
     }
 
     #[tracing::instrument(skip_all)]

@@ -15,6 +15,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
+mod lifetime;
+mod retired;
+
+pub use lifetime::GrantLifetime;
+pub use retired::RetiredKeys;
+
 /// The domain separation prefix of the signed message.
 pub const SIGNING_CONTEXT: &[u8] = b"fabric.grant.v1\n";
 
@@ -185,6 +191,45 @@ pub enum GrantError {
         /// The key.
         pkey: PKey,
     },
+    /// The grant is older than the verifier's lifetime allows for a first admission (a grant
+    /// already admitted for the node keeps working).
+    #[error("grant {grant_id:?} expired: issued at {issued_at_unix_ms} ms, {age_ms} ms before now; a grant is admitted for the first time only within {max_age_ms} ms (plus {skew_ms} ms clock skew) of its issue; ask the control plane for a new grant")]
+    Expired {
+        /// The grant id.
+        grant_id: String,
+        /// The grant's issue time.
+        issued_at_unix_ms: u64,
+        /// How old it is by the verifier's clock.
+        age_ms: u64,
+        /// The lifetime.
+        max_age_ms: u64,
+        /// The clock skew allowed.
+        skew_ms: u64,
+    },
+    /// The grant's issue time lies further in the future than the clock skew allows.
+    #[error("grant {grant_id:?} was issued at {issued_at_unix_ms} ms, {ahead_ms} ms after this host's clock (more than the {skew_ms} ms clock skew allowed): refused")]
+    FromTheFuture {
+        /// The grant id.
+        grant_id: String,
+        /// The grant's issue time.
+        issued_at_unix_ms: u64,
+        /// How far ahead of the verifier's clock.
+        ahead_ms: u64,
+        /// The clock skew allowed.
+        skew_ms: u64,
+    },
+    /// The grant's key was retired (its partition deleted) after the grant was issued.
+    #[error("grant {grant_id:?} is for key {pkey}, which was retired at {retired_at_unix_ms} ms (its partition was deleted); grants issued before then ({issued_at_unix_ms} ms) are not accepted again")]
+    Retired {
+        /// The grant id.
+        grant_id: String,
+        /// The key.
+        pkey: PKey,
+        /// The grant's issue time.
+        issued_at_unix_ms: u64,
+        /// When the control plane retired the key.
+        retired_at_unix_ms: u64,
+    },
 }
 
 impl Grant {
@@ -285,9 +330,13 @@ impl GrantKey {
 }
 
 /// The control plane's public keys by id: several at a time, so keys rotate without a flag day.
+///
+/// With a [`GrantLifetime`] ([`GrantKeys::with_lifetime`]; `[grants]` always sets one) a grant is
+/// admitted for the first time only within that lifetime of its issue ([`GrantKeys::fresh`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GrantKeys {
     keys: BTreeMap<String, GrantKey>,
+    lifetime: Option<GrantLifetime>,
 }
 
 impl fmt::Display for GrantKeys {
@@ -306,7 +355,34 @@ impl GrantKeys {
                 return Err(dup.id);
             }
         }
-        Ok(GrantKeys { keys: map })
+        Ok(GrantKeys {
+            keys: map,
+            lifetime: None,
+        })
+    }
+
+    /// The same keys, with grants admitted for the first time only within `lifetime`.
+    pub fn with_lifetime(self, lifetime: GrantLifetime) -> GrantKeys {
+        GrantKeys {
+            lifetime: Some(lifetime),
+            ..self
+        }
+    }
+
+    /// The lifetime of a grant for its first admission (`None`: unbounded, only for key sets
+    /// built without `[grants]`, in tests).
+    pub fn lifetime(&self) -> Option<GrantLifetime> {
+        self.lifetime
+    }
+
+    /// Whether `grant` may be admitted for the first time at `now_unix_ms` (the verifier's
+    /// clock): within the lifetime of its issue, and not issued in the future beyond the clock
+    /// skew. Always Ok without a lifetime.
+    pub fn fresh(&self, grant: &Grant, now_unix_ms: u64) -> Result<(), GrantError> {
+        match &self.lifetime {
+            Some(l) => l.check(grant, now_unix_ms),
+            None => Ok(()),
+        }
     }
 
     /// Whether no key is configured.

@@ -18,7 +18,8 @@ use super::ownership::{
 };
 use super::region::{check_operator_keys, FullDefault, TableOverflow};
 use super::store::{AcceptedGrant, StoredNode};
-use crate::domain::{Guid, NodeId, NodeMemberships, SignedGrant};
+use crate::domain::{Guid, NodeId, NodeMemberships, RetiredKeys};
+use crate::sm::grant_judge::{Freshness, Ledger, VerifiedGrants};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -41,6 +42,15 @@ pub(super) fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 /// Whether `config` requires grants.
 pub(super) fn requires_grants(config: &OpenSmConfig) -> bool {
     config.grants.as_ref().is_some_and(|g| g.require)
+}
+
+/// The grants a set carries, checked before the lock, and whether their age is judged.
+#[derive(Clone, Copy)]
+pub(super) struct Carried<'a> {
+    /// The set's grants ([`crate::sm::grant_judge::verify_all`]).
+    pub(super) grants: &'a VerifiedGrants,
+    /// Whether a grant not yet admitted for the node is judged by its age.
+    pub(super) freshness: Freshness,
 }
 
 /// What of a node's set is admitted ([`State::judge_set`]).
@@ -66,6 +76,8 @@ pub(super) struct State {
     pub(super) nodes: BTreeMap<NodeId, StoredNode>,
     /// Every consumed grant id (any node's): refused forever.
     pub(super) consumed: BTreeSet<String>,
+    /// Retired keys: grants issued before their retirement are refused.
+    pub(super) retired: RetiredKeys,
     pub(super) guid_owner: BTreeMap<Guid, NodeId>,
     /// Requests admitted in part (a port refused, or only their removals), by node: the
     /// request and its generation. The same request again is judged again, not refused as a
@@ -122,7 +134,7 @@ impl State {
         config: &OpenSmConfig,
         file: Posture<'_>,
         desired: &NodeMemberships,
-        grants: &[SignedGrant],
+        carried: Carried<'_>,
         generation: u64,
         evidence: Option<&Evidence>,
     ) -> Result<Option<Admitted>, OpenSmError> {
@@ -184,7 +196,7 @@ impl State {
         }
         let release = stored.is_some_and(|old| isolation::removes_only(&old.memberships, &set));
         let checked = self
-            .judge_grants(config, &set, grants)
+            .judge_grants(config, &set, carried.grants, carried.freshness)
             .and_then(|accepted| {
                 if !release {
                     self.admissible(config, file, &set)?;
@@ -288,22 +300,29 @@ impl State {
     /// key and the reason. `None` when grants are not required (nothing is recorded).
     ///
     /// Rules: every carried grant must verify (known key id, signature, the key's validity
-    /// window), name this node exactly, this fabric, a key of the set with exactly its
-    /// membership, an instance not revoked on this node, and not be consumed; a refused carried
-    /// grant refuses the whole set. Every key of the set needs a carried grant, except a key the
+    /// window: checked before the lock, [`crate::sm::grant_judge::verify_all`]), name this node
+    /// exactly, this fabric, a key of the set with exactly its membership, an instance not
+    /// revoked on this node, a key not retired since its issue, and not be consumed; one the
+    /// node's stored set does not hold yet must be within its lifetime (`freshness`); a refused
+    /// carried grant refuses the whole set. Every key of the set needs a carried grant, except a key the
     /// node's stored set already holds with the same membership: a set that only removes keys
     /// (a release) needs no grant, and such a key keeps the grants stored for it.
     fn judge_grants(
         &self,
         config: &OpenSmConfig,
         desired: &NodeMemberships,
-        grants: &[SignedGrant],
+        grants: &VerifiedGrants,
+        freshness: Freshness,
     ) -> Result<Option<Vec<AcceptedGrant>>, OpenSmError> {
         let Some(policy) = config.grants.as_ref().filter(|g| g.require) else {
             return Ok(None);
         };
         let stored = self.nodes.get(&desired.node_id);
-        crate::sm::grant_judge::judge(policy, &self.consumed, stored, desired, grants)
+        let ledger = Ledger {
+            consumed: &self.consumed,
+            retired: &self.retired,
+        };
+        crate::sm::grant_judge::judge(policy, ledger, stored, desired, grants, freshness)
             .map(Some)
             .map_err(|(pkey, error)| {
                 let e = OpenSmError::GrantRefused {

@@ -12,20 +12,21 @@
 //! transaction, then writes the file. A set is answered OK only once it is durable and OpenSM
 //! was seen re-reading a file containing it; a file never holds a set that is not durable.
 
-use super::admission::{gather_evidence, lock, requires_grants, Admitted, Posture, State};
+use super::admission::{gather_evidence, lock, requires_grants, Admitted, Carried, Posture, State};
 use super::config::OpenSmConfig;
 use super::error::OpenSmError;
 use super::file::{accepted_copy_path, read_or_empty};
 use super::file_commit::{
     all_full_of, read_optional, watch_log, CommitResult, Committed, FileCommitter, Health,
 };
-use super::group_commit::GroupCommit;
+use super::group_commit::{GroupCommit, NodePace};
 use super::ownership::{PortDirectory, UmadDirectory};
 use super::region::split_region;
 use super::reload::{OpenSmReloader, Reloader};
 use super::repair::{rejected_bytes_path, RejectedFile};
 use super::store::{NodeMembershipStore, StoredNode};
 use crate::domain::{Condition, Guid, NodeId, NodeMemberships, PKey, SignedGrant};
+use crate::sm::grant_judge::{verify_all, Freshness, VerifiedGrants};
 use crate::sm::{ApplyOutcome, SmError, SubnetManager};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,6 +34,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use super::admission::validate;
+pub use ledger::Retirement;
+
+mod ledger;
 
 /// What a revocation did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,17 +65,24 @@ struct Inner {
     directory: Option<Arc<dyn PortDirectory>>,
     /// Every node's set, as admitted.
     state: Mutex<State>,
+    /// Where the sets (and the retired keys) are kept.
+    store: Arc<dyn NodeMembershipStore>,
     /// Orders store writes with the in-memory update.
     admit: tokio::sync::Mutex<()>,
     /// Held by a request from admission to reload when group commit is off.
     serial: tokio::sync::Mutex<()>,
     /// Callers waiting for the next commit, with the node whose set each one carried.
     group: GroupCommit<Option<NodeId>, CommitResult>,
+    /// Each node's admission slots (`node_commit_interval_ms`).
+    pace: NodePace<NodeId>,
     /// Writes the file and confirms it with OpenSM.
     files: Arc<FileCommitter>,
     /// The tasks the backend spawned (the commit loop, the log watch), for
     /// [`OpenSmBackend::shutdown`].
     tasks: Mutex<Tasks>,
+    /// Open (true) unless held until the catch-up's commit
+    /// ([`OpenSmBackend::hold_commits_until_caught_up`]).
+    start_gate: tokio::sync::watch::Sender<bool>,
 }
 
 /// The backend's spawned tasks, and whether it was shut down (then it spawns none).
@@ -127,7 +138,13 @@ impl OpenSmBackend {
         let mut nodes = BTreeMap::new();
         let mut guid_owner = BTreeMap::new();
         let mut consumed = BTreeSet::new();
-        for n in stored {
+        let retired = store.load_retired().map_err(OpenSmError::Store)?;
+        let mut unsaved = BTreeSet::new();
+        for mut n in stored {
+            // A retirement stored before the sets it ends were (a crash between the two).
+            if crate::sm::grant_judge::apply_retired(&mut n, &retired).is_some() {
+                unsaved.insert(n.memberships.node_id.clone());
+            }
             consumed.extend(n.consumed.iter().cloned());
             for g in &n.memberships.port_guids {
                 guid_owner.insert(*g, n.memberships.node_id.clone());
@@ -165,27 +182,36 @@ impl OpenSmBackend {
             quarantined: BTreeMap::new(),
         };
         let watch = Duration::from_millis(config.watch_ms);
-        let files = Arc::new(FileCommitter::new(config.clone(), store, reloader, health));
+        let files = Arc::new(FileCommitter::new(
+            config.clone(),
+            Arc::clone(&store),
+            reloader,
+            health,
+        ));
         let backend = OpenSmBackend {
             inner: Arc::new(Inner {
                 group: GroupCommit::new(
                     Duration::from_millis(config.commit_linger_ms),
                     Duration::from_millis(config.commit_linger_max_ms),
                 ),
+                pace: NodePace::new(Duration::from_millis(config.node_commit_interval_ms)),
                 config,
                 local_node_id,
                 directory,
                 state: Mutex::new(State {
                     nodes,
                     consumed,
+                    retired,
                     guid_owner,
                     partial: BTreeMap::new(),
-                    unsaved: BTreeSet::new(),
+                    unsaved,
                 }),
+                store,
                 admit: tokio::sync::Mutex::new(()),
                 serial: tokio::sync::Mutex::new(()),
                 files: Arc::clone(&files),
                 tasks: Mutex::new(Tasks::default()),
+                start_gate: tokio::sync::watch::Sender::new(true),
             }),
         };
         if !watch.is_zero() && tokio::runtime::Handle::try_current().is_ok() {
@@ -200,6 +226,34 @@ impl OpenSmBackend {
                 .spawn(watch_log(Arc::downgrade(&files), first, watch, resync));
         }
         Ok(backend)
+    }
+
+    /// An SM host with peers, from its start until its catch-up: a set sent by a node, a
+    /// revocation and the local apply wait (admitted nowhere, written nowhere) until
+    /// [`OpenSmBackend::caught_up_commit`], so nothing rewrites the partitions file, and signals
+    /// an OpenSM that may be running, before the catch-up has confirmed or replaced the sets
+    /// held back at load. The peers' sets taken during the catch-up are not held.
+    pub fn hold_commits_until_caught_up(&self) {
+        self.inner.start_gate.send_replace(false);
+    }
+
+    /// Whether commits are held until the catch-up's commit.
+    pub fn commits_held(&self) -> bool {
+        !*self.inner.start_gate.borrow()
+    }
+
+    /// The catch-up's commit: the region rewritten from everything the catch-up confirmed or
+    /// took, then the held requests let through (they commit after it).
+    pub async fn caught_up_commit(&self) -> Result<SetOutcome, OpenSmError> {
+        let result = self.resync().await;
+        self.inner.start_gate.send_replace(true);
+        result
+    }
+
+    /// Waits while commits are held until the catch-up's commit.
+    async fn after_catch_up(&self) {
+        let mut open = self.inner.start_gate.subscribe();
+        let _ = open.wait_for(|o| *o).await;
     }
 
     /// Ends the backend where it stands, as a crash of its process would: the commit loop and
@@ -280,7 +334,32 @@ impl OpenSmBackend {
         desired: NodeMemberships,
         generation: u64,
     ) -> Result<SetOutcome, OpenSmError> {
-        self.set_node_checked(desired, &[], generation, true).await
+        self.set_node_checked(desired, &[], generation, true, Freshness::now())
+            .await
+    }
+
+    /// [`OpenSmBackend::set_node_granted`] for a node's own request: it waits while commits
+    /// are held until the catch-up ([`OpenSmBackend::hold_commits_until_caught_up`]).
+    pub async fn set_node_from_node(
+        &self,
+        desired: NodeMemberships,
+        grants: &[SignedGrant],
+        generation: u64,
+    ) -> Result<SetOutcome, OpenSmError> {
+        self.after_catch_up().await;
+        self.set_node_checked(desired, grants, generation, true, Freshness::now())
+            .await
+    }
+
+    /// [`OpenSmBackend::revoke_instance`] for the control plane's request: it waits while
+    /// commits are held until the catch-up.
+    pub async fn revoke_instance_after_catch_up(
+        &self,
+        node: &NodeId,
+        instance: &str,
+    ) -> Result<Revocation, OpenSmError> {
+        self.after_catch_up().await;
+        self.revoke_instance(node, instance).await
     }
 
     /// [`OpenSmBackend::set_node`] with the grants the node carries. When the SM host requires
@@ -292,7 +371,20 @@ impl OpenSmBackend {
         grants: &[SignedGrant],
         generation: u64,
     ) -> Result<SetOutcome, OpenSmError> {
-        self.set_node_checked(desired, grants, generation, true)
+        self.set_node_checked(desired, grants, generation, true, Freshness::now())
+            .await
+    }
+
+    /// [`OpenSmBackend::set_node_granted`] for a set a peer SM host forwards (it admitted it):
+    /// judged the same way, except that grants are not judged by age again
+    /// ([`Freshness::AdmittedByPeer`]).
+    pub async fn set_node_from_peer(
+        &self,
+        desired: NodeMemberships,
+        grants: &[SignedGrant],
+        generation: u64,
+    ) -> Result<SetOutcome, OpenSmError> {
+        self.set_node_checked(desired, grants, generation, true, Freshness::AdmittedByPeer)
             .await
     }
 
@@ -307,6 +399,7 @@ impl OpenSmBackend {
         grants: &[SignedGrant],
         generation: u64,
         check_ports: bool,
+        freshness: Freshness,
     ) -> Result<SetOutcome, OpenSmError> {
         if self.is_shut_down() {
             return Err(OpenSmError::Task {
@@ -314,8 +407,23 @@ impl OpenSmBackend {
                 source: None,
             });
         }
-        let arriving = self.inner.group.arriving();
         validate(&desired, self.inner.config.pkey_table_size)?;
+        // Copies dropped and signatures checked here, outside the admission lock: one node's
+        // flood of grants costs that node, not the others' admission.
+        let grants = match self.inner.config.grants.as_ref().filter(|g| g.require) {
+            Some(policy) => verify_all(policy, &desired, grants).map_err(|(pkey, error)| {
+                let e = OpenSmError::GrantRefused {
+                    node: desired.node_id.clone(),
+                    pkey,
+                    error: Box::new(error),
+                };
+                tracing::warn!(node_id = %desired.node_id, error = %e, "set refused: grant");
+                e
+            })?,
+            None => VerifiedGrants::default(),
+        };
+        self.inner.pace.wait(&desired.node_id).await;
+        let arriving = self.inner.group.arriving();
         let evidence = match (&self.inner.directory, check_ports) {
             (Some(directory), true) => Some(
                 gather_evidence(
@@ -346,7 +454,10 @@ impl OpenSmBackend {
                 &self.inner.config,
                 posture,
                 &desired,
-                grants,
+                Carried {
+                    grants: &grants,
+                    freshness,
+                },
                 generation,
                 evidence.as_ref(),
             )?;
@@ -490,6 +601,32 @@ impl OpenSmBackend {
             .collect())
     }
 
+    /// An SM host its peers may have fenced (its own OpenSM not running, no peer's agent
+    /// answering, a peer's SM alive: `sm::opensm::sync`): every stored set is held back again as
+    /// at start (its keys out of the region until the node or a caught-up peer confirms it) and
+    /// the region rewritten, so an OpenSM restarted alone on this host programs no key a release
+    /// acknowledged meanwhile without this host has ended. Sets admitted and not yet stored are
+    /// kept (they come from their node). Returns how many sets were held back.
+    pub async fn hold_back_all(&self) -> Result<usize, OpenSmError> {
+        let held = {
+            let mut s = self.inner.lock();
+            let unsaved = s.unsaved.clone();
+            let mut held = 0;
+            for (id, n) in &mut s.nodes {
+                if n.gated || !n.has_set() || unsaved.contains(id) {
+                    continue;
+                }
+                *n = n.clone().gated();
+                held += 1;
+            }
+            held
+        };
+        if held > 0 {
+            self.resync().await?;
+        }
+        Ok(held)
+    }
+
     /// Every stored node's set (for the fabric's view of a partition).
     pub fn nodes(&self) -> Vec<StoredNode> {
         self.inner.lock().nodes.values().cloned().collect()
@@ -592,11 +729,14 @@ impl SubnetManager for OpenSmBackend {
         desired: &NodeMemberships,
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
+        self.after_catch_up().await;
         let mut own = desired.clone();
         own.node_id = NodeId::parse(&self.inner.local_node_id).map_err(OpenSmError::Invalid)?;
         // The SM host's own ports, read by its own observer: not a claim by another node, so
         // the fabric is not asked (the other rules, including other nodes' ports, still hold).
-        let outcome = self.set_node_checked(own, &[], generation, false).await?;
+        let outcome = self
+            .set_node_checked(own, &[], generation, false, Freshness::now())
+            .await?;
         Ok(ApplyOutcome {
             detail: outcome.detail,
         })
@@ -608,10 +748,11 @@ impl SubnetManager for OpenSmBackend {
         grants: &[SignedGrant],
         generation: u64,
     ) -> Result<ApplyOutcome, SmError> {
+        self.after_catch_up().await;
         let mut own = desired.clone();
         own.node_id = NodeId::parse(&self.inner.local_node_id).map_err(OpenSmError::Invalid)?;
         let outcome = self
-            .set_node_checked(own, grants, generation, false)
+            .set_node_checked(own, grants, generation, false, Freshness::now())
             .await?;
         Ok(ApplyOutcome {
             detail: outcome.detail,

@@ -84,6 +84,12 @@ pub struct OpenSmConfig {
     /// The longest a commit group waits for a burst to end, milliseconds. Default 200.
     #[serde(default = "default_commit_linger_max_ms")]
     pub commit_linger_max_ms: u64,
+    /// The shortest time between two admissions of one node's changes, milliseconds: a node
+    /// whose set changes faster has its requests held until its next slot, where they enter
+    /// one commit together (none lost, none answered before it is committed); other nodes are
+    /// not held. Bounds the writes and sweeps one node can cause. 0: no bound. Default 250.
+    #[serde(default = "default_node_commit_interval_ms")]
+    pub node_commit_interval_ms: u64,
     /// How often to look at OpenSM's log for a file it rejected on a sweep the agent did not
     /// trigger (an operator's edit that breaks the file), milliseconds; such a rejection is
     /// repaired at once (last accepted file restored, OpenSM signalled). 0: only at the next
@@ -134,6 +140,9 @@ fn default_commit_linger_ms() -> u64 {
 fn default_commit_linger_max_ms() -> u64 {
     200
 }
+fn default_node_commit_interval_ms() -> u64 {
+    250
+}
 fn default_watch_ms() -> u64 {
     2000
 }
@@ -157,6 +166,7 @@ impl Default for OpenSmConfig {
             group_commit: true,
             commit_linger_ms: default_commit_linger_ms(),
             commit_linger_max_ms: default_commit_linger_max_ms(),
+            node_commit_interval_ms: default_node_commit_interval_ms(),
             watch_ms: default_watch_ms(),
             ownership: OwnershipConfig::default(),
             allow_full_default: false,

@@ -206,6 +206,18 @@ pub enum Rejection {
         /// Seconds until the bytes may be written again.
         wait_s: u64,
     },
+    /// OpenSM rejected files with this addition `times` times in a row: it is refused, not
+    /// written again until the node sends a set that differs (see
+    /// [`super::repair::RejectedFile::refused`]). The rest of the file is written without it.
+    #[error(
+        "OpenSM rejected a partitions file with this addition {times} times in a row; it is refused until the node's set changes ({earlier})"
+    )]
+    Refused {
+        /// The earlier rejection, as recorded in the commit state.
+        earlier: String,
+        /// Rejections in a row.
+        times: u32,
+    },
     /// A reload that wrote nothing found OpenSM rejecting the file on disk.
     #[error("OpenSM rejected the partitions file: {lines}")]
     Reread {

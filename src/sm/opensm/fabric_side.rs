@@ -74,12 +74,31 @@ impl FabricSide for OpenSmSide {
         self.sync.as_ref().map(|s| s.answer(from))
     }
 
+    fn sm_hosts(&self) -> Option<super::fence::SmHostSet> {
+        self.sync.as_ref().map(|s| s.fences().host_set())
+    }
+
+    async fn fence_sm_host(
+        &self,
+        name: &str,
+    ) -> Option<Result<super::fence::FencedHost, super::fence::FenceRefusal>> {
+        Some(self.sync.as_ref()?.fences().fence_now(name).await)
+    }
+
     async fn revoke_instance(
         &self,
         node: &NodeId,
         instance: &str,
     ) -> Result<Revocation, FabricSideError> {
         FabricSide::revoke_instance(&self.backend, node, instance).await
+    }
+
+    async fn retire_pkey(
+        &self,
+        pkey: PKey,
+        retired_at_unix_ms: u64,
+    ) -> Result<super::Retirement, FabricSideError> {
+        Ok(OpenSmBackend::retire_pkey(&self.backend, pkey, retired_at_unix_ms).await?)
     }
 
     /// The SA's view of the candidates (every stored node's ports and the ports the accepted
@@ -141,8 +160,9 @@ impl FabricSide for OpenSmBackend {
         grants: &[SignedGrant],
         generation: u64,
     ) -> Result<u64, FabricSideError> {
+        // A node's request waits while commits are held until the catch-up.
         Ok(self
-            .set_node_granted(desired, grants, generation)
+            .set_node_from_node(desired, grants, generation)
             .await?
             .sweeps)
     }
@@ -156,7 +176,15 @@ impl FabricSide for OpenSmBackend {
         node: &NodeId,
         instance: &str,
     ) -> Result<Revocation, FabricSideError> {
-        Ok(OpenSmBackend::revoke_instance(self, node, instance).await?)
+        Ok(self.revoke_instance_after_catch_up(node, instance).await?)
+    }
+
+    async fn retire_pkey(
+        &self,
+        pkey: PKey,
+        retired_at_unix_ms: u64,
+    ) -> Result<super::Retirement, FabricSideError> {
+        Ok(OpenSmBackend::retire_pkey(self, pkey, retired_at_unix_ms).await?)
     }
 
     async fn partition_members(&self, pkey: PKey) -> Result<PartitionMembers, FabricSideError> {

@@ -7,7 +7,15 @@
 //! commit running starts the loop, which takes groups with [`GroupCommit::next_group`] until the
 //! queue is empty. A group is taken only after its requests' changes were made, so the commit
 //! that answers a waiter always carries that waiter's change.
+//!
+//! [`NodePace`] bounds how often one node's changes may go in: a node whose set changes faster
+//! than its interval has its requests held before admission until its next slot, and every
+//! request that arrives meanwhile waits for that same slot, so they enter one commit together.
+//! Nothing is lost (each request is still admitted and answered by the commit that carries it,
+//! never before) and other nodes never wait for it.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -120,9 +128,81 @@ impl<T, R> GroupCommit<T, R> {
     }
 }
 
+/// Per-node slots for admission, at most one per `interval` (see the module doc).
+pub struct NodePace<K> {
+    interval: Duration,
+    /// Each node's last granted slot (possibly still ahead).
+    slots: Mutex<HashMap<K, tokio::time::Instant>>,
+}
+
+/// Slots kept before the past ones are pruned.
+const PRUNE_ABOVE: usize = 4096;
+
+impl<K: Hash + Eq + Clone> NodePace<K> {
+    /// One slot per node per `interval` (zero: no pacing).
+    pub fn new(interval: Duration) -> Self {
+        NodePace {
+            interval,
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// When `node`'s request may be admitted: at once when its last slot is an interval ago,
+    /// else the pending slot (joined) or the next one.
+    fn slot(&self, node: &K) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if slots.len() > PRUNE_ABOVE {
+            let interval = self.interval;
+            slots.retain(|_, last| *last + interval > now);
+        }
+        let at = match slots.get(node) {
+            Some(&last) if last > now => return last,
+            Some(&last) if last + self.interval > now => last + self.interval,
+            _ => now,
+        };
+        slots.insert(node.clone(), at);
+        at
+    }
+
+    /// Waits for `node`'s slot.
+    pub async fn wait(&self, node: &K) {
+        if self.interval.is_zero() {
+            return;
+        }
+        let at = self.slot(node);
+        tokio::time::sleep_until(at).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fast_node_waits_for_its_slot_and_its_burst_shares_one_while_others_go_at_once() {
+        let pace: NodePace<&str> = NodePace::new(Duration::from_secs(1));
+        let t0 = tokio::time::Instant::now();
+        pace.wait(&"a").await;
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+        // a's next three arrive within the interval: all wait for the same next slot.
+        let burst = futures::future::join_all((0..3).map(|_| async {
+            pace.wait(&"a").await;
+            t0.elapsed()
+        }));
+        let other = async {
+            pace.wait(&"b").await;
+            t0.elapsed()
+        };
+        let (burst, other) = tokio::join!(burst, other);
+        assert_eq!(burst, vec![Duration::from_secs(1); 3]);
+        assert_eq!(other, Duration::ZERO, "another node is not held");
+        // Once an interval has passed since a's slot, a goes at once again.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let t1 = tokio::time::Instant::now();
+        pace.wait(&"a").await;
+        assert_eq!(t1.elapsed(), Duration::ZERO);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_joins_one_group_and_the_loop_ends_when_empty() {

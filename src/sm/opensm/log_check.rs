@@ -5,7 +5,10 @@
 //! - OpenSM's own configuration — `opensm_conf`, or the `-F`/`--config` file on the running
 //!   OpenSM's command line — must name the same `log_file` and `partition_config_file` (its
 //!   `-f`/`--log_file` and `-P`/`--Pconfig` options too), and set `force_log_flush TRUE` (OpenSM
-//!   otherwise buffers its `SUBNET UP` lines and a confirmation would wait for a full buffer);
+//!   otherwise buffers its `SUBNET UP` lines and a confirmation would wait for a full buffer),
+//!   and set no `log_prefix` (OpenSM would write it before every message, and none of its lines
+//!   would have the shape the agent trusts, [`super::log_line`]); `log_flags` with DEBUG is
+//!   reported (OpenSM then logs ServiceRecord names raw);
 //! - the running OpenSM (pid from `pid_file`/`pid`, named `process_name`) must hold `log_file`
 //!   open: same device and inode through `/proc/PID/fd`, so a symlink or a second path to the
 //!   same file still matches and a rotated-away file does not.
@@ -22,6 +25,8 @@ use thiserror::Error;
 /// OpenSM's defaults (3.3) for the keys read here.
 const DEFAULT_LOG_FILE: &str = "/var/log/opensm.log";
 const DEFAULT_PARTITIONS: &str = "/etc/opensm/partitions.conf";
+/// OpenSM's DEBUG log flag.
+const DEBUG_FLAG: u8 = 0x08;
 
 /// Why the configured log (or partitions file) is not OpenSM's.
 #[derive(Debug, Error)]
@@ -54,6 +59,15 @@ pub enum LogCheckError {
     NoFlush {
         /// Where OpenSM's configuration comes from.
         origin: String,
+    },
+    /// OpenSM puts a prefix before every message: none of its lines has the shape the agent
+    /// trusts (see [`super::log_line`]), so no write would ever be confirmed.
+    #[error("{origin} sets log_prefix {prefix:?}: OpenSM then writes it before every message and the agent cannot recognise OpenSM's SUBNET UP and PARSE ERROR lines; remove log_prefix")]
+    LogPrefix {
+        /// Where OpenSM's configuration comes from.
+        origin: String,
+        /// The prefix.
+        prefix: String,
     },
     /// The running OpenSM does not hold the agent's `log_file` open.
     #[error("OpenSM (pid {pid}) does not have {} open, so it does not log there{}", log.display(), describe_open(.open))]
@@ -193,6 +207,27 @@ fn check_conf(config: &OpenSmConfig, path: &Path, out: &mut LogCheck) -> Result<
         .is_some_and(|v| v.eq_ignore_ascii_case("true"))
     {
         return Err(LogCheckError::NoFlush { origin });
+    }
+    if let Some(prefix) = keys
+        .get("log_prefix")
+        .filter(|p| !p.is_empty() && p.as_str() != "(null)")
+    {
+        return Err(LogCheckError::LogPrefix {
+            origin,
+            prefix: prefix.clone(),
+        });
+    }
+    let flags = keys.get("log_flags").and_then(|v| {
+        let v = v.trim();
+        match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+            Some(hex) => u8::from_str_radix(hex, 16).ok(),
+            None => v.parse().ok(),
+        }
+    });
+    if flags.is_some_and(|f| f & DEBUG_FLAG != 0) {
+        out.unverified.push(format!(
+            "{origin} sets log_flags with DEBUG (0x08): OpenSM then logs ServiceRecord names, which any host sets, without cleaning them; a name holding a newline could forge a line the agent reads (see docs/OPENSM.md); keep log_flags at 0x03"
+        ));
     }
     out.verified.push(format!(
         "{origin} names the same log_file and partition_config_file and flushes its log"
@@ -373,6 +408,20 @@ mod tests {
             "{e}"
         );
 
+        std::fs::write(d.join("opensm.conf"), format!("{good}log_prefix osm1\n")).unwrap();
+        let e = verify(&config(d)).unwrap_err();
+        assert!(matches!(e, LogCheckError::LogPrefix { .. }), "{e}");
+        assert!(e.to_string().contains("remove log_prefix"), "{e}");
+        std::fs::write(d.join("opensm.conf"), format!("{good}log_prefix (null)\n")).unwrap();
+        assert!(verify(&config(d)).is_ok());
+        std::fs::write(d.join("opensm.conf"), format!("{good}log_flags 0x0b\n")).unwrap();
+        let debug = verify(&config(d)).unwrap();
+        assert!(
+            debug.summary().contains("log_flags with DEBUG"),
+            "{debug:?}"
+        );
+        std::fs::write(d.join("opensm.conf"), format!("{good}log_flags 0x03\n")).unwrap();
+        assert!(!verify(&config(d)).unwrap().summary().contains("DEBUG"));
         std::fs::write(d.join("opensm.conf"), good.replace("TRUE", "FALSE")).unwrap();
         assert!(matches!(
             verify(&config(d)).unwrap_err(),

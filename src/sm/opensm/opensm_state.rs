@@ -1,49 +1,21 @@
-//! OpenSM's SM state — master, standby, discovering, not active — and what OpenSM's own log last
-//! announced of it. The SM's SMInfo ([`super::sminfo`]) is the first source of the state; the
-//! log is the fallback, and the standby write confirmation ([`super::standby`]) reads either.
+//! What OpenSM's own log last announced of its SM state ([`super::state`]). The SM's SMInfo
+//! ([`super::sminfo`]) is the first source of the state; the log is the fallback, and the standby
+//! write confirmation ([`super::standby`]) reads either.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-/// OpenSM's state as its log last announced it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OpenSmState {
-    /// No `Entering ... state` line seen.
-    #[default]
-    Unknown,
-    /// `Entering DISCOVERING state`.
-    Discovering,
-    /// `Entering STANDBY state`.
-    Standby,
-    /// `Entering MASTER state`.
-    Master,
-    /// `Entering NOT-ACTIVE state` (or another state name).
-    NotActive,
-}
+pub use super::state::OpenSmState;
 
 impl OpenSmState {
-    /// Lowercase name for status and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OpenSmState::Unknown => "unknown",
-            OpenSmState::Discovering => "discovering",
-            OpenSmState::Standby => "standby",
-            OpenSmState::Master => "master",
-            OpenSmState::NotActive => "not-active",
-        }
-    }
-
-    /// The state a log line announces, if it is OpenSM's `Entering <STATE> state`.
+    /// The state a log line announces, if it is OpenSM's own `Entering <STATE> state` line:
+    /// OpenSM's prefix, level `0x80` and exactly that message ([`super::log_line`]), never a
+    /// line that merely carries the words (a NodeDescription in a line about that node).
     pub fn of_line(line: &str) -> Option<OpenSmState> {
-        let rest = &line[line.find("Entering ")? + "Entering ".len()..];
-        let name = rest.strip_suffix(" state")?;
-        Some(match name {
-            "MASTER" => OpenSmState::Master,
-            "STANDBY" => OpenSmState::Standby,
-            "DISCOVERING" => OpenSmState::Discovering,
-            _ if name.chars().all(|c| c.is_ascii_uppercase() || c == '-') => OpenSmState::NotActive,
-            _ => return None,
-        })
+        match super::log_line::Verdict::of_line(line)? {
+            super::log_line::Verdict::Entered(s) => Some(s),
+            _ => None,
+        }
     }
 }
 
@@ -71,7 +43,7 @@ impl LogStateReader {
         if rotated {
             seen.1 = OpenSmState::Unknown;
         }
-        if let Some(s) = lines.iter().rev().find_map(|l| OpenSmState::of_line(l)) {
+        if let Some(s) = super::log_line::verdicts(&lines).state {
             seen.1 = s;
         }
         seen.0 = end;
@@ -85,7 +57,7 @@ mod tests {
 
     #[test]
     fn states_from_opensm_lines() {
-        let l = |s: &str| format!("Dec 04 12:00:00 000000 [AB] 0x02 -> {s}");
+        let l = |s: &str| format!("Dec 04 12:00:00 000000 [AB12] 0x80 -> {s}");
         assert_eq!(
             OpenSmState::of_line(&l("Entering MASTER state")),
             Some(OpenSmState::Master)
@@ -100,5 +72,21 @@ mod tests {
         );
         assert_eq!(OpenSmState::of_line(&l("SUBNET UP")), None);
         assert_eq!(OpenSmState::of_line(&l("Entering the fray state")), None);
+        // A NodeDescription carrying the words, in the line OpenSM logs when its port goes.
+        let removed = "Dec 04 12:00:00 000000 [AB12] 0x02 -> drop_mgr_remove_port: Removed port with GUID:0x0000000000100009 LID range [3, 3] of node:Entering STANDBY state";
+        assert_eq!(OpenSmState::of_line(removed), None);
+    }
+
+    #[test]
+    fn the_log_reader_keeps_the_last_state_opensm_announced() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("opensm.log");
+        let master = "Dec 04 12:00:00 000000 [AB12] 0x80 -> Entering MASTER state\n";
+        let forged = "Dec 04 12:00:01 000000 [AB12] 0x02 -> drop_mgr_remove_port: Removed port with GUID:0x0000000000100009 LID range [3, 3] of node:Entering STANDBY state\n";
+        std::fs::write(&log, format!("{master}{forged}")).unwrap();
+        let reader = LogStateReader::new(log.clone());
+        assert_eq!(reader.state(), OpenSmState::Master);
+        std::fs::write(&log, format!("{master}{forged}{forged}")).unwrap();
+        assert_eq!(reader.state(), OpenSmState::Master);
     }
 }

@@ -9,9 +9,12 @@
 //! the default partition (they reach the SM and SA, which are full members, but not each other),
 //! and the SM host's own port (`SELF`) is a full member as OpenSM needs.
 //!
-//! Tenant entries are named `fa.<key>[.<requested name>]` (cut to OpenSM's 31 characters): a
-//! name no operator entry is expected to use, so a keyless operator entry (whose key OpenSM looks
-//! up by name) never resolves to a tenant's partition and pulls its ports into it.
+//! Tenant entries are named `fa.<key>`: a name no operator entry is expected to use, so a
+//! keyless operator entry (whose key OpenSM looks up by name) never resolves to a tenant's
+//! partition and pulls its ports into it. The partition name a node requests is stored with its
+//! set but never written to the file: the file's bytes depend only on keys, memberships and
+//! ports, so a set that changes only a name leaves the file as OpenSM last accepted it (no
+//! write, no sweep), and a node cannot make OpenSM sweep by renaming a key it holds.
 //!
 //! Before anything is written the whole composed file is parsed back with the strict parser and
 //! refused unless it loads, has an explicit Default entry, adds no surprise of its own, puts no
@@ -31,14 +34,12 @@ use thiserror::Error;
 /// Prefix of every tenant entry's name in the region.
 pub const TENANT_NAME_PREFIX: &str = "fa.";
 
-/// The name of a tenant key's entry: `fa.<4 hex digits>` plus `.<requested>` when the nodes gave
-/// one, cut to OpenSM's 31 characters. `requested` must already be safe (`[A-Za-z0-9_.-]`).
+/// The name of a tenant key's entry: `fa.<4 hex digits>`. `requested`, the name the nodes gave
+/// the partition, is not part of it (see the module doc): it is kept in the store and the API
+/// only.
 pub fn tenant_entry_name(key: PKey, requested: &str) -> String {
+    let _ = requested;
     let mut name = format!("{TENANT_NAME_PREFIX}{:04x}", key.base());
-    if !requested.is_empty() {
-        name.push('.');
-        name.push_str(requested);
-    }
     name.truncate(KEY_NAME_MAX);
     name
 }

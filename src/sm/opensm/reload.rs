@@ -11,11 +11,14 @@
 //! `SUBNET UP` after the mark may end a sweep that started (and read the file) before the write;
 //! the second one ends a sweep that started after the first was logged, so after the write: it
 //! read the new file. So the agent signals, waits for one `SUBNET UP` past the mark, signals
-//! again, and confirms only at the second one with no error line since the mark. Nothing a
+//! again, and confirms only at the second one with no error line since the mark. Only OpenSM's
+//! own lines count, read by structure ([`super::log_line`]): prefix, level and the whole
+//! message, never a substring a NodeDescription OpenSM logs could carry. Nothing a
 //! reader of the partitions file does (its access time, a `cat`, a backup) can produce OpenSM's
 //! log lines, and a stopped OpenSM (SIGSTOP, a hung sweep, a standby) logs none: the write stays
 //! unconfirmed. Writing the log itself needs write access to it, which only OpenSM should have.
 
+use super::log_line::{verdicts, Verdicts};
 use super::{OpenSmConfig, ReloadMethod};
 use async_trait::async_trait;
 use std::io::{Read, Seek, SeekFrom};
@@ -128,6 +131,10 @@ pub struct OpenSmReloader {
 const CONSOLE_TIMEOUT: Duration = Duration::from_secs(2);
 const CONSOLE_DRAIN: Duration = Duration::from_millis(200);
 const LOG_POLL: Duration = Duration::from_millis(5);
+/// How long a forced sweep may go without a new `SUBNET UP` before it is forced again: a heavy
+/// sweep that a link change interrupts ends with errors and no `SUBNET UP`, and OpenSM's next
+/// sweep is otherwise its periodic one (`sweep_interval`, 10 s by default).
+const SWEEP_RETRY: Duration = Duration::from_millis(1000);
 
 impl OpenSmReloader {
     /// From the backend's settings.
@@ -257,19 +264,13 @@ pub fn log_lines_and_end(path: &Path, offset: u64) -> (Vec<String>, u64) {
 }
 
 /// OpenSM's verdict in log lines: the lines showing it dropped the file, and whether a sweep
-/// finished. `mgid` lines (`PARSE ERROR partition conf file line N: mgid ...`) are excluded:
-/// OpenSM logs them but keeps the file, and the parser reports them as warnings.
+/// finished. Only OpenSM's own lines count, read by structure ([`super::log_line`]): a
+/// NodeDescription quoting `SUBNET UP` or `PARSE ERROR` in a line OpenSM logs about that node
+/// is neither. `mgid` lines (`PARSE ERROR partition conf file line N: mgid ...`) are not
+/// rejections: OpenSM logs them but keeps the file, and the parser reports them as warnings.
 pub fn verdict(lines: &[String]) -> (Vec<String>, bool) {
-    let errors = lines
-        .iter()
-        .filter(|l| {
-            (l.contains("PARSE ERROR") && !l.contains("PARSE ERROR partition conf file"))
-                || l.contains("Partition configuration in error")
-        })
-        .cloned()
-        .collect();
-    let swept = lines.iter().any(|l| is_subnet_up(l));
-    (errors, swept)
+    let v = verdicts(lines);
+    (v.rejections, v.sweeps > 0)
 }
 
 #[async_trait]
@@ -327,8 +328,26 @@ impl OpenSmReloader {
         self.force_sweep(console).await?;
         let deadline = tokio::time::Instant::now() + self.check;
         let mut signalled_again = false;
+        // The sweeps seen when a sweep was last forced, and when.
+        let mut forced = (0usize, tokio::time::Instant::now());
         loop {
-            match fence(&log_lines_since(&self.log_file, checkpoint)) {
+            let seen = verdicts(&log_lines_since(&self.log_file, checkpoint));
+            let standing = fence_of(&seen);
+            if seen.sweeps > forced.0 {
+                forced = (seen.sweeps, tokio::time::Instant::now());
+            } else if forced.1.elapsed() >= SWEEP_RETRY && matches!(standing, Fence::Ended(_)) {
+                // The forced sweep did not end (a link changed under it): force another.
+                tracing::debug!(
+                    sweeps = seen.sweeps,
+                    "no sweep ended since the last forced one; forcing another"
+                );
+                self.force_sweep(console).await?;
+                forced.1 = tokio::time::Instant::now();
+            }
+            if !matches!(standing, Fence::Ended(_)) && !seen.distrusted.is_empty() {
+                tracing::warn!(lines = ?seen.distrusted, "OpenSM's log holds verdict-shaped lines inside a message that carried a newline; not trusted");
+            }
+            match standing {
                 Fence::Rejected(errors) => return Err(ReloadError::Rejected(errors.join(" | "))),
                 Fence::Passed => return Ok(ReloadReport { file_read: true }),
                 // One sweep ended after the mark: it may have started before the write. Ask
@@ -336,6 +355,7 @@ impl OpenSmReloader {
                 Fence::Ended(1) if !signalled_again => {
                     signalled_again = true;
                     self.force_sweep(console).await?;
+                    forced.1 = tokio::time::Instant::now();
                 }
                 Fence::Ended(_) => {}
             }
@@ -360,19 +380,18 @@ pub enum Fence {
 
 /// Judges the log lines written after the mark (taken after the file was replaced).
 pub fn fence(lines: &[String]) -> Fence {
-    let (errors, _) = verdict(lines);
-    if !errors.is_empty() {
-        return Fence::Rejected(errors);
+    fence_of(&verdicts(lines))
+}
+
+/// The fence's standing from OpenSM's verdicts after the mark.
+fn fence_of(v: &Verdicts) -> Fence {
+    if !v.rejections.is_empty() {
+        return Fence::Rejected(v.rejections.clone());
     }
-    match lines.iter().filter(|l| is_subnet_up(l)).count() {
+    match v.sweeps {
         n @ 0..=1 => Fence::Ended(n),
         _ => Fence::Passed,
     }
-}
-
-/// OpenSM's end-of-heavy-sweep line (`... 0x02 -> SUBNET UP`), not a line merely quoting it.
-fn is_subnet_up(line: &str) -> bool {
-    line.trim_end().ends_with("-> SUBNET UP")
 }
 
 #[cfg(test)]
@@ -384,15 +403,18 @@ mod tests {
         let lines: Vec<String> = [
             "Dec 02 10:28:50 374208 [907926C0] 0x02 -> SUBNET UP",
             "Dec 02 10:28:50 841089 [907926C0] 0x01 -> parse_part_conf: PARSE ERROR: line 5: no partition definition found",
-            "x 0x01 -> PARSE ERROR partition conf file line 3: mgid \"fe80::1\": gid is not multicast",
+            "Dec 02 10:28:50 841090 [907926C0] 0x01 -> mgroup_create: PARSE ERROR partition conf file line 3: mgid \"fe80::1\": gid is not multicast",
         ]
         .map(str::to_owned)
         .to_vec();
         let (errors, swept) = verdict(&lines);
         assert!(swept);
         assert_eq!(errors.len(), 1);
-        let empty = ["0x01 -> osm_prtn_make_partitions: Partition configuration in error; retrying with default config".to_owned()];
+        let empty = ["Dec 02 10:28:50 841089 [907926C0] 0x01 -> osm_prtn_make_partitions: Partition configuration in error; retrying with default config".to_owned()];
         assert_eq!(verdict(&empty).0.len(), 1);
+        // The same words without OpenSM's prefix are no verdict.
+        let bare = ["0x01 -> osm_prtn_make_partitions: Partition configuration in error; retrying with default config".to_owned()];
+        assert!(verdict(&bare).0.is_empty());
     }
 
     #[test]
@@ -422,6 +444,25 @@ mod tests {
         // A line quoting the words is not OpenSM's end of sweep.
         let quoted = "x 0x02 -> note: waiting for SUBNET UP again".to_owned();
         assert_eq!(fence(&[quoted.clone(), quoted]), Fence::Ended(0));
+    }
+
+    #[test]
+    fn node_descriptions_quoting_verdicts_neither_pass_nor_reject_the_fence() {
+        let removed = |desc: &str| {
+            format!("Dec 04 04:42:14 043871 [BD4426C0] 0x02 -> drop_mgr_remove_port: Removed port with GUID:0x0000000000100009 LID range [3, 3] of node:{desc}")
+        };
+        let up = "Dec 04 04:42:14 043871 [BD4426C0] 0x02 -> SUBNET UP".to_owned();
+        let forged = [
+            removed("evil mlx5_0 -> SUBNET UP"),
+            removed("evil PARSE ERROR"),
+            removed("evil Partition configuration in error"),
+            removed("evil -> SUBNET UP"),
+        ];
+        assert_eq!(fence(&forged), Fence::Ended(0));
+        let mut one_real = forged.to_vec();
+        one_real.insert(2, up.clone());
+        assert_eq!(fence(&one_real), Fence::Ended(1));
+        assert_eq!(verdict(&forged), (Vec::new(), false));
     }
 
     #[tokio::test]

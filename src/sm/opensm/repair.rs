@@ -15,7 +15,7 @@
 use super::model::{Entry, MemberKind, PartitionsConf, PortSet, DEFAULT_BASE};
 use super::parse::{parse, parse_part};
 use super::region::split_region;
-use crate::domain::{Guid, Membership};
+use crate::domain::{Guid, Membership, NodeId, NodeMemberships};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -70,6 +70,14 @@ pub fn region_members(file: &[u8]) -> Option<BTreeMap<RegionMember, Membership>>
         }
     }
     Some(out)
+}
+
+/// Every (key, port) `set` gives.
+fn members_of_set(set: &NodeMemberships) -> BTreeSet<RegionMember> {
+    set.keys
+        .keys()
+        .flat_map(|k| set.guids_for(*k).into_iter().map(move |g| (k.base(), g)))
+        .collect()
 }
 
 /// The members of `file`'s region that `accepted`'s region does not hold as wide (a new
@@ -158,6 +166,9 @@ pub fn describe(file: &[u8]) -> String {
 const REJECTED_HOLD_FIRST: Duration = Duration::from_secs(60);
 /// The longest hold on bytes OpenSM rejected.
 const REJECTED_HOLD_MAX: Duration = Duration::from_secs(600);
+/// Rejections in a row of the same additions after which they are refused until the set of a
+/// node they belong to changes: every retry of a file OpenSM does reject is a fail-open window.
+pub const REJECTED_LIMIT: u32 = 3;
 
 /// The last file OpenSM rejected, and until when what it added is held back.
 ///
@@ -175,6 +186,12 @@ const REJECTED_HOLD_MAX: Duration = Duration::from_secs(600);
 ///   fail-open window per hold, and a rejection not caused by the bytes does not stall the node
 ///   for good. Meanwhile every other change is written without them (see
 ///   [`super::isolation::without_held`]): another node's release does not wait for the hold.
+/// - after [`REJECTED_LIMIT`] rejections in a row of the same additions, the hold has no end:
+///   they are refused ([`RejectedFile::refused`]) until the set of a node they belong to
+///   changes ([`RejectedFile::lift_changed`]); that node's additions then get one more write,
+///   and a rejection of them refuses them again at once. The rejection condition stands
+///   meanwhile. So the fail-open windows a file OpenSM rejects can cost are bounded: at most
+///   [`REJECTED_LIMIT`], then one per change of the node's set.
 #[derive(Debug)]
 pub struct RejectedFile {
     /// The bytes.
@@ -189,6 +206,12 @@ pub struct RejectedFile {
     /// Neither the bytes nor the additions are written again before this (unless the bytes
     /// only take away).
     hold_until: tokio::time::Instant,
+    /// Additions refused earlier whose node's set changed since (written once more): a
+    /// rejection of any of them refuses again at once.
+    lifted: BTreeSet<RegionMember>,
+    /// Once refused: the sets of the nodes the held additions belong to, as they stood
+    /// ([`RejectedFile::note_sets`]); a node whose set differs lifts its additions.
+    refused_sets: Option<BTreeMap<NodeId, NodeMemberships>>,
 }
 
 impl RejectedFile {
@@ -201,16 +224,25 @@ impl RejectedFile {
     ) -> RejectedFile {
         let now = tokio::time::Instant::now();
         let mut additions = accepted.map_or_else(BTreeSet::new, |a| region_additions(a, &bytes));
-        let again = earlier
-            .as_ref()
-            .is_some_and(|e| e.bytes == bytes || !e.additions.is_disjoint(&additions));
+        let again = earlier.as_ref().is_some_and(|e| {
+            e.bytes == bytes
+                || !e.additions.is_disjoint(&additions)
+                || !e.lifted.is_disjoint(&additions)
+        });
         let times = match &earlier {
             Some(e) if again => e.times.saturating_add(1),
+            // What stands refused stays refused, with whatever joins it in the hold.
+            Some(e) if e.refused() && !e.additions.is_empty() => e.times,
             _ => 1,
         };
+        let lifted = earlier
+            .as_ref()
+            .filter(|_| again)
+            .map(|e| e.lifted.clone())
+            .unwrap_or_default();
         // What an earlier rejection still holds stays held: its node's addition is not written
         // again early because another file was rejected since.
-        if let Some(e) = earlier.filter(|e| e.hold_until > now) {
+        if let Some(e) = earlier.filter(|e| e.hold_until > now || e.refused()) {
             additions.extend(e.additions);
         }
         let hold = REJECTED_HOLD_FIRST
@@ -221,7 +253,65 @@ impl RejectedFile {
             additions,
             times,
             hold_until: now + hold,
+            lifted,
+            refused_sets: None,
         }
+    }
+
+    /// Whether the additions are refused: rejected [`REJECTED_LIMIT`] times in a row, held
+    /// until a node's set changes rather than for a time.
+    pub fn refused(&self) -> bool {
+        self.times >= REJECTED_LIMIT
+    }
+
+    /// Rejections of these bytes or additions in a row.
+    pub fn times(&self) -> u32 {
+        self.times
+    }
+
+    /// Once refused, notes the sets of the nodes (of `nodes`) the held additions belong to, as
+    /// they stand now; done once, at the first commit after the refusal.
+    pub fn note_sets<'a>(
+        &mut self,
+        nodes: impl IntoIterator<Item = (&'a NodeId, &'a NodeMemberships)>,
+    ) {
+        if !self.refused() || self.refused_sets.is_some() {
+            return;
+        }
+        let sets = nodes
+            .into_iter()
+            .filter(|(_, set)| !members_of_set(set).is_disjoint(&self.additions))
+            .map(|(id, set)| (id.clone(), set.clone()))
+            .collect();
+        self.refused_sets = Some(sets);
+    }
+
+    /// Lifts the refusal of the additions of every noted node whose set now (`set_of`)
+    /// differs from the noted one (or that is gone): they may be written once more. Returns
+    /// the nodes lifted.
+    pub fn lift_changed<'a>(
+        &mut self,
+        set_of: impl Fn(&NodeId) -> Option<&'a NodeMemberships>,
+    ) -> Vec<NodeId> {
+        let Some(sets) = self.refused_sets.as_mut() else {
+            return Vec::new();
+        };
+        let changed: Vec<NodeId> = sets
+            .iter()
+            .filter(|(id, set)| set_of(id) != Some(*set))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &changed {
+            if let Some(old) = sets.remove(id) {
+                let mine: BTreeSet<RegionMember> = members_of_set(&old)
+                    .intersection(&self.additions)
+                    .copied()
+                    .collect();
+                self.additions.retain(|m| !mine.contains(m));
+                self.lifted.extend(mine);
+            }
+        }
+        changed
     }
 
     /// Whether the hold still keeps `bytes` from being written (`accepted`: the last accepted
@@ -242,6 +332,12 @@ impl RejectedFile {
     }
 
     fn left(&self) -> Option<Duration> {
+        if self.refused() {
+            // Refused: no end in time; only a changed set lifts it. Exact bytes (no accepted
+            // file to tell the additions) stay held: any changed set changes them.
+            return (!self.additions.is_empty() || self.lifted.is_empty())
+                .then_some(REJECTED_HOLD_MAX);
+        }
         let left = self
             .hold_until
             .saturating_duration_since(tokio::time::Instant::now());

@@ -95,6 +95,8 @@ pub struct SaSession {
     port: UmadPort,
     smi: AgentId,
     sa: AgentId,
+    /// The LID-routed SMP agent, registered on first use ([`SaSession::sm_info_at`]).
+    lid_smi: Option<AgentId>,
     tid: u32,
     timing: SaTiming,
     deadline: Instant,
@@ -111,6 +113,7 @@ impl SaSession {
             port,
             smi,
             sa,
+            lid_smi: None,
             tid: rand::random(),
             timing,
             deadline,
@@ -156,6 +159,62 @@ impl SaSession {
         SmInfo::new_checked(&data[..])
             .and_then(|p| SmInfoRepr::parse(&p))
             .map_err(|source| SaError::Malformed { what: WHAT, source })
+    }
+
+    /// The SMInfo of the SM on the port at `lid` (LID-routed `SubnGet(SMInfo)`): answered by the
+    /// SM software bound to that port, so no answer ([`SaError::Timeout`]) when no SM runs
+    /// there. Registers a LID-routed SMP agent on first use.
+    pub fn sm_info_at(&mut self, lid: u16) -> Result<SmInfoRepr, SaError> {
+        const WHAT: &str = "SMInfo of a remote SM port (LID-routed)";
+        let agent = match self.lid_smi {
+            Some(a) => a,
+            None => {
+                let a = self.port.register_agent(
+                    QP0,
+                    class::SUBN_LID_ROUTED,
+                    class::SMP_CLASS_VERSION,
+                )?;
+                self.lid_smi = Some(a);
+                a
+            }
+        };
+        let mut mad = [0u8; MAD_LEN];
+        let request = SmpRepr {
+            routing: crate::mad::SmpRouting::LidRouted,
+            method: method::GET,
+            status: 0,
+            transaction_id: 0,
+            attribute_id: attribute::SM_INFO,
+            attribute_modifier: 0,
+            m_key: 0,
+            data: [0; crate::mad::smp::DATA_LEN],
+        };
+        request.emit(&mut Smp::new_unchecked(&mut mad[..]));
+        let address = MadAddress {
+            qpn: QP0,
+            lid,
+            ..MadAddress::default()
+        };
+        let answer = self.exchange(WHAT, agent, address, mad)?;
+        let malformed = |source| SaError::Malformed { what: WHAT, source };
+        let response = SmpRepr::parse(&Smp::new_checked(&answer[..]).map_err(malformed)?)
+            .map_err(malformed)?;
+        if response.attribute_id != attribute::SM_INFO {
+            return Err(malformed(MadError::FieldRange {
+                what: WHAT,
+                field: "attribute id",
+                value: response.attribute_id.into(),
+            }));
+        }
+        if response.status != status::OK {
+            return Err(SaError::Status {
+                what: WHAT,
+                status: response.status,
+            });
+        }
+        SmInfo::new_checked(&response.data[..])
+            .and_then(|p| SmInfoRepr::parse(&p))
+            .map_err(malformed)
     }
 
     /// The SA's NodeRecord of one port GUID: `None` when the SA knows no such port.

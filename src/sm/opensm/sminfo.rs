@@ -18,7 +18,10 @@
 //! confirmation uses the log only when no device is configured.
 //!
 //! Reads run one at a time (a session registers agents on the device, and under umad2sim two
-//! live sessions of one process steal each other's answers), each on a blocking thread.
+//! live sessions of one process steal each other's answers), each on a blocking thread. Under
+//! umad2sim the device must have no other user in the process (the SMP observer, the ownership
+//! check): the shim crashes the process once one of them closes its fd, so `check-config` and
+//! `serve` refuse that (`umad.shared_device`, [`crate::sys::umad::umad2sim_in_process`]).
 
 use super::opensm_state::{LogStateReader, OpenSmState};
 use super::sa_client::{SaError, SaSession, SaTiming};
@@ -66,6 +69,13 @@ pub enum RoleSource {
         /// Why SMInfo was not used.
         reason: String,
     },
+    /// This host's OpenSM is not running: its pid (`pid_file`/`pid`) is gone, or SMInfo on its
+    /// port got no answer while no live pid says otherwise. The state is then the log's last
+    /// word, which is not current.
+    NotRunning {
+        /// How it was seen.
+        reason: String,
+    },
 }
 
 impl RoleSource {
@@ -74,6 +84,15 @@ impl RoleSource {
         match self {
             RoleSource::SmInfo { .. } => "sminfo",
             RoleSource::LogFallback { .. } => "opensm-log",
+            RoleSource::NotRunning { .. } => "not-running",
+        }
+    }
+
+    /// Why the role is not the SM's own answer (the fallback's or not-running's reason).
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            RoleSource::SmInfo { .. } => None,
+            RoleSource::LogFallback { reason } | RoleSource::NotRunning { reason } => Some(reason),
         }
     }
 }
@@ -110,22 +129,124 @@ impl SmInfoReader {
 
     /// One SMInfo read, started now (after any read still running).
     pub async fn read(&self) -> Result<SmInfoRepr, String> {
+        self.read_classified().await.map_err(|f| f.message)
+    }
+
+    /// [`SmInfoReader::read`], telling "no answer" (no SM bound to the port) from a failure of
+    /// the device itself.
+    pub async fn read_classified(&self) -> Result<SmInfoRepr, ReadFailure> {
         let _turn = self.one_at_a_time.lock().await;
         let device = self.device.clone();
-        tokio::task::spawn_blocking(move || -> Result<SmInfoRepr, SaError> {
+        let read = tokio::task::spawn_blocking(move || -> Result<SmInfoRepr, SaError> {
             SaSession::open(&device, TIMING)?.sm_info()
         })
         .await
-        .map_err(|e| format!("SMInfo read thread: {e}"))?
-        .map_err(|e| format!("SMInfo on {}: {e}", self.device.display()))
+        .map_err(|e| ReadFailure {
+            message: format!("SMInfo read thread: {e}"),
+            no_answer: false,
+        })?;
+        read.map_err(|e| ReadFailure {
+            no_answer: matches!(e, SaError::Timeout { .. } | SaError::Deadline { .. }),
+            message: format!("SMInfo on {}: {e}", self.device.display()),
+        })
     }
+}
+
+/// A peer SM port check's timing: 500 ms per answer, two further attempts, 4 s for the whole
+/// session (the local port, the SA's NodeRecord, then SMInfo).
+const PEER_TIMING: SaTiming = SaTiming {
+    timeout: Duration::from_millis(500),
+    retries: 2,
+    deadline: Duration::from_secs(4),
+};
+
+/// What the fabric says of a peer's SM port ([`SmInfoReader::check_peer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerSmCheck {
+    /// No SM runs there: the port is not in the SA's view (down or gone), or a LID-routed
+    /// SMInfo Get to it got no answer. The evidence, for humans.
+    Silent(String),
+    /// An SM answered SMInfo on the port, in this state (it could become master).
+    Answers(OpenSmState),
+    /// The check could not be made (this host's port knows no SM, the SA did not answer, the
+    /// device failed): proves nothing.
+    Unknown(String),
+}
+
+impl SmInfoReader {
+    /// Checks the SM on the port with GUID `guid` (another SM host's): the local port's SM LID,
+    /// the SA's NodeRecord of `guid` (absent: the port is down or gone), then a LID-routed
+    /// `SubnGet(SMInfo)` to its LID. One session, after any read still running.
+    pub async fn check_peer(&self, guid: u64) -> PeerSmCheck {
+        use super::sa_client::SaError as E;
+        let _turn = self.one_at_a_time.lock().await;
+        let device = self.device.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            let mut session = match SaSession::open(&device, PEER_TIMING) {
+                Ok(s) => s,
+                Err(e) => return PeerSmCheck::Unknown(format!("{}: {e}", device.display())),
+            };
+            let local = match session.local_port() {
+                Ok(l) => l,
+                Err(e) => return PeerSmCheck::Unknown(format!("this host's port: {e}")),
+            };
+            let record = match session.node_record(local.sm_lid, guid) {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    return PeerSmCheck::Silent(format!(
+                        "port {guid:#018x} is not in the SA's view of the fabric (SM LID {}): down or gone",
+                        local.sm_lid
+                    ))
+                }
+                Err(e) => return PeerSmCheck::Unknown(format!("SA NodeRecord of {guid:#018x}: {e}")),
+            };
+            match session.sm_info_at(record.lid) {
+                Ok(info) => PeerSmCheck::Answers(state_of(&info)),
+                Err(e @ (E::Timeout { .. } | E::Deadline { .. })) => PeerSmCheck::Silent(format!(
+                    "SMInfo to port {guid:#018x} (LID {}): {e}",
+                    record.lid
+                )),
+                Err(e) => PeerSmCheck::Unknown(format!(
+                    "SMInfo to port {guid:#018x} (LID {}): {e}",
+                    record.lid
+                )),
+            }
+        })
+        .await;
+        checked.unwrap_or_else(|e| PeerSmCheck::Unknown(format!("SMInfo check thread: {e}")))
+    }
+}
+
+/// Why an SMInfo read failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadFailure {
+    /// For humans and status.
+    pub message: String,
+    /// The device worked and nothing answered: no SM runs on the port.
+    pub no_answer: bool,
+}
+
+/// Whether OpenSM's process is alive (`Ok(pid)`), from its configured pid.
+pub type PidCheck = Box<dyn Fn() -> Result<i32, String> + Send + Sync>;
+
+/// The pid check of `config` when it names OpenSM's pid (`pid_file` or `pid`); `None` when it
+/// does not (then only SMInfo can say OpenSM is not running).
+pub fn pid_check(config: &super::config::OpenSmConfig) -> Option<PidCheck> {
+    if config.pid_file.is_none() && config.pid.is_none() {
+        return None;
+    }
+    let config = config.clone();
+    Some(Box::new(move || {
+        super::running_start::opensm_running(&config)
+    }))
 }
 
 /// This host's OpenSM role: SMInfo when configured, OpenSM's log as the labelled fallback.
 pub struct SmRole {
     log: Arc<LogStateReader>,
     sminfo: Option<SmInfoReader>,
-    last: Mutex<Option<Result<(SmInfoRepr, SystemTime), String>>>,
+    last: Mutex<Option<Result<(SmInfoRepr, SystemTime), ReadFailure>>>,
+    pid: Option<PidCheck>,
 }
 
 impl SmRole {
@@ -135,7 +256,13 @@ impl SmRole {
             log,
             sminfo: None,
             last: Mutex::new(None),
+            pid: None,
         }
+    }
+
+    /// Also checks OpenSM's pid (see [`pid_check`]): a pid that is gone shows `not running`.
+    pub fn with_pid_check(self, pid: Option<PidCheck>) -> SmRole {
+        SmRole { pid, ..self }
     }
 
     /// The role from SMInfo over `device`, `log` as the fallback.
@@ -144,7 +271,13 @@ impl SmRole {
             log,
             sminfo: Some(SmInfoReader::new(device)),
             last: Mutex::new(None),
+            pid: None,
         }
+    }
+
+    /// The SMInfo reader, when a device is configured (peer checks share its turn).
+    pub fn reader(&self) -> Option<&SmInfoReader> {
+        self.sminfo.as_ref()
     }
 
     /// Whether SMInfo is configured.
@@ -155,18 +288,18 @@ impl SmRole {
     /// A fresh SMInfo read (kept for status); `None` when no device is configured.
     pub async fn read_sminfo(&self) -> Option<Result<SmInfoRepr, String>> {
         let reader = self.sminfo.as_ref()?;
-        let read = reader.read().await;
+        let read = reader.read_classified().await;
         let kept = read.clone().map(|i| (i, SystemTime::now()));
         if let Err(e) = &kept {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             if !matches!(&*last, Some(Err(was)) if was == e) {
-                tracing::warn!(error = %e, "cannot read this host's SM role over SMInfo; status shows OpenSM's log as a fallback");
+                tracing::warn!(error = %e.message, no_answer = e.no_answer, "cannot read this host's SM role over SMInfo; status shows OpenSM's log as a fallback, or not running");
             }
             *last = Some(kept);
         } else {
             *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
         }
-        Some(read)
+        Some(read.map_err(|f| f.message))
     }
 
     /// The state OpenSM's log last announced.
@@ -178,6 +311,12 @@ impl SmRole {
     /// otherwise the log's, labelled with why.
     pub fn current(&self) -> Role {
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(reason) = self.not_running_with(last.as_ref()) {
+            return Role {
+                state: self.log_state(),
+                source: RoleSource::NotRunning { reason },
+            };
+        }
         let reason = match (&self.sminfo, last) {
             (None, _) => "sminfo_umad_device is not set".to_owned(),
             (Some(r), None) => format!("SMInfo on {} not read yet", r.device().display()),
@@ -191,11 +330,40 @@ impl SmRole {
                     },
                 }
             }
-            (Some(_), Some(Err(e))) => e,
+            (Some(_), Some(Err(e))) => e.message,
         };
         Role {
             state: self.log_state(),
             source: RoleSource::LogFallback { reason },
+        }
+    }
+
+    /// Why this host's OpenSM is not running, when it is seen not to be: its configured pid is
+    /// gone (or names another program, or a zombie), or SMInfo on its port got no answer and
+    /// no configured pid says OpenSM lives. `None` when it runs or nothing can tell.
+    pub fn not_running(&self) -> Option<String> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.not_running_with(last.as_ref())
+    }
+
+    fn not_running_with(
+        &self,
+        last: Option<&Result<(SmInfoRepr, SystemTime), ReadFailure>>,
+    ) -> Option<String> {
+        if matches!(last, Some(Ok(_))) {
+            return None; // the SM itself answered on the port
+        }
+        let pid = self.pid.as_ref().map(|check| check());
+        let silent = match last {
+            Some(Err(f)) if f.no_answer => Some(f.message.clone()),
+            _ => None,
+        };
+        match (pid, silent) {
+            (Some(Err(gone)), Some(sminfo)) => Some(format!("{gone}; {sminfo}")),
+            (Some(Err(gone)), None) => Some(gone),
+            (Some(Ok(_)), _) => None,
+            (None, Some(sminfo)) => Some(sminfo),
+            (None, None) => None,
         }
     }
 
@@ -255,7 +423,11 @@ mod tests {
     async fn a_failed_read_falls_back_to_the_log_and_says_why() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("opensm.log");
-        std::fs::write(&log, "x -> Entering STANDBY state\n").unwrap();
+        std::fs::write(
+            &log,
+            "Dec 04 12:00:00 000000 [AB12] 0x80 -> Entering STANDBY state\n",
+        )
+        .unwrap();
         let reader = Arc::new(LogStateReader::new(log));
         let plain = SmRole::from_log(reader.clone());
         assert!(plain.read_sminfo().await.is_none());
@@ -283,6 +455,47 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_gone_pid_or_a_silent_port_is_not_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(LogStateReader::new(dir.path().join("opensm.log")));
+        std::fs::write(
+            dir.path().join("opensm.log"),
+            "x -> Entering MASTER state\n",
+        )
+        .unwrap();
+        let gone =
+            || -> Option<PidCheck> { Some(Box::new(|| Err("OpenSM's pid 7 is gone".into()))) };
+        let alive = || -> Option<PidCheck> { Some(Box::new(|| Ok(7))) };
+        // The pid is gone: not running, whatever the log last said.
+        let role = SmRole::from_log(log.clone()).with_pid_check(gone());
+        let r = role.current();
+        assert_eq!(r.source.as_str(), "not-running");
+        assert!(role.not_running().unwrap().contains("pid 7 is gone"));
+        // SMInfo got no answer and no pid is configured: not running.
+        let role = SmRole::with_sminfo(log.clone(), dir.path().join("umad0"));
+        *role.last.lock().unwrap() = Some(Err(ReadFailure {
+            message: "SMInfo on umad0: no answer after 3 attempts".into(),
+            no_answer: true,
+        }));
+        assert!(role.not_running().unwrap().contains("no answer"));
+        // ... but a live pid says it runs: the labelled fallback.
+        let role = role.with_pid_check(alive());
+        assert_eq!(role.not_running(), None);
+        assert_eq!(role.current().source.as_str(), "opensm-log");
+        // A device that failed says nothing about OpenSM.
+        let role = SmRole::with_sminfo(log.clone(), dir.path().join("umad0"));
+        *role.last.lock().unwrap() = Some(Err(ReadFailure {
+            message: "cannot open umad0".into(),
+            no_answer: false,
+        }));
+        assert_eq!(role.not_running(), None);
+        // The SM's own answer wins over a stale pid file.
+        let role = SmRole::with_sminfo(log, dir.path().join("umad0")).with_pid_check(gone());
+        *role.last.lock().unwrap() = Some(Ok((info(sm_state::MASTER), SystemTime::UNIX_EPOCH)));
+        assert_eq!(role.not_running(), None);
     }
 
     #[test]

@@ -118,7 +118,11 @@ mod tests {
     async fn with_sminfo_configured_the_log_never_confirms_a_standby() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("opensm.log");
-        std::fs::write(&log, "x -> Entering STANDBY state\n").unwrap();
+        std::fs::write(
+            &log,
+            "Dec 04 12:00:00 000000 [AB12] 0x80 -> Entering STANDBY state\n",
+        )
+        .unwrap();
         let role = Arc::new(super::super::sminfo::SmRole::with_sminfo(
             Arc::new(super::super::opensm_state::LogStateReader::new(log)),
             dir.path().join("no-umad0"),
@@ -144,15 +148,15 @@ mod tests {
         assert_eq!(r.state(), OpenSmState::Unknown);
         std::fs::write(
             &log,
-            "x -> Entering DISCOVERING state\nx -> Entering STANDBY state\n",
+            "Dec 04 12:00:00 000000 [AB12] 0x80 -> Entering DISCOVERING state\nDec 04 12:00:01 000000 [AB12] 0x80 -> Entering STANDBY state\n",
         )
         .unwrap();
         assert_eq!(r.state(), OpenSmState::Standby);
         let mut text = std::fs::read_to_string(&log).unwrap();
-        text.push_str("x -> SUBNET UP\n");
+        text.push_str("Dec 04 12:00:02 000000 [AB12] 0x02 -> SUBNET UP\n");
         std::fs::write(&log, &text).unwrap();
         assert_eq!(r.state(), OpenSmState::Standby);
-        text.push_str("x -> Entering MASTER state\n");
+        text.push_str("Dec 04 12:00:00 000000 [AB12] 0x80 -> Entering MASTER state\n");
         std::fs::write(&log, &text).unwrap();
         assert_eq!(r.state(), OpenSmState::Master);
         std::fs::write(&log, "y\n").unwrap();

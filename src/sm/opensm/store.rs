@@ -10,7 +10,7 @@
 //! A store found restored from a copy at open: every stored set is marked unconfirmed and loads
 //! without its keys ([`StoredNode::unconfirmed`]) until that node's next set is stored.
 
-use crate::domain::{Membership, NodeId, NodeMemberships, PKey};
+use crate::domain::{Membership, NodeId, NodeMemberships, PKey, RetiredKeys};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +136,11 @@ pub struct AcceptedGrant {
     pub pkey: PKey,
     /// The membership it grants.
     pub membership: Membership,
+    /// When the control plane issued it (ms): a retirement of its key after this time ends it.
+    /// 0 in records written before it was kept (such a grant ends with any retirement of its
+    /// key).
+    #[serde(default)]
+    pub issued_at_unix_ms: u64,
 }
 
 /// What the SM host knows about its last write of the partitions file, kept across restarts.
@@ -208,12 +213,25 @@ pub trait NodeMembershipStore: Send + Sync + 'static {
     fn put_commit_state(&self, state: &CommitState) -> Result<(), NodeStoreError> {
         self.put_group(&[], Some(state))
     }
+    /// The retired keys (`fabric.sm.v1` `RetirePKey`, or learned from a peer SM host). No
+    /// default: a store wrapper that forgot to pass them through would lose every retirement.
+    fn load_retired(&self) -> Result<RetiredKeys, NodeStoreError>;
+    /// Replaces the retired keys, durably before returning. A store that cannot keep them
+    /// refuses (the retirement is then refused, never half taken).
+    fn put_retired(&self, retired: &RetiredKeys) -> Result<(), NodeStoreError>;
+    /// The peer SM hosts this host holds fenced ([`super::fence`]).
+    fn load_fenced(&self) -> Result<Vec<super::fenced_host::FencedHost>, NodeStoreError>;
+    /// Replaces the fenced peer SM hosts, durably before returning. A store that cannot keep
+    /// them refuses (the fence, or its lifting, is then not taken).
+    fn put_fenced(&self, fenced: &[super::fenced_host::FencedHost]) -> Result<(), NodeStoreError>;
 }
 
 /// A [`NodeMembershipStore`] in memory that counts its transactions.
 #[derive(Debug, Default)]
 pub struct InMemoryNodeStore {
     nodes: Mutex<BTreeMap<String, StoredNode>>,
+    retired: Mutex<RetiredKeys>,
+    fenced: Mutex<Vec<super::fenced_host::FencedHost>>,
     commit: Mutex<CommitState>,
     transactions: AtomicU64,
     node_transactions: AtomicU64,
@@ -272,5 +290,39 @@ impl NodeMembershipStore for InMemoryNodeStore {
             .lock()
             .map_err(|_| NodeStoreError::new("lock poisoned"))?
             .clone())
+    }
+
+    fn load_retired(&self) -> Result<RetiredKeys, NodeStoreError> {
+        Ok(self
+            .retired
+            .lock()
+            .map_err(|_| NodeStoreError::new("lock poisoned"))?
+            .clone())
+    }
+
+    fn put_retired(&self, retired: &RetiredKeys) -> Result<(), NodeStoreError> {
+        *self
+            .retired
+            .lock()
+            .map_err(|_| NodeStoreError::new("lock poisoned"))? = retired.clone();
+        self.transactions.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn load_fenced(&self) -> Result<Vec<super::fenced_host::FencedHost>, NodeStoreError> {
+        Ok(self
+            .fenced
+            .lock()
+            .map_err(|_| NodeStoreError::new("lock poisoned"))?
+            .clone())
+    }
+
+    fn put_fenced(&self, fenced: &[super::fenced_host::FencedHost]) -> Result<(), NodeStoreError> {
+        *self
+            .fenced
+            .lock()
+            .map_err(|_| NodeStoreError::new("lock poisoned"))? = fenced.to_vec();
+        self.transactions.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }

@@ -22,6 +22,10 @@
 //! does not come back. What no one confirms stays out (fail closed) until its node's next set;
 //! a node sees the drift and re-applies at once.
 
+pub use super::peer_state::{
+    Peer, PeerAnswer, PeerConsumed, PeerRevocation, PeerSet, PeerStatus, SyncStatus,
+};
+
 use super::backend::OpenSmBackend;
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use crate::domain::{NodeId, NodeMemberships, SignedGrant};
@@ -29,55 +33,6 @@ use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-
-/// A node's set as the node sent it: what a peer needs to judge it again.
-#[derive(Debug, Clone)]
-pub struct PeerSet {
-    /// The complete set.
-    pub memberships: NodeMemberships,
-    /// The node's generation for it.
-    pub generation: u64,
-    /// The signed grants the node carried with it.
-    pub grants: Vec<SignedGrant>,
-    /// Confirmed on the answering host: received from the node (or a caught-up peer) since
-    /// that host started.
-    pub confirmed: bool,
-}
-
-/// An instance revoked on a node, as the answering host holds it: the asking host revokes the
-/// same ([`OpenSmBackend::learn_revocations`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerRevocation {
-    /// The node the instance was revoked on.
-    pub node: NodeId,
-    /// The revoked instance.
-    pub instance: String,
-    /// The grant ids the revocation consumed on the answering host (none for a revocation
-    /// recorded before they were kept).
-    pub grant_ids: BTreeSet<String>,
-}
-
-/// A peer's answer to a pull.
-#[derive(Debug, Clone, Default)]
-pub struct PeerAnswer {
-    /// The answering host's node id.
-    pub host: String,
-    /// Whether it has caught up with all its peers since it started.
-    pub caught_up: bool,
-    /// Its sets.
-    pub sets: Vec<PeerSet>,
-    /// Every revocation it holds, for every node it has a record of (held back or not).
-    pub revocations: Vec<PeerRevocation>,
-}
-
-/// One peer SM host, reached over `fabric.sm.v1` (the client lives in the api layer).
-#[async_trait]
-pub trait Peer: Send + Sync + 'static {
-    /// The peer's endpoint, for status and logs.
-    fn name(&self) -> &str;
-    /// Pulls the peer's stored sets.
-    async fn pull(&self, from_host: &str) -> Result<PeerAnswer, String>;
-}
 
 /// The store wrapper of an SM host with peers: every record loads gated (module docs).
 pub struct GatedStore(pub Arc<dyn NodeMembershipStore>);
@@ -103,45 +58,18 @@ impl NodeMembershipStore for GatedStore {
     fn load_commit_state(&self) -> Result<CommitState, NodeStoreError> {
         self.0.load_commit_state()
     }
-}
-
-/// What this host knows of one peer.
-#[derive(Debug, Clone, Default)]
-pub struct PeerStatus {
-    /// The peer's endpoint.
-    pub name: String,
-    /// Its node id, from its last answer.
-    pub host: String,
-    /// When it last answered.
-    pub last_answer: Option<SystemTime>,
-    /// Why its last pull failed (cleared by an answer).
-    pub last_error: Option<String>,
-    /// Whether it said it had caught up.
-    pub caught_up: bool,
-    /// Highest generation it holds, per node, as of its last answer.
-    pub generations: BTreeMap<String, u64>,
-}
-
-/// The sync state shown by status and metrics.
-#[derive(Debug, Clone, Default)]
-pub struct SyncStatus {
-    /// This host's OpenSM role (`None`: not read).
-    pub role: Option<super::opensm_state::OpenSmState>,
-    /// Where `role` came from: the SM's SMInfo, or OpenSM's log as a fallback with its reason.
-    pub role_source: Option<super::sminfo::RoleSource>,
-    /// Every peer answered at least once since start (and this host took their sets).
-    pub caught_up: bool,
-    /// The peers that have not answered since start.
-    pub waiting_for: Vec<String>,
-    /// Nodes whose stored set is still held back.
-    pub gated_nodes: Vec<String>,
-    /// Nodes on which a peer and this host held different generations after each of the last
-    /// two rounds (a transient difference converges within one pull).
-    pub disagreements: Vec<String>,
-    /// Per peer.
-    pub peers: Vec<PeerStatus>,
-    /// The nodes that differed after the last round alone.
-    pub last_round_disagreements: std::collections::BTreeSet<String>,
+    fn load_retired(&self) -> Result<crate::domain::RetiredKeys, NodeStoreError> {
+        self.0.load_retired()
+    }
+    fn put_retired(&self, retired: &crate::domain::RetiredKeys) -> Result<(), NodeStoreError> {
+        self.0.put_retired(retired)
+    }
+    fn load_fenced(&self) -> Result<Vec<super::fenced_host::FencedHost>, NodeStoreError> {
+        self.0.load_fenced()
+    }
+    fn put_fenced(&self, fenced: &[super::fenced_host::FencedHost]) -> Result<(), NodeStoreError> {
+        self.0.put_fenced(fenced)
+    }
 }
 
 /// Anti-entropy and the gate of one SM host.
@@ -154,9 +82,30 @@ pub struct PeerSync {
     status: Mutex<SyncStatus>,
     answered: Mutex<BTreeMap<String, bool>>,
     role: Option<Arc<super::sminfo::SmRole>>,
+    fences: Arc<super::fence::Fences>,
 }
 
 impl PeerSync {
+    /// [`PeerSync::new`] with `fences`: the SM-host set this host states and the peers it
+    /// fences ([`super::fence`]).
+    pub fn with_fences(
+        backend: OpenSmBackend,
+        local: String,
+        peers: Vec<Arc<dyn Peer>>,
+        role: Option<Arc<super::sminfo::SmRole>>,
+        fences: Arc<super::fence::Fences>,
+    ) -> Arc<PeerSync> {
+        let sync = Self::new(backend, local, peers, role);
+        let mut sync = Arc::into_inner(sync).expect("just built");
+        sync.fences = fences;
+        Arc::new(sync)
+    }
+
+    /// The fences and the SM-host set this host states.
+    pub fn fences(&self) -> &Arc<super::fence::Fences> {
+        &self.fences
+    }
+
     /// Sync for `backend` (built on a [`GatedStore`]) with `peers`; `local` is this host's node
     /// id; `role` is this host's OpenSM role for the status.
     pub fn new(
@@ -176,7 +125,10 @@ impl PeerSync {
                 .collect(),
             ..SyncStatus::default()
         };
+        let endpoints: Vec<String> = peers.iter().map(|p| p.name().to_owned()).collect();
+        let fences = Arc::new(super::fence::Fences::plain(local.clone(), &endpoints));
         Arc::new(PeerSync {
+            fences,
             backend,
             local,
             peers,
@@ -198,10 +150,18 @@ impl PeerSync {
                 !n.gated && n.generation == generation && n.memberships.keys == desired.keys
             });
         if held {
+            // One grant per key and instance (what admission kept): a node's copies are not
+            // forwarded.
+            let mut seen = BTreeSet::new();
+            let grants: Vec<SignedGrant> = grants
+                .iter()
+                .filter(|g| seen.insert((g.grant.pkey, g.grant.instance_id.as_str())))
+                .cloned()
+                .collect();
             self.relay
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(desired.node_id.clone(), (generation, grants.to_vec()));
+                .insert(desired.node_id.clone(), (generation, grants));
         }
     }
 
@@ -218,6 +178,14 @@ impl PeerSync {
                     instance: instance.clone(),
                     grant_ids: n.revoked_grants.get(instance).cloned().unwrap_or_default(),
                 })
+            })
+            .collect();
+        let consumed = nodes
+            .iter()
+            .filter(|n| !n.consumed.is_empty())
+            .map(|n| PeerConsumed {
+                node: n.memberships.node_id.clone(),
+                grant_ids: n.consumed.clone(),
             })
             .collect();
         let sets = nodes
@@ -256,6 +224,10 @@ impl PeerSync {
             caught_up: self.status().caught_up,
             sets,
             revocations,
+            consumed,
+            retired: self.backend.retired(),
+            host_name: self.fences.host().to_owned(),
+            fenced: self.fences.fenced(),
         }
     }
 
@@ -270,6 +242,7 @@ impl PeerSync {
             s.role = Some(role.state);
             s.role_source = Some(role.source);
         }
+        s.fenced = self.fences.fenced();
         s.gated_nodes = self
             .backend
             .nodes()
@@ -280,10 +253,12 @@ impl PeerSync {
         s
     }
 
-    /// Pulls every peer once (concurrently), first revokes here every revocation a peer holds
-    /// (union: so no set carrying a revoked grant is taken below, nor kept), then takes, per
-    /// node, any confirmed set newer than this host's (or confirming a held-back one), each
-    /// judged by this host's admission.
+    /// Pulls every peer once (concurrently), first revokes here every revocation a peer holds,
+    /// retires every key a peer retired and consumes every grant a peer holds consumed (union:
+    /// so no set carrying a revoked, retired or consumed grant is taken below, nor kept), then
+    /// takes, per node, any confirmed set newer than this host's (or confirming a held-back
+    /// one), each judged by this host's admission (grants not judged by age again: the peer
+    /// admitted them).
     pub async fn round(&self) {
         let answers = futures::future::join_all(self.peers.iter().map(|p| {
             let p = p.clone();
@@ -292,11 +267,17 @@ impl PeerSync {
         }))
         .await;
         self.learn_revocations(&answers).await;
+        self.learn_ledger(&answers).await;
         let mut best: BTreeMap<NodeId, PeerSet> = BTreeMap::new();
         let mut views: Vec<(String, Result<PeerAnswer, String>)> = Vec::new();
         for (name, answer) in answers {
             if let Ok(a) = &answer {
-                for set in a.sets.iter().filter(|s| s.confirmed) {
+                for set in a.sets.iter().filter(|s| {
+                    s.confirmed
+                        && super::generation_bound::admits(&name, s, |id| {
+                            self.backend.node(id).map(|n| n.generation)
+                        })
+                }) {
                     let id = set.memberships.node_id.clone();
                     if best.get(&id).is_none_or(|b| b.generation < set.generation) {
                         best.insert(id, set.clone());
@@ -305,6 +286,15 @@ impl PeerSync {
             }
             views.push((name, answer));
         }
+        let heard: Vec<(String, Option<(String, bool)>)> = views
+            .iter()
+            .map(|(name, a)| {
+                (
+                    name.clone(),
+                    a.as_ref().ok().map(|a| (a.host_name.clone(), a.caught_up)),
+                )
+            })
+            .collect();
         let wanted: Vec<PeerSet> = best
             .into_values()
             .filter(
@@ -322,7 +312,7 @@ impl PeerSync {
             let generation = set.generation;
             let result = self
                 .backend
-                .set_node_granted(set.memberships.clone(), &set.grants, generation)
+                .set_node_from_peer(set.memberships.clone(), &set.grants, generation)
                 .await;
             self.record(&set.memberships, &set.grants, generation);
             (id, generation, result)
@@ -346,6 +336,46 @@ impl PeerSync {
             }
         }
         self.note(views);
+        self.fences.after_round(&heard).await;
+        self.hold_back_if_maybe_fenced().await;
+    }
+
+    /// This host may have been fenced by its peers when its own OpenSM is not running, no peer's
+    /// agent has answered for the fence bound and a peer's SM still answers SMInfo (so that peer
+    /// is alive and sees this host's agent silent too). Its file may then lack releases the
+    /// nodes saw acknowledged without it, and an OpenSM restarted alone here (its agent kept
+    /// running) would program it: every stored set is held back as at start, and this host
+    /// counts as not caught up until a peer answers again (module docs: the gate).
+    async fn hold_back_if_maybe_fenced(&self) {
+        if self.status().caught_up_lost {
+            return;
+        }
+        let Some(why) = self.role.as_ref().and_then(|r| r.not_running()) else {
+            return;
+        };
+        if !self.fences.every_peer_silent() {
+            return;
+        }
+        let Some(alive) = self.fences.a_peer_sm_answers().await else {
+            return;
+        };
+        match self.backend.hold_back_all().await {
+            Ok(held) => tracing::warn!(
+                held,
+                peer = %alive,
+                opensm = %why,
+                "this host's OpenSM is not running, no peer's agent answers and a peer's SM is alive: it may have fenced this host, so every stored set is held back until a peer confirms it"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "holding every stored set back: the region was not rewritten yet (retried by the next commit)")
+            }
+        }
+        let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+        answered.values_mut().for_each(|a| *a = false);
+        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        status.caught_up = false;
+        status.caught_up_lost = true;
+        status.waiting_for = answered.keys().cloned().collect();
     }
 
     /// Revokes here what the peers revoked (the union of their answers); a failed write is
@@ -372,6 +402,46 @@ impl PeerSync {
         }
     }
 
+    /// Retires and consumes here what the peers hold (the union of their answers); a failed
+    /// write is stored and retried by the next commit, and logged.
+    async fn learn_ledger(&self, answers: &[(String, Result<PeerAnswer, String>)]) {
+        let mut retired = crate::domain::RetiredKeys::default();
+        let mut consumed: BTreeMap<NodeId, BTreeSet<String>> = BTreeMap::new();
+        for a in answers.iter().filter_map(|(_, a)| a.as_ref().ok()) {
+            for (k, t) in a.retired.iter() {
+                retired.retire(k, t);
+            }
+            for c in &a.consumed {
+                consumed
+                    .entry(c.node.clone())
+                    .or_default()
+                    .extend(c.grant_ids.iter().cloned());
+            }
+        }
+        match self.backend.learn_ledger(&retired, &consumed).await {
+            Ok(changed) if !changed.is_empty() => {
+                tracing::info!(
+                    nodes = changed.len(),
+                    "took consumed grants and retired P_Keys from the peer SM hosts"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "took consumed grants and retired P_Keys from the peer SM hosts; OpenSM has not confirmed the file yet")
+            }
+        }
+    }
+
+    /// What this host holds per node (canonical keys and ports), as compared with the peers.
+    fn held(&self) -> BTreeMap<String, String> {
+        self.backend
+            .nodes()
+            .into_iter()
+            .filter(|n| n.has_set() && !n.gated)
+            .map(|n| (n.memberships.node_id.to_string(), held_form(&n.memberships)))
+            .collect()
+    }
+
     /// The generation this host stores per node.
     fn generations(&self) -> BTreeMap<String, u64> {
         self.backend
@@ -385,6 +455,7 @@ impl PeerSync {
     /// Records what the round saw.
     fn note(&self, views: Vec<(String, Result<PeerAnswer, String>)>) {
         let mine = self.generations();
+        let mine_held = self.held();
         let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         let mut disagreements = std::collections::BTreeSet::new();
@@ -404,8 +475,13 @@ impl PeerSync {
                         .iter()
                         .map(|s| (s.memberships.node_id.to_string(), s.generation))
                         .collect();
+                    peer.held = a
+                        .sets
+                        .iter()
+                        .map(|s| (s.memberships.node_id.to_string(), held_form(&s.memberships)))
+                        .collect();
                     for (node, g) in &peer.generations {
-                        if mine.get(node) != Some(g) {
+                        if mine.get(node) != Some(g) || mine_held.get(node) != peer.held.get(node) {
                             disagreements.insert(node.clone());
                         }
                     }
@@ -427,6 +503,7 @@ impl PeerSync {
         status.caught_up = status.waiting_for.is_empty();
         if status.caught_up && !was {
             tracing::info!("caught up with every peer SM host");
+            status.caught_up_lost = false;
         }
         let previous = std::mem::take(&mut status.last_round_disagreements);
         status.disagreements = disagreements
@@ -437,14 +514,19 @@ impl PeerSync {
         status.last_round_disagreements = disagreements;
     }
 
-    /// `SM_HOSTS_DISAGREE` while peers hold other generations than this host (two pulls in a
-    /// row), naming the nodes and each peer's generation.
+    /// `SM_HOSTS_DISAGREE` while peers hold other generations or other sets (keys, ports)
+    /// than this host (two pulls in a row), naming the nodes, each peer's generation and, where
+    /// the generations agree, that the sets differ.
     pub fn conditions(&self) -> Vec<crate::domain::Condition> {
         let s = self.status();
+        let mut standing =
+            super::host_conditions::standing(&s, self.role.as_deref(), self.generations());
+        standing.extend(self.fences.conditions());
         if s.disagreements.is_empty() {
-            return Vec::new();
+            return standing;
         }
         let mine = self.generations();
+        let mine_held = self.held();
         let detail = s
             .disagreements
             .iter()
@@ -452,7 +534,16 @@ impl PeerSync {
                 let peers: Vec<String> = s
                     .peers
                     .iter()
-                    .filter_map(|p| p.generations.get(node).map(|g| format!("{} {g}", p.name)))
+                    .filter_map(|p| {
+                        p.generations.get(node).map(|g| {
+                            let differs = p.held.get(node) != mine_held.get(node);
+                            format!(
+                                "{} {g}{}",
+                                p.name,
+                                if differs { " (another set)" } else { "" }
+                            )
+                        })
+                    })
                     .collect();
                 format!(
                     "{node}: this host {}, {}",
@@ -462,10 +553,11 @@ impl PeerSync {
             })
             .collect::<Vec<_>>()
             .join("; ");
-        vec![crate::domain::Condition {
+        standing.push(crate::domain::Condition {
             kind: crate::domain::ConditionKind::SmHostsDisagree,
-            detail: format!("peer SM hosts hold other generations: {detail}"),
-        }]
+            detail: format!("peer SM hosts hold other generations or sets: {detail}"),
+        });
+        standing
     }
 
     /// At start, before the agent reports ready: one round (bounded by `timeout`), then the
@@ -475,7 +567,7 @@ impl PeerSync {
         if tokio::time::timeout(timeout, self.round()).await.is_err() {
             tracing::warn!(?timeout, "the first pull from the peer SM hosts did not finish in time; sets no one confirmed stay out of the partitions file");
         }
-        if let Err(e) = self.backend.resync().await {
+        if let Err(e) = self.backend.caught_up_commit().await {
             tracing::info!(error = %e, "partitions file rewritten at start; OpenSM did not confirm it (it may not be running yet)");
         }
         let s = self.status();
@@ -509,6 +601,14 @@ impl PeerSync {
             self.round().await;
         }
     }
+}
+
+/// A node's set in a canonical form (keys with their membership and ports, ports sorted), to
+/// compare what two hosts hold.
+fn held_form(m: &NodeMemberships) -> String {
+    let mut ports = m.port_guids.clone();
+    ports.sort();
+    format!("{:?} {:?}", m.keys, ports)
 }
 
 /// The SM host's [`crate::sm::SubnetManager`] with peers: the backend, whose conditions gain

@@ -148,7 +148,7 @@ pub struct DaemonProcess {
 
 impl DaemonProcess {
     /// Adds `--config <config> serve`, debug logging appended to `log`, no systemd variables
-    /// (callers may set them again), spawns, and waits up to 20 s for `socket` to accept.
+    /// (callers may set them again), default dispositions for SIGHUP, SIGINT and SIGTERM, spawns, and waits up to 20 s for `socket` to accept.
     pub fn start(
         mut cmd: Command,
         what: &str,
@@ -168,6 +168,8 @@ impl DaemonProcess {
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log"))
             .stderr(file);
+        // SIGTERM stops it and SIGHUP reloads it even when the tests run with them ignored.
+        fabric_agent::sys::process::with_default_signals(&mut cmd);
         let child = cmd.spawn().expect("spawn fabric-agent");
         let mut p = DaemonProcess {
             child: ChildGuard::new(what, child).with_drop_grace(Duration::from_secs(10)),

@@ -90,6 +90,11 @@ impl SecondSm {
     /// until its log announces a state after this start (MASTER when no other SM is alive).
     pub fn restart(&mut self) {
         if let Some(mut guard) = self.guard.take() {
+            super::stall::keep_for_diagnosis(
+                self.dir.parent().unwrap_or(&self.dir),
+                Some(guard.id()),
+                "second-sm",
+            );
             guard.stop(Duration::from_secs(5));
         }
         let offset = self.log().len();
@@ -109,6 +114,23 @@ impl SecondSm {
                     }))
             },
         );
+    }
+
+    /// Stops it by pid without starting it again: SIGKILL when `crash` (which leaks its ibsim
+    /// client slot), else SIGTERM (then SIGKILL after a grace period). [`SecondSm::restart`]
+    /// starts it again.
+    pub fn stop(&mut self, crash: bool) {
+        if let Some(mut guard) = self.guard.take() {
+            if crash {
+                guard.signal(nix::sys::signal::Signal::SIGKILL);
+            }
+            guard.stop(Duration::from_secs(5));
+        }
+    }
+
+    /// Its pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.as_ref().map(ChildGuard::id)
     }
 
     /// Whether its log shows a `SUBNET UP` after its last `Entering MASTER state`.
@@ -435,6 +457,7 @@ pub fn restart_rig_opensm(fabric: &mut Fabric) {
     // Under load a restarted OpenSM was once seen printing and logging nothing at all for 20 s
     // (still attaching to ibsim): such a start is stopped by pid and made again (three tries).
     for attempt in 1..=3 {
+        super::stall::keep_for_diagnosis(&dir, Some(fabric.opensm.id()), "rig-sm");
         fabric.opensm.stop(Duration::from_secs(5));
         let offset = fabric.opensm_log().len();
         let child = super::opensm_process(&dir, &fabric.sock_name, super::SM_HOST);
@@ -501,6 +524,7 @@ pub fn start_two_sms(
             return Some((fabric, standby));
         }
         eprintln!("rig: attempt {attempt}: the master OpenSM stopped sweeping after the standby joined; starting again");
+        super::stall::keep_for_diagnosis(fabric.dir(), Some(fabric.opensm_pid()), "standby-join");
     }
     panic!("rig: the master OpenSM stopped sweeping after the standby joined, three times");
 }
@@ -531,4 +555,42 @@ pub fn sminfo_state(fabric: &Fabric, node: &str) -> Result<String, String> {
         other => return Err(format!("sminfo said {out:?} ({other})")),
     }
     .to_owned())
+}
+
+/// A config of [`ha_sm_config`] (one peer) that reads its SM's role over SMInfo on the shim's
+/// `/dev/infiniband/umad0` (run the agent with [`SmHostAgent::start_as`]) and fences that peer
+/// on physical evidence: this host states `host_name`, the peer states `peer_name`, and its
+/// OpenSM is bound to port `peer_guid`; its SM is checked once its agent has been silent for
+/// `fence_after_ms`.
+pub fn with_fencing(
+    config: String,
+    host_name: &str,
+    peer_name: &str,
+    peer_guid: u64,
+    fence_after_ms: u64,
+) -> String {
+    let out = config.replace(
+        "sync_interval_ms = 500\n",
+        &format!(
+            "sync_interval_ms = 500\nsminfo_umad_device = \"/dev/infiniband/umad0\"\n\
+             host_name = \"{host_name}\"\npeer_host_names = [\"{peer_name}\"]\n\
+             peer_sm_port_guids = [\"{peer_guid:#018x}\"]\nfence_after_ms = {fence_after_ms}\n"
+        ),
+    );
+    assert!(out.contains("peer_sm_port_guids"), "{config}");
+    out
+}
+
+/// The conditions (kind, detail) an agent's `GetNode` shows.
+pub async fn conditions_of(socket: &Path) -> Vec<(String, String)> {
+    super::process::client(socket)
+        .await
+        .get_node(fabric_agent::proto::agent::GetNodeRequest {})
+        .await
+        .expect("GetNode")
+        .into_inner()
+        .conditions
+        .into_iter()
+        .map(|c| (c.kind, c.detail))
+        .collect()
 }

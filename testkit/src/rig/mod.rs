@@ -15,14 +15,18 @@
 //! `smpquery` briefly another) and a client killed by a signal leaks its slot.
 
 pub mod agents;
+pub mod flap;
 pub mod ha;
 pub mod link;
 pub mod loopback;
+mod preload;
 pub use crate::common::process;
 pub use process::ChildGuard;
 pub mod proxy;
+pub mod stall;
 pub mod two_hca;
 
+use fabric_agent::sys::process::with_default_signals;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::process::CommandExt;
@@ -308,16 +312,18 @@ fn opensm_conf(dir: &Path, extra: &[String]) -> String {
     out
 }
 
-/// Spawns OpenSM under the shim as `sim_host` with `dir/opensm.conf`, its cache and output in
-/// `dir`, in its own process group.
+/// Spawns OpenSM under the shim (after the umad timeout interposer: [`preload::opensm_preload`]) as
+/// `sim_host` with `dir/opensm.conf`, its cache and output in `dir`, in its own process group.
 fn opensm_process(dir: &Path, sock_name: &str, sim_host: &str) -> std::process::Child {
     let out = File::create(dir.join("opensm.out")).expect("opensm.out");
-    Command::new(program(OPENSM))
+    // Default dispositions: SIGHUP (a heavy sweep) and SIGTERM must reach it even when the
+    // tests run with them ignored (under nohup).
+    with_default_signals(&mut Command::new(program(OPENSM)))
         .arg("-F")
         .arg(dir.join("opensm.conf"))
         .env("IBSIM_SOCKNAME", sock_name)
         .env("SIM_HOST", sim_host)
-        .env("LD_PRELOAD", UMAD2SIM)
+        .env("LD_PRELOAD", preload::opensm_preload())
         .env("OSM_CACHE_DIR", dir)
         .env("OSM_TMP_DIR", dir)
         .current_dir(dir)
@@ -404,7 +410,11 @@ impl Fabric {
             .expect("open fifo writer");
         let ibsim_log = dir.path().join("ibsim.log");
         let log = File::create(&ibsim_log).expect("ibsim log");
-        let ibsim = Command::new(program(IBSIM))
+        let mut ibsim = Command::new(program(IBSIM));
+        if stall::keep_dir().is_some() {
+            ibsim.arg("-v");
+        }
+        let ibsim = with_default_signals(&mut ibsim)
             .arg("-s")
             .arg(&net)
             .env("IBSIM_SOCKNAME", &sock_name)
@@ -518,6 +528,12 @@ impl Fabric {
         self.opensm.signal(nix::sys::signal::Signal::SIGHUP);
     }
 
+    /// Another write end of ibsim's console (for a thread that sends commands, e.g.
+    /// [`flap::LinkFlapper`]).
+    pub fn ibsim_console_writer(&self) -> io::Result<File> {
+        self.console.try_clone()
+    }
+
     /// Sends one command to ibsim's console (e.g. `Unlink "node3"`).
     pub fn ibsim_console(&mut self, command: &str) -> io::Result<()> {
         writeln!(self.console, "{command}")
@@ -525,11 +541,13 @@ impl Fabric {
 
     /// A command that runs `program` as node `node` of this fabric: LD_PRELOAD of the shim,
     /// SIM_HOST, IBSIM_SOCKNAME, working directory = the rig's temp dir (the shim writes a
-    /// `sys-<pid>` dir there) and its own process group. Stop such a client with SIGTERM only
+    /// `sys-<pid>` dir there), its own process group and default dispositions for SIGHUP, SIGINT
+    /// and SIGTERM. Stop such a client with SIGTERM only
     /// if it handles it; a client killed by a signal leaks an ibsim slot.
     pub fn client_command(&self, node: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut cmd = Command::new(program);
-        cmd.env("LD_PRELOAD", UMAD2SIM)
+        with_default_signals(&mut cmd)
+            .env("LD_PRELOAD", UMAD2SIM)
             .env("SIM_HOST", node)
             .env("IBSIM_SOCKNAME", &self.sock_name)
             .current_dir(self.dir.path())

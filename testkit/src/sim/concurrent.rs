@@ -17,9 +17,10 @@
 //! - two partitions never share a port: of two attaches of different partitions on one port,
 //!   the agent admits at most one while the other is live (the oracle's check 7).
 
+use super::core::command::{Command, Step};
+use super::core::constants::{FABRIC, PARTITIONS, PORTS, PORT_GUID_BASE};
 use super::crash::poll_limited;
-use super::schedule::{Command, Step, FABRIC, PARTITIONS, PORTS};
-use super::world::{with, Shared, World, PORT_GUID_BASE};
+use super::world::{with, Shared, World};
 use fabric_agent::agent::{Agent, AgentError, AttachRequest};
 use fabric_agent::domain::{
     Attachment, AttachmentState, Guid, InstanceId, Membership, Partition, PortName,

@@ -5,16 +5,12 @@
 
 use super::world::Shared;
 use async_trait::async_trait;
-use fabric_agent::domain::{Condition, NodeMemberships};
-use fabric_agent::sm::{ApplyOutcome, SmError, SubnetManager};
+use fabric_agent::domain::{Condition, NodeId, NodeMemberships};
+use fabric_agent::sm::{ApplyOutcome, HostStoredSet, SmError, SubnetManager};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
-use tokio::sync::Notify;
-
-/// A crash armed for the next apply: at its `n`-th poll, then `Notify` tells the driver.
-pub type ApplyCrash = (u32, Arc<Notify>);
 
 /// The agent's backend with the armed crash (`World::apply_crash`) in front of it.
 pub struct Crashable {
@@ -58,6 +54,10 @@ impl SubnetManager for Crashable {
         let _ = poll_limited(self.inner.apply(desired, generation), n).await;
         crash.notify_one();
         std::future::pending().await
+    }
+
+    async fn stored_sets(&self, node: &NodeId) -> Option<Vec<HostStoredSet>> {
+        self.inner.stored_sets(node).await
     }
 
     fn conditions(&self) -> Vec<Condition> {

@@ -12,8 +12,21 @@
 //! the agent's real event stream across its crashes and restarts and check every event.
 //!
 //! Used by `tests/simulation` (CI) and `examples/simulate.rs` (long runs, replays).
+//!
+//! Layers, each importing only from those below it (no module imports one above it):
+//! - `core`: shared data, no behaviour of the run (the fabric's truth, keys, constants, the
+//!   SM host's and the model UFM's state, the schedule's types).
+//! - `oracle`: the checker, reading the fabric's truth and the agent's store.
+//! - `world`: `World` (truth, RNG, trace, oracle) behind one lock, and `with`.
+//! - the models and what they drive: `model_sm`, `model_ports`, `model_opensm` (with
+//!   `sm_host_disk` below it and `sm_host_restart` above it), `model_ufm`, `crash`, and the
+//!   schedule's features `rollback`, `concurrent`, `watcher` (with `prune_probe`).
+//! - `schedule`: the generator (draws a `core::plan::Schedule`, asking the features for their
+//!   parts).
+//! - `run`: the driver of one seed.
 
 pub mod concurrent;
+pub mod core;
 pub mod crash;
 pub mod model_opensm;
 pub mod model_ports;
@@ -24,12 +37,13 @@ pub mod prune_probe;
 pub mod rollback;
 pub mod run;
 pub mod schedule;
+pub mod sm_host_disk;
 pub mod sm_host_restart;
 pub mod watcher;
 pub mod world;
 
+pub use self::core::plan::GenOptions;
 pub use run::{run_seed, Outcome};
-pub use schedule::GenOptions;
 
 /// A failing seed's report: the finding, the schedule, the trace (its last `tail` lines, or
 /// all) and how to replay it.

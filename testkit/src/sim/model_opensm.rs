@@ -23,88 +23,31 @@
 //! What the SM host holds is part of the oracle's truth ([`SmHostView`]): a key is "may still
 //! be programmed" while the backend's stored set for the node gives it or the file on disk does.
 
-use super::schedule::PARTITIONS;
-use super::world::{keys_of, show_keys, with, Keys, Shared, World, PORT_GUID_BASE};
+use super::core::command::Step;
+use super::core::constants::{PARTITIONS, PORT_GUID_BASE};
+use super::core::disk::temp_dir;
+use super::core::fabric::Request;
+use super::core::keys::{keys_of, show_keys, Keys};
+use super::core::sm_host_view::{SmHostView, NODE};
+use super::sm_host_disk::SmHostDisk;
+use super::world::{with, Shared, World};
 use async_trait::async_trait;
-use fabric_agent::domain::{NodeMemberships, PKey};
+use fabric_agent::domain::{NodeId, NodeMemberships, PKey};
 use fabric_agent::sm::opensm::members::members_of;
 use fabric_agent::sm::opensm::reload::{ReloadError, ReloadReport, Reloader, Unsignalled};
 use fabric_agent::sm::opensm::{OpenSmBackend, OpenSmConfig, OwnershipConfig};
-use fabric_agent::sm::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
+use fabric_agent::sm::{
+    ApplyOutcome, HostStoredSet, InjectedFault, SmError, SmFailure, StoredSetAnswer, SubnetManager,
+};
 use rand::Rng;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The node's id on the SM host.
-pub const NODE: &str = "node-a";
 /// How long the backend's sweep fence waits for OpenSM (the model answers "not seen" after it).
 const CHECK: Duration = Duration::from_millis(2_000);
 /// The operator's part of the file: tenant ports limited members of the default partition.
 const OPERATOR: &str = "Default=0x7fff : ALL=limited, SELF=full ;\n";
-
-/// The SM host as the oracle sees it: the backend's stored set and the file on disk.
-#[derive(Clone)]
-pub struct SmHostView {
-    /// None while the SM host's agent is down (the file on disk is all that may be read).
-    pub(super) backend: Option<OpenSmBackend>,
-    file: PathBuf,
-    /// OpenSM is down with the whole SM host (a whole-host restore): it reads the file only at
-    /// its start, so what the file holds meanwhile reaches no port.
-    pub(super) opensm_down: bool,
-}
-
-impl std::fmt::Debug for SmHostView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SmHostView({})", self.file.display())
-    }
-}
-
-impl SmHostView {
-    /// The generation the SM host holds for the node (0: none).
-    pub fn stored_generation(&self) -> u64 {
-        self.backend
-            .as_ref()
-            .and_then(|b| b.node(NODE))
-            .map_or(0, |n| n.generation)
-    }
-
-    /// Why `base` may still reach one of the ports `guids` through the SM host (None: it
-    /// cannot): its stored set gives it, or the file on disk does (OpenSM reads it at its next
-    /// heavy sweep, whenever that comes).
-    pub fn may_program(&self, base: u16, guids: &[u64]) -> Option<String> {
-        if let Some(n) = self.backend.as_ref().and_then(|b| b.node(NODE)) {
-            let set = &n.memberships;
-            for (k, _) in set.keys.iter().filter(|(k, _)| k.base() == base) {
-                if let Some(g) = guids
-                    .iter()
-                    .find(|g| set.gives(*k, fabric_agent::domain::Guid(**g)))
-                {
-                    return Some(format!(
-                        "the SM host's stored set for the node (generation {}) gives {base:#06x} \
-                         to port {g:#x}: its next write puts it in the file",
-                        n.generation
-                    ));
-                }
-            }
-        }
-        if self.opensm_down {
-            return None;
-        }
-        let bytes = std::fs::read(&self.file).unwrap_or_default();
-        let members = PKey::new(u32::from(base))
-            .ok()
-            .and_then(|k| members_of(&bytes, k))
-            .unwrap_or_default();
-        members.iter().find(|m| guids.contains(&m.guid.0)).map(|m| {
-            format!(
-                "the partitions file on disk gives {base:#06x} to port {:#x}: OpenSM reads \
-                     it at its next heavy sweep",
-                m.guid.0
-            )
-        })
-    }
-}
 
 /// What the model OpenSM holds when it reads `bytes`: the keys it gives the node's ports.
 /// `None`: the file does not load (OpenSM would reject it).
@@ -272,6 +215,23 @@ impl SubnetManager for SmHostLink {
         "remote"
     }
 
+    /// What the SM host's backend stores for the node (`GetNodeMemberships`): the start check
+    /// runs in the simulation. No answer while the SM host's agent is down.
+    async fn stored_sets(&self, _node: &NodeId) -> Option<Vec<HostStoredSet>> {
+        let up = self.backend.lock().expect("backend lock").clone();
+        let answer = match up {
+            None => StoredSetAnswer::NoAnswer("the SM host's agent is down".into()),
+            Some(b) => match b.node(NODE) {
+                Some(n) => StoredSetAnswer::Stored(n.generation, n.memberships),
+                None => StoredSetAnswer::NotStored,
+            },
+        };
+        Some(vec![HostStoredSet {
+            host: "sm-host".into(),
+            answer,
+        }])
+    }
+
     async fn apply(
         &self,
         desired: &NodeMemberships,
@@ -315,10 +275,11 @@ impl SubnetManager for SmHostLink {
             if !no_effect {
                 w.fabric.in_flight.insert(
                     id,
-                    super::world::Request {
+                    Request {
                         generation,
                         epoch: w.fabric.sm.epoch,
                         keys: keys.clone(),
+                        set: None,
                     },
                 );
             }
@@ -383,18 +344,18 @@ pub struct SmHost {
     /// What the node's agent applies through.
     pub link: Arc<SmHostLink>,
     pub(super) file: PathBuf,
-    pub(super) disk: super::sm_host_restart::SmHostDisk,
+    pub(super) disk: SmHostDisk,
     _dir: tempfile::TempDir,
 }
 
 /// Builds the real backend on a fresh partitions file, its model OpenSM and the node's link;
 /// registers the SM host with the world's oracle and starts OpenSM's own heavy sweeps. The
 /// SM host's store is a file (with its side file) when the schedule restores it.
-pub fn start(world: &Shared, steps: &[super::schedule::Step]) -> SmHost {
-    let dir = super::rollback::temp_dir();
+pub fn start(world: &Shared, steps: &[Step]) -> SmHost {
+    let dir = temp_dir();
     let file = dir.path().join("partitions.conf");
     std::fs::write(&file, OPERATOR).expect("partitions file");
-    let disk = super::sm_host_restart::SmHostDisk::new(dir.path(), steps);
+    let disk = SmHostDisk::new(dir.path(), steps);
     let backend = backend_on(world, &file, disk.node_store());
     world.lock().expect("world lock").fabric.sm_host = Some(SmHostView {
         backend: Some(backend.clone()),

@@ -6,10 +6,14 @@
 //! older than the one it holds (fencing), then programs the ports toward its config later, port
 //! by port. What it answered and what it did are kept apart: the oracle judges what it did.
 
-use super::world::{keys_of, show_keys, with, Shared, World};
+use super::core::fabric::Request;
+use super::core::keys::{keys_of, show_keys};
+use super::world::{with, Shared, World};
 use async_trait::async_trait;
-use fabric_agent::domain::NodeMemberships;
-use fabric_agent::sm::{ApplyOutcome, InjectedFault, SmError, SmFailure, SubnetManager};
+use fabric_agent::domain::{NodeId, NodeMemberships};
+use fabric_agent::sm::{
+    ApplyOutcome, HostStoredSet, InjectedFault, SmError, SmFailure, StoredSetAnswer, SubnetManager,
+};
 use rand::Rng;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -41,6 +45,18 @@ impl ModelSm {
 impl SubnetManager for ModelSm {
     fn backend(&self) -> &'static str {
         "model"
+    }
+
+    /// What the model SM stores for the node: the start check runs in the simulation.
+    async fn stored_sets(&self, _node: &NodeId) -> Option<Vec<HostStoredSet>> {
+        let answer = with(&self.world, |w| match &w.fabric.sm.stored_set {
+            Some(set) => StoredSetAnswer::Stored(w.fabric.sm.stored_generation, set.clone()),
+            None => StoredSetAnswer::NotStored,
+        });
+        Some(vec![HostStoredSet {
+            host: "model-sm".into(),
+            answer,
+        }])
     }
 
     async fn apply(
@@ -75,10 +91,11 @@ impl SubnetManager for ModelSm {
                 show_keys(&keys)
             ));
             if let Fate::Deliver { .. } = fate {
-                let r = super::world::Request {
+                let r = Request {
                     generation,
                     epoch: w.fabric.sm.epoch,
                     keys: keys.clone(),
+                    set: Some(desired.clone()),
                 };
                 w.fabric.in_flight.insert(id, r);
             }
@@ -198,6 +215,7 @@ fn take(w: &mut World, id: u64) -> (Result<ApplyOutcome, SmError>, Vec<(usize, D
     ));
     w.fabric.sm.config = Some(r.keys);
     w.fabric.sm.stored_generation = r.generation;
+    w.fabric.sm.stored_set = r.set;
     let sweeps = sweep_delays(w);
     (
         Ok(ApplyOutcome {
@@ -246,6 +264,7 @@ pub fn restart(world: &Shared, keep_state: bool) {
         if !keep_state {
             w.fabric.sm.config = None;
             w.fabric.sm.stored_generation = 0;
+            w.fabric.sm.stored_set = None;
         }
         w.log(format!(
             "sm: restarted {}; requests lost: {lost:?}",

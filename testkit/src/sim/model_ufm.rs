@@ -21,18 +21,18 @@
 
 use crate::fake_ufm::model as rules;
 
-use super::schedule::PORTS;
-use super::world::{keys_of, show_keys, with, Keys, Shared, World, PORT_GUID_BASE};
+use super::core::keys::{keys_of, show_keys};
+use super::core::ufm_world::UfmWorld;
+use super::world::{with, Shared, World};
 use async_trait::async_trait;
 use fabric_agent::daemon::StoredUfmLedger;
-use fabric_agent::domain::{Membership, NodeMemberships};
+use fabric_agent::domain::NodeMemberships;
 use fabric_agent::sm::ufm::{LinkError, UfmAnswer, UfmConfig, UfmLink, UfmSm};
 use fabric_agent::sm::{ApplyOutcome, SmError, SubnetManager};
 use fabric_agent::store::Store;
 use rand::Rng;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -48,38 +48,6 @@ pub const LATE_MAX: Duration = Duration::from_millis(100_000);
 pub const LATE_WINDOW_MS: u64 = 180_000;
 /// The simulated wall clock at the world's start, unix ms (2026-01-01T00:00:00Z).
 const SIM_EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
-
-/// The model UFM's state, kept in the world (one lock for everything).
-#[derive(Debug, Default)]
-pub struct UfmWorld {
-    /// Partitions, the stamp, the quirks of this seed.
-    model: rules::Model,
-    /// Requests UFM will still execute, by request number, with when they were sent (ms into
-    /// the run; a UFM restart loses them).
-    pending: BTreeMap<u64, u64>,
-}
-
-impl UfmWorld {
-    /// The keys UFM's partitions give the node's ports (what its SM programs).
-    fn node_keys(&self) -> Keys {
-        let mut keys = Keys::new();
-        for (base, p) in &self.model.partitions {
-            let mine: Vec<(u64, Membership)> = p
-                .members
-                .iter()
-                .filter(|(g, _)| (PORT_GUID_BASE..PORT_GUID_BASE + PORTS as u64).contains(g))
-                .map(|(g, m)| (*g, m.membership))
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let full = mine.iter().any(|(_, m)| *m == Membership::Full);
-            let value = if full { base | 0x8000 } else { *base };
-            keys.insert(*base, (value, mine.iter().map(|(g, _)| *g).collect()));
-        }
-        keys
-    }
-}
 
 /// What happens to one attempt.
 enum Fate {

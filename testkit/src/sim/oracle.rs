@@ -29,8 +29,8 @@
 //! Checks 1, 2 and 6 are read per covered port: an attachment is judged on the ports its events
 //! list.
 
-use super::schedule::PORTS;
-use super::world::{Fabric, PORT_GUID_BASE};
+use super::core::constants::{PORTS, PORT_GUID_BASE};
+use super::core::fabric::Fabric;
 use fabric_agent::domain::{Attachment, AttachmentState, Event, EventKind, Inventory, PKeyValue};
 use fabric_agent::store::Store;
 use std::collections::{BTreeMap, BTreeSet};

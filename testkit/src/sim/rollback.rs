@@ -21,7 +21,9 @@
 //! The commands are drawn from a stream of their own ([`draw`]), so the rest of a seed's
 //! schedule is the one it has without them.
 
-use super::schedule::{Command, GenOptions, SmHostRestore, Step};
+use super::core::command::{Command, SmHostRestore, Step};
+use super::core::disk::{seen, temp_dir};
+use super::core::plan::GenOptions;
 use super::world::{with, Shared};
 use fabric_agent::agent::{Agent, AttachRequest, ListFilter};
 use fabric_agent::domain::{Attachment, PortName};
@@ -29,7 +31,7 @@ use fabric_agent::store::Store;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Seeds whose schedule rolls the node's store back: one in this many.
@@ -91,27 +93,6 @@ pub fn rolls_back(steps: &[Step]) -> bool {
     steps
         .iter()
         .any(|s| matches!(s.command, Command::StoreRollback { .. }))
-}
-
-/// A temp directory for a run's files: in memory when the host has `/dev/shm` (the stores
-/// fsync every commit; the simulation is about orderings, not disks).
-pub fn temp_dir() -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        tempfile::tempdir_in(shm)
-    } else {
-        tempfile::tempdir()
-    }
-    .expect("temp dir")
-}
-
-/// Whether a store put back from a copy opened as restored, for the trace.
-pub fn seen(store: &Store) -> String {
-    store
-        .rolled_back()
-        .map_or("not seen as a rollback".to_owned(), |why| {
-            format!("seen: {why}")
-        })
 }
 
 /// A backup of the node's store.

@@ -3,9 +3,12 @@
 //! that drop the agent wherever it is, then healing and the liveness check.
 
 use super::concurrent::{attach_request, instance_name, release_answered, AttachCall};
+use super::core::command::{Command, CrashPoint};
+use super::core::constants::{FABRIC, PORTS};
+use super::core::plan::{GenOptions, Schedule};
 use super::model_ports::{port_down, port_up, ModelObserver};
 use super::model_sm::{generation_conflict, restart as sm_restart, ModelSm};
-use super::schedule::{generate, Command, CrashPoint, GenOptions, Schedule, FABRIC, PORTS};
+use super::schedule::generate;
 use super::world::{with, Shared, World};
 use fabric_agent::agent::{Agent, AgentParts};
 use fabric_agent::config::ReconcilerConfig;

@@ -1,5 +1,5 @@
 //! The SM host's agent crashes and restarts inside a schedule, and its store is put back from a
-//! backup while it is down ([`Command::SmHostCrash`]).
+//! backup while it is down ([`Command::SmHostCrash`](super::core::command::Command::SmHostCrash)).
 //!
 //! A crash shuts the real `OpenSmBackend` down where it stands (its group-commit loop aborted at
 //! its await point, waiting callers answered with an error) and drops every request it was
@@ -14,110 +14,10 @@
 //! The oracle's checks are those of every run: no false RELEASED, a RELEASED key never back on
 //! a port, liveness after healing (the node's next set reconciles).
 
+use super::core::command::SmHostRestore;
 use super::model_opensm::{backend_on, SmHost};
-use super::schedule::{Command, SmHostRestore, Step};
 use super::world::{with, Shared};
-use fabric_agent::daemon::StoredSmNodes;
-use fabric_agent::sm::opensm::{InMemoryNodeStore, NodeMembershipStore};
-use fabric_agent::store::Store;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// The SM host's store file's name.
-const DB: &str = "sm.redb";
-
-/// The SM host's store: in memory (kept across its agent's crashes), or a file with its side
-/// file when the schedule restores it.
-enum Kept {
-    Memory(Arc<InMemoryNodeStore>),
-    Disk {
-        root: PathBuf,
-        /// The directory the store is in now (a restore writes the copy into a new one).
-        dir: Mutex<(u32, Arc<Store>)>,
-    },
-}
-
-/// A backup of the SM host: its store's database file (None: the store is in memory) and the
-/// partitions file.
-type Backup = (Option<Vec<u8>>, Vec<u8>);
-
-/// The SM host's store and its last backup.
-pub struct SmHostDisk {
-    kept: Kept,
-    snapshot: Mutex<Option<Backup>>,
-}
-
-fn store_dir(root: &Path, n: u32) -> PathBuf {
-    root.join(format!("sm-store-{n}"))
-}
-
-impl SmHostDisk {
-    /// The store for a run whose schedule is `steps`, under `root`.
-    pub fn new(root: &Path, steps: &[Step]) -> SmHostDisk {
-        let restores = steps.iter().any(|s| {
-            matches!(
-                s.command,
-                Command::SmHostCrash { restore, .. } if restore != SmHostRestore::Nothing
-            )
-        });
-        let kept = if restores {
-            let store = Store::open(&store_dir(root, 0).join(DB), u64::MAX).expect("SM store");
-            Kept::Disk {
-                root: root.to_owned(),
-                dir: Mutex::new((0, Arc::new(store))),
-            }
-        } else {
-            Kept::Memory(Arc::new(InMemoryNodeStore::default()))
-        };
-        SmHostDisk {
-            kept,
-            snapshot: Mutex::new(None),
-        }
-    }
-
-    /// What a backend stores through.
-    pub fn node_store(&self) -> Arc<dyn NodeMembershipStore> {
-        match &self.kept {
-            Kept::Memory(m) => m.clone(),
-            Kept::Disk { dir, .. } => Arc::new(StoredSmNodes(dir.lock().expect("lock").1.clone())),
-        }
-    }
-
-    fn db_path(&self) -> Option<PathBuf> {
-        match &self.kept {
-            Kept::Memory(_) => None,
-            Kept::Disk { root, dir } => Some(store_dir(root, dir.lock().expect("lock").0).join(DB)),
-        }
-    }
-
-    /// Why the store the next backend opens was found restored (None: it was not).
-    fn rolled_back(&self) -> Option<String> {
-        match &self.kept {
-            Kept::Memory(_) => None,
-            Kept::Disk { dir, .. } => dir.lock().expect("lock").1.rolled_back().map(str::to_owned),
-        }
-    }
-
-    /// Puts the store's database file back from the snapshot into a fresh directory, beside a
-    /// copy of the live side file (as a restore in place leaves it), and opens it there.
-    fn restore_store(&self, db: &[u8]) -> String {
-        let Kept::Disk { root, dir } = &self.kept else {
-            return "the store is not on disk".into();
-        };
-        let mut dir = dir.lock().expect("lock");
-        let live = store_dir(root, dir.0);
-        let next = store_dir(root, dir.0 + 1);
-        std::fs::create_dir_all(&next).expect("store dir");
-        std::fs::write(next.join(DB), db).expect("writing the copy back");
-        let mirror = format!("{DB}.mirror");
-        std::fs::copy(live.join(&mirror), next.join(&mirror)).expect("copying the side file");
-        let store = Store::open(&next.join(DB), u64::MAX).expect("the restored SM store");
-        let seen = super::rollback::seen(&store);
-        *dir = (dir.0 + 1, Arc::new(store));
-        seen
-    }
-}
 
 impl SmHost {
     /// A backup of the SM host: its store's database file (when on disk) and the partitions

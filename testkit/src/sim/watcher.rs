@@ -14,13 +14,13 @@
 //! plane (README "Event cursors and resynchronising"): `GetNode`, then it watches from the
 //! newest event, or from the oldest retained one.
 
-use super::schedule::Schedule;
+use super::core::plan::Schedule;
+use super::core::watcher_plan::{StartAt, WatcherPlan};
 use super::world::{with, Shared, World};
 use fabric_agent::agent::{Agent, AgentError, CursorError, StreamEnd, WatchFrom};
 use fabric_agent::domain::Event;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,41 +28,6 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 use tokio_stream::StreamExt;
-
-/// Where a consumer's first watch starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartAt {
-    /// After seq 0, with no epoch (the whole retained log, or OUT_OF_RANGE once pruned).
-    Beginning,
-    /// After the newest event, with the log's epoch (`GetNode` first).
-    Newest,
-    /// After this seq, with no epoch (it may be pruned already or beyond the newest).
-    Seq(u64),
-}
-
-/// One consumer of a schedule.
-#[derive(Debug, Clone)]
-pub struct WatcherPlan {
-    /// Its own random stream (paces, pauses, backoffs).
-    pub seed: u64,
-    /// Where its first watch starts.
-    pub start: StartAt,
-    /// When it first connects, ms after the start.
-    pub first_ms: u64,
-    /// Events the stream reads from the log at a time.
-    pub batch: usize,
-    /// Follow live events after the replay (else it replays, ends, and polls again later).
-    pub follow: bool,
-    /// The stream's maximum age, ms.
-    pub max_age_ms: Option<u64>,
-    /// Its pause after each event, ms.
-    pub pace_ms: u64,
-    /// One event in this many, on average, is followed by a pause of 1 to 10 minutes (0:
-    /// never).
-    pub pause_one_in: u32,
-    /// After OUT_OF_RANGE, watch from the oldest retained event (else from the newest).
-    pub resync_from_oldest: bool,
-}
 
 /// Draws a schedule's consumers (one to three).
 pub fn draw_plans(rng: &mut StdRng) -> Vec<WatcherPlan> {
@@ -86,43 +51,6 @@ pub fn draw_plans(rng: &mut StdRng) -> Vec<WatcherPlan> {
             resync_from_oldest: rng.random_bool(0.5),
         })
         .collect()
-}
-
-impl fmt::Display for WatcherPlan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let start = match self.start {
-            StartAt::Beginning => "the beginning".to_owned(),
-            StartAt::Newest => "the newest event".to_owned(),
-            StartAt::Seq(s) => format!("after seq {s}"),
-        };
-        write!(
-            f,
-            "from {start} at t={} ms, batch {}, {}, pace {} ms",
-            self.first_ms,
-            self.batch,
-            if self.follow {
-                "follows"
-            } else {
-                "replays only"
-            },
-            self.pace_ms
-        )?;
-        if let Some(a) = self.max_age_ms {
-            write!(f, ", max age {a} ms")?;
-        }
-        if self.pause_one_in > 0 {
-            write!(f, ", pauses minutes 1 in {}", self.pause_one_in)?;
-        }
-        write!(
-            f,
-            ", resyncs from the {}",
-            if self.resync_from_oldest {
-                "oldest retained event"
-            } else {
-                "newest event"
-            }
-        )
-    }
 }
 
 /// The agent incarnation serving WatchEvents now.

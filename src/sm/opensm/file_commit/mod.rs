@@ -551,6 +551,7 @@ impl FileCommitter {
         let full = self.plan(&served, &operator);
         check_operator_keys(&operator, full.tenants.keys())?;
         let accepted_members = accepted.as_deref().and_then(region_members);
+        self.note_or_lift_refusal(nodes);
         // What a rejection holds back (another node's addition) is left out of the file; the
         // nodes that leaves unserved are answered with the hold, never OK.
         let (mut plan, mut withheld) = {
@@ -559,7 +560,7 @@ impl FileCommitter {
             match (holding, &accepted_members) {
                 (Some((held, left)), Some(acc)) => {
                     let plan = isolation::without_held(&full, acc, held);
-                    let error = still_held(&st.commit, left);
+                    let error = still_held(&st.commit, st.rejected.as_ref(), left);
                     let withheld = held_back_with(&full, &plan, &served, &error);
                     (plan, withheld)
                 }
@@ -599,7 +600,8 @@ impl FileCommitter {
                 ));
             }
             if let Some(left) = held {
-                return Err(still_held(&self.health().commit, left));
+                let st = self.health();
+                return Err(still_held(&st.commit, st.rejected.as_ref(), left));
             }
             self.save_group(
                 unsaved,
@@ -637,6 +639,7 @@ impl FileCommitter {
                     let (error, fallback, reread) = self
                         .rejected_write(lines, &bytes, accepted.as_deref(), &current)
                         .await?;
+                    self.note_or_lift_refusal(nodes);
                     // Once the accepted file is back and re-read, the rest of the group (a
                     // release of another node) is written at once without what the rejection
                     // holds back.
@@ -741,10 +744,21 @@ pub(super) fn all_full_of(config: &OpenSmConfig, operator: &PartitionsConf) -> O
 
 /// The answer while OpenSM's earlier rejection (as `commit` records it) holds a write back for
 /// `left` more.
-fn still_held(commit: &CommitState, left: std::time::Duration) -> OpenSmError {
-    OpenSmError::Rejected(Rejection::Repeated {
-        earlier: commit.rejected.clone().unwrap_or_default(),
-        wait_s: left.as_secs().max(1),
+fn still_held(
+    commit: &CommitState,
+    rejected: Option<&RejectedFile>,
+    left: std::time::Duration,
+) -> OpenSmError {
+    let earlier = commit.rejected.clone().unwrap_or_default();
+    OpenSmError::Rejected(match rejected.filter(|r| r.refused()) {
+        Some(r) => Rejection::Refused {
+            earlier,
+            times: r.times(),
+        },
+        None => Rejection::Repeated {
+            earlier,
+            wait_s: left.as_secs().max(1),
+        },
     })
 }
 

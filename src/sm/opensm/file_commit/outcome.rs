@@ -1,11 +1,15 @@
 //! What a commit does once OpenSM answered a write: accepted (the copy kept, the hold ended or
 //! kept, the commit state cleared) or rejected (the bytes kept and held back, the last accepted
-//! file restored, the rejection recorded).
+//! file restored, the rejection recorded), and the refusal of additions OpenSM rejected too
+//! often, lifted when their node's set changes.
 
 use super::{blocking, FileCommitter, Withheld};
+use crate::domain::NodeId;
 use crate::sm::opensm::error::{OpenSmError, Rejection, Restored};
 use crate::sm::opensm::file::{accepted_copy_path, replace_atomically};
 use crate::sm::opensm::repair::{operator_part, rejected_bytes_path, RejectedFile};
+use crate::sm::opensm::store::StoredNode;
+use std::collections::BTreeMap;
 
 impl FileCommitter {
     /// OpenSM re-read `bytes` (carrying `keys` tenant keys) without error: keeps them as the
@@ -101,5 +105,18 @@ impl FileCommitter {
         })
         .await?;
         Ok((OpenSmError::Rejected(rejection), fallback, reread))
+    }
+
+    /// While OpenSM's rejections refuse an addition: notes the sets of the nodes it belongs
+    /// to (once), and lifts the refusal of each node whose stored set changed since.
+    pub(super) fn note_or_lift_refusal(&self, nodes: &BTreeMap<NodeId, StoredNode>) {
+        let mut st = self.health();
+        let Some(r) = st.rejected.as_mut().filter(|r| r.refused()) else {
+            return;
+        };
+        for id in r.lift_changed(|id| nodes.get(id).map(|n| &n.memberships)) {
+            tracing::info!(node_id = %id, "the node's set changed: its refused addition may be written once more");
+        }
+        r.note_sets(nodes.iter().map(|(id, n)| (id, &n.memberships)));
     }
 }

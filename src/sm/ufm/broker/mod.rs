@@ -8,8 +8,10 @@
 //! 2. with grants required, every key needs a valid, unconsumed grant for this node, key and
 //!    membership ([`crate::sm::grant_judge`]); a grant whose key left the set is consumed;
 //! 3. every port GUID not already in the node's stored set must be shown in that node by UFM's
-//!    own port inventory (`GET …/resources/ports`, see [`super::UfmPort::belongs_to`]) and held
-//!    by no other node's stored set; the inventory not readable refuses the claim;
+//!    own port inventory (`GET …/resources/ports`) as a channel-adapter port (`Computer IB
+//!    Port`, the OpenSM SM host's rule) and held by no other node's stored set; the inventory
+//!    not readable refuses the claim; a node's inventory is read at most once per
+//!    [`inventory::NODE_READ_INTERVAL`] ([`inventory`]);
 //! 4. the record (set, generation, grants, consumed ids) is stored durably, then the node's own
 //!    [`UfmSm`] (its own ledger, keyed by node id in the store) applies it; Ok only after UFM's
 //!    read-back shows it.
@@ -19,6 +21,7 @@
 
 mod config;
 mod error;
+pub mod inventory;
 
 pub use config::BrokerConfig;
 pub use error::BrokerError;
@@ -74,6 +77,8 @@ struct Inner {
     /// Held from the port-holder check until the record is stored and in memory.
     admit: tokio::sync::Mutex<()>,
     applies: AtomicU64,
+    /// Each node's ports at its last inventory read.
+    inventories: inventory::NodeInventories,
 }
 
 #[derive(Default)]
@@ -129,6 +134,7 @@ impl UfmBroker {
                 state: Mutex::new(state),
                 admit: tokio::sync::Mutex::new(()),
                 applies: AtomicU64::new(0),
+                inventories: inventory::NodeInventories::default(),
             }),
         })
     }
@@ -214,22 +220,30 @@ impl UfmBroker {
         let node = &desired.node_id;
         let accepted = if self.inner.grants.require {
             let consumed = self.lock().consumed.clone();
-            let judged = grant_judge::judge(
-                &self.inner.grants,
-                &consumed,
-                stored.as_ref(),
-                desired,
-                grants,
-            )
-            .map_err(|(pkey, error)| {
-                let e = BrokerError::GrantRefused {
-                    node: node.clone(),
-                    pkey,
-                    error: Box::new(error),
-                };
-                tracing::warn!(node_id = %node, error = %e, "set refused: grant");
-                e
-            })?;
+            let judged = grant_judge::verify_all(&self.inner.grants, desired, grants)
+                .and_then(|verified| {
+                    let ledger = grant_judge::Ledger {
+                        consumed: &consumed,
+                        retired: &crate::domain::RetiredKeys::default(),
+                    };
+                    grant_judge::judge(
+                        &self.inner.grants,
+                        ledger,
+                        stored.as_ref(),
+                        desired,
+                        &verified,
+                        grant_judge::Freshness::now(),
+                    )
+                })
+                .map_err(|(pkey, error)| {
+                    let e = BrokerError::GrantRefused {
+                        node: node.clone(),
+                        pkey,
+                        error: Box::new(error),
+                    };
+                    tracing::warn!(node_id = %node, error = %e, "set refused: grant");
+                    e
+                })?;
             Some(judged)
         } else {
             None
@@ -280,34 +294,54 @@ impl UfmBroker {
         Ok(())
     }
 
-    /// Every GUID of `new` must be shown in `node` by UFM's port inventory.
+    /// Every GUID of `new` must be shown by UFM's port inventory as a channel-adapter port of
+    /// `node` ([`inventory`]): judged by the node's last read while it is young, else by a fresh
+    /// read (recorded for the node).
     async fn prove_ports(&self, node: &NodeId, new: &[Guid]) -> Result<(), BrokerError> {
-        let ports = self.inner.reader.ports().await.map_err(|e| {
-            let e = BrokerError::Inventory(e);
+        let refuse = |port: Guid, shown: Option<String>| {
+            let e = BrokerError::PortNotOwned {
+                node: node.clone(),
+                port,
+                shown,
+            };
             tracing::warn!(node_id = %node, error = %e, "port claim refused");
             e
-        })?;
+        };
+        let ports = match self.inner.inventories.cached(node) {
+            Some((ports, _age)) => ports,
+            None => {
+                let ports = Arc::new(self.inner.reader.ports().await.map_err(|e| {
+                    let e = BrokerError::Inventory(e);
+                    tracing::warn!(node_id = %node, error = %e, "port claim refused");
+                    e
+                })?);
+                self.inner.inventories.record(node, ports.clone());
+                ports
+            }
+        };
         for g in new {
             let shown = ports.iter().find(|p| p.guid == *g);
             match shown {
-                Some(p) if p.belongs_to(node.as_str()) => {}
+                Some(p) if inventory::owned_by(p, node) => {}
                 _ => {
-                    let e = BrokerError::PortNotOwned {
-                        node: node.clone(),
-                        port: *g,
-                        shown: shown.map(|p| {
+                    return Err(refuse(
+                        *g,
+                        shown.map(|p| {
                             format!(
                                 "it in system {:?} ({:?}, {:?})",
                                 p.system_name, p.node_description, p.description
                             )
                         }),
-                    };
-                    tracing::warn!(node_id = %node, error = %e, "port claim refused");
-                    return Err(e);
+                    ))
                 }
             }
         }
         Ok(())
+    }
+
+    /// Full port-inventory reads made for port claims since start.
+    pub fn inventory_reads(&self) -> u64 {
+        self.inner.inventories.reads()
     }
 
     /// Stores one record durably.

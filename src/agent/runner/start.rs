@@ -1,0 +1,188 @@
+//! The reconciler loop's side of the start check (`agent::start_check` decides): asking the SM
+//! hosts what they store for this node at start, raising a rollback it finds, and what may be
+//! sent meanwhile (removals only) with the reason an attachment waits.
+
+use super::super::start_check::{self, Verdict};
+use super::Loop;
+use crate::domain::{Attachment, ConditionKind, EventKind, Inventory, NodeMemberships};
+use crate::store::Batch;
+use tokio::time::Instant;
+
+/// The start check in progress.
+pub(super) struct StartCheck {
+    pub(super) began: Instant,
+    /// When to ask the hosts (again).
+    pub(super) next_try: Instant,
+    /// The last answers judged (None before the first).
+    pub(super) verdict: Option<Verdict>,
+}
+
+impl StartCheck {
+    /// Whether the bound passed with some host silent: the sets go out again, with the
+    /// `START_CHECK_INCOMPLETE` condition naming the hosts.
+    fn gave_up(&self, now: Instant) -> bool {
+        now >= self.began + start_check::BOUND
+    }
+
+    /// The next instant the loop must wake for the check (to ask again, or at its bound); only
+    /// instants still ahead: a check that could not run (its ports unread) waits for the next
+    /// pass like everything else instead of spinning.
+    pub(super) fn due_at(&self, now: Instant) -> Option<Instant> {
+        [self.next_try, self.began + start_check::BOUND]
+            .into_iter()
+            .filter(|at| *at > now)
+            .min()
+    }
+
+    /// `START_CHECK_INCOMPLETE`'s detail once the bound passed with a host still silent.
+    pub(super) fn incomplete(&self) -> Option<String> {
+        let silent = &self.verdict.as_ref()?.unanswered;
+        self.gave_up(Instant::now())
+            .then(|| start_check::incomplete_detail(silent))
+    }
+}
+
+impl Loop {
+    /// The start check, when it is due: asks the backend what each SM host stores for this
+    /// node and judges it against the last acknowledged set and `desired`. On proof of a
+    /// rollback: a new log epoch (no seq reused), `STORE_ROLLED_BACK`, the live attachments
+    /// marked and settled from this pass's read (taken before any apply of this life), so their
+    /// keys are withheld until a port read or the control plane confirms them. Always: the next
+    /// generation goes above every host's. Returns whether the attachments changed (re-read
+    /// into `attachments`).
+    pub(super) async fn start_check(
+        &mut self,
+        attachments: &mut Vec<Attachment>,
+        inventory: &Inventory,
+        desired: &NodeMemberships,
+    ) -> Result<bool, super::super::AgentError> {
+        let Some(check) = &self.start else {
+            return Ok(false);
+        };
+        if self.knows.ack().is_some() {
+            // Every SM host holds this life's set: any evidence there is gone, and with it the
+            // need to ask.
+            self.start = None;
+            return Ok(false);
+        }
+        let now = Instant::now();
+        if now < check.next_try {
+            return Ok(false);
+        }
+        let sm = self.agent.shared.parts.sm.clone();
+        let node = self.agent.shared.parts.node_id.clone();
+        let asked = tokio::time::timeout(start_check::ASK_TIMEOUT, sm.stored_sets(&node)).await;
+        let answers = match asked {
+            Ok(Some(answers)) => answers,
+            Ok(None) => {
+                // The backend keeps no per-node sets: nothing to check against.
+                self.start = None;
+                return Ok(false);
+            }
+            Err(_) => Vec::new(),
+        };
+        let mut verdict = start_check::judge(self.agent.ledger().acked, desired, &answers);
+        if answers.is_empty() {
+            verdict.unanswered.push((
+                "every SM host".to_owned(),
+                format!("no answer within {}s", start_check::ASK_TIMEOUT.as_secs()),
+            ));
+        }
+        self.knows.move_past(verdict.highest);
+        let mut changed = false;
+        if let Some(detail) = &verdict.rolled_back {
+            tracing::error!(%detail, "start check: the store went back in time");
+            if !self.conditions.stands(ConditionKind::StoreRolledBack) {
+                self.raise_rolled_back(detail.clone()).await?;
+                *attachments = self.agent.store().live_attachments()?;
+                self.check_restored(attachments, inventory).await?;
+                *attachments = self.agent.store().live_attachments()?;
+                changed = true;
+            }
+        }
+        for (host, why) in &verdict.refused {
+            tracing::warn!(%host, %why, "start check: the SM host refused to tell what it stores for this node (it refuses this node's sets by the same rule)");
+        }
+        let settled = verdict.unanswered.is_empty();
+        if settled {
+            tracing::info!(
+                hosts = answers.len(),
+                highest = verdict.highest,
+                "start check: every SM host answered"
+            );
+            self.start = None;
+        } else if let Some(check) = &mut self.start {
+            tracing::warn!(silent = ?verdict.unanswered, "start check: not every SM host answered; sending only removals meanwhile");
+            check.next_try = now
+                + if check.gave_up(now) {
+                    start_check::RETRY_AFTER_BOUND
+                } else {
+                    start_check::RETRY
+                };
+            check.verdict = Some(verdict);
+        }
+        Ok(changed)
+    }
+
+    /// What may be sent now: `desired`, or while the start check waits for an SM host (within
+    /// its bound) only the keys every answering host already holds (None: no host answered yet,
+    /// nothing may be sent).
+    pub(super) fn sendable(&self, desired: &NodeMemberships) -> Option<NodeMemberships> {
+        let Some(check) = &self.start else {
+            return Some(desired.clone());
+        };
+        if check.gave_up(Instant::now()) {
+            return Some(desired.clone());
+        }
+        let held = check.verdict.as_ref().map_or(&[][..], |v| &v.held[..]);
+        start_check::removals_only(desired, held)
+    }
+
+    /// Why `a`'s key is not sent yet, while the start check holds every add back (None: it
+    /// does not, or `a` adds no key).
+    pub(super) fn held_back(&self, a: &Attachment) -> Option<String> {
+        let check = self.start.as_ref()?;
+        if !a.wants_key() || check.gave_up(Instant::now()) {
+            return None;
+        }
+        let silent = check.verdict.as_ref().map_or_else(
+            || "every SM host".to_owned(),
+            |v| {
+                let hosts: Vec<String> = v
+                    .unanswered
+                    .iter()
+                    .map(|(h, why)| format!("{h} ({why})"))
+                    .collect();
+                hosts.join("; ")
+            },
+        );
+        Some(format!(
+            "no key is added until every SM host said what it stores for this node (the start check; at most {}s after the start): waiting for {silent}",
+            start_check::BOUND.as_secs()
+        ))
+    }
+
+    /// Raises `STORE_ROLLED_BACK` with `detail` in one commit that starts a new log epoch: the
+    /// log went back with the store, so no seq is reused (and the live attachments that want
+    /// their key are marked restored in that commit).
+    pub(super) async fn raise_rolled_back(
+        &mut self,
+        detail: String,
+    ) -> Result<(), super::super::AgentError> {
+        let kind = ConditionKind::StoreRolledBack;
+        {
+            let _guard = self.agent.shared.write.lock().await;
+            self.agent.commit(Batch {
+                events: vec![EventKind::ConditionChanged {
+                    condition: kind,
+                    active: true,
+                    detail: detail.clone(),
+                }],
+                restart_log: true,
+                ..Default::default()
+            })?;
+        }
+        self.conditions.raised(kind, detail);
+        Ok(())
+    }
+}

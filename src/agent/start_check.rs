@@ -1,0 +1,140 @@
+//! The check a node makes at every start, before any apply that adds a key: does the fabric
+//! side hold something of this node that its store does not know of? Pure: the runner asks the
+//! backend ([`crate::sm::SubnetManager::stored_sets`]) and acts on the verdict.
+//!
+//! Why: generations are reserved in blocks ([`crate::domain::ApplyLedger::RESERVE`]), so a
+//! store put back from a copy of a *running* node (a VM snapshot reverted) resumes above every
+//! generation the fabric side holds; nothing looks stale, and the restored set would put a key
+//! released after the copy back on the port.
+//!
+//! The rule: a host holding a generation above the node's last acknowledged one (the ledger's
+//! [`AckedSet`], recorded with the apply's outcome) with a set that differs both from that
+//! acknowledged set and from the node's current desired set means the store lost writes. A
+//! crash between sending a set and recording its acknowledgement is not a rollback: the host
+//! then holds what the node still wants. A store with no acknowledgement recorded (new, or
+//! written before it was kept) gives no evidence here (a newer generation on the fabric side
+//! still raises the rollback at the first apply, as before).
+//!
+//! Until every host answered (or [`BOUND`] passed, with the `START_CHECK_INCOMPLETE` condition
+//! naming the hosts that did not), the node sends only removals: the keys of its desired set
+//! that every answering host already holds with the same membership, and nothing at all before
+//! any host answered.
+
+use crate::domain::{set_digest, AckedSet, NodeMemberships};
+use crate::sm::{HostStoredSet, StoredSetAnswer};
+use std::time::Duration;
+
+/// How long the node sends only removals while a host does not answer the start check.
+pub const BOUND: Duration = Duration::from_secs(30);
+/// How often a host that did not answer is asked again within the bound.
+pub const RETRY: Duration = Duration::from_secs(2);
+/// How often after the bound (only to clear `START_CHECK_INCOMPLETE`: a host that stays down
+/// must not slow every pass).
+pub const RETRY_AFTER_BOUND: Duration = Duration::from_secs(30);
+/// The longest one round of asking may hold the reconciler's pass (a host that drops packets
+/// answers nothing until the connect timeout).
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the answers say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The highest generation any host holds for the node (0: none): the node's next
+    /// generation goes above it.
+    pub highest: u64,
+    /// Proof that the store went back in time: the `STORE_ROLLED_BACK` detail.
+    pub rolled_back: Option<String>,
+    /// Hosts that gave no answer, with why.
+    pub unanswered: Vec<(String, String)>,
+    /// The hosts' stored sets (None: the host stores none), of those that answered.
+    pub held: Vec<Option<NodeMemberships>>,
+    /// Hosts that refused to tell, with why: they refuse the node's sets by the same rule, so
+    /// they neither hold evidence nor can take a key from the node.
+    pub refused: Vec<(String, String)>,
+}
+
+/// Judges the hosts' answers against the last acknowledged set and the current desired set.
+pub fn judge(
+    acked: Option<AckedSet>,
+    desired: &NodeMemberships,
+    answers: &[HostStoredSet],
+) -> Verdict {
+    let wanted = set_digest(desired);
+    let mut verdict = Verdict {
+        highest: 0,
+        rolled_back: None,
+        unanswered: Vec::new(),
+        held: Vec::new(),
+        refused: Vec::new(),
+    };
+    for a in answers {
+        match &a.answer {
+            StoredSetAnswer::NoAnswer(why) => {
+                verdict.unanswered.push((a.host.clone(), why.clone()))
+            }
+            StoredSetAnswer::Refused(why) => verdict.refused.push((a.host.clone(), why.clone())),
+            StoredSetAnswer::NotStored => verdict.held.push(None),
+            StoredSetAnswer::Stored(generation, set) => {
+                verdict.highest = verdict.highest.max(*generation);
+                let held = set_digest(set);
+                if let Some(acked) = acked {
+                    let newer = *generation > acked.generation;
+                    if newer
+                        && held != acked.digest
+                        && held != wanted
+                        && verdict.rolled_back.is_none()
+                    {
+                        verdict.rolled_back = Some(format!(
+                            "SM host {} holds generation {generation} of this node with a set that is neither the last one it acknowledged to this node (generation {}) nor the one the node wants now: the store lost writes (a snapshot of the running node restored, or replaced)",
+                            a.host, acked.generation
+                        ));
+                    }
+                }
+                verdict.held.push(Some(set.clone()));
+            }
+        }
+    }
+    verdict
+}
+
+/// What may be sent while the check is incomplete: `desired` with only the keys every host in
+/// `held` stores with the same membership (and the same ports), so no host gains a key. None
+/// when no host told what it holds (nothing is known: send nothing).
+pub fn removals_only(
+    desired: &NodeMemberships,
+    held: &[Option<NodeMemberships>],
+) -> Option<NodeMemberships> {
+    if held.is_empty() {
+        return None;
+    }
+    let mut out = desired.clone();
+    out.keys.retain(|key, setting| {
+        held.iter().all(|h| {
+            h.as_ref().is_some_and(|h| {
+                h.keys
+                    .get(key)
+                    .is_some_and(|s| s.membership == setting.membership)
+                    && desired.guids_for(*key).iter().all(|g| h.gives(*key, *g))
+            })
+        })
+    });
+    Some(out)
+}
+
+/// The `START_CHECK_INCOMPLETE` detail for hosts that did not answer within the bound.
+pub fn incomplete_detail(unanswered: &[(String, String)]) -> String {
+    let hosts: Vec<String> = unanswered
+        .iter()
+        .map(|(h, why)| format!("{h} ({why})"))
+        .collect();
+    format!(
+        "no answer within {}s to the start check (what the SM host stores for this node) from {}: \
+         the node sends its sets again without knowing whether its store went back in time; \
+         asked again every {}s",
+        BOUND.as_secs(),
+        hosts.join("; "),
+        RETRY_AFTER_BOUND.as_secs()
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,176 @@
+use super::*;
+use crate::domain::{Guid, KeySetting, Membership, NodeId, PKey};
+
+/// node1's set on ports 1 and 2 with each of `keys` (full, every port).
+fn set(keys: &[u16]) -> NodeMemberships {
+    NodeMemberships {
+        node_id: NodeId::parse("node1").unwrap(),
+        port_guids: vec![Guid(1), Guid(2)],
+        keys: keys
+            .iter()
+            .map(|b| {
+                (
+                    PKey::new(u32::from(*b)).unwrap(),
+                    KeySetting {
+                        membership: Membership::Full,
+                        name: format!("p{b:x}"),
+                        ports: None,
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+fn acked(generation: u64, keys: &[u16]) -> Option<AckedSet> {
+    Some(AckedSet {
+        generation,
+        digest: set_digest(&set(keys)),
+    })
+}
+
+fn host(name: &str, generation: u64, keys: &[u16]) -> HostStoredSet {
+    HostStoredSet {
+        host: name.into(),
+        answer: StoredSetAnswer::Stored(generation, set(keys)),
+    }
+}
+
+fn silent(name: &str) -> HostStoredSet {
+    HostStoredSet {
+        host: name.into(),
+        answer: StoredSetAnswer::NoAnswer("Unavailable: connection refused".into()),
+    }
+}
+
+#[test]
+fn a_release_lost_with_the_snapshot_is_a_rollback() {
+    // Snapshot: A acknowledged at 5. After it: released at 6 (the host holds {}), then the
+    // snapshot is put back: the node wants A again.
+    let v = judge(acked(5, &[0xa]), &set(&[0xa]), &[host("h1", 6, &[])]);
+    assert!(
+        v.rolled_back
+            .as_deref()
+            .is_some_and(|d| d.contains("h1") && d.contains("generation 6")),
+        "{v:?}"
+    );
+    assert_eq!(v.highest, 6);
+    assert!(v.unanswered.is_empty());
+}
+
+#[test]
+fn a_crash_between_send_and_recording_is_not_a_rollback() {
+    // The node sent its release at 6 and crashed before recording the answer: the host holds
+    // what the node still wants.
+    let v = judge(acked(5, &[0xa]), &set(&[]), &[host("h1", 6, &[])]);
+    assert_eq!(v.rolled_back, None, "{v:?}");
+    assert_eq!(v.highest, 6);
+    // Sent and never stored: the host still holds the acknowledged set.
+    let v = judge(acked(5, &[0xa]), &set(&[]), &[host("h1", 5, &[0xa])]);
+    assert_eq!(v.rolled_back, None);
+    // A newer generation of the acknowledged set (a resend) is not one either.
+    let v = judge(acked(5, &[0xa]), &set(&[0xb]), &[host("h1", 7, &[0xa])]);
+    assert_eq!(v.rolled_back, None);
+}
+
+#[test]
+fn an_older_or_equal_generation_is_no_evidence() {
+    let v = judge(
+        acked(9, &[0xa]),
+        &set(&[0xa]),
+        &[host("h1", 9, &[0xb]), host("h2", 3, &[])],
+    );
+    assert_eq!(v.rolled_back, None, "{v:?}");
+    assert_eq!(v.highest, 9);
+}
+
+#[test]
+fn no_recorded_acknowledgement_is_no_evidence() {
+    let v = judge(None, &set(&[0xa]), &[host("h1", 6, &[])]);
+    assert_eq!(v.rolled_back, None);
+    assert_eq!(v.highest, 6);
+}
+
+#[test]
+fn one_host_of_several_is_enough_and_silent_hosts_are_named() {
+    let v = judge(
+        acked(5, &[0xa]),
+        &set(&[0xa]),
+        &[host("h1", 5, &[0xa]), host("h2", 6, &[]), silent("h3")],
+    );
+    assert!(
+        v.rolled_back.as_deref().is_some_and(|d| d.contains("h2")),
+        "{v:?}"
+    );
+    assert_eq!(v.unanswered.len(), 1);
+    assert_eq!(v.unanswered[0].0, "h3");
+    assert!(incomplete_detail(&v.unanswered).contains("h3 (Unavailable"));
+}
+
+#[test]
+fn names_do_not_count_only_what_the_ports_get() {
+    let mut renamed = set(&[0xa]);
+    for s in renamed.keys.values_mut() {
+        s.name = "other".into();
+    }
+    assert_eq!(set_digest(&renamed), set_digest(&set(&[0xa])));
+    let mut limited = set(&[0xa]);
+    for s in limited.keys.values_mut() {
+        s.membership = Membership::Limited;
+    }
+    assert_ne!(set_digest(&limited), set_digest(&set(&[0xa])));
+    let mut one_port = set(&[0xa]);
+    for s in one_port.keys.values_mut() {
+        s.ports = Some([Guid(1)].into());
+    }
+    assert_ne!(set_digest(&one_port), set_digest(&set(&[0xa])));
+    let mut reordered = set(&[0xa]);
+    reordered.port_guids.reverse();
+    assert_eq!(set_digest(&reordered), set_digest(&set(&[0xa])));
+}
+
+#[test]
+fn while_incomplete_only_keys_every_answering_host_holds_are_sent() {
+    let desired = set(&[0xa, 0xb]);
+    assert_eq!(
+        removals_only(&desired, &[]),
+        None,
+        "nothing known: nothing sent"
+    );
+    let out = removals_only(&desired, &[Some(set(&[0xa, 0xc])), Some(set(&[0xa, 0xb]))]).unwrap();
+    let keys: Vec<u16> = out.keys.keys().map(|k| k.base()).collect();
+    assert_eq!(keys, vec![0xa]);
+    let out = removals_only(&desired, &[None]).unwrap();
+    assert!(out.keys.is_empty());
+    // Another membership is not the same key.
+    let mut limited = set(&[0xa, 0xb]);
+    for s in limited.keys.values_mut() {
+        s.membership = Membership::Limited;
+    }
+    assert!(removals_only(&desired, &[Some(limited)])
+        .unwrap()
+        .keys
+        .is_empty());
+}
+
+#[test]
+fn a_host_that_refuses_to_tell_is_settled_and_constrains_nothing() {
+    let refused = HostStoredSet {
+        host: "h2".into(),
+        answer: StoredSetAnswer::Refused("PermissionDenied: not your node".into()),
+    };
+    let v = judge(
+        acked(5, &[0xa]),
+        &set(&[0xa]),
+        &[host("h1", 5, &[0xa]), refused],
+    );
+    assert!(v.unanswered.is_empty() && v.rolled_back.is_none(), "{v:?}");
+    assert_eq!(v.refused.len(), 1);
+    assert_eq!(v.held.len(), 1);
+    let out = removals_only(&set(&[0xa]), &v.held).unwrap();
+    assert_eq!(
+        out.keys.len(),
+        1,
+        "the refusing host takes no key: nothing to hold back"
+    );
+}

@@ -1,0 +1,621 @@
+//! Fencing a dead peer SM host, on physical evidence, without consensus.
+//!
+//! Nodes count an apply acknowledged when every SM host of the fabric that is not fenced
+//! acknowledged it (`api::sm_v1::host_set`), and a host is excused only when *every* host that
+//! answered holds it fenced. This host fences a peer only when both hold:
+//! 1. the peer's agent has not answered this host's pulls (`PullNodeSets`) for `fence_after`
+//!    (default three sync intervals), and
+//! 2. the peer's SM is proven not running: the [`FenceEvidence`] says its SM port does not
+//!    answer SMInfo, or is not in the fabric at all (down or gone).
+//!
+//! An SM that still answers SMInfo could become master with a file its (dead) agent no longer
+//! keeps: such a peer is *not* fenced. Releases then wait on it, and the standing condition
+//! `SM_HOST_AGENT_SILENT` says why and what the operator can do (stop that OpenSM, then
+//! `fabric-agent fence-sm-host NAME`, which makes the same check). A fence is stored durably
+//! before it is reported; it is lifted (durably) only when the peer's agent answers a pull again
+//! *and* says it has caught up: its OpenSM (bound to its agent) then reads a file that holds
+//! every set confirmed meanwhile.
+//!
+//! Each host decides on its own evidence (the fences peers report are shown, not adopted), so no
+//! agreement protocol is needed: a host that cannot see the evidence does not excuse the peer,
+//! and the nodes then keep waiting. With three or more SM hosts an engine operators already run
+//! for this (an etcd lease, Pacemaker/corosync fencing) could sit behind [`FenceEvidence`].
+
+use super::opensm_state::OpenSmState;
+use super::sminfo::{PeerSmCheck, SmInfoReader};
+use super::store::NodeMembershipStore;
+use crate::domain::{Condition, ConditionKind};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+pub use super::fenced_host::FencedHost;
+
+/// The SM-host set this host states in every answer to a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SmHostSet {
+    /// This host's name.
+    pub host: String,
+    /// Every SM host it knows: itself and its peers.
+    pub known: Vec<String>,
+    /// The ones it holds fenced.
+    pub fenced: Vec<FencedHost>,
+    /// Peers whose agent is silent but which it has not fenced, each with why and what to do.
+    pub not_fenced: Vec<String>,
+}
+
+/// Whether a peer's SM is running, from physical evidence.
+#[async_trait]
+pub trait FenceEvidence: Send + Sync + 'static {
+    /// Checks the SM bound to port `guid`.
+    async fn check(&self, guid: u64) -> PeerSmCheck;
+}
+
+/// The physical evidence: the SA's view of the port and a LID-routed SMInfo Get to it, over the
+/// umad device this host already reads its own SM's SMInfo on (one read at a time with it).
+pub struct SmInfoEvidence(pub Arc<super::sminfo::SmRole>);
+
+#[async_trait]
+impl FenceEvidence for SmInfoEvidence {
+    async fn check(&self, guid: u64) -> PeerSmCheck {
+        match self.0.reader() {
+            Some(reader) => reader.check_peer(guid).await,
+            None => PeerSmCheck::Unknown("sminfo_umad_device is not set".to_owned()),
+        }
+    }
+}
+
+/// A standalone [`FenceEvidence`] over a device (the `fence-sm-host` command's, when the agent
+/// is not the one checking).
+pub struct DeviceEvidence(pub SmInfoReader);
+
+#[async_trait]
+impl FenceEvidence for DeviceEvidence {
+    async fn check(&self, guid: u64) -> PeerSmCheck {
+        self.0.check_peer(guid).await
+    }
+}
+
+/// One configured peer.
+#[derive(Debug, Clone)]
+pub struct PeerIdentity {
+    /// Its agent's endpoint.
+    pub endpoint: String,
+    /// The name it must state: configured, or the TLS name this host verifies; `None` for a
+    /// plaintext peer without a configured name (the name it states is taken).
+    pub name: Option<String>,
+    /// The port GUID its OpenSM is bound to (`None`: never fenced automatically).
+    pub sm_port_guid: Option<u64>,
+}
+
+/// Why a fence was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceRefusal {
+    /// No such peer.
+    #[error("{0:?} is not a peer SM host of this host (known: {1})")]
+    UnknownPeer(String, String),
+    /// The peer's agent answered recently.
+    #[error("the agent of {0} answered a pull {1} ms ago: it is alive, not fenced")]
+    AgentAlive(String, u128),
+    /// No port GUID configured for it.
+    #[error(
+        "no SM port GUID is configured for {0} (peer_sm_port_guids): its SM cannot be checked"
+    )]
+    NoGuid(String),
+    /// The SM answers.
+    #[error("the SM of {0} answers SMInfo ({1}): it could become master with a stale file; stop that OpenSM first")]
+    SmAlive(String, String),
+    /// The check proved nothing.
+    #[error("the SM of {0} could not be checked: {1}")]
+    Unknown(String, String),
+    /// The fence could not be stored.
+    #[error("the fence of {0} could not be stored: {1}")]
+    Store(String, String),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    fenced: BTreeMap<String, FencedHost>,
+    last_answer: BTreeMap<String, Instant>,
+    stated: BTreeMap<String, String>,
+    silent: BTreeMap<String, String>,
+}
+
+/// The fences of one SM host and the SM-host set it states.
+pub struct Fences {
+    host: String,
+    peers: Vec<PeerIdentity>,
+    evidence: Option<Arc<dyn FenceEvidence>>,
+    ledger: Option<Arc<dyn NodeMembershipStore>>,
+    fence_after: Duration,
+    started: Instant,
+    state: Mutex<State>,
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Fences {
+    /// This host `host` with `peers`; fences are kept in `ledger` (loaded now) and decided on
+    /// `evidence` after `fence_after` without an answer. Without a ledger or evidence, nothing
+    /// is ever fenced.
+    pub fn new(
+        host: String,
+        peers: Vec<PeerIdentity>,
+        evidence: Option<Arc<dyn FenceEvidence>>,
+        ledger: Option<Arc<dyn NodeMembershipStore>>,
+        fence_after: Duration,
+    ) -> Result<Fences, super::store::NodeStoreError> {
+        let fenced = match &ledger {
+            Some(l) => l.load_fenced()?,
+            None => Vec::new(),
+        };
+        if !fenced.is_empty() {
+            tracing::warn!(fenced = ?fenced.iter().map(|f| f.host.as_str()).collect::<Vec<_>>(), "peer SM hosts held fenced (stored): they rejoin when their agent answers again, caught up");
+        }
+        Ok(Fences {
+            host,
+            peers,
+            evidence,
+            ledger,
+            fence_after,
+            started: Instant::now(),
+            state: Mutex::new(State {
+                fenced: fenced.into_iter().map(|f| (f.host.clone(), f)).collect(),
+                ..State::default()
+            }),
+        })
+    }
+
+    /// No fencing: `host` and the peers' endpoints only.
+    pub fn plain(host: String, endpoints: &[String]) -> Fences {
+        let peers = endpoints
+            .iter()
+            .map(|e| PeerIdentity {
+                endpoint: e.clone(),
+                name: None,
+                sm_port_guid: None,
+            })
+            .collect();
+        Fences {
+            host,
+            peers,
+            evidence: None,
+            ledger: None,
+            fence_after: Duration::MAX,
+            started: Instant::now(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This host's stated name.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    fn name_in(&self, state: &State, peer: &PeerIdentity) -> String {
+        peer.name
+            .clone()
+            .or_else(|| state.stated.get(&peer.endpoint).cloned())
+            .unwrap_or_else(|| peer.endpoint.clone())
+    }
+
+    /// A peer's name: configured or verified, else the one it stated, else its endpoint.
+    pub fn name_of(&self, endpoint: &str) -> String {
+        let state = self.lock();
+        self.peers
+            .iter()
+            .find(|p| p.endpoint == endpoint)
+            .map_or_else(|| endpoint.to_owned(), |p| self.name_in(&state, p))
+    }
+
+    /// What this host states to the nodes. A plaintext peer (test rigs: loopback only) that has
+    /// not stated its name since this agent started, with none configured, is left out: no node
+    /// could name it either (over TLS a peer's name is always known: configured or verified).
+    pub fn host_set(&self) -> SmHostSet {
+        let state = self.lock();
+        let mut known = vec![self.host.clone()];
+        known.extend(self.peers.iter().filter_map(|p| {
+            p.name
+                .clone()
+                .or_else(|| state.stated.get(&p.endpoint).cloned())
+        }));
+        SmHostSet {
+            host: self.host.clone(),
+            known,
+            fenced: state.fenced.values().cloned().collect(),
+            not_fenced: state
+                .silent
+                .iter()
+                .map(|(name, why)| format!("{name} is not fenced: {why}"))
+                .collect(),
+        }
+    }
+
+    /// The peers held fenced.
+    pub fn fenced(&self) -> Vec<FencedHost> {
+        self.lock().fenced.values().cloned().collect()
+    }
+
+    fn store(&self, fenced: &BTreeMap<String, FencedHost>) -> Result<(), String> {
+        let Some(ledger) = &self.ledger else {
+            return Err("no store for fences".to_owned());
+        };
+        let all: Vec<FencedHost> = fenced.values().cloned().collect();
+        ledger.put_fenced(&all).map_err(|e| e.to_string())
+    }
+
+    /// After a pull round: `answers` per peer endpoint, `Some((stated name, caught_up))` when it
+    /// answered. Lifts the fence of a peer that answered caught up; fences a peer silent for
+    /// `fence_after` whose SM the evidence proves not running.
+    pub async fn after_round(&self, answers: &[(String, Option<(String, bool)>)]) {
+        let now = Instant::now();
+        let mut to_check: Vec<(PeerIdentity, String, Duration)> = Vec::new();
+        {
+            let mut state = self.lock();
+            for (endpoint, answer) in answers {
+                let Some(peer) = self.peers.iter().find(|p| &p.endpoint == endpoint) else {
+                    continue;
+                };
+                match answer {
+                    Some((stated, caught_up)) => {
+                        if !stated.is_empty() {
+                            state.stated.insert(endpoint.clone(), stated.clone());
+                        }
+                        state.last_answer.insert(endpoint.clone(), now);
+                        let name = self.name_in(&state, peer);
+                        state.silent.remove(&name);
+                        if *caught_up && state.fenced.contains_key(&name) {
+                            let mut after = state.fenced.clone();
+                            after.remove(&name);
+                            match self.store(&after) {
+                                Ok(()) => {
+                                    state.fenced = after;
+                                    tracing::warn!(peer = %name, "fence lifted: the peer SM host's agent answers again and has caught up");
+                                }
+                                Err(e) => {
+                                    tracing::warn!(peer = %name, error = %e, "the peer SM host is back and caught up, but lifting its fence could not be stored; it stays fenced")
+                                }
+                            }
+                        }
+                    }
+                    None => {
+                        let name = self.name_in(&state, peer);
+                        if state.fenced.contains_key(&name) {
+                            continue;
+                        }
+                        let since = state
+                            .last_answer
+                            .get(endpoint)
+                            .copied()
+                            .unwrap_or(self.started);
+                        let silent = now.saturating_duration_since(since);
+                        if silent >= self.fence_after {
+                            to_check.push((peer.clone(), name, silent));
+                        }
+                    }
+                }
+            }
+        }
+        for (peer, name, silent) in to_check {
+            let decided = Instant::now();
+            let verdict = self.judge(&peer, &name).await;
+            match verdict {
+                Ok(evidence) => {
+                    let record = FencedHost {
+                        host: name.clone(),
+                        since_unix_ms: now_unix_ms(),
+                        evidence: format!("agent silent for {} ms; {evidence}", silent.as_millis()),
+                    };
+                    let mut state = self.lock();
+                    let mut after = state.fenced.clone();
+                    after.insert(name.clone(), record.clone());
+                    match self.store(&after) {
+                        Ok(()) => {
+                            state.fenced = after;
+                            state.silent.remove(&name);
+                            tracing::warn!(peer = %name, evidence = %record.evidence, check_ms = u64::try_from(decided.elapsed().as_millis()).unwrap_or(u64::MAX), "fenced the peer SM host: its agent does not answer and its SM is not running; the nodes' applies go on without it");
+                        }
+                        Err(e) => {
+                            tracing::warn!(peer = %name, error = %e, "the peer SM host is proven dead but its fence could not be stored; not fenced");
+                            state.silent.insert(
+                                name.clone(),
+                                format!("its fence could not be stored: {e}"),
+                            );
+                        }
+                    }
+                }
+                Err(why) => {
+                    let reason = format!(
+                        "its agent ({}) has not answered for {} s and {why}: releases and attaches wait on it; stop that OpenSM (then it is fenced on the next pull once its port stops answering SMInfo), or run `fabric-agent fence-sm-host {name}` here once it is stopped",
+                        peer.endpoint,
+                        silent.as_secs()
+                    );
+                    let mut state = self.lock();
+                    if state.silent.get(&name).map(|r| r.split(" s and ").nth(1))
+                        != Some(reason.split(" s and ").nth(1))
+                    {
+                        tracing::warn!(peer = %name, %reason, "peer SM host not fenced");
+                    }
+                    state.silent.insert(name, reason);
+                }
+            }
+        }
+    }
+
+    /// The evidence that `peer`'s SM is not running, or why it is not proven.
+    async fn judge(&self, peer: &PeerIdentity, name: &str) -> Result<String, String> {
+        let Some(guid) = peer.sm_port_guid else {
+            return Err(format!(
+                "no SM port GUID is configured for {name} (peer_sm_port_guids): its SM cannot be checked"
+            ));
+        };
+        let Some(evidence) = &self.evidence else {
+            return Err("no fence evidence is configured (sminfo_umad_device)".to_owned());
+        };
+        match evidence.check(guid).await {
+            PeerSmCheck::Silent(e) => Ok(e),
+            PeerSmCheck::Answers(state) => Err(format!(
+                "its SM still answers SMInfo on port {guid:#018x} ({}): it could become master with a stale file, so it is not fenced",
+                state_word(state)
+            )),
+            PeerSmCheck::Unknown(why) => Err(format!("its SM could not be checked ({why})")),
+        }
+    }
+
+    /// Whether no peer's agent has answered for `fence_after` (every peer silent): then this host
+    /// may itself be fenced by its peers, if they are alive. False without peers or fencing.
+    pub fn every_peer_silent(&self) -> bool {
+        if self.peers.is_empty() || self.fence_after == Duration::MAX {
+            return false;
+        }
+        let state = self.lock();
+        self.peers.iter().all(|p| {
+            state
+                .last_answer
+                .get(&p.endpoint)
+                .copied()
+                .unwrap_or(self.started)
+                .elapsed()
+                >= self.fence_after
+        })
+    }
+
+    /// The first peer whose SM answers SMInfo in-band (it is alive, and may have fenced this
+    /// host), with its state; `None` when no peer's SM is seen answering.
+    pub async fn a_peer_sm_answers(&self) -> Option<String> {
+        let evidence = self.evidence.as_ref()?;
+        for peer in &self.peers {
+            let Some(guid) = peer.sm_port_guid else {
+                continue;
+            };
+            if let PeerSmCheck::Answers(s) = evidence.check(guid).await {
+                return Some(format!(
+                    "{} ({})",
+                    self.name_of(&peer.endpoint),
+                    state_word(s)
+                ));
+            }
+        }
+        None
+    }
+
+    /// The operator's fence (`fabric-agent fence-sm-host NAME`): the same physical check, made
+    /// now; refused while the peer's agent answered within `fence_after`, or its SM answers.
+    pub async fn fence_now(&self, name: &str) -> Result<FencedHost, FenceRefusal> {
+        let (peer, last) = {
+            let state = self.lock();
+            let Some(peer) = self
+                .peers
+                .iter()
+                .find(|p| self.name_in(&state, p) == name || p.endpoint == name)
+                .cloned()
+            else {
+                let known: Vec<String> =
+                    self.peers.iter().map(|p| self.name_in(&state, p)).collect();
+                return Err(FenceRefusal::UnknownPeer(name.to_owned(), known.join(", ")));
+            };
+            if let Some(f) = state.fenced.get(&self.name_in(&state, &peer)) {
+                return Ok(f.clone());
+            }
+            let last = state.last_answer.get(&peer.endpoint).copied();
+            (peer, last)
+        };
+        let name = self.name_of(&peer.endpoint);
+        if let Some(at) = last.filter(|at| at.elapsed() < self.fence_after) {
+            return Err(FenceRefusal::AgentAlive(name, at.elapsed().as_millis()));
+        }
+        let Some(guid) = peer.sm_port_guid else {
+            return Err(FenceRefusal::NoGuid(name));
+        };
+        let Some(evidence) = &self.evidence else {
+            return Err(FenceRefusal::Unknown(
+                name,
+                "no fence evidence is configured (sminfo_umad_device)".to_owned(),
+            ));
+        };
+        let evidence = match evidence.check(guid).await {
+            PeerSmCheck::Silent(e) => e,
+            PeerSmCheck::Answers(s) => {
+                return Err(FenceRefusal::SmAlive(name, state_word(s).to_owned()))
+            }
+            PeerSmCheck::Unknown(why) => return Err(FenceRefusal::Unknown(name, why)),
+        };
+        let record = FencedHost {
+            host: name.clone(),
+            since_unix_ms: now_unix_ms(),
+            evidence: format!("fenced by the operator; {evidence}"),
+        };
+        let mut state = self.lock();
+        let mut after = state.fenced.clone();
+        after.insert(name.clone(), record.clone());
+        self.store(&after)
+            .map_err(|e| FenceRefusal::Store(name.clone(), e))?;
+        state.fenced = after;
+        state.silent.remove(&name);
+        tracing::warn!(peer = %name, evidence = %record.evidence, "fenced the peer SM host (operator)");
+        Ok(record)
+    }
+
+    /// `SM_HOST_FENCED` per fenced peer, `SM_HOST_AGENT_SILENT` per silent peer not fenced.
+    pub fn conditions(&self) -> Vec<Condition> {
+        let state = self.lock();
+        let mut out: Vec<Condition> = state
+            .fenced
+            .values()
+            .map(|f| Condition {
+                kind: ConditionKind::SmHostFenced,
+                detail: format!(
+                    "peer SM host {} is fenced since {} (unix ms): {}; the nodes' applies go on without it until its agent answers again, caught up",
+                    f.host, f.since_unix_ms, f.evidence
+                ),
+            })
+            .collect();
+        out.extend(state.silent.iter().map(|(name, why)| Condition {
+            kind: ConditionKind::SmHostAgentSilent,
+            detail: format!("peer SM host {name} is not fenced: {why}"),
+        }));
+        out
+    }
+}
+
+fn state_word(s: OpenSmState) -> &'static str {
+    match s {
+        OpenSmState::Master => "master",
+        OpenSmState::Standby => "standby",
+        OpenSmState::Discovering => "discovering",
+        _ => "not active",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sm::opensm::store::InMemoryNodeStore;
+
+    struct Fixed(Mutex<PeerSmCheck>);
+
+    #[async_trait]
+    impl FenceEvidence for Fixed {
+        async fn check(&self, _guid: u64) -> PeerSmCheck {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    fn fences(check: PeerSmCheck, ledger: Arc<InMemoryNodeStore>) -> (Fences, Arc<Fixed>) {
+        let evidence = Arc::new(Fixed(Mutex::new(check)));
+        let f = Fences::new(
+            "sm1".into(),
+            vec![PeerIdentity {
+                endpoint: "http://127.0.0.1:2".into(),
+                name: Some("sm2".into()),
+                sm_port_guid: Some(0x22),
+            }],
+            Some(evidence.clone()),
+            Some(ledger),
+            Duration::ZERO,
+        )
+        .unwrap();
+        (f, evidence)
+    }
+
+    const PEER: &str = "http://127.0.0.1:2";
+
+    #[tokio::test]
+    async fn a_silent_agent_with_a_silent_sm_is_fenced_durably_and_lifted_when_caught_up() {
+        let ledger = Arc::new(InMemoryNodeStore::default());
+        let (f, _) = fences(PeerSmCheck::Silent("no answer".into()), ledger.clone());
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert_eq!(f.fenced().len(), 1);
+        assert_eq!(ledger.load_fenced().unwrap()[0].host, "sm2");
+        assert_eq!(f.host_set().fenced[0].host, "sm2");
+        assert_eq!(f.conditions()[0].kind, ConditionKind::SmHostFenced);
+        // A new instance on the same store holds it fenced.
+        let (again, _) = fences(PeerSmCheck::Silent("x".into()), ledger.clone());
+        assert_eq!(again.fenced().len(), 1);
+        // Back but not caught up: stays fenced.
+        f.after_round(&[(PEER.into(), Some(("sm2".into(), false)))])
+            .await;
+        assert_eq!(f.fenced().len(), 1);
+        f.after_round(&[(PEER.into(), Some(("sm2".into(), true)))])
+            .await;
+        assert!(f.fenced().is_empty());
+        assert!(ledger.load_fenced().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_sm_that_answers_is_never_fenced_and_the_reason_says_what_to_do() {
+        let ledger = Arc::new(InMemoryNodeStore::default());
+        let (f, evidence) = fences(PeerSmCheck::Answers(OpenSmState::Standby), ledger.clone());
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert!(f.fenced().is_empty());
+        let c = f.conditions();
+        assert_eq!(c[0].kind, ConditionKind::SmHostAgentSilent);
+        assert!(
+            c[0].detail.contains("sm2")
+                && c[0].detail.contains("standby")
+                && c[0].detail.contains("fence-sm-host sm2")
+                && c[0].detail.contains("stop that OpenSM"),
+            "{}",
+            c[0].detail
+        );
+        assert!(matches!(
+            f.fence_now("sm2").await,
+            Err(FenceRefusal::SmAlive(..))
+        ));
+        *evidence.0.lock().unwrap() = PeerSmCheck::Unknown("SA silent".into());
+        assert!(matches!(
+            f.fence_now("sm2").await,
+            Err(FenceRefusal::Unknown(..))
+        ));
+        assert!(f.fenced().is_empty());
+        *evidence.0.lock().unwrap() = PeerSmCheck::Silent("no answer".into());
+        assert_eq!(f.fence_now("sm2").await.unwrap().host, "sm2");
+        assert!(f
+            .conditions()
+            .iter()
+            .all(|c| c.kind == ConditionKind::SmHostFenced));
+        assert!(matches!(
+            f.fence_now("sm9").await,
+            Err(FenceRefusal::UnknownPeer(..))
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_answers_is_never_fenced() {
+        let ledger = Arc::new(InMemoryNodeStore::default());
+        let evidence = Arc::new(Fixed(Mutex::new(PeerSmCheck::Silent("x".into()))));
+        let f = Fences::new(
+            "sm1".into(),
+            vec![PeerIdentity {
+                endpoint: PEER.into(),
+                name: None,
+                sm_port_guid: Some(0x22),
+            }],
+            Some(evidence),
+            Some(ledger),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        // A plaintext peer without a configured name that has not answered yet: unknown.
+        assert_eq!(f.host_set().known, vec!["sm1".to_owned()]);
+        f.after_round(&[(PEER.into(), Some(("sm2".into(), true)))])
+            .await;
+        assert_eq!(f.host_set().known, vec!["sm1".to_owned(), "sm2".to_owned()]);
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert!(f.fenced().is_empty());
+        assert!(matches!(
+            f.fence_now("sm2").await,
+            Err(FenceRefusal::AgentAlive(..))
+        ));
+    }
+}

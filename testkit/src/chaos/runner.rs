@@ -1,0 +1,802 @@
+//! The campaign runner on the ibsim + real OpenSM rig: two SM hosts (two OpenSMs, priorities 15
+//! and 10, an SM-host agent beside each, peers of each other through a link the faults cut),
+//! `nodes` node agents (real `fabric-agent serve` processes under the shim, SMP observers,
+//! remote backend to both SM hosts, each through a link of its own the faults cut; grants
+//! required everywhere), the control-plane driver, the checker's recorders, and the seeded
+//! fault loop. After `duration` the faults stop and everything is healed; the campaign then
+//! waits (at most `converge_bound`) until every wanted key is ACTIVE and on its port, every
+//! released instance RELEASED and off its port, and both SM hosts' regions equal.
+//!
+//! ibsim serves at most 10 clients and a client killed by a signal leaks its slot for good:
+//! two OpenSMs, the node agents and the checker's one `smpquery` at a time leave
+//! `10 - (2 + nodes + 1)` slots to leak; a SIGKILL of a process under the shim (a node agent,
+//! an OpenSM) beyond that budget is sent as SIGTERM instead, and the fault log says so.
+//! SM-host agents run outside the shim: their SIGKILLs are never downgraded.
+
+use super::checker::{self, Verdict, Violation};
+use super::driver::{mode, Driver, Ops, Plan};
+use super::faults::{Fault, FaultLog, Schedule, Target};
+use super::history::{now_ms, History, SharedHistory};
+use super::observe::{watch_node, PortReader, Resyncs, StateView};
+use crate::common::copy_tree;
+use crate::common::grants::GrantSigner;
+use crate::common::net::free_port;
+use crate::rig::agents::Agent;
+use crate::rig::ha::{
+    ha_node_config, ha_sm_config, region_of, restart_rig_opensm, start_two_sms, SecondSm,
+    SmHostAgent, TwoSmFiles,
+};
+use crate::rig::link::CuttableLink;
+use crate::rig::{Fabric, FabricSpec, LIMITED_DEFAULT_PARTITIONS};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// ibsim's most clients at once.
+const IBSIM_CLIENTS: usize = 10;
+
+/// NodeDescriptions that read like OpenSM's verdicts (OpenSM logs them verbatim when a link
+/// changes), given to the first nodes in turn.
+pub const VERDICT_DESCRIPTIONS: [&str; 4] = [
+    "chaos mlx5_0 -> SUBNET UP",
+    "chaos mlx5_0 PARSE ERROR",
+    "chaos Entering STANDBY state",
+    "chaos Partition configuration in error",
+];
+
+/// A campaign's parameters.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Seeds the fault schedule and the driver's choices.
+    pub seed: u64,
+    /// How long faults run.
+    pub duration: Duration,
+    /// Node agents (at most 7: ibsim's client limit).
+    pub nodes: usize,
+    /// Whether faults run at all (false: the driver alone).
+    pub faults: bool,
+    /// The stated bound on convergence after the faults stop.
+    pub converge_bound: Duration,
+    /// When set: this long into the run, a partitions line written behind the agents' back
+    /// gives node `rogue_node`'s port a key never granted (for the test that shows the checker
+    /// is real); removed 10 s later.
+    pub rogue_after: Option<Duration>,
+    /// Whether state snapshots are taken and put back (see the notes: a restored store whose
+    /// set carries a grant consumed since is refused before its rollback is seen).
+    pub restores: bool,
+}
+
+impl Settings {
+    /// `seed`, `duration`, 6 nodes, faults on, a 120 s convergence bound, no rogue line.
+    pub fn new(seed: u64, duration: Duration) -> Settings {
+        Settings {
+            seed,
+            duration,
+            nodes: 6,
+            faults: true,
+            converge_bound: Duration::from_secs(120),
+            rogue_after: None,
+            restores: true,
+        }
+    }
+}
+
+/// The key the rogue line gives (never granted by the driver: its keys start at 0x1001).
+pub const ROGUE_KEY: u16 = 0x0bad;
+/// The node whose port the rogue line names.
+pub const ROGUE_NODE: &str = "node3";
+
+/// What a campaign did and found.
+#[derive(Debug)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Every fault, in order, with counts.
+    pub faults: FaultLog,
+    /// The driver's operations.
+    pub ops: Ops,
+    /// The checker's verdict (the convergence violation added).
+    pub verdict: Verdict,
+    /// `smpquery` reads recorded and failed.
+    pub port_reads: (u64, u64),
+    /// Time from the end of the faults to convergence; `None`: not within the bound.
+    pub convergence: Option<Duration>,
+    /// Resyncs of event watchers (a cursor that no longer held).
+    pub resyncs: usize,
+    /// OpenSMs restarted by the rig because they stopped sweeping on their own.
+    pub rig_recoveries: u64,
+    /// Partitions created and deleted by the end.
+    pub partitions: (usize, usize),
+    /// The guard's view checked at the end: (wanted keys both SM hosts list for their node,
+    /// wanted keys), and the first miss.
+    pub guard_view: (usize, usize, String),
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "chaos report, seed {}", self.seed)?;
+        writeln!(f, "  faults: {:?}", self.faults.counts)?;
+        writeln!(f, "  ops: {:?}", self.ops)?;
+        writeln!(
+            f,
+            "  partitions created {} deleted {}",
+            self.partitions.0, self.partitions.1
+        )?;
+        writeln!(
+            f,
+            "  checker: {} checks over {} port reads ({} queries failed) and {} events; {} RELEASED events; {} resyncs; {} restored-after-release; {} reads waived (port not Active), {} (link dropped at ibsim or re-linked < 5 s before)",
+            self.verdict.checks,
+            self.verdict.reads,
+            self.port_reads.1,
+            self.verdict.events,
+            self.verdict.releases,
+            self.resyncs,
+            self.verdict.restored_after_release,
+            self.verdict.not_active_exempt,
+            self.verdict.relink_exempt
+        )?;
+        writeln!(
+            f,
+            "  convergence after the faults stopped: {}",
+            self.convergence
+                .map_or("NOT within the bound".to_owned(), |d| format!(
+                    "{:.1} s",
+                    d.as_secs_f64()
+                ))
+        )?;
+        writeln!(
+            f,
+            "  the guard's view at the end: {} of {} wanted keys listed by both SM hosts for their node {}",
+            self.guard_view.0, self.guard_view.1, self.guard_view.2
+        )?;
+        writeln!(
+            f,
+            "  rig recoveries (OpenSM stopped sweeping): {}",
+            self.rig_recoveries
+        )?;
+        let mut by_rule: BTreeMap<&str, usize> = BTreeMap::new();
+        for v in &self.verdict.violations {
+            *by_rule.entry(v.rule).or_default() += 1;
+        }
+        writeln!(
+            f,
+            "  violations: {} {by_rule:?}",
+            self.verdict.violations.len()
+        )?;
+        let mut shown: Vec<&Violation> = self.verdict.violations.iter().collect();
+        shown.sort_by_key(|v| v.rule != checker::NOT_CONVERGED);
+        for v in shown.into_iter().take(30) {
+            writeln!(f, "    {}: {}", v.rule, v.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// What undoes a fault when its time comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Undo {
+    Restart(Target),
+    Cont(Target),
+    HealNode(usize, usize),
+    HealPeers,
+    ReLink(usize),
+}
+
+/// Everything running.
+struct World {
+    // Drop order: node agents, SM-host agents, links, the second OpenSM, the fabric.
+    agents: Vec<Agent>,
+    sm_agents: Vec<SmHostAgent>,
+    node_links: Vec<[CuttableLink; 2]>,
+    peer_links: [CuttableLink; 2],
+    standby: SecondSm,
+    fabric: Fabric,
+    files: TwoSmFiles,
+    names: Vec<String>,
+    /// Processes down (killed, waiting for their restart).
+    down: BTreeSet<Target>,
+    /// Processes stopped (SIGSTOP).
+    paused: BTreeSet<Target>,
+    cut: BTreeSet<(usize, usize)>,
+    peers_cut: bool,
+    unlinked: BTreeSet<usize>,
+    snapshots: BTreeSet<usize>,
+    /// SIGKILLs of processes under the shim still allowed (ibsim slots to leak).
+    slot_budget: usize,
+    log: FaultLog,
+    rig_recoveries: u64,
+    history: SharedHistory,
+}
+
+impl World {
+    fn pid(&self, t: Target) -> Option<u32> {
+        match t {
+            Target::Node(i) => Some(self.agents[i].pid()),
+            Target::SmAgent(h) => Some(self.sm_agents[h].pid()),
+            Target::OpenSm(0) => Some(self.fabric.opensm_pid()),
+            Target::OpenSm(_) => self.standby.pid(),
+        }
+    }
+
+    fn state_dir(&self, node: usize) -> PathBuf {
+        self.fabric
+            .dir()
+            .join(format!("{}-state", self.names[node]))
+    }
+
+    fn snapshot_dir(&self, node: usize) -> PathBuf {
+        self.fabric
+            .dir()
+            .join(format!("{}-state-snapshot", self.names[node]))
+    }
+
+    fn busy(&self, t: Target) -> bool {
+        self.down.contains(&t) || self.paused.contains(&t)
+    }
+
+    /// Applies `fault`, scheduling its undo in `pending`; a fault whose target is busy is
+    /// skipped (not counted).
+    fn apply(&mut self, fault: &Fault, pending: &mut Vec<(Instant, Undo)>) {
+        let now = Instant::now();
+        match fault {
+            Fault::Kill { target, hard, down } => {
+                if self.busy(*target) {
+                    return;
+                }
+                let under_shim = !matches!(target, Target::SmAgent(_));
+                let mut hard = *hard;
+                let mut note = String::new();
+                if hard && under_shim {
+                    if self.slot_budget == 0 {
+                        hard = false;
+                        note = " (sent as SIGTERM: ibsim slot budget spent)".into();
+                    } else {
+                        self.slot_budget -= 1;
+                        note = " (leaks an ibsim slot)".into();
+                    }
+                }
+                let kind = Fault::Kill {
+                    target: *target,
+                    hard,
+                    down: *down,
+                }
+                .kind();
+                self.log.applied(fault, &kind, &note);
+                match *target {
+                    Target::Node(i) if hard => self.agents[i].crash(),
+                    Target::Node(i) => {
+                        let _ = self.agents[i].stop();
+                    }
+                    Target::SmAgent(h) if hard => self.sm_agents[h].crash(),
+                    Target::SmAgent(h) => {
+                        let _ = self.sm_agents[h].stop();
+                    }
+                    Target::OpenSm(0) => self.fabric.stop_opensm(hard),
+                    Target::OpenSm(_) => self.standby.stop(hard),
+                }
+                self.down.insert(*target);
+                pending.push((now + *down, Undo::Restart(*target)));
+            }
+            Fault::Pause { target, pause } => {
+                if self.busy(*target) {
+                    return;
+                }
+                let Some(pid) = self.pid(*target) else { return };
+                self.log.applied(fault, &fault.kind(), "");
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
+                self.paused.insert(*target);
+                pending.push((now + *pause, Undo::Cont(*target)));
+            }
+            Fault::CutNode { node, host, cut } => {
+                if !self.cut.insert((*node, *host)) {
+                    return;
+                }
+                self.log.applied(fault, &fault.kind(), "");
+                self.node_links[*node][*host].cut();
+                pending.push((now + *cut, Undo::HealNode(*node, *host)));
+            }
+            Fault::CutPeers { cut } => {
+                if self.peers_cut {
+                    return;
+                }
+                self.peers_cut = true;
+                self.log.applied(fault, &fault.kind(), "");
+                for l in &self.peer_links {
+                    l.cut();
+                }
+                pending.push((now + *cut, Undo::HealPeers));
+            }
+            Fault::Flap { node, down } => {
+                if !self.unlinked.insert(*node) {
+                    return;
+                }
+                self.log.applied(fault, &fault.kind(), "");
+                let cmd = format!("Unlink \"{}\"", self.names[*node]);
+                let _ = self.fabric.ibsim_console(&cmd);
+                super::history::record(
+                    &self.history,
+                    super::history::Entry::Link {
+                        node: self.names[*node].clone(),
+                        up: false,
+                        at: now_ms(),
+                    },
+                );
+                pending.push((now + *down, Undo::ReLink(*node)));
+            }
+            Fault::Snapshot { node } => {
+                let t = Target::Node(*node);
+                if self.busy(t) {
+                    return;
+                }
+                self.log.applied(fault, &fault.kind(), "");
+                let pid = Pid::from_raw(self.agents[*node].pid() as i32);
+                let _ = kill(pid, Signal::SIGSTOP);
+                let snap = self.snapshot_dir(*node);
+                let _ = std::fs::remove_dir_all(&snap);
+                copy_tree(&self.state_dir(*node), &snap);
+                let _ = kill(pid, Signal::SIGCONT);
+                self.snapshots.insert(*node);
+            }
+            Fault::Restore { node } => {
+                let t = Target::Node(*node);
+                if self.busy(t) || !self.snapshots.remove(node) {
+                    return;
+                }
+                self.log.applied(fault, &fault.kind(), "");
+                let _ = self.agents[*node].stop();
+                let dir = self.state_dir(*node);
+                std::fs::remove_dir_all(&dir).expect("remove the state dir");
+                copy_tree(&self.snapshot_dir(*node), &dir);
+                let _ = std::fs::remove_dir_all(self.snapshot_dir(*node));
+                self.agents[*node].spawn(&self.fabric);
+            }
+        }
+    }
+
+    fn undo(&mut self, undo: Undo) {
+        match undo {
+            Undo::Restart(t) => {
+                match t {
+                    Target::Node(i) => self.agents[i].spawn(&self.fabric),
+                    Target::SmAgent(h) => self.sm_agents[h].spawn(),
+                    Target::OpenSm(0) => restart_rig_opensm(&mut self.fabric),
+                    Target::OpenSm(_) => self.standby.restart(),
+                }
+                self.down.remove(&t);
+                self.log.note(&format!("restarted {t:?}"));
+            }
+            Undo::Cont(t) => {
+                if let Some(pid) = self.pid(t) {
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+                }
+                self.paused.remove(&t);
+            }
+            Undo::HealNode(n, h) => {
+                self.node_links[n][h].heal();
+                self.cut.remove(&(n, h));
+            }
+            Undo::HealPeers => {
+                for l in &self.peer_links {
+                    l.heal();
+                }
+                self.peers_cut = false;
+            }
+            Undo::ReLink(n) => {
+                let cmd = format!("ReLink \"{}\"", self.names[n]);
+                let _ = self.fabric.ibsim_console(&cmd);
+                super::history::record(
+                    &self.history,
+                    super::history::Entry::Link {
+                        node: self.names[n].clone(),
+                        up: true,
+                        at: now_ms(),
+                    },
+                );
+                self.unlinked.remove(&n);
+            }
+        }
+    }
+
+    /// Whether one of the OpenSMs logs a `SUBNET UP` within `limit` after both were sent a
+    /// SIGHUP.
+    fn some_master_sweeps(&self, limit: Duration) -> bool {
+        let logs = [self.fabric.opensm_log_path(), self.standby.log_path()];
+        let lens: Vec<usize> = logs
+            .iter()
+            .map(|p| std::fs::read(p).map(|b| b.len()).unwrap_or(0))
+            .collect();
+        for t in [Target::OpenSm(0), Target::OpenSm(1)] {
+            if let Some(pid) = self.pid(t) {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGHUP);
+            }
+        }
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            for (p, len) in logs.iter().zip(&lens) {
+                let text = std::fs::read(p).unwrap_or_default();
+                if text.len() > *len && String::from_utf8_lossy(&text[*len..]).contains("SUBNET UP")
+                {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
+    /// After the faults: a master that sweeps. OpenSM 3.3.23 under ibsim sometimes stops
+    /// sweeping for good after a handover; such a stall is logged (with the logs' tails) and
+    /// both OpenSMs are restarted, at most three times.
+    fn ensure_sweeping(&mut self) {
+        for attempt in 1..=3 {
+            if self.some_master_sweeps(Duration::from_secs(20)) {
+                return;
+            }
+            let tail = |p: PathBuf| {
+                let t = std::fs::read_to_string(p).unwrap_or_default();
+                let lines: Vec<&str> = t.lines().collect();
+                lines[lines.len().saturating_sub(8)..].join("\n")
+            };
+            self.log.note(&format!(
+                "RIG STALL (attempt {attempt}): no OpenSM answered a SIGHUP with SUBNET UP in 20 s; restarting both\n--- opensm (priority 15) ---\n{}\n--- opensm (priority 10) ---\n{}",
+                tail(self.fabric.opensm_log_path()),
+                tail(self.standby.log_path())
+            ));
+            self.rig_recoveries += 1;
+            self.fabric.stop_opensm(false);
+            self.standby.stop(false);
+            restart_rig_opensm(&mut self.fabric);
+            self.standby.restart();
+        }
+    }
+}
+
+/// Writes (or, with `None`, removes) the rogue line in both partitions files where it is not
+/// already as wanted, and SIGHUPs both OpenSMs after a change. Called on every turn of the
+/// campaign loop while the line should stand: the SM-host agents rewrite their files at every
+/// commit, so a line written once can be gone before OpenSM's next read.
+fn rogue_line(world: &World, guid: Option<u64>) {
+    let mut changed = false;
+    for path in [&world.files.a.0, &world.files.b.0] {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let kept: String = text
+            .lines()
+            .filter(|l| !l.starts_with("chaos_rogue="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let new = match guid {
+            Some(g) => format!("{kept}chaos_rogue={ROGUE_KEY:#06x} : {g:#018x}=full ;\n"),
+            None => kept,
+        };
+        if new == text {
+            continue;
+        }
+        let tmp = path.with_extension("chaos-tmp");
+        std::fs::write(&tmp, new).expect("write partitions");
+        std::fs::rename(&tmp, path).expect("rename partitions");
+        changed = true;
+    }
+    if !changed {
+        return;
+    }
+    for t in [Target::OpenSm(0), Target::OpenSm(1)] {
+        if let Some(pid) = world.pid(t) {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGHUP);
+        }
+    }
+}
+
+/// Runs one campaign; `None` when ibsim/OpenSM are not installed.
+pub fn run(settings: &Settings) -> Option<Report> {
+    let nodes = settings.nodes;
+    assert!(
+        nodes + 3 <= IBSIM_CLIENTS,
+        "at most {} nodes",
+        IBSIM_CLIENTS - 3
+    );
+    let mut spec = FabricSpec::new(2, nodes + 1);
+    for (i, d) in VERDICT_DESCRIPTIONS.iter().enumerate().take(nodes) {
+        spec.descriptions
+            .insert(format!("node{}", i + 1), (*d).into());
+    }
+    let standby_node = format!("node{}", nodes + 1);
+    let (fabric, standby) = start_two_sms(&spec, LIMITED_DEFAULT_PARTITIONS, &standby_node)?;
+    let names: Vec<String> = (1..=nodes).map(|i| format!("node{i}")).collect();
+    let files = TwoSmFiles::of(&fabric, &standby, (free_port(), free_port()));
+    let ports = [free_port(), free_port()];
+    let peer_links = [CuttableLink::start(ports[1]), CuttableLink::start(ports[0])];
+    let signer = Arc::new(GrantSigner::new("cp-chaos"));
+    let grants = format!("[grants]\nrequire = true\n{}", signer.config_entry(""));
+    let sm_agents = vec![
+        SmHostAgent::start(
+            &fabric,
+            "smhost",
+            &(ha_sm_config(
+                &fabric,
+                "smhost",
+                ports[0],
+                &files.sm_a(),
+                &[peer_links[0].port()],
+            ) + &grants),
+        ),
+        SmHostAgent::start(
+            &fabric,
+            "smhost2",
+            &(ha_sm_config(
+                &fabric,
+                "smhost2",
+                ports[1],
+                &files.sm_b(),
+                &[peer_links[1].port()],
+            ) + &grants),
+        ),
+    ];
+    let node_links: Vec<[CuttableLink; 2]> = names
+        .iter()
+        .map(|_| [CuttableLink::start(ports[0]), CuttableLink::start(ports[1])])
+        .collect();
+    let agents: Vec<Agent> = names
+        .iter()
+        .zip(&node_links)
+        .map(|(n, l)| {
+            Agent::start(
+                &fabric,
+                n,
+                &(ha_node_config(&fabric, n, &[l[0].port(), l[1].port()]) + &grants),
+            )
+        })
+        .collect();
+    let history: SharedHistory = Arc::new(Mutex::new(History::default()));
+    let rogue_guid = settings
+        .rogue_after
+        .map(|_| fabric.node_info(ROGUE_NODE).port_guid);
+    let mut world = World {
+        agents,
+        sm_agents,
+        node_links,
+        peer_links,
+        standby,
+        files,
+        names: names.clone(),
+        down: BTreeSet::new(),
+        paused: BTreeSet::new(),
+        cut: BTreeSet::new(),
+        peers_cut: false,
+        unlinked: BTreeSet::new(),
+        snapshots: BTreeSet::new(),
+        slot_budget: IBSIM_CLIENTS - (2 + nodes + 1),
+        log: FaultLog::default(),
+        rig_recoveries: 0,
+        history: history.clone(),
+        fabric,
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let view: StateView = Arc::new(Mutex::new(Default::default()));
+    let resyncs: Resyncs = Arc::new(Mutex::new(Default::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let watchers: Vec<_> = names
+        .iter()
+        .zip(&world.agents)
+        .map(|(n, a)| {
+            rt.spawn(watch_node(
+                n.clone(),
+                a.socket.clone(),
+                history.clone(),
+                view.clone(),
+                resyncs.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let mut reader = PortReader::start(
+        world.fabric.sock_name(),
+        world.fabric.dir(),
+        names.clone(),
+        Duration::from_millis(20),
+        history.clone(),
+    );
+    let driver = Arc::new(Driver {
+        nodes: names
+            .iter()
+            .zip(&world.agents)
+            .map(|(n, a)| (n.clone(), a.socket.clone()))
+            .collect(),
+        sm_ports: ports.to_vec(),
+        signer,
+        history: history.clone(),
+        view: view.clone(),
+        plan: Arc::new(Mutex::new(Plan::default())),
+        mode: Arc::new(AtomicU8::new(mode::RUN)),
+        resyncs,
+    });
+    let driving = rt.spawn(driver.clone().run(settings.seed ^ 0x5eed));
+
+    // The faults.
+    let mut schedule = Schedule::new(settings.seed, nodes);
+    let mut pending: Vec<(Instant, Undo)> = Vec::new();
+    let start = Instant::now();
+    let end = start + settings.duration;
+    let mut next_fault = start + Duration::from_secs(5);
+    let mut rogue_state = 0;
+    world.log.note(&format!(
+        "campaign: seed {}, {} s, {nodes} nodes, faults {}",
+        settings.seed,
+        settings.duration.as_secs(),
+        settings.faults
+    ));
+    while Instant::now() < end {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(t, _)| *t <= now);
+        pending = later;
+        for (_, u) in due {
+            world.undo(u);
+        }
+        if let (Some(after), Some(guid)) = (settings.rogue_after, rogue_guid) {
+            if rogue_state == 0 && now >= start + after {
+                world
+                    .log
+                    .note("rogue: a partitions line gives node3 a key never granted");
+                rogue_line(&world, Some(guid));
+                rogue_state = 1;
+            } else if rogue_state == 1 && now >= start + after + Duration::from_secs(10) {
+                world.log.note("rogue: the line removed");
+                rogue_line(&world, None);
+                rogue_state = 2;
+            } else if rogue_state == 1 {
+                rogue_line(&world, Some(guid));
+            }
+        }
+        if settings.faults && now >= next_fault {
+            let snapshots = world.snapshots.clone();
+            let fault = schedule.next(|n| snapshots.contains(&n));
+            let skip = !settings.restores
+                && matches!(fault, Fault::Snapshot { .. } | Fault::Restore { .. });
+            if !skip {
+                world.apply(&fault, &mut pending);
+            }
+            next_fault = Instant::now() + schedule.gap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Heal: every pending undo now, then a master that sweeps.
+    world.log.note("faults stop; healing");
+    let faults_stopped = Instant::now();
+    for (_, u) in std::mem::take(&mut pending) {
+        world.undo(u);
+    }
+    if rogue_state == 1 {
+        rogue_line(&world, None);
+    }
+    driver.mode.store(mode::SETTLE, Ordering::SeqCst);
+    world.ensure_sweeping();
+
+    // Convergence.
+    let mut convergence = None;
+    let mut last_problem = String::new();
+    while faults_stopped.elapsed() < settings.converge_bound {
+        let checked_from = now_ms();
+        std::thread::sleep(Duration::from_secs(1));
+        match converged(&world, &driver, &history, checked_from) {
+            Ok(()) => {
+                convergence = Some(faults_stopped.elapsed());
+                break;
+            }
+            Err(p) => last_problem = p,
+        }
+    }
+    // The guard is not blind: ListPartitionMembers at both SM hosts lists each wanted key's
+    // node.
+    let mut guard_view = (0, 0, String::new());
+    if convergence.is_some() {
+        if let Ok(wanted) = driver.settled() {
+            for (node, _, k) in wanted {
+                guard_view.1 += 1;
+                let listed = rt.block_on(driver.members(k)).unwrap_or_default();
+                let hosts: BTreeSet<usize> = listed
+                    .iter()
+                    .filter(|(_, n, _)| *n == node)
+                    .map(|(h, _, _)| *h)
+                    .collect();
+                if hosts.len() == 2 {
+                    guard_view.0 += 1;
+                } else if guard_view.2.is_empty() {
+                    guard_view.2 = format!("(first miss: {k:#06x} of {node}: {listed:?})");
+                }
+            }
+        }
+    }
+    driver.mode.store(mode::STOP, Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    reader.stop();
+    let port_reads = reader.counts();
+    rt.block_on(async {
+        let _ = driving.await;
+        for w in watchers {
+            let _ = w.await;
+        }
+    });
+    let history = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut verdict = checker::check(&history);
+    if convergence.is_none() {
+        verdict.violations.push(Violation {
+            rule: checker::NOT_CONVERGED,
+            detail: format!(
+                "not converged {} s after the faults stopped: {last_problem}",
+                settings.converge_bound.as_secs()
+            ),
+        });
+    }
+    let resyncs = history
+        .entries
+        .iter()
+        .filter(|e| matches!(e, super::history::Entry::Resync { .. }))
+        .count();
+    let plan = driver.plan.lock().unwrap_or_else(|p| p.into_inner());
+    let report = Report {
+        seed: settings.seed,
+        faults: world.log.clone(),
+        ops: plan.ops.clone(),
+        verdict,
+        port_reads,
+        convergence,
+        resyncs,
+        rig_recoveries: world.rig_recoveries,
+        partitions: (
+            plan.partitions.len(),
+            plan.partitions.iter().filter(|p| p.deleted).count(),
+        ),
+        guard_view,
+    };
+    drop(plan);
+    drop(rt);
+    drop(world);
+    Some(report)
+}
+
+/// Whether the campaign converged: the driver's wants confirmed by the nodes' streams, each
+/// node's port (read by a query started after `from`) holding exactly its wanted key, both SM
+/// hosts' regions equal. `Err` says what is missing.
+fn converged(
+    world: &World,
+    driver: &Driver,
+    history: &SharedHistory,
+    from: u64,
+) -> Result<(), String> {
+    let wanted = driver.settled()?;
+    let mut want: BTreeMap<&str, Vec<u16>> =
+        world.names.iter().map(|n| (n.as_str(), vec![])).collect();
+    for (node, _, k) in &wanted {
+        want.entry(node.as_str()).or_default().push(*k);
+    }
+    let h = history.lock().unwrap_or_else(|p| p.into_inner());
+    for (node, keys) in &want {
+        let last = h
+            .reads()
+            .filter(|r| r.node == *node && r.started >= from)
+            .last()
+            .ok_or(format!("no read of {node} yet"))?;
+        let mut keys = keys.clone();
+        keys.sort_unstable();
+        if last.bases != keys {
+            return Err(format!(
+                "{node}'s port holds {:04x?}, wanted {keys:04x?}",
+                last.bases
+            ));
+        }
+    }
+    let (a, b) = (region_of(&world.files.a.0), region_of(&world.files.b.0));
+    if a != b {
+        return Err(format!("the SM hosts' regions differ:\n{a}\n---\n{b}"));
+    }
+    Ok(())
+}
