@@ -653,6 +653,10 @@ pub fn run(settings: &Settings) -> Option<Report> {
                 rogue_state = 2;
             } else if rogue_state == 1 {
                 rogue_line(&world, Some(guid));
+            } else if rogue_state == 2 {
+                // An SM-host commit that read the file before the removal writes the line back
+                // (it keeps lines outside its region as the operator's).
+                rogue_line(&world, None);
             }
         }
         if settings.faults && now >= next_fault {
@@ -686,6 +690,17 @@ pub fn run(settings: &Settings) -> Option<Report> {
     while faults_stopped.elapsed() < settings.converge_bound {
         let checked_from = now_ms();
         std::thread::sleep(Duration::from_secs(1));
+        // A round of port reads can take several seconds on a loaded machine: wait (within the
+        // bound) until every node's port was read by a query that started after `checked_from`.
+        while !read_every_node_since(&world, &history, checked_from)
+            && faults_stopped.elapsed() < settings.converge_bound
+        {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if settings.rogue_after.is_some() {
+            // An SM-host commit that read the file before the line was removed writes it back.
+            rogue_line(&world, None);
+        }
         match converged(&world, &driver, &history, checked_from) {
             Ok(()) => {
                 convergence = Some(faults_stopped.elapsed());
@@ -761,6 +776,15 @@ pub fn run(settings: &Settings) -> Option<Report> {
     drop(rt);
     drop(world);
     Some(report)
+}
+
+/// Whether every node's port was read by a query that started at or after `from`.
+fn read_every_node_since(world: &World, history: &SharedHistory, from: u64) -> bool {
+    let h = history.lock().unwrap_or_else(|p| p.into_inner());
+    world
+        .names
+        .iter()
+        .all(|n| h.reads().any(|r| r.node == *n && r.started >= from))
 }
 
 /// Whether the campaign converged: the driver's wants confirmed by the nodes' streams, each
