@@ -6,6 +6,11 @@
 //! OpenSM handover + two sweeps + one pull interval, with no node agent restarted (`smpquery`
 //! checks the ports). The times from the kill are printed. Skipped when ibsim/OpenSM are not
 //! installed.
+//!
+//! Today it fails (the must-show of issue 38 is not met): the new master programs both keys
+//! 3.5-3.7 s after the kill, but the dead OpenSM's agent answers every apply `partitions file
+//! written ... but OpenSM could not be made to re-read it: SIGHUP to pid N: No such process`,
+//! which the nodes count as not acknowledged, and nothing fences a host whose agent answers.
 
 use testkit::common;
 use testkit::rig;
@@ -26,8 +31,10 @@ const SWEEP_LIMIT: Duration = Duration::from_secs(20);
 const FENCE_AFTER_MS: u64 = 1500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by scripts/test.sh with the other SM-host failover tests (tries): OpenSM 3.3.23 \
-            under ibsim sometimes stops sweeping after a handover"]
+#[ignore = "FAILS today (issue 38 finding, not in scripts/test.sh): an SM host whose OpenSM is \
+            dead never acknowledges (its write goes through the sweep fence, SIGHUP to a gone \
+            pid), and its live agent is never fenced, so the attach stays PENDING and the release \
+            RELEASING until that OpenSM runs again"]
 async fn only_the_masters_opensm_killed_attaches_and_releases_go_on() {
     let Some((mut fabric, mut standby)) =
         start_two_sms(&FabricSpec::new(1, 4), LIMITED_DEFAULT_PARTITIONS, "node3")
