@@ -33,8 +33,8 @@ nohup cargo test --lib sys:: < /dev/null 2>&1 | cat
 # (tests/opensm/ha_opensm_only.rs is left out: it fails today, an open finding of issue 38):
 # OpenSM under plain umad2sim stops sweeping for good after a handover (no MAD send timeouts;
 # docs/TESTING.md "Why OpenSM stalls under ibsim"). The rig's timeout interposer ended that (0
-# stalls in 26 runs); the tries stay as a safety net for the simulated fabric. A failed SAFETY assertion (a tenant key lost in the failover, a released
-# key back on a port) fails at once.
+# stalls in 26 runs); the tries stay as a safety net for the simulated fabric. A failed SAFETY
+# assertion (a tenant key lost in the failover, a released key back on a port) fails at once.
 ha_log="$(mktemp)"
 ha_passed=0
 for attempt in 1 2 3 4 5; do
