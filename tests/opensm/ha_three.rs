@@ -15,8 +15,8 @@ use common::{attach, attach_now, free_port, get, has_base, partition, release, s
 use fabric_agent::proto::agent as pb;
 use rig::agents::Agent;
 use rig::ha::{
-    conditions_of, ha_node_config, ha_sm_config, is_master, start_three_sms, with_fencing_peers,
-    SmFiles, SmHostAgent,
+    conditions_of, ha_node_config, ha_sm_config, is_master, region_of, start_three_sms,
+    with_fencing_peers, SmFiles, SmHostAgent,
 };
 use rig::{FabricSpec, LIMITED_DEFAULT_PARTITIONS};
 use std::time::{Duration, Instant};
@@ -136,6 +136,15 @@ async fn three_sm_hosts_one_killed_whole_attaches_and_releases_go_on() {
         );
     }
     assert!(fabric.pkeys("node1").contains(&(0x8000 | k1)));
+    // Every host's file gives node1 the key (the two standbys' for their takeover).
+    for part in [&a_part, &b_part, &c_part] {
+        let region = region_of(part);
+        assert!(
+            region.contains(&format!("{k1:#06x}")),
+            "{}: {region}",
+            part.display()
+        );
+    }
 
     // The master SM host dies whole: its OpenSM and its agent, SIGKILLed by pid.
     let died = Instant::now();
