@@ -26,7 +26,8 @@ pub fn ha_options() -> FabricOptions {
     }
 }
 
-/// A second OpenSM on HCA `node` (priority 10), in `<rig dir>/<node>-sm/`.
+/// A second (or third) OpenSM on HCA `node` (priority 10 unless started with
+/// [`SecondSm::start_with_priority`]), in `<rig dir>/<node>-sm/`.
 pub struct SecondSm {
     guard: Option<ChildGuard>,
     /// Its directory: `opensm.conf`, `opensm.log`, `partitions.conf`, `opensm.pid`.
@@ -39,11 +40,22 @@ impl SecondSm {
     /// Writes its conf and `partitions` as its partitions file, starts it under the shim as
     /// `node` and waits until its log says `Entering STANDBY state`.
     pub fn start(fabric: &Fabric, node: &str, partitions: &str) -> SecondSm {
+        Self::start_with_priority(fabric, node, partitions, 10)
+    }
+
+    /// Like [`SecondSm::start`], with OpenSM's `sm_priority` set to `priority` (the rig's own
+    /// OpenSM has 15): a third SM host's standby, for instance.
+    pub fn start_with_priority(
+        fabric: &Fabric,
+        node: &str,
+        partitions: &str,
+        priority: u8,
+    ) -> SecondSm {
         let dir = fabric.dir().join(format!("{node}-sm"));
         fs::create_dir_all(&dir).expect("second SM dir");
         fs::write(dir.join("partitions.conf"), partitions).expect("partitions");
         let mut conf = format!(
-            "partition_config_file {}\nlog_file {}\ndump_files_dir {}\nforce_log_flush TRUE\nconsole off\nsm_priority 10\n",
+            "partition_config_file {}\nlog_file {}\ndump_files_dir {}\nforce_log_flush TRUE\nconsole off\nsm_priority {priority}\n",
             dir.join("partitions.conf").display(),
             dir.join("opensm.log").display(),
             dir.display()
@@ -529,6 +541,28 @@ pub fn start_two_sms(
     panic!("rig: the master OpenSM stopped sweeping after the standby joined, three times");
 }
 
+/// [`start_two_sms`] plus a third OpenSM, priority 5, on HCA `third` (a second standby), the
+/// master checked to still sweep after it joined; torn down and tried again like
+/// [`start_two_sms`] (three tries).
+pub fn start_three_sms(
+    spec: &super::FabricSpec,
+    partitions: &str,
+    second: &str,
+    third: &str,
+) -> Option<(Fabric, SecondSm, SecondSm)> {
+    for attempt in 1..=3 {
+        let (fabric, standby) = start_two_sms(spec, partitions, second)?;
+        let last = SecondSm::start_with_priority(&fabric, third, partitions, 5);
+        std::thread::sleep(Duration::from_millis(300));
+        if master_sweeps(&fabric, Duration::from_secs(20)) {
+            return Some((fabric, standby, last));
+        }
+        eprintln!("rig: attempt {attempt}: the master OpenSM stopped sweeping after the third SM joined; starting again");
+        super::stall::keep_for_diagnosis(fabric.dir(), Some(fabric.opensm_pid()), "third-join");
+    }
+    panic!("rig: the master OpenSM stopped sweeping after the third SM joined, three times");
+}
+
 /// The SM-host agent's `GetNode` view of itself among several SM hosts.
 pub async fn sm_host_status(agent: &SmHostAgent) -> fabric_agent::proto::agent::SmHostStatus {
     let mut c = super::process::client(&agent.socket).await;
@@ -569,12 +603,30 @@ pub fn with_fencing(
     peer_guid: u64,
     fence_after_ms: u64,
 ) -> String {
+    with_fencing_peers(config, host_name, &[(peer_name, peer_guid)], fence_after_ms)
+}
+
+/// [`with_fencing`] for any number of peers: `peers` holds each peer's (stated name, SM port
+/// GUID), in the order of the config's `peers` endpoints.
+pub fn with_fencing_peers(
+    config: String,
+    host_name: &str,
+    peers: &[(&str, u64)],
+    fence_after_ms: u64,
+) -> String {
+    let names: Vec<String> = peers.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+    let guids: Vec<String> = peers
+        .iter()
+        .map(|(_, g)| format!("\"{g:#018x}\""))
+        .collect();
     let out = config.replace(
         "sync_interval_ms = 500\n",
         &format!(
             "sync_interval_ms = 500\nsminfo_umad_device = \"/dev/infiniband/umad0\"\n\
-             host_name = \"{host_name}\"\npeer_host_names = [\"{peer_name}\"]\n\
-             peer_sm_port_guids = [\"{peer_guid:#018x}\"]\nfence_after_ms = {fence_after_ms}\n"
+             host_name = \"{host_name}\"\npeer_host_names = [{}]\n\
+             peer_sm_port_guids = [{}]\nfence_after_ms = {fence_after_ms}\n",
+            names.join(", "),
+            guids.join(", ")
         ),
     );
     assert!(out.contains("peer_sm_port_guids"), "{config}");
