@@ -343,6 +343,10 @@ pub fn attachment_to_pb(a: &Attachment) -> pb::Attachment {
         pkey_value: u32::from(a.pkey_value().0),
         ports: a.ports.iter().map(attachment_port_to_pb).collect(),
         named_ports: a.named_ports,
+        // Only the current state's evidence (a record keeps it for ACTIVE and RELEASED).
+        evidence: matches!(a.state, AttachmentState::Active | AttachmentState::Released)
+            .then(|| a.evidence.as_ref().map(evidence_to_pb))
+            .flatten(),
     }
 }
 
@@ -405,6 +409,10 @@ fn sm_to_pb(s: &SmStatus) -> pb::SubnetManagerStatus {
         in_doubt_pkeys: s.in_doubt.iter().map(|k| u32::from(k.base())).collect(),
         in_doubt_pkey_values: s.in_doubt_values.iter().map(|v| u32::from(v.0)).collect(),
         sm_host: None,
+        sm_hosts: s
+            .sm_hosts
+            .as_ref()
+            .map(super::convert_sm_hosts::sm_hosts_to_pb),
     }
 }
 
@@ -430,6 +438,7 @@ fn evidence_to_pb(e: &Evidence) -> pb::Evidence {
                 state: port_state_to_pb(p.state) as i32,
             })
             .collect(),
+        acknowledged_by: e.acknowledged_by.clone(),
     }
 }
 
