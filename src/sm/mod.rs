@@ -126,7 +126,8 @@ pub struct ApplyOutcome {
     pub detail: String,
     /// The SM hosts whose acknowledgement counted, by identity (the remote backend: the name
     /// TLS verified for each, on plaintext the name it stated, else its endpoint), sorted.
-    /// Empty for a backend without separate SM hosts (embedded, opensm, ufm, simulated).
+    /// Empty for a backend without separate SM hosts (embedded, opensm, ufm, simulated); the
+    /// remote backend reaching a UFM broker names the broker.
     pub acknowledged_by: Vec<String>,
 }
 
