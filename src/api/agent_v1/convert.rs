@@ -726,6 +726,42 @@ mod tests {
     }
 
     #[test]
+    fn an_attachment_shows_the_evidence_of_its_current_active_or_released_state_only() {
+        let mut a = Attachment {
+            grant: None,
+            instance_id: InstanceId::parse("i1").unwrap(),
+            partition: Partition::new("ibpart_a", "a", "ws", "acct", "fab1", 0x10).unwrap(),
+            membership: Membership::Full,
+            state: AttachmentState::Active,
+            reason: String::new(),
+            created_unix_ns: 1,
+            updated_unix_ns: 2,
+            ports: Vec::new(),
+            named_ports: false,
+            restored: None,
+            evidence: Some(Evidence {
+                sm_generation: 4,
+                sm_ack_unix_ns: 10,
+                read_unix_ns: 11,
+                ports: Vec::new(),
+                acknowledged_by: vec!["sm1".into(), "sm2".into()],
+            }),
+        };
+        let e = attachment_to_pb(&a)
+            .evidence
+            .expect("ACTIVE shows its evidence");
+        assert_eq!(
+            (e.sm_generation, e.acknowledged_by),
+            (4, vec!["sm1".into(), "sm2".into()])
+        );
+        // A record that kept stale evidence into another state shows none.
+        a.state = AttachmentState::Drifted;
+        assert!(attachment_to_pb(&a).evidence.is_none());
+        a.state = AttachmentState::Released;
+        assert!(attachment_to_pb(&a).evidence.is_some());
+    }
+
+    #[test]
     fn timestamps_split_nanoseconds() {
         let t = timestamp(1_500_000_000_123);
         assert_eq!((t.seconds, t.nanos), (1500, 123));
