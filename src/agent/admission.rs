@@ -408,6 +408,7 @@ mod tests {
             ports: Vec::new(),
             named_ports: false,
             restored: None,
+            evidence: None,
         }
     }
 

@@ -247,6 +247,7 @@ impl Agent {
                         ports: covered.ports,
                         named_ports: covered.named,
                         restored: None,
+                        evidence: None,
                     };
                     let event = changed_event(&a, None, "attach requested");
                     // The key will be sent soon: cover it in the ledger now, in the same commit.
@@ -291,6 +292,7 @@ impl Agent {
             if !a.state.is_released_or_releasing() {
                 let from = a.state;
                 a.state = AttachmentState::Releasing;
+                a.evidence = None;
                 // A restored attachment's release settles it: nothing asks for its key now.
                 a.restored = None;
                 a.reason.clear();

@@ -55,6 +55,7 @@ impl Observed<'_> {
             sm_generation: ack.generation,
             sm_ack_unix_ns: ack.unix_ns,
             read_unix_ns: self.read_unix_ns,
+            acknowledged_by: ack.hosts.clone(),
             ports: ports
                 .iter()
                 .map(|p| PortReading {

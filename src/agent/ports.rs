@@ -197,6 +197,7 @@ mod tests {
                 .collect(),
             named_ports: true,
             restored: None,
+            evidence: None,
         }
     }
 

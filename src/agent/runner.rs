@@ -394,6 +394,7 @@ impl Loop {
                 a.state = check.to;
                 a.reason.clone_from(&check.reason);
                 if a.state != from {
+                    a.evidence = None;
                     a.updated_unix_ns = now;
                     batch
                         .events
@@ -481,8 +482,12 @@ impl Loop {
             Ok(outcome) => {
                 tracing::debug!(keys = desired.keys.len(), generation, detail = %outcome.detail, "applied");
                 self.acked_at = Some(Instant::now());
-                self.knows
-                    .acknowledged(generation, desired, self.agent.now_unix_ns());
+                self.knows.acknowledged_by(
+                    generation,
+                    desired,
+                    self.agent.now_unix_ns(),
+                    outcome.acknowledged_by,
+                );
                 self.force_apply = false;
                 self.schedule.acknowledged();
                 self.sm_error = None;
@@ -531,6 +536,7 @@ impl Loop {
             status.sm.state = self.sm_state;
             status.sm.last_error = self.sm_error.clone().unwrap_or_default();
             status.sm.generation = generation;
+            status.sm.sm_hosts = self.agent.shared.parts.sm.sm_hosts();
             if matches!(applied, Applied::Acknowledged) {
                 status.sm.last_apply_unix_ns = self.agent.now_unix_ns();
             }
@@ -601,6 +607,9 @@ impl Loop {
             current.state = t.to;
             current.updated_unix_ns = now;
             current.reason.clear();
+            // The evidence of ACTIVE and RELEASED stays with the attachment; any other state
+            // drops the last one.
+            current.evidence.clone_from(&t.evidence);
             let mut event = changed_event(current, Some(t.from), &t.reason);
             if let EventKind::AttachmentChanged { evidence, .. } = &mut event {
                 *evidence = t.evidence;

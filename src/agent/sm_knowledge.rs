@@ -27,6 +27,9 @@ pub struct Ack {
     pub set: NodeMemberships,
     /// When the answer arrived, Unix nanoseconds (for the evidence).
     pub unix_ns: i64,
+    /// The SM hosts that acknowledged it (for the evidence; empty for a backend without
+    /// separate SM hosts).
+    pub hosts: Vec<String>,
 }
 
 /// What the node knows of the subnet manager's side (see the module doc).
@@ -78,12 +81,27 @@ impl SmKnowledge {
         self.unacked = true;
     }
 
-    /// A positive answer to the apply of `set` at `generation`, arrived at `unix_ns`.
+    /// A positive answer to the apply of `set` at `generation`, arrived at `unix_ns`, from a
+    /// backend that names no SM hosts.
+    #[cfg(test)]
     pub fn acknowledged(&mut self, generation: u64, set: NodeMemberships, unix_ns: i64) {
+        self.acknowledged_by(generation, set, unix_ns, Vec::new());
+    }
+
+    /// [`Self::acknowledged`], naming the SM `hosts` that acknowledged it (the evidence of the
+    /// ACTIVE and RELEASED claims it supports lists them).
+    pub fn acknowledged_by(
+        &mut self,
+        generation: u64,
+        set: NodeMemberships,
+        unix_ns: i64,
+        hosts: Vec<String>,
+    ) {
         self.ack = Some(Ack {
             generation,
             set,
             unix_ns,
+            hosts,
         });
         self.unacked = false;
     }

@@ -31,6 +31,8 @@ pub struct SmStatus {
     pub in_doubt_values: Vec<PKeyValue>,
     /// The apply waiting for the subnet manager's answer now, if any.
     pub in_flight: Option<ApplyInFlight>,
+    /// The remote backend: the fabric's SM-host set as the last finished apply saw it.
+    pub sm_hosts: Option<crate::domain::SmHostSet>,
 }
 
 /// An apply sent to the subnet manager and not yet answered.
@@ -145,6 +147,7 @@ mod tests {
             ports: Vec::new(),
             named_ports: false,
             restored: None,
+            evidence: None,
         }
     }
 

@@ -18,6 +18,7 @@ mod remote;
 mod reset_generation;
 pub mod secret_file;
 mod serve;
+mod sm_hosts_view;
 mod sm_view;
 mod timestamp;
 mod verdict;

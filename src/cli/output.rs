@@ -6,6 +6,7 @@
 //! [`WIDTH`] columns and wrap their last column instead of cutting it; `-o wide` adds columns;
 //! JSON carries every field the API has.
 
+use super::sm_hosts_view::{evidence_json, evidence_line, sm_hosts_json, sm_hosts_lines};
 use super::timestamp::time;
 use super::{sm_view, Format};
 use crate::proto::agent as pb;
@@ -113,7 +114,8 @@ fn node_json(n: &pb::GetNodeResponse) -> Value {
                            "in_doubt_pkeys": keys(&sm.in_doubt_pkeys), "in_doubt_pkey_values": keys(&sm.in_doubt_pkey_values),
                            "apply_in_flight": sm.apply_in_flight_since.is_some().then(|| json!({
                                "since": time(&sm.apply_in_flight_since),
-                               "generation": sm.apply_in_flight_generation}))},
+                               "generation": sm.apply_in_flight_generation})),
+                           "sm_hosts": sm.sm_hosts.as_ref().map(sm_hosts_json)},
         "conditions": n.conditions.iter().map(|c| json!({"kind": c.kind, "detail": c.detail})).collect::<Vec<_>>(),
         "attachment_counts": n.attachment_counts,
         "first_event_seq": n.first_event_seq, "last_event_seq": n.last_event_seq, "log_epoch": n.log_epoch,
@@ -187,6 +189,9 @@ fn node_table(n: &pb::GetNodeResponse, wide: bool) {
     }
     if let Some(h) = &sm.sm_host {
         print_wrapped("sm host: ", 2, &sm_host_line(h));
+    }
+    for (head, text) in sm.sm_hosts.as_ref().map(sm_hosts_lines).unwrap_or_default() {
+        print_wrapped(&head, 4, &text);
     }
     if !sm.in_doubt_pkeys.is_empty() {
         print_wrapped("in doubt: ", 2, &in_doubt_line(&sm));
@@ -318,6 +323,7 @@ fn attachment_json(a: &pb::Attachment) -> Value {
         "partition": {"id": p.id, "name": p.name, "workspace": p.workspace, "account": p.account, "fabric": p.fabric, "pkey": format!("{:#06x}", p.pkey)},
         "created": time(&a.created), "updated": time(&a.updated),
         "ports": ports_json(&a.ports), "named_ports": a.named_ports,
+        "evidence": a.evidence.as_ref().map(evidence_json),
     })
 }
 
@@ -361,6 +367,9 @@ pub fn attachment(a: &pb::Attachment, format: Format) {
         say!("{}", attachment_json(a));
     } else {
         attachment_table(std::slice::from_ref(a), format == Format::Wide);
+        if let Some(e) = &a.evidence {
+            print_wrapped("evidence: ", 2, &evidence_line(e));
+        }
     }
 }
 
@@ -499,29 +508,23 @@ fn attachment_changed(a: &pb::AttachmentChanged) -> (&'static str, Value, String
     if let Some(e) = &a.evidence {
         detail["evidence"] = evidence_json(e);
     }
+    let by = a
+        .evidence
+        .as_ref()
+        .filter(|e| !e.acknowledged_by.is_empty())
+        .map(|e| format!(" (acknowledged by {})", e.acknowledged_by.join(", ")))
+        .unwrap_or_default();
     let summary = format!(
-        "{} {} {:#06x} {}{}{}",
+        "{} {} {:#06x} {}{}{}{}",
         a.instance_id,
         a.partition_id,
         a.pkey_value,
         from.map(|f| format!("{f} -> ")).unwrap_or_default(),
         state_name(a.to),
-        suffix(": ", &a.reason)
+        suffix(": ", &a.reason),
+        by
     );
     ("attachment", detail, summary)
-}
-
-/// What an ACTIVE or RELEASED transition rests on: the acknowledged apply and the port reads.
-fn evidence_json(e: &pb::Evidence) -> Value {
-    json!({
-        "sm_generation": e.sm_generation,
-        "sm_acknowledged": time(&e.sm_acknowledged),
-        "read_started": time(&e.read_started),
-        "ports": e.ports.iter().map(|p| json!({
-            "device": p.device, "port": p.port_number, "port_guid": p.port_guid,
-            "state": port_state(p.state),
-        })).collect::<Vec<_>>(),
-    })
 }
 
 fn pkey_table_changed(p: &pb::PKeyTableChanged) -> (&'static str, Value, String) {
@@ -700,5 +703,55 @@ mod tests {
         assert_eq!(kind, "attachment");
         assert!(detail.get("from").is_none(), "{detail}");
         assert_eq!(summary, "i-1 ibpart_a 0x8a12 PENDING: attach requested");
+    }
+
+    #[test]
+    fn released_names_the_sm_hosts_that_acknowledged_in_the_event_and_the_attachment() {
+        let evidence = pb::Evidence {
+            sm_generation: 9,
+            acknowledged_by: vec!["sm1".into(), "sm2".into()],
+            ..Default::default()
+        };
+        let e = pb::Event {
+            kind: Some(pb::event::Kind::AttachmentChanged(pb::AttachmentChanged {
+                instance_id: "i-1".into(),
+                partition_id: "ibpart_a".into(),
+                pkey_value: 0x8a12,
+                from: pb::AttachmentState::Releasing as i32,
+                to: pb::AttachmentState::Released as i32,
+                evidence: Some(evidence.clone()),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let (_, detail, summary) = event_parts(&e);
+        assert_eq!(detail["evidence"]["acknowledged_by"], json!(["sm1", "sm2"]));
+        assert_eq!(
+            summary,
+            "i-1 ibpart_a 0x8a12 RELEASING -> RELEASED (acknowledged by sm1, sm2)"
+        );
+        let a = pb::Attachment {
+            evidence: Some(evidence),
+            ..Default::default()
+        };
+        assert_eq!(attachment_json(&a)["evidence"]["sm_generation"], 9);
+        assert!(attachment_json(&pb::Attachment::default())["evidence"].is_null());
+        let n = pb::GetNodeResponse {
+            subnet_manager: Some(pb::SubnetManagerStatus {
+                sm_hosts: Some(pb::SmHostSetStatus {
+                    known_hosts: vec!["sm1".into(), "sm2".into()],
+                    acknowledged: vec!["sm1".into(), "sm2".into()],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = node_json(&n);
+        assert_eq!(
+            v["subnet_manager"]["sm_hosts"]["known_hosts"],
+            json!(["sm1", "sm2"])
+        );
+        assert!(node_json(&pb::GetNodeResponse::default())["subnet_manager"]["sm_hosts"].is_null());
     }
 }

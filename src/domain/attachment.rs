@@ -135,6 +135,12 @@ pub struct Attachment {
     /// [`Restored`]). None otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<Restored>,
+    /// What the current ACTIVE or RELEASED state rests on (the acknowledged apply, the SM hosts
+    /// that acknowledged it, the port read): set by the transition to that state, cleared by
+    /// any other change of state. None in other states and in records stored before the
+    /// evidence was kept with the attachment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<super::Evidence>,
 }
 
 /// Where a live attachment found in a rolled-back store stands. The copy may predate a release
@@ -253,6 +259,7 @@ mod tests {
                 .collect(),
             named_ports: named,
             restored: None,
+            evidence: None,
         }
     }
 

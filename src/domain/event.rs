@@ -112,6 +112,13 @@ pub struct Evidence {
     pub read_unix_ns: i64,
     /// Every fabric port that read saw.
     pub ports: Vec<PortReading>,
+    /// The SM hosts that acknowledged that generation, by identity (the name TLS verified in
+    /// each host's certificate; on plaintext, the name it stated, else its endpoint), sorted.
+    /// With the remote backend to a UFM broker, the broker. Empty for a backend without separate
+    /// SM hosts (embedded, OpenSM on this host, UFM direct, simulated) and in evidence recorded
+    /// before the hosts were named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acknowledged_by: Vec<String>,
 }
 
 /// One fabric port as a read saw it.

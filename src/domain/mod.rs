@@ -13,6 +13,7 @@ mod node;
 mod partition;
 mod pkey;
 mod port;
+mod sm_hosts;
 mod sm_state;
 
 pub use attachment::{Attachment, AttachmentState, InstanceId, Restored};
@@ -31,4 +32,5 @@ pub use node::{is_safe_key_name, NodeId, KEY_NAME_MAX};
 pub use partition::{FabricName, Partition, PartitionId};
 pub use pkey::{PKey, PKeyValue};
 pub use port::{AttachmentPort, Inventory, LinkLayer, PortInfo, PortName, PortSelector, PortState};
+pub use sm_hosts::{FencedSmHostView, SmHostMiss, SmHostMissKind, SmHostSet};
 pub use sm_state::SmState;

@@ -267,7 +267,10 @@ impl SubnetManager for EmbeddedSm {
         if lose_reply {
             return Err(SmError::Unreachable(injected(InjectedFault::LostReply)));
         }
-        Ok(ApplyOutcome { detail })
+        Ok(ApplyOutcome {
+            detail,
+            acknowledged_by: Vec::new(),
+        })
     }
 }
 

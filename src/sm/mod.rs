@@ -124,6 +124,11 @@ pub enum InjectedFault {
 pub struct ApplyOutcome {
     /// One line for humans, e.g. "partitions file written, heavy sweep requested".
     pub detail: String,
+    /// The SM hosts whose acknowledgement counted, by identity (the remote backend: the name
+    /// TLS verified for each, on plaintext the name it stated, else its endpoint), sorted.
+    /// Empty for a backend without separate SM hosts (embedded, opensm, ufm, simulated); the
+    /// remote backend reaching a UFM broker names the broker.
+    pub acknowledged_by: Vec<String>,
 }
 
 /// One fabric-side host's answer to "what do you store for this node" ([`SubnetManager::stored_sets`]).
@@ -202,5 +207,12 @@ pub trait SubnetManager: Send + Sync + 'static {
     /// reports changes as events. Default: none.
     fn conditions(&self) -> Vec<Condition> {
         Vec::new()
+    }
+
+    /// The fabric's SM-host set as the last finished apply saw it (the remote backend; None
+    /// before its first apply finished, and for backends without separate SM hosts). The
+    /// reconciler copies it into `GetNode` after every apply. Default: None.
+    fn sm_hosts(&self) -> Option<crate::domain::SmHostSet> {
+        None
     }
 }

@@ -737,4 +737,6 @@ fn epoch_from(b: &[u8]) -> Result<LogEpoch, StoreError> {
 }
 
 #[cfg(test)]
+mod evidence_tests;
+#[cfg(test)]
 mod tests;

@@ -14,6 +14,7 @@ fn attachment(id: &str, state: AttachmentState) -> Attachment {
         ports: Vec::new(),
         named_ports: false,
         restored: None,
+        evidence: None,
     }
 }
 

@@ -103,14 +103,23 @@ def walk(agent, args):
         fail(f"GetAttachment: {got.instance_id} pkey {got.partition.pkey:#x}")
     if state_of(agent, got) != "ATTACHMENT_STATE_ACTIVE":
         fail(f"GetAttachment: {state_of(agent, got)}, expected ACTIVE")
-    print(f"GetAttachment: {got.instance_id} {state_of(agent, got)}")
+    # ACTIVE carries its evidence; the embedded backend has no separate SM hosts to name.
+    if not got.HasField("evidence") or got.evidence.sm_generation == 0:
+        fail(f"GetAttachment: ACTIVE without its evidence: {got}")
+    if list(got.evidence.acknowledged_by):
+        fail(f"GetAttachment: the embedded SM names SM hosts: {list(got.evidence.acknowledged_by)}")
+    print(f"GetAttachment: {got.instance_id} {state_of(agent, got)}, evidence generation "
+          f"{got.evidence.sm_generation} ({len(got.evidence.ports)} ports read)")
 
     released = agent.call("ReleaseInstance", agent.message(
         "fabric.agent.v1.ReleaseInstanceRequest", instance_id=args.instance, wait_ms=20000))
     state = state_of(agent, released.attachment)
     if state != "ATTACHMENT_STATE_RELEASED":
         fail(f"ReleaseInstance: {state} ({released.attachment.reason}), expected RELEASED")
-    print(f"ReleaseInstance: {args.instance} -> {state}")
+    if released.attachment.evidence.sm_generation <= got.evidence.sm_generation:
+        fail(f"ReleaseInstance: RELEASED without newer evidence: {released.attachment.evidence}")
+    print(f"ReleaseInstance: {args.instance} -> {state}, evidence generation "
+          f"{released.attachment.evidence.sm_generation}")
 
     try:
         agent.call("GetAttachment", agent.message(

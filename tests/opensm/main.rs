@@ -14,6 +14,7 @@ mod generation_reset_cli;
 mod grant_ledger;
 mod grants;
 mod ha;
+mod ha_evidence;
 mod ha_fence;
 mod ha_fence_command;
 mod ha_opensm_only;

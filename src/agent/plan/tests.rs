@@ -19,6 +19,7 @@ fn att(state: AttachmentState, membership: Membership) -> Attachment {
         ports: Vec::new(),
         named_ports: false,
         restored: None,
+        evidence: None,
     }
 }
 
@@ -90,6 +91,7 @@ fn knows(acc: Option<&NodeMemberships>, carried: &Carried) -> SmKnowledge {
         generation: 2,
         set: set.clone(),
         unix_ns: 1_000,
+        hosts: vec!["sm1".into(), "sm2".into()],
     });
     SmKnowledge::with(ack, carried.clone())
 }
@@ -255,6 +257,8 @@ fn a_key_in_doubt_is_never_released() {
     let evidence = t[0].evidence.as_ref().expect("RELEASED carries evidence");
     assert_eq!(evidence.sm_generation, 2);
     assert_eq!(evidence.ports.len(), 1);
+    // The SM hosts that acknowledged generation 2 are named in the evidence.
+    assert_eq!(evidence.acknowledged_by, ["sm1", "sm2"]);
     // No longer in doubt (it moves to RELEASED in this pass; the reason is not shown).
     assert!(!waiting_reason(&a, &[], o).unwrap().contains("in doubt"));
 }

@@ -343,6 +343,10 @@ pub fn attachment_to_pb(a: &Attachment) -> pb::Attachment {
         pkey_value: u32::from(a.pkey_value().0),
         ports: a.ports.iter().map(attachment_port_to_pb).collect(),
         named_ports: a.named_ports,
+        // Only the current state's evidence (a record keeps it for ACTIVE and RELEASED).
+        evidence: matches!(a.state, AttachmentState::Active | AttachmentState::Released)
+            .then(|| a.evidence.as_ref().map(evidence_to_pb))
+            .flatten(),
     }
 }
 
@@ -405,6 +409,10 @@ fn sm_to_pb(s: &SmStatus) -> pb::SubnetManagerStatus {
         in_doubt_pkeys: s.in_doubt.iter().map(|k| u32::from(k.base())).collect(),
         in_doubt_pkey_values: s.in_doubt_values.iter().map(|v| u32::from(v.0)).collect(),
         sm_host: None,
+        sm_hosts: s
+            .sm_hosts
+            .as_ref()
+            .map(super::convert_sm_hosts::sm_hosts_to_pb),
     }
 }
 
@@ -430,6 +438,7 @@ fn evidence_to_pb(e: &Evidence) -> pb::Evidence {
                 state: port_state_to_pb(p.state) as i32,
             })
             .collect(),
+        acknowledged_by: e.acknowledged_by.clone(),
     }
 }
 
@@ -714,6 +723,42 @@ mod tests {
             assert_eq!(s.code(), Code::InvalidArgument, "{bad}");
             assert!(s.message().contains("page_token"), "{}", s.message());
         }
+    }
+
+    #[test]
+    fn an_attachment_shows_the_evidence_of_its_current_active_or_released_state_only() {
+        let mut a = Attachment {
+            grant: None,
+            instance_id: InstanceId::parse("i1").unwrap(),
+            partition: Partition::new("ibpart_a", "a", "ws", "acct", "fab1", 0x10).unwrap(),
+            membership: Membership::Full,
+            state: AttachmentState::Active,
+            reason: String::new(),
+            created_unix_ns: 1,
+            updated_unix_ns: 2,
+            ports: Vec::new(),
+            named_ports: false,
+            restored: None,
+            evidence: Some(Evidence {
+                sm_generation: 4,
+                sm_ack_unix_ns: 10,
+                read_unix_ns: 11,
+                ports: Vec::new(),
+                acknowledged_by: vec!["sm1".into(), "sm2".into()],
+            }),
+        };
+        let e = attachment_to_pb(&a)
+            .evidence
+            .expect("ACTIVE shows its evidence");
+        assert_eq!(
+            (e.sm_generation, e.acknowledged_by),
+            (4, vec!["sm1".into(), "sm2".into()])
+        );
+        // A record that kept stale evidence into another state shows none.
+        a.state = AttachmentState::Drifted;
+        assert!(attachment_to_pb(&a).evidence.is_none());
+        a.state = AttachmentState::Released;
+        assert!(attachment_to_pb(&a).evidence.is_some());
     }
 
     #[test]

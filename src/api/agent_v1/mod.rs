@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod convert;
+mod convert_sm_hosts;
 pub mod page_token;
 mod service;
 

@@ -66,6 +66,8 @@ pub struct RemoteSm {
     stated: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
     /// The host-set problems of the last apply (`SM_HOST_SET_INCOMPLETE`).
     host_set: std::sync::Mutex<Vec<String>>,
+    /// The SM-host set as the last finished apply saw it (`GetNode`).
+    sm_hosts: std::sync::Mutex<Option<crate::domain::SmHostSet>>,
 }
 
 /// Builds a lazily connecting channel to `url` with `config`'s timeouts and TLS material.
@@ -116,6 +118,7 @@ impl RemoteSm {
             hosts,
             stated: Default::default(),
             host_set: Default::default(),
+            sm_hosts: Default::default(),
         })
     }
 }
@@ -125,7 +128,7 @@ impl RemoteSm {
 /// from a reachable host are refusals, never "no answer"; only a failure of the connection or
 /// the call itself (tonic puts the transport error behind the status: refused or reset
 /// connection, timeout) is [`SmError::Unreachable`].
-fn classify(status: &tonic::Status, generation: u64) -> SmError {
+pub(super) fn classify(status: &tonic::Status, generation: u64) -> SmError {
     let answered = std::error::Error::source(status).is_none()
         && !matches!(
             status.code(),
@@ -191,16 +194,7 @@ pub fn fold_answers(
             Vec::new(),
         );
     }
-    let views: Vec<super::host_set::EndpointView<'_>> = answers
-        .iter()
-        .map(|a| super::host_set::EndpointView {
-            endpoint: a.endpoint,
-            verified: a.verified.clone(),
-            remembered: a.remembered.clone(),
-            reply: a.answer.as_ref().ok(),
-        })
-        .collect();
-    let verdict = super::host_set::judge(&views);
+    let verdict = super::host_set::judge(&super::host_set_view::endpoint_views(&answers));
     if verdict.complete() {
         let excused = if verdict.excused.is_empty() {
             String::new()
@@ -218,7 +212,11 @@ pub fn fold_answers(
                 verdict.acknowledged.join(", ")
             )
         };
-        return (Ok(ApplyOutcome { detail }), verdict.problems);
+        let outcome = ApplyOutcome {
+            detail,
+            acknowledged_by: verdict.acknowledged,
+        };
+        return (Ok(outcome), verdict.problems);
     }
     let mut failed: Vec<String> = Vec::new();
     let mut first: Option<tonic::Status> = None;
@@ -341,12 +339,24 @@ impl SubnetManager for RemoteSm {
                 })
                 .collect()
         };
+        let answered_unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        let view = super::host_set_view::view(&answers, generation, answered_unix_ns);
+        *self.sm_hosts.lock().unwrap_or_else(|p| p.into_inner()) = Some(view);
         let (outcome, problems) = fold_answers(answers, generation);
         if !problems.is_empty() {
             tracing::warn!(problems = ?problems, "the SM hosts' answers name a host set this node's endpoints do not cover");
         }
         *self.host_set.lock().unwrap_or_else(|p| p.into_inner()) = problems;
         outcome
+    }
+
+    fn sm_hosts(&self) -> Option<crate::domain::SmHostSet> {
+        self.sm_hosts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// `SM_HOST_SET_INCOMPLETE` while the last apply's answers named a host set the endpoints
@@ -524,5 +534,7 @@ mod tests {
         assert!(fold_answers(answers(&[]), 7).0.is_err());
         let ok = fold_answers(answers(&["sm3"]), 7).0.unwrap();
         assert!(ok.detail.contains("excused: sm3"), "{}", ok.detail);
+        // The evidence names the hosts that acknowledged, not the excused one.
+        assert_eq!(ok.acknowledged_by, ["sm1", "sm2"]);
     }
 }

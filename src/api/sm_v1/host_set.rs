@@ -43,6 +43,13 @@ pub struct Verdict {
     pub problems: Vec<String>,
     /// Endpoints (indexes into the views) that did not acknowledge and are not excused.
     pub unacknowledged: Vec<usize>,
+    /// Every SM host the answers name (the answering hosts and the peers they know), sorted.
+    pub known: Vec<String>,
+    /// Known hosts that are not among the endpoints (each is also a problem).
+    pub missing: Vec<String>,
+    /// Each endpoint's identity, as the views are ordered (None: a plaintext endpoint that
+    /// never answered).
+    pub identities: Vec<Option<String>>,
 }
 
 impl Verdict {
@@ -149,6 +156,7 @@ pub fn judge(views: &[EndpointView<'_>]) -> Verdict {
             "SM host {host:?} (known to {}) is not among this node's endpoints: add it to [subnet_manager.remote] endpoints",
             named_by.iter().cloned().collect::<Vec<_>>().join(", ")
         ));
+        v.missing.push(host.clone());
     }
     // Every endpoint that did not acknowledge, unless it is a host every answer holds fenced.
     for (i, (view, id)) in views.iter().zip(&identities).enumerate() {
@@ -165,6 +173,8 @@ pub fn judge(views: &[EndpointView<'_>]) -> Verdict {
     v.acknowledged = acked.into_iter().collect();
     v.excused.sort();
     v.excused.dedup();
+    v.known = known.into_keys().collect();
+    v.identities = identities;
     v
 }
 
@@ -224,6 +234,13 @@ mod tests {
         ]);
         assert!(v.complete(), "{v:?}");
         assert_eq!(v.acknowledged, vec!["sm1".to_owned(), "sm2".to_owned()]);
+        assert_eq!(v.known, ["sm1", "sm2"]);
+        assert!(v.missing.is_empty());
+        let v = judge(&[view("https://sm1:7443", Some(&a))]);
+        assert_eq!(
+            (v.known, v.missing),
+            (vec!["sm1".into(), "sm2".into()], vec!["sm2".into()])
+        );
     }
 
     #[test]

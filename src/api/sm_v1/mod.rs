@@ -8,6 +8,7 @@ pub mod authorisation;
 pub mod client;
 pub mod convert;
 pub mod host_set;
+pub mod host_set_view;
 pub mod metrics;
 pub mod peers;
 pub mod service;

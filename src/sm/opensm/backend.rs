@@ -739,6 +739,7 @@ impl SubnetManager for OpenSmBackend {
             .await?;
         Ok(ApplyOutcome {
             detail: outcome.detail,
+            acknowledged_by: Vec::new(),
         })
     }
 
@@ -756,6 +757,7 @@ impl SubnetManager for OpenSmBackend {
             .await?;
         Ok(ApplyOutcome {
             detail: outcome.detail,
+            acknowledged_by: Vec::new(),
         })
     }
 

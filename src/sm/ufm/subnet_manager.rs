@@ -44,6 +44,7 @@ impl SubnetManager for UfmSm {
             return Ok(ApplyOutcome {
                 detail: "UFM: no fabric ports and no GUIDs of this node in any key, nothing to do"
                     .into(),
+                acknowledged_by: Vec::new(),
             });
         }
         let loaded = auth::load(&self.auth).await?;
@@ -101,6 +102,7 @@ impl SubnetManager for UfmSm {
                         "UFM: partitions unchanged since the last confirming read (same last_updated stamp); {} key(s) right ({sent} requests)",
                         s.unchanged
                     ),
+                    acknowledged_by: Vec::new(),
                 })
             }
             Ok(s) => {
@@ -110,6 +112,7 @@ impl SubnetManager for UfmSm {
                         "UFM: {} key(s) programmed, {} released, {} already right ({sent} requests)",
                         s.programmed, s.released, s.unchanged
                     ),
+                    acknowledged_by: Vec::new(),
                 })
             }
             Err(Failure::Rejected(status)) => {

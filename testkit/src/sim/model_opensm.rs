@@ -318,7 +318,10 @@ impl SubnetManager for SmHostLink {
                     source: None,
                 })
             })
-            .map(|o| ApplyOutcome { detail: o.detail })
+            .map(|o| ApplyOutcome {
+                detail: o.detail,
+                acknowledged_by: Vec::new(),
+            })
             .map_err(SmError::from);
         tokio::time::sleep(reply).await;
         if lost {

@@ -220,6 +220,7 @@ fn take(w: &mut World, id: u64) -> (Result<ApplyOutcome, SmError>, Vec<(usize, D
     (
         Ok(ApplyOutcome {
             detail: "model SM took the set".into(),
+            acknowledged_by: Vec::new(),
         }),
         sweeps,
     )

@@ -428,6 +428,7 @@ impl UfmBroker {
             detail: format!(
                 "UFM broker: this host's set confirmed by UFM ({applies} applies since start)"
             ),
+            acknowledged_by: Vec::new(),
         })
     }
 }
