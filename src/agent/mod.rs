@@ -440,6 +440,11 @@ impl Agent {
         self.store().epoch().to_string()
     }
 
+    /// Wakes the reconciler for a pass now (after a SIGHUP changed the subnet manager's hosts).
+    pub fn wake(&self) {
+        self.shared.wake.notify_one();
+    }
+
     /// Ends every WatchEvents stream (with UNAVAILABLE, so clients reconnect with their last
     /// seq elsewhere or after the restart): long-lived streams must not hold up a drain.
     pub fn begin_shutdown(&self) {

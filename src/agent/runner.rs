@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+mod host_set;
 mod start;
 use start::StartCheck;
 
@@ -66,6 +67,8 @@ struct Loop {
     start: Option<StartCheck>,
     /// A wait without progress, re-applied at its bound (`stall`).
     stall: Stall,
+    /// The backend's SM-host set as last seen (`host_set`).
+    host_set_epoch: u64,
 }
 
 pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
@@ -74,6 +77,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     let knows = SmKnowledge::resume(&agent.ledger());
     let schedule = Schedule::new(agent.shared.parts.node_id.as_str(), cfg, Instant::now());
     let conditions = Conditions::new(agent.reported_conditions());
+    let host_set_epoch = agent.shared.parts.sm.host_set_epoch();
     let mut l = Loop {
         agent,
         knows,
@@ -87,6 +91,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         conditions,
         prune_not_before: Instant::now(),
         stall: Stall::default(),
+        host_set_epoch,
         start: Some(StartCheck {
             began: Instant::now(),
             next_try: Instant::now(),
@@ -200,6 +205,7 @@ impl Loop {
             &attachments,
         );
         let mut again = false;
+        self.follow_host_set();
         // Before any apply that adds a key: what the SM hosts hold may prove the store went
         // back in time (`start_check`); until every host answered, only removals go out.
         let mut sendable = Some(desired.clone());
@@ -244,6 +250,10 @@ impl Loop {
                 Applied::RetryNow => again = true,
                 Applied::Failed => {}
             }
+        }
+        // An answer judged against a host set replaced meanwhile does not count.
+        if self.follow_host_set() {
+            again = true;
         }
         let inventory = reading.inventory.as_ref();
         let allow_full_default = self.agent.shared.parts.allow_full_default;

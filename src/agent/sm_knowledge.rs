@@ -106,6 +106,15 @@ impl SmKnowledge {
         self.unacked = false;
     }
 
+    /// The set of SM hosts changed (the node's `endpoints`, re-read on SIGHUP): the last
+    /// acknowledgement came from the old set and no longer counts. Everything carried since
+    /// this life began is in doubt again, and the current set must be sent until it is
+    /// acknowledged by the new set.
+    pub fn host_set_changed(&mut self) {
+        self.ack = None;
+        self.unacked = true;
+    }
+
     /// The SM holds `stored`, a newer generation of this node: later applies go above it.
     pub fn move_past(&mut self, stored: u64) {
         self.next_generation = self.next_generation.max(stored.saturating_add(1));

@@ -184,7 +184,7 @@ pub enum Command {
     /// Run the daemon (its socket, listeners and state come from the config file).
     #[command(
         after_help = "Examples:\n  fabric-agent --config /etc/fabric-agent/config.toml serve\n\n\
-        Signals: SIGTERM/SIGINT drain and exit 0; SIGHUP reloads the log filter, the TLS material and the mTLS allowlists."
+        Signals: SIGTERM/SIGINT drain and exit 0; SIGHUP reloads the log filter, the TLS material, the mTLS allowlists, the SM hosts (remote backend) and the peer SM hosts (opensm_ha)."
     )]
     Serve,
     /// Validate the configuration file as `serve` would before binding, and exit (64 when

@@ -84,11 +84,6 @@ pub fn changed(running: &Config, file: &Config) -> Vec<Changed> {
         ("node_id", false, running.node_id == file.node_id),
         ("fabric", false, same(&running.fabric, &file.fabric)),
         ("state_dir", false, running.state_dir == file.state_dir),
-        (
-            "subnet_manager",
-            false,
-            same(&running.subnet_manager, &file.subnet_manager),
-        ),
         ("observer", false, same(&running.observer, &file.observer)),
         ("ports", false, same(&running.ports, &file.ports)),
         ("events", false, same(&running.events, &file.events)),
@@ -106,6 +101,8 @@ pub fn changed(running: &Config, file: &Config) -> Vec<Changed> {
         ("limits", false, same(&running.limits, &file.limits)),
         ("grants", false, same(&running.grants, &file.grants)),
     ]);
+    // [subnet_manager.remote] and [subnet_manager.opensm_ha]'s peers apply in place.
+    candidates.extend(crate::daemon::sm_changes(running, file));
     candidates
         .into_iter()
         .filter(|(_, _, unchanged)| !unchanged)
@@ -168,6 +165,8 @@ pub struct Reloadable<'a> {
     pub tls: Option<&'a TlsReloader>,
     /// The mTLS listener's allowlists and node mapping, when it serves.
     pub access: Option<&'a LiveTlsAccess>,
+    /// The node's SM hosts and an SM host's peers (`daemon::SmReload`).
+    pub sm: Option<&'a crate::daemon::SmReload>,
 }
 
 /// What became of one changed setting.
@@ -220,6 +219,18 @@ pub fn on_sighup(config_path: &Path, parts: &Reloadable<'_>, running: &mut Confi
         None => {}
     }
     let changes = changed(running, &file);
+    // The SM hosts are re-read on every SIGHUP (their TLS files too), the peers when changed.
+    let remote = parts.sm.map(|sm| sm.remote(running, &file));
+    let peers = match parts.sm {
+        Some(sm)
+            if changes
+                .iter()
+                .any(|c| c.setting == "subnet_manager.opensm_ha") =>
+        {
+            Some(sm.peers(running, &file))
+        }
+        _ => None,
+    };
     let access_changed = changes
         .iter()
         .any(|c| c.in_place && c.setting.starts_with("listen.tls."));
@@ -247,12 +258,38 @@ pub fn on_sighup(config_path: &Path, parts: &Reloadable<'_>, running: &mut Confi
             let outcome = match (c.in_place, c.setting) {
                 (false, _) => Outcome::Restart,
                 (true, "log.filter") => log.clone(),
+                (true, "subnet_manager.remote") => sm_outcome(remote.as_ref()),
+                (true, "subnet_manager.opensm_ha") => sm_outcome(peers.as_ref().map(|p| &p.0)),
                 (true, _) => access.clone(),
             };
             (c.setting, outcome)
         })
         .collect();
     report(&outcomes);
+    let restart_keys: Vec<&str> = peers.iter().flat_map(|p| p.1.iter().copied()).collect();
+    if !restart_keys.is_empty() {
+        tracing::warn!(
+            settings = restart_keys.join(", ").as_str(),
+            "SIGHUP: changed, NOT applied until a restart (systemctl restart fabric-agent): {}",
+            restart_keys.join(", ")
+        );
+    }
+}
+
+/// What became of a re-read subnet-manager section, logged with what changed.
+fn sm_outcome(outcome: Option<&crate::daemon::SmOutcome>) -> Outcome {
+    use crate::daemon::SmOutcome;
+    match outcome {
+        Some(SmOutcome::Applied(what)) => {
+            tracing::info!(change = what.as_str(), "SIGHUP: subnet manager: {what}");
+            Outcome::Applied
+        }
+        Some(SmOutcome::Refused(why)) => {
+            Outcome::NotApplied(format!("{why}; the running configuration stays in effect"))
+        }
+        Some(SmOutcome::Unchanged) => Outcome::Applied,
+        Some(SmOutcome::Restart) | None => Outcome::Restart,
+    }
 }
 
 /// Logs the changed settings by what became of them.
@@ -326,6 +363,32 @@ mod tests {
                     in_place: false
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn sighup_applies_the_sm_hosts_and_peers_but_not_a_new_backend() {
+        let remote = |endpoints: &str| {
+            config(&format!(
+                "[subnet_manager]\nbackend = \"remote\"\n[subnet_manager.remote]\nendpoints = {endpoints}\n"
+            ))
+        };
+        let one = remote("[\"http://127.0.0.1:1\"]");
+        let two = remote("[\"http://127.0.0.1:1\", \"http://127.0.0.1:2\"]");
+        assert_eq!(
+            changed(&one, &two),
+            vec![Changed {
+                setting: "subnet_manager.remote",
+                in_place: true
+            }]
+        );
+        let got = changed(&one, &config(""));
+        assert!(
+            got.contains(&Changed {
+                setting: "subnet_manager",
+                in_place: false
+            }),
+            "{got:?}"
         );
     }
 

@@ -45,6 +45,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     // daemon that cannot see its ports must still answer `node` and `doctor` and say why.
     let partitions = built.partitions();
     let peer_sync = built.sync.clone();
+    let sm_reload = built.sm_reload();
     let peers_config = config.subnet_manager.opensm_ha.clone();
     let Daemon {
         agent,
@@ -127,6 +128,7 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
             log: &log,
             tls: tls.as_ref(),
             access: access.as_ref(),
+            sm: Some(&sm_reload),
         },
         running: std::sync::Mutex::new(config.clone()),
     };

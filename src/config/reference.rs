@@ -78,7 +78,7 @@ pub const KEYS: &[Key] = &[
     k("subnet_manager", "ufm", "table", "none", "The ufm backend's settings (docs/UFM.md)."),
     k("subnet_manager", "opensm_ha", "table", "none", "With backend = \"opensm\": the fabric's other SM hosts; peers, peer_identities, ca/cert/key, sync_interval_ms, fencing (docs/OPENSM.md, \"Several SM hosts\")."),
     k("subnet_manager", "ufm_broker", "table", "none", "With backend = \"ufm\": `enabled = true` serves fabric.sm.v1 to the fabric's nodes, which then use the remote backend and hold no UFM credential (docs/UFM.md, \"The UFM broker\")."),
-    k("subnet_manager.opensm_ha", "peers", "array of strings", "required", "The other SM hosts' agents: https://host:port (mTLS with ca, cert, key), or http:// to a loopback address (test rigs)."),
+    k("subnet_manager.opensm_ha", "peers", "array of strings", "[]", "The other SM hosts' agents: https://host:port (mTLS with ca, cert, key), or http:// to a loopback address (test rigs). Empty: the fabric's only SM host, ready to take peers on SIGHUP. Re-read on SIGHUP with peer_host_names, peer_sm_port_guids, ca, cert, key, domain_name and request_timeout_ms; a peer is removed only once this host holds it fenced."),
     k("subnet_manager.opensm_ha", "peer_identities", "array of strings", "[]", "Who may pull this host's sets: the peers' certificate identities (dns:NAME, uri:URI, cn:NAME); required with https peers."),
     k("subnet_manager.opensm_ha", "ca", "path", "none", "PEM CA bundle the peers' certificates must chain to."),
     k("subnet_manager.opensm_ha", "cert", "path", "none", "PEM client certificate of this SM host towards its peers."),
@@ -146,6 +146,8 @@ pub const KEYS: &[Key] = &[
 pub const RELOADED_ON_SIGHUP: &[&str] = &[
     "log.filter",
     "listen.tls (the certificate, key and CA bundle files re-read; allowed_clients, partitions_clients, operator_clients, node_name_template and node_identities replaced)",
+    "subnet_manager.remote (endpoint or endpoints, TLS files and settings, timeouts; after a change of endpoints nothing becomes ACTIVE or RELEASED until every SM host of the new set acknowledged the current set)",
+    "subnet_manager.opensm_ha peers, peer_host_names, peer_sm_port_guids, ca, cert, key, domain_name and request_timeout_ms (a peer is removed only once this host holds it fenced)",
 ];
 
 /// Escapes text for roff.

@@ -31,6 +31,8 @@ pub(super) struct BuiltBackend {
     pub sync: Option<Arc<crate::sm::opensm::sync::PeerSync>>,
     /// The simulated fabric, when the embedded backend or the embedded observer uses it.
     pub sim: Option<Arc<SimFabric>>,
+    /// The remote backend, whose SM hosts SIGHUP replaces (`sm::remote::reload`).
+    pub remote: Option<Arc<crate::sm::remote::reload::ReloadableSm>>,
 }
 
 /// Builds the backend `config` names, persisting its state through `store`.
@@ -56,6 +58,7 @@ pub(super) fn build(
     let mut broker = None;
     let mut sa_members = None;
     let mut sync = None;
+    let mut remote = None;
     let sm: Arc<dyn SubnetManager> = match sm_cfg.backend {
         Backend::Embedded => Arc::new(EmbeddedSm::new(
             sim.clone().expect("sim built for the embedded backend"),
@@ -106,7 +109,13 @@ pub(super) fn build(
                 .remote
                 .as_ref()
                 .expect("validated: [subnet_manager.remote] present");
-            Arc::new(RemoteSm::new(cfg).map_err(StartError::Remote)?)
+            let built = Arc::new(RemoteSm::new(cfg).map_err(StartError::Remote)?);
+            let r = Arc::new(crate::sm::remote::reload::ReloadableSm::new(
+                cfg.clone(),
+                built,
+            ));
+            remote = Some(r.clone());
+            r
         }
         Backend::Ufm if sm_cfg.ufm_broker() => {
             let cfg = sm_cfg
@@ -161,6 +170,7 @@ pub(super) fn build(
         broker,
         sync,
         sim,
+        remote,
     })
 }
 
@@ -198,6 +208,8 @@ fn build_ha(
     let stored: Arc<dyn crate::sm::opensm::NodeMembershipStore> =
         Arc::new(StoredSmNodes(store.clone()));
     let gated: Arc<dyn crate::sm::opensm::NodeMembershipStore> = match opensm_running(&cfg) {
+        // The only SM host (no peers yet): no peer can hold a newer set, nothing is held back.
+        _ if ha.peers.is_empty() => stored,
         Ok(pid) => {
             tracing::info!(
                 pid,
@@ -218,7 +230,7 @@ fn build_ha(
         .map_err(StartError::OpenSm)?;
     // No commit for a node, a revocation or the local apply before the catch-up's own.
     backend.hold_commits_until_caught_up();
-    let peers = crate::api::sm_v1::peers::peers(ha).map_err(StartError::Remote)?;
+    let peers = peer_clients(ha).map_err(StartError::Remote)?;
     let evidence: Option<Arc<dyn crate::sm::opensm::fence::FenceEvidence>> = ha
         .sminfo_umad_device
         .is_some()
@@ -241,4 +253,14 @@ fn build_ha(
         Arc::new(fences),
     );
     Ok((backend, sync))
+}
+
+/// The clients of `ha`'s peers (none for the only SM host).
+pub(super) fn peer_clients(
+    ha: &crate::sm::opensm::peers::PeersConfig,
+) -> Result<Vec<Arc<dyn crate::sm::opensm::peer_state::Peer>>, crate::api::sm_v1::RemoteError> {
+    if ha.peers.is_empty() {
+        return Ok(Vec::new());
+    }
+    crate::api::sm_v1::peers::peers(ha)
 }

@@ -6,11 +6,13 @@ mod backend;
 mod error;
 mod listen;
 mod observer;
+mod reload;
 mod stores;
 
 pub use error::StartError;
 pub use listen::{bind, Bound};
 pub use observer::read_ports_once;
+pub use reload::{sm_changes, SmOutcome, SmReload};
 pub use stores::{StoredSmNodes, StoredUfmLedger};
 
 use crate::agent::{Agent, AgentParts};
@@ -40,9 +42,20 @@ pub struct Daemon {
     pub sync: Option<Arc<crate::sm::opensm::sync::PeerSync>>,
     /// The peers' identities that may pull this host's sets.
     peer_identities: crate::api::ClientAllowlist,
+    /// The remote backend, whose SM hosts SIGHUP replaces.
+    remote: Option<Arc<crate::sm::remote::reload::ReloadableSm>>,
 }
 
 impl Daemon {
+    /// What SIGHUP may replace on the subnet-manager side.
+    pub fn sm_reload(&self) -> SmReload {
+        SmReload {
+            remote: self.remote.clone(),
+            sync: self.sync.clone(),
+            agent: self.agent.clone(),
+        }
+    }
+
     /// The `fabric.sm.v1.Partitions` service, when this host is a fabric side (an OpenSM SM
     /// host or a UFM broker).
     pub fn partitions(&self) -> Option<crate::api::PartitionsService> {
@@ -96,5 +109,6 @@ pub fn build(config: &Config) -> Result<Daemon, StartError> {
         sa_members: built.sa_members,
         sync: built.sync,
         peer_identities: config.peer_identities.clone(),
+        remote: built.remote,
     })
 }

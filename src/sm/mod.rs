@@ -215,4 +215,11 @@ pub trait SubnetManager: Send + Sync + 'static {
     fn sm_hosts(&self) -> Option<crate::domain::SmHostSet> {
         None
     }
+
+    /// Moves on whenever the set of SM hosts this backend sends to changed in place (a SIGHUP
+    /// that changed the remote backend's `endpoints`, `sm::remote::reload`): an acknowledgement
+    /// taken before a change does not count after it. Default: 0, never changes.
+    fn host_set_epoch(&self) -> u64 {
+        0
+    }
 }

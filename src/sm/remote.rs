@@ -10,6 +10,8 @@
 //! lists them all in `endpoints`: every apply goes to every one of them, and is acknowledged only
 //! when each acknowledged that generation (docs/OPENSM.md, "Several SM hosts").
 
+pub mod reload;
+
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -44,5 +44,6 @@ mod restart_running;
 mod restore_start;
 mod running_restore;
 mod shutdown;
+mod sm_host_add;
 mod sminfo;
 mod umad_shared;

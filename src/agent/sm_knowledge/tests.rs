@@ -156,3 +156,38 @@ fn an_attach_enters_its_key_in_the_ledger_once() {
     assert_eq!(l, ledger(0, &[0x12]));
     assert_eq!(SmKnowledge::ledger_for_attach(&l, k(0x12)), None);
 }
+
+#[test]
+fn a_changed_host_set_voids_the_acknowledgement_until_the_new_set_acknowledges() {
+    let (a, b) = (k(0x21), k(0x22));
+    let mut sk = SmKnowledge::resume(&ApplyLedger::default());
+    let mut stored = ApplyLedger::default();
+    let both = set(&[0x21, 0x22], &[1]);
+    let g = send(&mut sk, &mut stored, &both);
+    sk.acknowledged(g, both.clone(), 1);
+    // b's release acknowledged by the old host set.
+    let only_a = set(&[0x21], &[1]);
+    let g = send(&mut sk, &mut stored, &only_a);
+    sk.acknowledged(g, only_a.clone(), 2);
+    assert!(sk.acked_without_on(b, &[Guid(1)]));
+    assert!(sk.acked_with(a, Membership::Full, &[Guid(1)]));
+    // A host joins: what the old set acknowledged no longer counts, and the set must be sent.
+    sk.host_set_changed();
+    assert!(sk.unacked());
+    assert!(sk.ack().is_none());
+    assert!(
+        !sk.acked_without_on(b, &[Guid(1)]),
+        "no RELEASED on the old set's word"
+    );
+    assert!(
+        !sk.acked_with(a, Membership::Full, &[Guid(1)]),
+        "no ACTIVE either"
+    );
+    assert!(sk.in_doubt().contains(&a));
+    // The new set acknowledges the current set: both hold again.
+    let g = send(&mut sk, &mut stored, &only_a);
+    sk.acknowledged(g, only_a, 3);
+    assert!(sk.acked_without_on(b, &[Guid(1)]));
+    assert!(sk.acked_with(a, Membership::Full, &[Guid(1)]));
+    assert!(sk.in_doubt().is_empty());
+}

@@ -125,7 +125,8 @@ struct State {
 /// The fences of one SM host and the SM-host set it states.
 pub struct Fences {
     host: String,
-    peers: Vec<PeerIdentity>,
+    /// Replaced on SIGHUP ([`Fences::replace_peers`]).
+    peers: std::sync::RwLock<Arc<Vec<PeerIdentity>>>,
     evidence: Option<Arc<dyn FenceEvidence>>,
     ledger: Option<Arc<dyn NodeMembershipStore>>,
     fence_after: Duration,
@@ -160,7 +161,7 @@ impl Fences {
         }
         Ok(Fences {
             host,
-            peers,
+            peers: std::sync::RwLock::new(Arc::new(peers)),
             evidence,
             ledger,
             fence_after,
@@ -184,7 +185,7 @@ impl Fences {
             .collect();
         Fences {
             host,
-            peers,
+            peers: std::sync::RwLock::new(Arc::new(peers)),
             evidence: None,
             ledger: None,
             fence_after: Duration::MAX,
@@ -195,6 +196,24 @@ impl Fences {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The peers in effect.
+    pub fn peers(&self) -> Arc<Vec<PeerIdentity>> {
+        self.peers.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts `peers` in effect (SIGHUP, `sync::reload`). A peer that stays keeps what this host
+    /// heard of it; a removed one is forgotten, except its fence, which stays stored and stated
+    /// (should it come back, it rejoins only through the catch-up, like any fenced host).
+    pub fn replace_peers(&self, peers: Vec<PeerIdentity>) {
+        let mut state = self.lock();
+        let kept: Vec<String> = peers.iter().map(|p| p.endpoint.clone()).collect();
+        state.last_answer.retain(|e, _| kept.contains(e));
+        state.stated.retain(|e, _| kept.contains(e));
+        let names: Vec<String> = peers.iter().map(|p| self.name_in(&state, p)).collect();
+        state.silent.retain(|n, _| names.contains(n));
+        *self.peers.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(peers);
     }
 
     /// This host's stated name.
@@ -212,7 +231,7 @@ impl Fences {
     /// A peer's name: configured or verified, else the one it stated, else its endpoint.
     pub fn name_of(&self, endpoint: &str) -> String {
         let state = self.lock();
-        self.peers
+        self.peers()
             .iter()
             .find(|p| p.endpoint == endpoint)
             .map_or_else(|| endpoint.to_owned(), |p| self.name_in(&state, p))
@@ -224,7 +243,7 @@ impl Fences {
     pub fn host_set(&self) -> SmHostSet {
         let state = self.lock();
         let mut known = vec![self.host.clone()];
-        known.extend(self.peers.iter().filter_map(|p| {
+        known.extend(self.peers().iter().filter_map(|p| {
             p.name
                 .clone()
                 .or_else(|| state.stated.get(&p.endpoint).cloned())
@@ -262,8 +281,9 @@ impl Fences {
         let mut to_check: Vec<(PeerIdentity, String, Duration)> = Vec::new();
         {
             let mut state = self.lock();
+            let peers = self.peers();
             for (endpoint, answer) in answers {
-                let Some(peer) = self.peers.iter().find(|p| &p.endpoint == endpoint) else {
+                let Some(peer) = peers.iter().find(|p| &p.endpoint == endpoint) else {
                     continue;
                 };
                 match answer {
@@ -375,11 +395,11 @@ impl Fences {
     /// Whether no peer's agent has answered for `fence_after` (every peer silent): then this host
     /// may itself be fenced by its peers, if they are alive. False without peers or fencing.
     pub fn every_peer_silent(&self) -> bool {
-        if self.peers.is_empty() || self.fence_after == Duration::MAX {
+        if self.peers().is_empty() || self.fence_after == Duration::MAX {
             return false;
         }
         let state = self.lock();
-        self.peers.iter().all(|p| {
+        self.peers().iter().all(|p| {
             state
                 .last_answer
                 .get(&p.endpoint)
@@ -394,7 +414,7 @@ impl Fences {
     /// host), with its state; `None` when no peer's SM is seen answering.
     pub async fn a_peer_sm_answers(&self) -> Option<String> {
         let evidence = self.evidence.as_ref()?;
-        for peer in &self.peers {
+        for peer in self.peers().iter() {
             let Some(guid) = peer.sm_port_guid else {
                 continue;
             };
@@ -415,13 +435,16 @@ impl Fences {
         let (peer, last) = {
             let state = self.lock();
             let Some(peer) = self
-                .peers
+                .peers()
                 .iter()
                 .find(|p| self.name_in(&state, p) == name || p.endpoint == name)
                 .cloned()
             else {
-                let known: Vec<String> =
-                    self.peers.iter().map(|p| self.name_in(&state, p)).collect();
+                let known: Vec<String> = self
+                    .peers()
+                    .iter()
+                    .map(|p| self.name_in(&state, p))
+                    .collect();
                 return Err(FenceRefusal::UnknownPeer(name.to_owned(), known.join(", ")));
             };
             if let Some(f) = state.fenced.get(&self.name_in(&state, &peer)) {

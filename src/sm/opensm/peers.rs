@@ -14,7 +14,10 @@ use std::time::Duration;
 #[serde(deny_unknown_fields)]
 pub struct PeersConfig {
     /// The other SM hosts' agents: `https://host:port` (mTLS with `ca`, `cert`, `key`), or
-    /// `http://` to a loopback address (test rigs).
+    /// `http://` to a loopback address (test rigs). Empty: the fabric's only SM host, ready to
+    /// take peers on SIGHUP (its stored sets are not held back: no peer can hold newer ones).
+    /// Re-read on SIGHUP with `peer_host_names` and `peer_sm_port_guids`
+    /// (`sm::opensm::sync::reload`).
     pub peers: Vec<String>,
     /// Who may pull this host's sets: the peers' certificate identities, typed as everywhere
     /// (`dns:NAME`, `uri:URI`, `cn:NAME`). Their certificates must also pass the listener's
@@ -87,9 +90,6 @@ fn default_request_timeout_ms() -> u64 {
 /// Why `[subnet_manager.opensm_ha]` is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PeersConfigError {
-    /// No peer listed.
-    #[error("peers must name at least one other SM host's agent")]
-    NoPeers,
     /// An endpoint or TLS setting is refused (the remote backend's rules).
     #[error("peers: {0}")]
     Endpoint(#[from] RemoteConfigError),
@@ -124,10 +124,9 @@ impl PeersConfig {
     /// Endpoints, TLS material and ranges (the identities' syntax is checked with the
     /// listener's allowlists, by the config).
     pub fn validate(&self) -> Result<(), PeersConfigError> {
-        if self.peers.is_empty() {
-            return Err(PeersConfigError::NoPeers);
+        if !self.peers.is_empty() {
+            self.client().validate()?;
         }
-        self.client().validate()?;
         if self.peers.iter().any(|p| p.starts_with("https://")) && self.peer_identities.is_empty() {
             return Err(PeersConfigError::NoIdentities);
         }
@@ -240,8 +239,9 @@ mod tests {
         assert!(c.validate().is_ok());
         assert_eq!(c.sync_interval(), Duration::from_secs(5));
         assert!(toml::from_str::<PeersConfig>("peers = []\nbogus = 1\n").is_err());
-        let none = PeersConfig::default();
-        assert_eq!(none.validate(), Err(PeersConfigError::NoPeers));
+        // The only SM host, ready for peers.
+        let none: PeersConfig = toml::from_str("peers = []\n").unwrap();
+        assert_eq!(none.validate(), Ok(()));
         let tls = PeersConfig {
             peers: vec!["https://smhost2:7443".into()],
             ca: Some("ca".into()),

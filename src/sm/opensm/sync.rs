@@ -26,6 +26,8 @@ pub use super::peer_state::{
     Peer, PeerAnswer, PeerConsumed, PeerRevocation, PeerSet, PeerStatus, SyncStatus,
 };
 
+pub mod reload;
+
 use super::backend::OpenSmBackend;
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use crate::domain::{NodeId, NodeMemberships, SignedGrant};
@@ -76,7 +78,8 @@ impl NodeMembershipStore for GatedStore {
 pub struct PeerSync {
     backend: OpenSmBackend,
     local: String,
-    peers: Vec<Arc<dyn Peer>>,
+    /// Replaced on SIGHUP ([`PeerSync::replace_peers`], `reload`).
+    peers: std::sync::RwLock<Arc<Vec<Arc<dyn Peer>>>>,
     /// The grants each stored set came with (the node's, or the peer's forwarded ones).
     relay: Mutex<BTreeMap<NodeId, (u64, Vec<SignedGrant>)>>,
     status: Mutex<SyncStatus>,
@@ -99,6 +102,41 @@ impl PeerSync {
         let mut sync = Arc::into_inner(sync).expect("just built");
         sync.fences = fences;
         Arc::new(sync)
+    }
+
+    /// The peers pulled now.
+    pub fn peers(&self) -> Arc<Vec<Arc<dyn Peer>>> {
+        self.peers.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts `peers` in effect from the next round (SIGHUP, [`reload`]): a new peer counts as not
+    /// answered (this host is not caught up until it has), a removed one is forgotten.
+    pub fn replace_peers(&self, peers: Vec<Arc<dyn Peer>>) {
+        let names: Vec<String> = peers.iter().map(|p| p.name().to_owned()).collect();
+        {
+            let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+            answered.retain(|n, _| names.contains(n));
+            for n in &names {
+                answered.entry(n.clone()).or_insert(false);
+            }
+            let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            status.peers.retain(|p| names.contains(&p.name));
+            for n in &names {
+                if !status.peers.iter().any(|p| &p.name == n) {
+                    status.peers.push(PeerStatus {
+                        name: n.clone(),
+                        ..PeerStatus::default()
+                    });
+                }
+            }
+            status.waiting_for = answered
+                .iter()
+                .filter(|(_, ok)| !**ok)
+                .map(|(n, _)| n.clone())
+                .collect();
+            status.caught_up = status.waiting_for.is_empty();
+        }
+        *self.peers.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(peers);
     }
 
     /// The fences and the SM-host set this host states.
@@ -131,7 +169,7 @@ impl PeerSync {
             fences,
             backend,
             local,
-            peers,
+            peers: std::sync::RwLock::new(Arc::new(peers)),
             relay: Mutex::new(BTreeMap::new()),
             status: Mutex::new(status),
             answered: Mutex::new(answered),
@@ -260,7 +298,8 @@ impl PeerSync {
     /// one), each judged by this host's admission (grants not judged by age again: the peer
     /// admitted them).
     pub async fn round(&self) {
-        let answers = futures::future::join_all(self.peers.iter().map(|p| {
+        let peers = self.peers();
+        let answers = futures::future::join_all(peers.iter().map(|p| {
             let p = p.clone();
             let local = self.local.clone();
             async move { (p.name().to_owned(), p.pull(&local).await) }
