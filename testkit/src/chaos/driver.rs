@@ -122,6 +122,11 @@ pub struct Plan {
     /// convergence check still needs every port read without their key. A NOT_FOUND from a
     /// node never restored stays unanswered (an acknowledged attach lost: not converged).
     pub forgotten: BTreeSet<String>,
+    /// Per instance, how many fresh grants it was given: after a restored node resynchronises,
+    /// its wanted instance's attach goes out under a new grant id, since the restored node's
+    /// first set (without the key its copy did not hold) consumed the old grant at the SM hosts
+    /// exactly like a release, and a consumed grant is never accepted again.
+    pub regrants: BTreeMap<String, u32>,
 }
 
 /// The driver's mode.
@@ -220,12 +225,16 @@ impl Driver {
         if let Some(s) = plan.slots[n].as_mut() {
             s.last_sent = Instant::now();
         }
-        drop(plan);
         for i in released {
             self.clone().send_release(n, i);
         }
+        let regrant = wanted.is_some() && plan.restored.contains(&n);
+        if let (true, Some((i, _))) = (regrant, &wanted) {
+            *plan.regrants.entry(i.clone()).or_default() += 1;
+        }
+        drop(plan);
         if let Some((i, k)) = wanted {
-            self.clone().send_attach(n, i, k, false);
+            self.clone().send_attach(n, i, k, regrant);
         }
     }
 
@@ -336,14 +345,11 @@ impl Driver {
                 partition(&format!("ibpart_{k:04x}"), k),
                 Some(10_000),
             );
-            let g = grant(
-                &format!("g-{instance}"),
-                "fab1",
-                name,
-                &instance,
-                k,
-                Membership::Full,
-            );
+            let id = match lock(&self.plan).regrants.get(&instance) {
+                Some(n) => format!("g-{instance}-r{n}"),
+                None => format!("g-{instance}"),
+            };
+            let g = grant(&id, "fab1", name, &instance, k, Membership::Full);
             if first {
                 record(
                     &self.history,
