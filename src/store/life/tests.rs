@@ -115,7 +115,7 @@ fn a_copy_of_a_running_store_put_back_reuses_no_epoch_and_seq() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     let copy = dir.path().join("copy");
-    let (_, _, _) = life(&path, 1, true);
+    life(&path, 1, true);
     let store = Store::open(&path, 1000).unwrap();
     store.begin_life(1).unwrap();
     let epoch = store.epoch();
@@ -173,9 +173,9 @@ fn an_event_after_the_marker_voids_it() {
 fn a_store_found_rolled_back_at_open_starts_one_new_epoch_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
-    let (_, _, _) = life(&path, 1, true);
+    life(&path, 1, true);
     let db = std::fs::read(&path).unwrap();
-    let (_, _, _) = life(&path, 2, true);
+    life(&path, 2, true);
     // Only the database put back: the mirror sees it.
     std::fs::write(&path, db).unwrap();
     let store = Store::open(&path, 1000).unwrap();
