@@ -60,9 +60,12 @@ impl Conditions {
         // A store rollback stands until this process's first acknowledged apply: its
         // generations lie above the restored ledger's floor, so the fabric side then holds the
         // node's current set again.
-        let rolled_back = ConditionKind::StoreRolledBack;
-        if let (false, Some(d)) = (acked, self.standing.get(&rolled_back)) {
-            now.insert(rolled_back, d.clone());
+        // So does an unclean stop's new epoch: whatever the lost life sent, the fabric side
+        // then holds this life's set.
+        for kind in [ConditionKind::StoreRolledBack, ConditionKind::UncleanStop] {
+            if let (false, Some(d)) = (acked, self.standing.get(&kind)) {
+                now.insert(kind, d.clone());
+            }
         }
         now
     }

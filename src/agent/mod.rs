@@ -130,9 +130,14 @@ pub fn now_unix_ns() -> i64 {
 }
 
 impl Agent {
-    /// Creates the agent from its parts, loading the apply ledger from the store. Call
-    /// [`Agent::read_ports`] before serving and [`Agent::reconcile`] to start the reconciler.
+    /// Creates the agent from its parts, starting its life on the store (a new log epoch when
+    /// the last stop was not clean: [`Store::begin_life`](crate::store::Store::begin_life))
+    /// and loading the apply ledger from it. Call [`Agent::read_ports`] before serving and
+    /// [`Agent::reconcile`] to start the reconciler; [`Agent::stopped_cleanly`] after both
+    /// stopped.
     pub fn new(parts: AgentParts) -> Result<Agent, AgentError> {
+        let life = parts.store.begin_life(parts.clock.now_unix_ns())?;
+        tracing::debug!(?life, "store life started");
         let mut status = status::Status::new(parts.sm.backend());
         // What the log last reported stands until the reconciler's first pass says otherwise.
         status.conditions = parts
@@ -449,6 +454,17 @@ impl Agent {
     /// seq elsewhere or after the restart): long-lived streams must not hold up a drain.
     pub fn begin_shutdown(&self) {
         self.shared.stopping.send_replace(true);
+    }
+
+    /// Records a clean stop in the store (durably), so the next start keeps the log's epoch
+    /// and cursors resume. Call only once the API is drained and the reconciler has stopped:
+    /// nothing may append an event after it (a commit after it removes the marker, and the
+    /// next start opens a new epoch).
+    pub async fn stopped_cleanly(&self) -> Result<(), AgentError> {
+        let _guard = self.shared.write.lock().await;
+        self.store().mark_clean_stop()?;
+        tracing::info!(epoch = %self.store().epoch(), "clean stop recorded: the next start keeps the log epoch");
+        Ok(())
     }
 
     /// Wakes the reconciler and reports whether it went round its loop within `limit`, or is

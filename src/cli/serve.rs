@@ -137,10 +137,17 @@ pub async fn run(config_path: &Path, log: LogControl) -> ExitCode {
     tracing::info!("stopping: draining calls");
     agent.begin_shutdown();
     let _ = stop.send(true);
-    if !failed && tokio::time::timeout(DRAIN, server).await.is_err() {
+    let server_drained = !failed && tokio::time::timeout(DRAIN, server).await.is_ok();
+    if !failed && !server_drained {
         tracing::warn!("calls still running after {DRAIN:?}; exiting anyway");
     }
-    let _ = tokio::time::timeout(DRAIN, reconciler).await;
+    // A clean stop only when nothing can append another event: the next start keeps the
+    // log's epoch (otherwise it opens a new one: src/store/life.rs).
+    if tokio::time::timeout(DRAIN, reconciler).await.is_ok() && server_drained {
+        if let Err(e) = agent.stopped_cleanly().await {
+            tracing::warn!(error = %e, "recording the clean stop failed: the next start opens a new log epoch");
+        }
+    }
     tracing::info!("stopped");
     if failed {
         ExitCode::FAILURE

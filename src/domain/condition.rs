@@ -70,6 +70,12 @@ pub enum ConditionKind {
     /// again without that host's evidence that its store did not go back in time. The detail
     /// names the hosts; cleared when every host answered or an apply was acknowledged.
     StartCheckIncomplete,
+    /// The agent's last stop was not clean (no clean-stop marker in its store: a crash,
+    /// SIGKILL, power loss, or its state directory put back from a copy of a running agent):
+    /// the event log continues under a new epoch, so no (epoch, seq) is handed out twice and a
+    /// control plane resumes only after resynchronising. Stands until an apply of the
+    /// restarted agent was acknowledged.
+    UncleanStop,
 }
 
 impl ConditionKind {
@@ -92,6 +98,7 @@ impl ConditionKind {
             ConditionKind::SmHostAgentSilent => "SM_HOST_AGENT_SILENT",
             ConditionKind::SmHostSetIncomplete => "SM_HOST_SET_INCOMPLETE",
             ConditionKind::StartCheckIncomplete => "START_CHECK_INCOMPLETE",
+            ConditionKind::UncleanStop => "UNCLEAN_STOP",
         }
     }
 }

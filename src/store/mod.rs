@@ -34,10 +34,12 @@
 //! than `events.released_retain_secs` (default 7 days).
 
 mod error;
+mod life;
 mod mirror;
 mod tables;
 
 pub use error::{Corruption, StoreError};
+pub use life::LifeStart;
 
 use crate::domain::{
     ApplyLedger, Attachment, AttachmentState, ConditionKind, Event, EventKind, InstanceId, Restored,
@@ -105,6 +107,8 @@ pub struct Store {
     written: Mutex<MirrorState>,
     /// Why this open found a rolled-back store.
     rollback: Option<String>,
+    /// The store was created by this open (no earlier life: `life.rs`).
+    fresh: bool,
 }
 
 /// A batch of changes committed atomically.
@@ -183,9 +187,11 @@ impl Store {
         txn.open_table(LIVE)?;
         txn.open_table(RELEASED_AT)?;
         build_index(&txn)?;
-        let (epoch, written, rollback) = {
+        let (epoch, written, rollback, fresh) = {
             let mut meta = txn.open_table(META)?;
             let stored = meta.get(LOG_EPOCH)?.map(|v| epoch_from(v.value()));
+            // A store with a log but no epoch predates epochs: it had lives.
+            let fresh = stored.is_none() && read_u64(&meta, LAST_SEQ)? == 0;
             let mut epoch = match stored {
                 Some(e) => e?,
                 None => {
@@ -242,7 +248,7 @@ impl Store {
             }
             state.commits += 1;
             meta.insert(COMMITS, state.commits.to_be_bytes().as_slice())?;
-            (epoch, state, rollback.map(|(_, why)| why))
+            (epoch, state, rollback.map(|(_, why)| why), fresh)
         };
         txn.commit()?;
         if let Some(m) = &mirror {
@@ -258,6 +264,7 @@ impl Store {
             mirror,
             written: Mutex::new(written),
             rollback,
+            fresh,
         })
     }
 
@@ -395,6 +402,8 @@ impl Store {
                     }
                 }
                 let mut meta = txn.open_table(META)?;
+                // Written after a clean stop: the marker no longer describes the log.
+                meta.remove(life::CLEAN_STOP)?;
                 if let Some(ledger) = &batch.ledger {
                     meta.insert(APPLY_LEDGER, encode(ledger)?.as_slice())?;
                     next.generation_reserved = ledger.generation_reserved;

@@ -5,6 +5,7 @@
 
 mod api;
 mod bounds;
+mod clean_stop;
 mod durability;
 mod in_doubt;
 mod ports;

@@ -22,7 +22,7 @@ use fabric_agent::proto::sm as smpb;
 use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -99,6 +99,8 @@ pub struct Ops {
     pub retire_errors: u64,
     /// The last retirement error (status), if any.
     pub last_retire_error: String,
+    /// Releases a restored node answered NOT_FOUND (see [`Plan::forgotten`]).
+    pub forgotten: u64,
 }
 
 /// The driver's plan, shared with the runner.
@@ -112,6 +114,19 @@ pub struct Plan {
     pub ops: Ops,
     next_key: u16,
     next_instance: u64,
+    /// Nodes whose state directory was put back from a copy (a state restore).
+    pub restored: BTreeSet<usize>,
+    /// Instances whose release a node answered NOT_FOUND after its state directory was put
+    /// back: the copy predates their attach (an acknowledged attach the operator's rollback
+    /// lost, as the API allows), so the node holds nothing of them. Done like a RELEASED: the
+    /// convergence check still needs every port read without their key. A NOT_FOUND from a
+    /// node never restored stays unanswered (an acknowledged attach lost: not converged).
+    pub forgotten: BTreeSet<String>,
+    /// Per instance, how many fresh grants it was given: after a restored node resynchronises,
+    /// its wanted instance's attach goes out under a new grant id, since the restored node's
+    /// first set (without the key its copy did not hold) consumed the old grant at the SM hosts
+    /// exactly like a release, and a consumed grant is never accepted again.
+    pub regrants: BTreeMap<String, u32>,
 }
 
 /// The driver's mode.
@@ -210,12 +225,16 @@ impl Driver {
         if let Some(s) = plan.slots[n].as_mut() {
             s.last_sent = Instant::now();
         }
-        drop(plan);
         for i in released {
             self.clone().send_release(n, i);
         }
+        let regrant = wanted.is_some() && plan.restored.contains(&n);
+        if let (true, Some((i, _))) = (regrant, &wanted) {
+            *plan.regrants.entry(i.clone()).or_default() += 1;
+        }
+        drop(plan);
         if let Some((i, k)) = wanted {
-            self.clone().send_attach(n, i, k, false);
+            self.clone().send_attach(n, i, k, regrant);
         }
     }
 
@@ -228,7 +247,11 @@ impl Driver {
             };
             let seen = self.seen(&slot.instance);
             match slot.phase {
-                Phase::Releasing if seen == Some(RELEASED) => plan.slots[node] = None,
+                Phase::Releasing
+                    if seen == Some(RELEASED) || plan.forgotten.contains(&slot.instance) =>
+                {
+                    plan.slots[node] = None
+                }
                 Phase::Wanted if seen != Some(ACTIVE) && slot.last_sent.elapsed() > RESEND => {
                     plan.ops.resends += 1;
                     if let Some(s) = plan.slots[node].as_mut() {
@@ -322,14 +345,11 @@ impl Driver {
                 partition(&format!("ibpart_{k:04x}"), k),
                 Some(10_000),
             );
-            let g = grant(
-                &format!("g-{instance}"),
-                "fab1",
-                name,
-                &instance,
-                k,
-                Membership::Full,
-            );
+            let id = match lock(&self.plan).regrants.get(&instance) {
+                Some(n) => format!("g-{instance}-r{n}"),
+                None => format!("g-{instance}"),
+            };
+            let g = grant(&id, "fab1", name, &instance, k, Membership::Full);
             if first {
                 record(
                     &self.history,
@@ -360,13 +380,23 @@ impl Driver {
     async fn release(&self, node: usize, instance: String) {
         let (name, socket) = &self.nodes[node];
         let reply = async {
-            let mut c = connect(socket).await?;
+            let Some(mut c) = connect(socket).await else {
+                return Err(tonic::Status::unavailable("not connected"));
+            };
             c.release_instance(release_request(&instance, Some(10_000)))
                 .await
-                .ok()
         };
         match tokio::time::timeout(Duration::from_secs(20), reply).await {
-            Ok(Some(r)) => self.acked(name, &instance, r.into_inner().attachment),
+            Ok(Ok(r)) => self.acked(name, &instance, r.into_inner().attachment),
+            Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
+                let mut plan = lock(&self.plan);
+                if plan.restored.contains(&node) {
+                    plan.ops.forgotten += 1;
+                    plan.forgotten.insert(instance);
+                } else {
+                    plan.ops.rpc_errors += 1;
+                }
+            }
             _ => lock(&self.plan).ops.rpc_errors += 1,
         }
     }
@@ -528,6 +558,9 @@ impl Driver {
                     Some(s) if s.phase == Phase::Wanted => ACTIVE,
                     _ => RELEASED,
                 };
+                if want == RELEASED && plan.forgotten.contains(instance) {
+                    continue;
+                }
                 let seen = self.seen(instance);
                 if seen != Some(want) {
                     return Err(format!(

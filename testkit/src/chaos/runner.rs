@@ -210,6 +210,8 @@ struct World {
     log: FaultLog,
     rig_recoveries: u64,
     history: SharedHistory,
+    /// The driver's plan (told which nodes were restored).
+    plan: Arc<Mutex<Plan>>,
 }
 
 impl World {
@@ -352,6 +354,11 @@ impl World {
                 std::fs::remove_dir_all(&dir).expect("remove the state dir");
                 copy_tree(&self.snapshot_dir(*node), &dir);
                 let _ = std::fs::remove_dir_all(self.snapshot_dir(*node));
+                self.plan
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .restored
+                    .insert(*node);
                 self.agents[*node].spawn(&self.fabric);
             }
         }
@@ -572,6 +579,7 @@ pub fn run(settings: &Settings) -> Option<Report> {
         log: FaultLog::default(),
         rig_recoveries: 0,
         history: history.clone(),
+        plan: Arc::new(Mutex::new(Plan::default())),
         fabric,
     };
 
@@ -614,7 +622,7 @@ pub fn run(settings: &Settings) -> Option<Report> {
         signer,
         history: history.clone(),
         view: view.clone(),
-        plan: Arc::new(Mutex::new(Plan::default())),
+        plan: world.plan.clone(),
         mode: Arc::new(AtomicU8::new(mode::RUN)),
         resyncs,
     });
@@ -708,6 +716,10 @@ pub fn run(settings: &Settings) -> Option<Report> {
             }
             Err(p) => last_problem = p,
         }
+    }
+    if convergence.is_none() {
+        // With FABRIC_RIG_KEEP set: every agent's and OpenSM's log, for the diagnosis.
+        crate::rig::stall::keep_for_diagnosis(world.fabric.dir(), None, "chaos-not-converged");
     }
     // The guard is not blind: ListPartitionMembers at both SM hosts lists each wanted key's
     // node.
