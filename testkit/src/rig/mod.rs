@@ -12,16 +12,19 @@
 //! ```
 //!
 //! Limits of ibsim to keep in mind: at most 10 clients at once (OpenSM takes one, every
-//! `smpquery` briefly another) and a client killed by a signal leaks its slot.
+//! `smpquery` briefly another), and a client killed by a signal keeps its slot until
+//! [`ibsim_slots::IbsimSlots::free_dead`] frees it: the rig's guards (OpenSMs, agents) do so
+//! whenever they find their process dead by a signal.
 
 pub mod agents;
 pub mod flap;
 pub mod ha;
+pub mod ibsim_slots;
 pub mod link;
 pub mod loopback;
 mod preload;
 pub use crate::common::process;
-pub use process::ChildGuard;
+pub use process::{ChildGuard, SignalDeathHook};
 pub mod proxy;
 pub mod stall;
 pub mod two_hca;
@@ -228,6 +231,7 @@ pub struct Fabric {
     opensm: ChildGuard,
     _ibsim: ChildGuard,
     console: File,
+    slots: ibsim_slots::IbsimSlots,
     spec: FabricSpec,
     start_timeout: Duration,
     sock_name: String,
@@ -340,6 +344,7 @@ fn opensm_process(dir: &Path, sock_name: &str, sim_host: &str) -> std::process::
 /// truncated), and writes its pid to `opensm.pid`.
 fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize, timeout: Duration) -> ChildGuard {
     let mut opensm = ChildGuard::new("opensm", opensm_process(dir, sock_name, SM_HOST));
+    free_slot_on_signal_death(&mut opensm, sock_name);
     let fabric_log = dir.join("opensm.log");
     wait_for(dir, "OpenSM's SUBNET UP", timeout, || {
         if opensm.exited() {
@@ -353,6 +358,14 @@ fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize, timeout: Duratio
     });
     fs::write(dir.join("opensm.pid"), format!("{}\n", opensm.id())).expect("write opensm.pid");
     opensm
+}
+
+/// Makes `guard` (a process under the shim of the rig serving `sock_name`) free dead clients'
+/// ibsim slots when it finds its process dead by a signal.
+pub fn free_slot_on_signal_death(guard: &mut ChildGuard, sock_name: &str) {
+    if let Some(slots) = ibsim_slots::IbsimSlots::for_socket(sock_name) {
+        guard.set_on_signal_death(slots.hook());
+    }
 }
 
 impl Fabric {
@@ -439,11 +452,17 @@ impl Fabric {
             opensm_conf(dir.path(), &options.opensm_conf),
         )
         .expect("write opensm.conf");
+        let slots = ibsim_slots::IbsimSlots::new(
+            &sock_name,
+            console.try_clone().expect("console writer"),
+            &ibsim_log,
+        );
         let opensm = spawn_opensm(dir.path(), &sock_name, 0, start_timeout);
         Some(Fabric {
             opensm,
             _ibsim: ibsim,
             console,
+            slots,
             spec: spec.clone(),
             start_timeout,
             sock_name,
@@ -482,8 +501,11 @@ impl Fabric {
     }
 
     /// Stops OpenSM by pid: SIGTERM (then SIGKILL after a grace period), or SIGKILL right away
-    /// when `crash` (which leaks its ibsim slot). The fabric's ports keep their tables.
+    /// when `crash`; a death by signal frees its ibsim slot. The fabric's ports keep their
+    /// tables.
     pub fn stop_opensm(&mut self, crash: bool) {
+        // The guard may come from `ha::restart_rig_opensm`, which sets no hook.
+        self.opensm.set_on_signal_death(self.slots.hook());
         if crash {
             self.opensm.signal(nix::sys::signal::Signal::SIGKILL);
         }
@@ -500,6 +522,7 @@ impl Fabric {
     /// Starts OpenSM again with the same conf (after [`Fabric::stop_opensm`], or stopping the
     /// running one first) and waits for its "SUBNET UP"; `opensm.pid` gets the new pid.
     pub fn restart_opensm(&mut self) {
+        self.opensm.set_on_signal_death(self.slots.hook());
         self.opensm.stop(Duration::from_secs(5));
         let offset = self.opensm_log().len();
         self.opensm = spawn_opensm(self.dir.path(), &self.sock_name, offset, self.start_timeout);
@@ -526,6 +549,11 @@ impl Fabric {
     /// Sends SIGHUP to OpenSM (a heavy sweep that re-reads the partitions file).
     pub fn hup_opensm(&self) {
         self.opensm.signal(nix::sys::signal::Signal::SIGHUP);
+    }
+
+    /// ibsim's client slots: who is attached, and freeing dead clients' slots.
+    pub fn ibsim_slots(&self) -> &ibsim_slots::IbsimSlots {
+        &self.slots
     }
 
     /// Another write end of ibsim's console (for a thread that sends commands, e.g.
