@@ -26,6 +26,7 @@ mod preload;
 pub use crate::common::process;
 pub use process::{ChildGuard, SignalDeathHook};
 pub mod proxy;
+pub mod restarts;
 pub mod stall;
 pub mod two_hca;
 
