@@ -40,6 +40,8 @@ use std::time::{Duration, Instant};
 
 /// ibsim's most clients at once.
 const IBSIM_CLIENTS: usize = 10;
+/// How long a master may take to answer a SIGHUP with a `SUBNET UP` after the faults.
+const SWEEP_LIMIT: Duration = Duration::from_secs(20);
 
 /// NodeDescriptions that read like OpenSM's verdicts (OpenSM logs them verbatim when a link
 /// changes), given to the first nodes in turn.
@@ -425,46 +427,16 @@ impl World {
         self.rig_recoveries += recoveries;
     }
 
-    /// Whether one of the OpenSMs logs a `SUBNET UP` within `limit` after both were sent a
-    /// SIGHUP.
-    fn some_master_sweeps(&self, limit: Duration) -> bool {
-        let logs = [self.fabric.opensm_log_path(), self.standby.log_path()];
-        let lens: Vec<usize> = logs
-            .iter()
-            .map(|p| std::fs::read(p).map(|b| b.len()).unwrap_or(0))
-            .collect();
-        for t in [Target::OpenSm(0), Target::OpenSm(1)] {
-            if let Some(pid) = self.pid(t) {
-                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGHUP);
-            }
-        }
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            for (p, len) in logs.iter().zip(&lens) {
-                let text = std::fs::read(p).unwrap_or_default();
-                if text.len() > *len && String::from_utf8_lossy(&text[*len..]).contains("SUBNET UP")
-                {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        false
-    }
-
     /// After the faults: a master that sweeps. OpenSM 3.3.23 under ibsim sometimes stops
     /// sweeping for good after a handover; such a stall is logged (with the logs' tails) and
     /// both OpenSMs are restarted, at most three times.
     fn ensure_sweeping(&mut self) {
         for attempt in 1..=3 {
-            if self.some_master_sweeps(Duration::from_secs(20)) {
+            let pids = [self.pid(Target::OpenSm(0)), self.pid(Target::OpenSm(1))];
+            if restarts::some_master_sweeps(&self.fabric, &self.standby, pids, SWEEP_LIMIT) {
                 return;
             }
-            let tail = |p: PathBuf| {
-                let t = std::fs::read_to_string(p).unwrap_or_default();
-                let lines: Vec<&str> = t.lines().collect();
-                lines[lines.len().saturating_sub(8)..].join("\n")
-            };
+            let tail = restarts::log_tail;
             self.log.note(&format!(
                 "RIG STALL (attempt {attempt}): no OpenSM answered a SIGHUP with SUBNET UP in 20 s; restarting both\n--- opensm (priority 15) ---\n{}\n--- opensm (priority 10) ---\n{}",
                 tail(self.fabric.opensm_log_path()),

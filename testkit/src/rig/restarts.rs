@@ -11,7 +11,11 @@
 use super::ha::{restart_rig_opensm, SecondSm};
 use super::ibsim_slots::{alive, IbsimSlots};
 use super::Fabric;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// Starts of one OpenSM tried before its failure propagates.
 pub const TRIES: u32 = 3;
@@ -86,4 +90,40 @@ fn with_recovery<T>(
         }
     }
     unreachable!("the last attempt returns or resumes its panic")
+}
+
+/// Whether one of the two OpenSMs (the rig's, the standby; `pids` theirs while they run) logs a
+/// `SUBNET UP` within `limit` after both were sent a SIGHUP.
+pub fn some_master_sweeps(
+    fabric: &Fabric,
+    standby: &SecondSm,
+    pids: [Option<u32>; 2],
+    limit: Duration,
+) -> bool {
+    let logs = [fabric.opensm_log_path(), standby.log_path()];
+    let lens: Vec<usize> = logs
+        .iter()
+        .map(|p| std::fs::read(p).map(|b| b.len()).unwrap_or(0))
+        .collect();
+    for pid in pids.into_iter().flatten() {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGHUP);
+    }
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        for (p, len) in logs.iter().zip(&lens) {
+            let text = std::fs::read(p).unwrap_or_default();
+            if text.len() > *len && String::from_utf8_lossy(&text[*len..]).contains("SUBNET UP") {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// The last 8 lines of a log (empty when it cannot be read).
+pub fn log_tail(path: impl AsRef<Path>) -> String {
+    let t = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = t.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
 }
