@@ -290,3 +290,45 @@ pub async fn client(socket: &Path) -> FabricAgentClient<Channel> {
             .expect("connect"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A guard whose hook records the pids it is called with.
+    fn guarded(script: &str) -> (ChildGuard, Arc<Mutex<Vec<u32>>>) {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .spawn()
+            .expect("sh");
+        let mut guard = ChildGuard::new("sh", child);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        guard.set_on_signal_death(SignalDeathHook(Arc::new(move |pid| {
+            record.lock().unwrap().push(pid)
+        })));
+        (guard, seen)
+    }
+
+    #[test]
+    fn the_hook_runs_once_when_stop_escalates_to_sigkill() {
+        let (mut guard, seen) = guarded("trap '' TERM; sleep 30");
+        let pid = guard.id();
+        std::thread::sleep(Duration::from_millis(200)); // the trap is set
+        guard.stop(Duration::from_millis(300));
+        assert_eq!(guard.id(), 0, "reaped");
+        assert_eq!(*seen.lock().unwrap(), vec![pid]);
+    }
+
+    #[test]
+    fn the_hook_does_not_run_after_a_clean_exit() {
+        let (mut guard, seen) = guarded("trap 'exit 0' TERM; sleep 30 & wait");
+        std::thread::sleep(Duration::from_millis(200));
+        guard.stop(Duration::from_secs(5));
+        let (mut done, _) = guarded("exit 3");
+        assert!(done.wait().code() == Some(3));
+        assert!(seen.lock().unwrap().is_empty());
+    }
+}
