@@ -7,11 +7,12 @@
 //! waits (at most `converge_bound`) until every wanted key is ACTIVE and on its port, every
 //! released instance RELEASED and off its port, and both SM hosts' regions equal.
 //!
-//! ibsim serves at most 10 clients and a client killed by a signal leaks its slot for good:
-//! two OpenSMs, the node agents and the checker's one `smpquery` at a time leave
-//! `10 - (2 + nodes + 1)` slots to leak; a SIGKILL of a process under the shim (a node agent,
-//! an OpenSM) beyond that budget is sent as SIGTERM instead, and the fault log says so.
-//! SM-host agents run outside the shim: their SIGKILLs are never downgraded.
+//! ibsim serves at most 10 clients: two OpenSMs, the node agents and the checker's one
+//! `smpquery` at a time. A client killed by a signal would keep its slot for good; the rig's
+//! guards free it ([`crate::rig::ibsim_slots`]), and before every restart of a process under the
+//! shim the campaign frees any slot a dead client still holds (counted: leaks the guards
+//! missed), so SIGKILLs are never downgraded. A restarted OpenSM that announces no state in time
+//! is a counted rig recovery ([`crate::rig::restarts`]).
 
 use super::checker::{self, Verdict, Violation};
 use super::driver::{mode, Driver, Ops, Plan};
@@ -23,10 +24,11 @@ use crate::common::grants::GrantSigner;
 use crate::common::net::free_port;
 use crate::rig::agents::Agent;
 use crate::rig::ha::{
-    ha_node_config, ha_sm_config, region_of, restart_rig_opensm, start_two_sms, SecondSm,
-    SmHostAgent, TwoSmFiles,
+    ha_node_config, ha_sm_config, region_of, start_two_sms, SecondSm, SmHostAgent, TwoSmFiles,
 };
+use crate::rig::ibsim_slots::alive;
 use crate::rig::link::CuttableLink;
+use crate::rig::restarts;
 use crate::rig::{Fabric, FabricSpec, LIMITED_DEFAULT_PARTITIONS};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -38,6 +40,8 @@ use std::time::{Duration, Instant};
 
 /// ibsim's most clients at once.
 const IBSIM_CLIENTS: usize = 10;
+/// How long a master may take to answer a SIGHUP with a `SUBNET UP` after the faults.
+const SWEEP_LIMIT: Duration = Duration::from_secs(20);
 
 /// NodeDescriptions that read like OpenSM's verdicts (OpenSM logs them verbatim when a link
 /// changes), given to the first nodes in turn.
@@ -107,8 +111,13 @@ pub struct Report {
     pub convergence: Option<Duration>,
     /// Resyncs of event watchers (a cursor that no longer held).
     pub resyncs: usize,
-    /// OpenSMs restarted by the rig because they stopped sweeping on their own.
+    /// OpenSMs restarted by the rig because they stopped sweeping on their own or announced no
+    /// state after a restart.
     pub rig_recoveries: u64,
+    /// ibsim slots: (freed in all after deaths by signal, of those found by the campaign's
+    /// sweeps before restarts (leaks the guards missed), clients attached at the end, of those
+    /// dead processes).
+    pub slots: (u64, u64, usize, usize),
     /// Partitions created and deleted by the end.
     pub partitions: (usize, usize),
     /// The guard's view checked at the end: (wanted keys both SM hosts list for their node,
@@ -155,8 +164,13 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  rig recoveries (OpenSM stopped sweeping): {}",
+            "  rig recoveries (OpenSM stopped sweeping or announced no state): {}",
             self.rig_recoveries
+        )?;
+        writeln!(
+            f,
+            "  ibsim slots: {} freed after deaths by signal ({} found by the sweeps before restarts); at the end {} clients attached, {} of them dead",
+            self.slots.0, self.slots.1, self.slots.2, self.slots.3
         )?;
         let mut by_rule: BTreeMap<&str, usize> = BTreeMap::new();
         for v in &self.verdict.violations {
@@ -205,8 +219,8 @@ struct World {
     peers_cut: bool,
     unlinked: BTreeSet<usize>,
     snapshots: BTreeSet<usize>,
-    /// SIGKILLs of processes under the shim still allowed (ibsim slots to leak).
-    slot_budget: usize,
+    /// Dead clients' ibsim slots freed by the sweeps before restarts (leaks the guards missed).
+    slots_swept: u64,
     log: FaultLog,
     rig_recoveries: u64,
     history: SharedHistory,
@@ -249,25 +263,8 @@ impl World {
                 if self.busy(*target) {
                     return;
                 }
-                let under_shim = !matches!(target, Target::SmAgent(_));
-                let mut hard = *hard;
-                let mut note = String::new();
-                if hard && under_shim {
-                    if self.slot_budget == 0 {
-                        hard = false;
-                        note = " (sent as SIGTERM: ibsim slot budget spent)".into();
-                    } else {
-                        self.slot_budget -= 1;
-                        note = " (leaks an ibsim slot)".into();
-                    }
-                }
-                let kind = Fault::Kill {
-                    target: *target,
-                    hard,
-                    down: *down,
-                }
-                .kind();
-                self.log.applied(fault, &kind, &note);
+                let hard = *hard;
+                self.log.applied(fault, &fault.kind(), "");
                 match *target {
                     Target::Node(i) if hard => self.agents[i].crash(),
                     Target::Node(i) => {
@@ -367,11 +364,13 @@ impl World {
     fn undo(&mut self, undo: Undo) {
         match undo {
             Undo::Restart(t) => {
+                if !matches!(t, Target::SmAgent(_)) {
+                    self.sweep_slots();
+                }
                 match t {
                     Target::Node(i) => self.agents[i].spawn(&self.fabric),
                     Target::SmAgent(h) => self.sm_agents[h].spawn(),
-                    Target::OpenSm(0) => restart_rig_opensm(&mut self.fabric),
-                    Target::OpenSm(_) => self.standby.restart(),
+                    Target::OpenSm(_) => self.restart_opensm(t),
                 }
                 self.down.remove(&t);
                 self.log.note(&format!("restarted {t:?}"));
@@ -408,31 +407,31 @@ impl World {
         }
     }
 
-    /// Whether one of the OpenSMs logs a `SUBNET UP` within `limit` after both were sent a
-    /// SIGHUP.
-    fn some_master_sweeps(&self, limit: Duration) -> bool {
-        let logs = [self.fabric.opensm_log_path(), self.standby.log_path()];
-        let lens: Vec<usize> = logs
-            .iter()
-            .map(|p| std::fs::read(p).map(|b| b.len()).unwrap_or(0))
-            .collect();
-        for t in [Target::OpenSm(0), Target::OpenSm(1)] {
-            if let Some(pid) = self.pid(t) {
-                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGHUP);
+    /// Frees the slots dead clients still hold (a death the guards did not see), counted.
+    fn sweep_slots(&mut self) {
+        match self.fabric.ibsim_slots().free_dead() {
+            Ok(freed) if !freed.is_empty() => {
+                self.slots_swept += freed.len() as u64;
+                self.log
+                    .note(&format!("RIG: freed leaked ibsim slots {freed:?}"));
             }
+            Ok(_) => {}
+            Err(e) => self.log.note(&format!("RIG: ibsim slots not listed: {e}")),
         }
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            for (p, len) in logs.iter().zip(&lens) {
-                let text = std::fs::read(p).unwrap_or_default();
-                if text.len() > *len && String::from_utf8_lossy(&text[*len..]).contains("SUBNET UP")
-                {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// Starts OpenSM `t` again: a start that announces no state in time is stopped by pid and
+    /// made again (a counted rig recovery, logged `RIG ...`).
+    fn restart_opensm(&mut self, t: Target) {
+        let mut notes = Vec::new();
+        let recoveries = match t {
+            Target::OpenSm(0) => restarts::rig_opensm(&mut self.fabric, &mut notes),
+            _ => restarts::standby(&mut self.standby, self.fabric.ibsim_slots(), &mut notes),
+        };
+        for n in notes {
+            self.log.note(&n);
         }
-        false
+        self.rig_recoveries += recoveries;
     }
 
     /// After the faults: a master that sweeps. OpenSM 3.3.23 under ibsim sometimes stops
@@ -440,14 +439,11 @@ impl World {
     /// both OpenSMs are restarted, at most three times.
     fn ensure_sweeping(&mut self) {
         for attempt in 1..=3 {
-            if self.some_master_sweeps(Duration::from_secs(20)) {
+            let pids = [self.pid(Target::OpenSm(0)), self.pid(Target::OpenSm(1))];
+            if restarts::some_master_sweeps(&self.fabric, &self.standby, pids, SWEEP_LIMIT) {
                 return;
             }
-            let tail = |p: PathBuf| {
-                let t = std::fs::read_to_string(p).unwrap_or_default();
-                let lines: Vec<&str> = t.lines().collect();
-                lines[lines.len().saturating_sub(8)..].join("\n")
-            };
+            let tail = restarts::log_tail;
             self.log.note(&format!(
                 "RIG STALL (attempt {attempt}): no OpenSM answered a SIGHUP with SUBNET UP in 20 s; restarting both\n--- opensm (priority 15) ---\n{}\n--- opensm (priority 10) ---\n{}",
                 tail(self.fabric.opensm_log_path()),
@@ -456,8 +452,9 @@ impl World {
             self.rig_recoveries += 1;
             self.fabric.stop_opensm(false);
             self.standby.stop(false);
-            restart_rig_opensm(&mut self.fabric);
-            self.standby.restart();
+            self.sweep_slots();
+            self.restart_opensm(Target::OpenSm(0));
+            self.restart_opensm(Target::OpenSm(1));
         }
     }
 }
@@ -575,7 +572,7 @@ pub fn run(settings: &Settings) -> Option<Report> {
         peers_cut: false,
         unlinked: BTreeSet::new(),
         snapshots: BTreeSet::new(),
-        slot_budget: IBSIM_CLIENTS - (2 + nodes + 1),
+        slots_swept: 0,
         log: FaultLog::default(),
         rig_recoveries: 0,
         history: history.clone(),
@@ -768,6 +765,13 @@ pub fn run(settings: &Settings) -> Option<Report> {
         .iter()
         .filter(|e| matches!(e, super::history::Entry::Resync { .. }))
         .count();
+    let attached = world.fabric.ibsim_slots().attached().unwrap_or_default();
+    let slots = (
+        world.fabric.ibsim_slots().freed(),
+        world.slots_swept,
+        attached.len(),
+        attached.iter().filter(|c| !alive(c.pid)).count(),
+    );
     let plan = driver.plan.lock().unwrap_or_else(|p| p.into_inner());
     let report = Report {
         seed: settings.seed,
@@ -778,6 +782,7 @@ pub fn run(settings: &Settings) -> Option<Report> {
         convergence,
         resyncs,
         rig_recoveries: world.rig_recoveries,
+        slots,
         partitions: (
             plan.partitions.len(),
             plan.partitions.iter().filter(|p| p.deleted).count(),

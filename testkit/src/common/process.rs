@@ -9,8 +9,10 @@ use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::fs::OpenOptions;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
@@ -31,12 +33,25 @@ pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     }
 }
 
+/// What a guard runs, once, when it finds its child killed by a signal (given the child's pid):
+/// e.g. [`crate::rig::ibsim_slots::IbsimSlots::hook`], which frees the ibsim client slot a
+/// process under the shim leaks when it dies without a clean exit.
+#[derive(Clone)]
+pub struct SignalDeathHook(pub Arc<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for SignalDeathHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SignalDeathHook")
+    }
+}
+
 /// A child process stopped by pid when dropped: SIGTERM, `drop_grace`, then SIGKILL.
 #[derive(Debug)]
 pub struct ChildGuard {
     name: String,
     child: Option<Child>,
     drop_grace: Duration,
+    on_signal_death: Option<SignalDeathHook>,
 }
 
 impl ChildGuard {
@@ -46,6 +61,22 @@ impl ChildGuard {
             name: name.to_owned(),
             child: Some(child),
             drop_grace: Duration::from_secs(3),
+            on_signal_death: None,
+        }
+    }
+
+    /// Runs `hook` (once) when the child is found dead by a signal: a crash, a SIGKILL sent on
+    /// purpose, or the SIGKILL that [`ChildGuard::stop`] escalates to. Replaces an earlier hook.
+    pub fn set_on_signal_death(&mut self, hook: SignalDeathHook) {
+        self.on_signal_death = Some(hook);
+    }
+
+    /// Hands an exit status just observed for `pid` to the hook when it is a death by signal.
+    fn observed(&mut self, pid: u32, status: Option<ExitStatus>) {
+        if status.is_some_and(|s| s.signal().is_some()) {
+            if let Some(hook) = self.on_signal_death.take() {
+                (hook.0)(pid);
+            }
         }
     }
 
@@ -68,14 +99,28 @@ impl ChildGuard {
     /// Whether the process has exited.
     pub fn exited(&mut self) -> bool {
         match self.child.as_mut() {
-            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            Some(c) => {
+                let pid = c.id();
+                match c.try_wait() {
+                    Ok(None) => false,
+                    Ok(status) => {
+                        self.observed(pid, status);
+                        true
+                    }
+                    Err(_) => true,
+                }
+            }
             None => true,
         }
     }
 
     /// The exit status if the process has exited (the child stays guarded).
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut()?.try_wait().expect("try_wait")
+        let child = self.child.as_mut()?;
+        let pid = child.id();
+        let status = child.try_wait().expect("try_wait");
+        self.observed(pid, status);
+        status
     }
 
     /// Sends a signal to the process.
@@ -88,16 +133,21 @@ impl ChildGuard {
     /// Waits up to `limit` for an exit already requested; `None` (the child still guarded) when
     /// it did not come.
     pub fn wait_timeout(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let pid = self.id();
         let status = wait_timeout(self.child.as_mut()?, limit)?;
         self.child = None;
+        self.observed(pid, Some(status));
         Some(status)
     }
 
     /// Waits for the exit, however long it takes.
     pub fn wait(&mut self) -> ExitStatus {
+        let pid = self.id();
         let status = self.child.as_mut().expect("child present").wait();
         self.child = None;
-        status.expect("wait")
+        let status = status.expect("wait");
+        self.observed(pid, Some(status));
+        status
     }
 
     /// Stops the process (SIGTERM, then SIGKILL after `grace`) and reaps it.
@@ -105,26 +155,28 @@ impl ChildGuard {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        if matches!(child.try_wait(), Ok(Some(_))) {
+        let pid = child.id();
+        if let Ok(Some(status)) = child.try_wait() {
+            self.observed(pid, Some(status));
             return;
         }
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-        if wait_timeout(&mut child, grace).is_none() {
-            eprintln!(
-                "{} (pid {}) ignored SIGTERM, killing",
-                self.name,
-                child.id()
-            );
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        let mut status = wait_timeout(&mut child, grace);
+        if status.is_none() {
+            eprintln!("{} (pid {pid}) ignored SIGTERM, killing", self.name);
             let _ = child.kill();
-            let _ = child.wait();
+            status = child.wait().ok();
         }
+        self.observed(pid, status);
     }
 
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            let pid = child.id();
             let _ = child.kill();
-            let _ = child.wait();
+            let status = child.wait().ok();
+            self.observed(pid, status);
         }
     }
 
@@ -197,6 +249,12 @@ impl DaemonProcess {
         self.child.id()
     }
 
+    /// Runs `hook` when the daemon is found dead by a signal (see
+    /// [`ChildGuard::set_on_signal_death`]).
+    pub fn set_on_signal_death(&mut self, hook: SignalDeathHook) {
+        self.child.set_on_signal_death(hook);
+    }
+
     /// SIGTERM and wait for the exit; panics (after a SIGKILL) if the signal is ignored.
     pub fn stop(self) -> ExitStatus {
         self.child.signal(Signal::SIGTERM);
@@ -231,4 +289,46 @@ pub async fn client(socket: &Path) -> FabricAgentClient<Channel> {
             .await
             .expect("connect"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A guard whose hook records the pids it is called with.
+    fn guarded(script: &str) -> (ChildGuard, Arc<Mutex<Vec<u32>>>) {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .spawn()
+            .expect("sh");
+        let mut guard = ChildGuard::new("sh", child);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        guard.set_on_signal_death(SignalDeathHook(Arc::new(move |pid| {
+            record.lock().unwrap().push(pid)
+        })));
+        (guard, seen)
+    }
+
+    #[test]
+    fn the_hook_runs_once_when_stop_escalates_to_sigkill() {
+        let (mut guard, seen) = guarded("trap '' TERM; sleep 30");
+        let pid = guard.id();
+        std::thread::sleep(Duration::from_millis(200)); // the trap is set
+        guard.stop(Duration::from_millis(300));
+        assert_eq!(guard.id(), 0, "reaped");
+        assert_eq!(*seen.lock().unwrap(), vec![pid]);
+    }
+
+    #[test]
+    fn the_hook_does_not_run_after_a_clean_exit() {
+        let (mut guard, seen) = guarded("trap 'exit 0' TERM; sleep 30 & wait");
+        std::thread::sleep(Duration::from_millis(200));
+        guard.stop(Duration::from_secs(5));
+        let (mut done, _) = guarded("exit 3");
+        assert!(done.wait().code() == Some(3));
+        assert!(seen.lock().unwrap().is_empty());
+    }
 }

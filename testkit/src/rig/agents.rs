@@ -1,6 +1,7 @@
 //! `fabric-agent serve` daemons running as nodes of a [`super::Fabric`] (under the umad2sim
 //! shim), each stopped by pid when its handle drops: SIGTERM and a wait, SIGKILL only as a
-//! fallback. [`Agent::crash`] SIGKILLs on purpose (which leaks one of ibsim's client slots).
+//! fallback. [`Agent::crash`] SIGKILLs on purpose; an agent found dead by a signal has its
+//! ibsim client slot freed ([`super::ibsim_slots`]).
 
 use super::process;
 use super::Fabric;
@@ -55,13 +56,9 @@ impl Agent {
         let mut cmd = fabric.client_command(&self.node, BIN);
         cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC");
         let what = format!("{} agent", self.node);
-        self.process = Some(DaemonProcess::start(
-            cmd,
-            &what,
-            &self.config,
-            &self.socket,
-            &self.log,
-        ));
+        let mut process = DaemonProcess::start(cmd, &what, &self.config, &self.socket, &self.log);
+        process.set_on_signal_death(fabric.ibsim_slots().hook());
+        self.process = Some(process);
     }
 
     /// The running agent's pid.

@@ -107,6 +107,7 @@ impl SecondSm {
                 Some(guard.id()),
                 "second-sm",
             );
+            super::free_slot_on_signal_death(&mut guard, &self.sock_name);
             guard.stop(Duration::from_secs(5));
         }
         let offset = self.log().len();
@@ -128,11 +129,12 @@ impl SecondSm {
         );
     }
 
-    /// Stops it by pid without starting it again: SIGKILL when `crash` (which leaks its ibsim
-    /// client slot), else SIGTERM (then SIGKILL after a grace period). [`SecondSm::restart`]
-    /// starts it again.
+    /// Stops it by pid without starting it again: SIGKILL when `crash`, else SIGTERM (then
+    /// SIGKILL after a grace period); a death by signal frees its ibsim client slot.
+    /// [`SecondSm::restart`] starts it again.
     pub fn stop(&mut self, crash: bool) {
         if let Some(mut guard) = self.guard.take() {
+            super::free_slot_on_signal_death(&mut guard, &self.sock_name);
             if crash {
                 guard.signal(nix::sys::signal::Signal::SIGKILL);
             }

@@ -12,17 +12,24 @@
 //! ```
 //!
 //! Limits of ibsim to keep in mind: at most 10 clients at once (OpenSM takes one, every
-//! `smpquery` briefly another) and a client killed by a signal leaks its slot.
+//! `smpquery` briefly another), and a client killed by a signal keeps its slot until
+//! [`ibsim_slots::IbsimSlots::free_dead`] frees it: the rig's guards (OpenSMs, agents) do so
+//! whenever they find their process dead by a signal.
 
 pub mod agents;
 pub mod flap;
 pub mod ha;
+pub mod ibsim_slots;
 pub mod link;
 pub mod loopback;
 mod preload;
 pub use crate::common::process;
-pub use process::ChildGuard;
+pub use process::{ChildGuard, SignalDeathHook};
 pub mod proxy;
+pub mod restarts;
+mod smp_text;
+use smp_text::{dec_field, hex_field};
+pub use smp_text::{parse_pkeys, parse_subnet_dump, text_field, SmpNodeInfo, SmpPortInfo};
 pub mod stall;
 pub mod two_hca;
 
@@ -228,6 +235,7 @@ pub struct Fabric {
     opensm: ChildGuard,
     _ibsim: ChildGuard,
     console: File,
+    slots: ibsim_slots::IbsimSlots,
     spec: FabricSpec,
     start_timeout: Duration,
     sock_name: String,
@@ -340,6 +348,7 @@ fn opensm_process(dir: &Path, sock_name: &str, sim_host: &str) -> std::process::
 /// truncated), and writes its pid to `opensm.pid`.
 fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize, timeout: Duration) -> ChildGuard {
     let mut opensm = ChildGuard::new("opensm", opensm_process(dir, sock_name, SM_HOST));
+    free_slot_on_signal_death(&mut opensm, sock_name);
     let fabric_log = dir.join("opensm.log");
     wait_for(dir, "OpenSM's SUBNET UP", timeout, || {
         if opensm.exited() {
@@ -353,6 +362,14 @@ fn spawn_opensm(dir: &Path, sock_name: &str, log_offset: usize, timeout: Duratio
     });
     fs::write(dir.join("opensm.pid"), format!("{}\n", opensm.id())).expect("write opensm.pid");
     opensm
+}
+
+/// Makes `guard` (a process under the shim of the rig serving `sock_name`) free dead clients'
+/// ibsim slots when it finds its process dead by a signal.
+pub fn free_slot_on_signal_death(guard: &mut ChildGuard, sock_name: &str) {
+    if let Some(slots) = ibsim_slots::IbsimSlots::for_socket(sock_name) {
+        guard.set_on_signal_death(slots.hook());
+    }
 }
 
 impl Fabric {
@@ -439,11 +456,17 @@ impl Fabric {
             opensm_conf(dir.path(), &options.opensm_conf),
         )
         .expect("write opensm.conf");
+        let slots = ibsim_slots::IbsimSlots::new(
+            &sock_name,
+            console.try_clone().expect("console writer"),
+            &ibsim_log,
+        );
         let opensm = spawn_opensm(dir.path(), &sock_name, 0, start_timeout);
         Some(Fabric {
             opensm,
             _ibsim: ibsim,
             console,
+            slots,
             spec: spec.clone(),
             start_timeout,
             sock_name,
@@ -482,8 +505,11 @@ impl Fabric {
     }
 
     /// Stops OpenSM by pid: SIGTERM (then SIGKILL after a grace period), or SIGKILL right away
-    /// when `crash` (which leaks its ibsim slot). The fabric's ports keep their tables.
+    /// when `crash`; a death by signal frees its ibsim slot. The fabric's ports keep their
+    /// tables.
     pub fn stop_opensm(&mut self, crash: bool) {
+        // The guard may come from `ha::restart_rig_opensm`, which sets no hook.
+        self.opensm.set_on_signal_death(self.slots.hook());
         if crash {
             self.opensm.signal(nix::sys::signal::Signal::SIGKILL);
         }
@@ -500,6 +526,7 @@ impl Fabric {
     /// Starts OpenSM again with the same conf (after [`Fabric::stop_opensm`], or stopping the
     /// running one first) and waits for its "SUBNET UP"; `opensm.pid` gets the new pid.
     pub fn restart_opensm(&mut self) {
+        self.opensm.set_on_signal_death(self.slots.hook());
         self.opensm.stop(Duration::from_secs(5));
         let offset = self.opensm_log().len();
         self.opensm = spawn_opensm(self.dir.path(), &self.sock_name, offset, self.start_timeout);
@@ -526,6 +553,11 @@ impl Fabric {
     /// Sends SIGHUP to OpenSM (a heavy sweep that re-reads the partitions file).
     pub fn hup_opensm(&self) {
         self.opensm.signal(nix::sys::signal::Signal::SIGHUP);
+    }
+
+    /// ibsim's client slots: who is attached, and freeing dead clients' slots.
+    pub fn ibsim_slots(&self) -> &ibsim_slots::IbsimSlots {
+        &self.slots
     }
 
     /// Another write end of ibsim's console (for a thread that sends commands, e.g.
@@ -702,96 +734,4 @@ impl Fabric {
             })
             .unwrap_or_default()
     }
-}
-
-/// NodeInfo fields smpquery prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SmpNodeInfo {
-    /// Node GUID.
-    pub node_guid: u64,
-    /// Port GUID.
-    pub port_guid: u64,
-    /// Partition capacity.
-    pub partition_cap: u16,
-    /// Local port number.
-    pub local_port: u8,
-}
-
-/// PortInfo fields smpquery prints.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SmpPortInfo {
-    /// LID.
-    pub lid: u16,
-    /// SM LID.
-    pub sm_lid: u16,
-    /// LinkState text, e.g. "Active".
-    pub state: String,
-}
-
-/// The value of a `Name:.....value` line of smpquery output.
-pub fn text_field(text: &str, name: &str) -> String {
-    text.lines()
-        .find_map(|l| {
-            let (key, value) = l.split_once(':')?;
-            (key == name).then(|| value.trim_start_matches('.').trim().to_owned())
-        })
-        .unwrap_or_else(|| panic!("no field {name} in:\n{text}"))
-}
-
-fn hex_field(text: &str, name: &str) -> u64 {
-    let v = text_field(text, name);
-    u64::from_str_radix(v.trim_start_matches("0x"), 16)
-        .unwrap_or_else(|_| panic!("{name}: not hex: {v}"))
-}
-
-fn dec_field(text: &str, name: &str) -> u64 {
-    let v = text_field(text, name);
-    v.parse()
-        .unwrap_or_else(|_| panic!("{name}: not a number: {v}"))
-}
-
-/// The entries of `smpquery pkeys` output (`   0: 0xffff 0x8001 ...` rows).
-pub fn parse_pkeys(text: &str) -> Vec<u16> {
-    text.lines()
-        .filter_map(|l| {
-            let (index, rest) = l.split_once(':')?;
-            index.trim().parse::<usize>().ok()?;
-            Some(rest)
-        })
-        .flat_map(|rest| rest.split_whitespace())
-        .map(|v| {
-            u16::from_str_radix(v.trim_start_matches("0x"), 16)
-                .unwrap_or_else(|_| panic!("bad pkey {v}"))
-        })
-        .collect()
-}
-
-/// `{ CA ... PortGUID:<hex> ... {name} LID:<hex> PN:<hex> }` groups of `opensm-subnet.lst`:
-/// name -> (port GUID, LID) of every CA port.
-pub fn parse_subnet_dump(text: &str) -> std::collections::BTreeMap<String, (u64, u16)> {
-    let mut out = std::collections::BTreeMap::new();
-    for (at, _) in text.match_indices("{ CA") {
-        let group = &text[at + 1..];
-        let Some((head, rest)) = group.split_once('{') else {
-            continue;
-        };
-        let Some((name, tail)) = rest.split_once('}') else {
-            continue;
-        };
-        let field = |part: &str, key: &str| {
-            part.split_whitespace()
-                .find_map(|w| w.strip_prefix(key))
-                .map(str::to_owned)
-        };
-        let guid = field(head, "PortGUID:").and_then(|v| u64::from_str_radix(&v, 16).ok());
-        let lid = tail
-            .split('}')
-            .next()
-            .and_then(|t| field(t, "LID:"))
-            .and_then(|v| u16::from_str_radix(&v, 16).ok());
-        if let (Some(guid), Some(lid)) = (guid, lid) {
-            out.insert(name.to_owned(), (guid, lid));
-        }
-    }
-    out
 }
