@@ -95,8 +95,21 @@ impl World {
         if let Some((n, h)) = stale {
             w.log.push(format!("node{n}'s endpoints miss smhost{h}"));
         }
+        // A fabric brought up: every agent, then their pulls (until each has answered every
+        // peer caught up, so nobody holds a peer fenced for having started later), then the
+        // OpenSMs.
         for h in 0..HOSTS {
-            w.start_host(h).await;
+            w.hosts[h].start_agent(HOSTS, &w.net, 0).await;
+        }
+        for _ in 0..2 {
+            for h in 0..HOSTS {
+                w.round(h).await;
+            }
+        }
+        w.stats.fences = 0;
+        for h in 0..HOSTS {
+            assert!(!w.fenced_on_some_disk(h), "smhost{h} fenced at bring-up");
+            w.set_opensm(h, true);
         }
         w.sweep();
         w
@@ -151,15 +164,14 @@ impl World {
 
     /// The live OpenSM of highest priority (the lowest index) programs the ports from its file.
     pub fn sweep(&mut self) -> Option<usize> {
-        let master = (0..HOSTS).find(|h| self.opensm(*h));
         let old = self.master;
-        self.master = master;
-        if master != old && old.is_some() && master.is_some() {
+        let Some(m) = (0..HOSTS).find(|h| self.opensm(*h)) else {
+            return old; // no SM: the ports keep their tables, and the last master is kept
+        };
+        self.master = Some(m);
+        if old.is_some_and(|o| o != m) {
             self.stats.failovers += 1;
         }
-        let Some(m) = master else {
-            return old; // no SM: the ports keep their tables
-        };
         let bytes = std::fs::read(&self.hosts[m].file).unwrap();
         for (i, n) in self.nodes.iter().enumerate() {
             let mut held = BTreeMap::new();
@@ -328,6 +340,11 @@ impl World {
             }
         };
         self.log.push(format!("{:>4} {line}", self.step));
+        let master = (0..HOSTS).find(|h| self.opensm(*h));
+        if master != self.master {
+            self.log
+                .push(format!("     master: {master:?} (was {:?})", self.master));
+        }
         if std::env::var_os("FABRIC_SIM_SM_HOSTS_TRACE").is_some() {
             eprintln!("{}", self.log.last().unwrap());
         }
