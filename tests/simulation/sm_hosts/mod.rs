@@ -40,6 +40,9 @@
 //! trace. `FABRIC_SIM_SM_HOSTS_MUTATION=stale-endpoints|evidence-lies` switches one rule off (a
 //! stale `endpoints` list's acknowledgements count; fencing's evidence always says the SM is
 //! silent) to show the oracle catches it; the `..._catches_...` tests do that on every run.
+//! `FABRIC_SIM_SM_HOSTS_KEEP_GOING=1` runs every seed and reports the failing ones at the end;
+//! `FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED=1` lets a fenced host's OpenSM start (a finding: see
+//! the ignored tests at the end).
 
 mod hosts;
 mod node;
@@ -119,6 +122,8 @@ fn several_sm_hosts_never_say_a_false_released_nor_lose_an_active_key() {
     let gap = std::env::var_os("FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED").is_some();
     let rt = runtime();
     let started = std::time::Instant::now();
+    let keep_going = std::env::var_os("FABRIC_SIM_SM_HOSTS_KEEP_GOING").is_some();
+    let mut failed: Vec<String> = Vec::new();
     let mut total = Stats::default();
     for seed in &seeds {
         match rt.block_on(run(*seed, steps, mutation, gap)) {
@@ -132,8 +137,20 @@ fn several_sm_hosts_never_say_a_false_released_nor_lose_an_active_key() {
                 total.failovers += s.failovers;
                 total.host_set_incomplete += s.host_set_incomplete;
             }
+            Err(e) if keep_going => {
+                eprintln!("{}", e.lines().next().unwrap_or_default());
+                failed.push(e);
+            }
             Err(e) => panic!("{e}"),
         }
+    }
+    if let Some(first) = failed.first() {
+        panic!(
+            "{} of {} seeds failed ({:?}); the first:\n{first}",
+            failed.len(),
+            seeds.len(),
+            started.elapsed()
+        );
     }
     eprintln!(
         "{} schedules of {steps} steps, {HOSTS} SM hosts, {NODES} nodes: no violation ({:?}); {total:?}",
@@ -174,21 +191,35 @@ fn the_oracle_catches_fencing_without_evidence() {
     assert!(e.contains("RELEASED"), "seed {seed}: {e}");
 }
 
-/// Finding (issue 38): a fence is decided once and never checked again while the peer's agent
-/// stays silent, and a peer that answers is excused until *this* host's next pull. So a fenced
-/// host whose OpenSM runs again (brought back while its peers cannot reach its agent, or before
-/// their next pull) is still excused by them: a node's release is RELEASED without it while
-/// its file holds the key, and when it becomes master the key is back on the port. The
-/// default schedules keep a fenced host's OpenSM stopped until every peer lifted the fence;
-/// this one does not. Un-ignore when `Fences` re-checks a fenced peer's evidence at every
-/// round (and stops excusing a peer that pulls it before it has caught up).
+/// Finding (issue 38): a stored fence is decided once and never checked again while the
+/// peer's agent stays silent. So a fenced host whose OpenSM runs again (brought back while its
+/// peers cannot reach its agent, or before their next pull) is still excused by them: a node's
+/// release is RELEASED without it while its file holds the key, and when it becomes master the
+/// key is back on the port (seed 1, step 183: RELEASED while smhost1, fenced by smhost0 on an
+/// old fence, runs its OpenSM with the key in its file). The default schedules keep a fenced
+/// host's OpenSM stopped until every fence naming it is lifted; this one does not. Un-ignore
+/// when `Fences` re-checks a fenced peer's evidence at every round.
 #[test]
-#[ignore = "finding: a fenced host whose OpenSM runs again stays excused (see the doc comment)"]
+#[ignore = "finding: a fenced host whose OpenSM runs again stays excused"]
 fn a_fenced_host_whose_opensm_runs_again_is_no_longer_excused() {
-    let rt = runtime();
-    for seed in 1..=16 {
-        if let Err(e) = rt.block_on(run(seed, 200, Mutation::None, true)) {
-            panic!("{e}");
-        }
+    if let Err(e) = runtime().block_on(run(1, 200, Mutation::None, true)) {
+        panic!("{e}");
+    }
+}
+
+/// Finding (issue 38): a fence is lifted when the peer answers a pull saying it has caught up,
+/// but that flag says the peer pulled every peer once (at its start, or since it lost it), not
+/// that it holds what was confirmed while it was fenced. Seed 60, steps 156-169: smhost0 (agent
+/// up, OpenSM down) is fenced by smhost2; node0's release is acknowledged by smhost2 alone,
+/// smhost0 excused; smhost2's next pull hears smhost0 "caught up" and lifts the fence, and
+/// smhost0, unfenced, still holds the released key in its file until its own next pull: an
+/// OpenSM started there in that window (up to one sync interval) programs it. Un-ignore when a
+/// fence is lifted only once the peer holds every set this host confirmed (for instance its
+/// answer's generations at or above this host's).
+#[test]
+#[ignore = "finding: a fence is lifted before the peer holds what was confirmed while it was fenced"]
+fn a_fence_is_lifted_only_once_the_peer_holds_what_was_confirmed_meanwhile() {
+    if let Err(e) = runtime().block_on(run(60, 200, Mutation::None, false)) {
+        panic!("{e}");
     }
 }
