@@ -225,7 +225,7 @@ impl Node {
     }
 
     /// Reads the port and commits what `plan` decides; returns the trace lines.
-    pub fn reconcile(&mut self, held: &BTreeMap<u32, bool>, step: usize) -> Vec<String> {
+    pub fn reconcile(&mut self, held: &BTreeMap<u32, bool>) -> Vec<String> {
         let inv = self.inventory(held);
         let gone = BTreeSet::new();
         let transitions = plan(
@@ -266,7 +266,6 @@ impl Node {
         self.attachments
             .retain(|a| a.state != AttachmentState::Released);
         self.knows.forget_released();
-        let _ = step;
         lines
     }
 }

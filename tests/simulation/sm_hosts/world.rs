@@ -350,7 +350,7 @@ impl World {
         }
         let old = self.sweep();
         for n in 0..NODES {
-            let lines = self.nodes[n].reconcile(&self.ports[n], self.step);
+            let lines = self.nodes[n].reconcile(&self.ports[n]);
             self.log
                 .extend(lines.into_iter().map(|l| format!("     {l}")));
         }
