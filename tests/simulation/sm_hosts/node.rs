@@ -128,6 +128,7 @@ impl Node {
             ports: Vec::new(),
             named_ports: false,
             restored: None,
+            evidence: None,
         });
     }
 
@@ -196,20 +197,20 @@ impl Node {
         }
         let (outcome, problems) = fold_answers(answers, generation);
         let counted = match outcome {
-            Ok(_) => Ok(()),
+            Ok(o) => Ok(o.acknowledged_by),
             // The mutation: a host-set problem alone never blocks.
             Err(SmError::Refused(_))
                 if self.ignore_host_set
                     && !problems.is_empty()
                     && positive.len() == self.endpoints.len() =>
             {
-                Ok(())
+                Ok(Vec::new())
             }
             Err(e) => Err(e),
         };
         match counted {
-            Ok(()) => {
-                self.knows.acknowledged(generation, set, 0);
+            Ok(hosts) => {
+                self.knows.acknowledged_by(generation, set, 0, hosts);
                 if let Some(l) = self.knows.ledger_after_ack(&self.ledger) {
                     self.ledger = l;
                 }
