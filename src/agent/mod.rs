@@ -26,7 +26,10 @@ mod watch;
 pub use admission::{AttachRequest, Covered};
 pub use clock::{Clock, RuntimeClock, SystemClock};
 pub use error::{AgentError, CursorError, Refusal, StreamEnd};
+// The truth rules, pure, for the SM-hosts simulation (tests/simulation/sm_hosts): no behaviour.
+pub use plan::{desired, plan, Observed, Transition};
 pub use reconciler_config::ReconcilerConfig;
+pub use sm_knowledge::{Ack, SmKnowledge};
 pub use status::{ApplyInFlight, NodeView, SmStatus};
 pub use watch::{EventStream, WatchFrom, MAX_BATCH as MAX_WATCH_BATCH};
 

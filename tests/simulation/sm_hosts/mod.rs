@@ -1,0 +1,243 @@
+//! Deterministic simulation of several SM hosts and their nodes, on the real code of both
+//! sides, seeded.
+//!
+//! **SM hosts** (`hosts`): each is the real SM-host agent composed as `daemon::backend` composes
+//! it: an `OpenSmBackend` on its own partitions file and in-memory store (kept across crashes),
+//! every stored set held back at start (`GatedStore`, or `KeepRunningKeys` beside an OpenSM
+//! that already runs), no commit before the catch-up, `PeerSync` pulling its peers over links
+//! the schedule can cut, real `Fences` deciding on a model `FenceEvidence` (an SM that runs
+//! answers SMInfo, one that does not is silent) and a role whose pid check is the model's, and
+//! the real `Partitions` service the nodes call. Beside each agent a model OpenSM runs or not;
+//! the master is the running OpenSM of highest priority (the lowest index), and after every step
+//! it programs the ports from *its* file (as OpenSM does at every heavy sweep and at takeover).
+//!
+//! **Nodes** (`node`): what a node says is decided by the node's real truth rules, not a model:
+//! its set by `agent::desired`, generations and what is in doubt by `SmKnowledge`, whether an
+//! apply is acknowledged by the remote backend's `fold_answers` over every endpoint's answer
+//! (the host-set rule: identities, the hosts the answers name, fenced hosts excused only when
+//! every answering host holds them fenced, `SM_HOST_SET_INCOMPLETE`), and ACTIVE / RELEASED by
+//! `agent::plan` on the port as the master programmed it. A seed may give one node an
+//! `endpoints` list that misses one SM host.
+//!
+//! **Schedules** (`world`) draw attaches, releases and re-applies; an SM host's OpenSM dying
+//! alone (its agent lives), its agent dying alone (its OpenSM runs on and may become master with
+//! its file), the whole host dying; a host coming back in systemd's order (agent and catch-up,
+//! then OpenSM); an agent restarted beside its running OpenSM; a whole-host restore (store and
+//! partitions file from one earlier snapshot); fencing, by the hosts' pulls and by the
+//! operator's `fence-sm-host` (`Fences::fence_now`); links between hosts, and between a node and
+//! a host, cut and healed.
+//!
+//! **Oracle** (`oracle`), after every step:
+//! 1. a key a node reported RELEASED is on none of its ports (until it attaches it again);
+//! 2. nor in any live SM host's (agent or OpenSM running) served stored set or partitions file,
+//!    except a host held fenced (a fence stored on any host) whose OpenSM is not running;
+//! 3. an ACTIVE key survives a failover to a master that acknowledged it, whose agent has not
+//!    restarted since and is caught up (or is down);
+//! 4. an agent restarted beside its running OpenSM takes no ACTIVE key off a port.
+//!
+//! `FABRIC_SIM_SM_HOSTS_SEEDS=N` runs N seeds (default 16), `FABRIC_SIM_SM_HOSTS_SEED=S` one,
+//! `FABRIC_SIM_SM_HOSTS_STEPS` the steps per seed (200); a failure prints its seed and the
+//! trace. `FABRIC_SIM_SM_HOSTS_MUTATION=stale-endpoints|evidence-lies` switches one rule off (a
+//! stale `endpoints` list's acknowledgements count; fencing's evidence always says the SM is
+//! silent) to show the oracle catches it; the `..._catches_...` tests do that on every run.
+//! `FABRIC_SIM_SM_HOSTS_KEEP_GOING=1` runs every seed and reports the failing ones at the end;
+//! `FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED=1` lets a fenced host's OpenSM start (a finding: see
+//! the ignored tests at the end).
+
+mod hosts;
+mod node;
+mod oracle;
+mod world;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use world::{Mutation, Stats, World, HOSTS, NODES};
+
+async fn run(
+    seed: u64,
+    steps: usize,
+    mutation: Mutation,
+    rejoin_while_fenced: bool,
+) -> Result<Stats, String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let stale = match mutation {
+        Mutation::StaleEndpointsCount => Some((0, rng.random_range(1..HOSTS))),
+        _ if rng.random_range(0..3) > 0 => {
+            Some((rng.random_range(0..NODES), rng.random_range(0..HOSTS)))
+        }
+        _ => None,
+    };
+    let mut w = World::new(stale, mutation).await;
+    w.rejoin_while_fenced = rejoin_while_fenced;
+    for _ in 0..steps {
+        if let Err(e) = w.step_once(&mut rng).await {
+            let tail = w.log[w.log.len().saturating_sub(40)..].join("\n  ");
+            let head = if stale.is_some() { &w.log[0] } else { "" };
+            return Err(format!(
+                "seed {seed}, step {}: {e}\n  {head}\n  ...\n  {tail}",
+                w.step
+            ));
+        }
+    }
+    Ok(w.stats)
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().map(|s| s.parse().expect(name))
+}
+
+/// One current-thread runtime with paused time, the backends' blocking I/O run inline: a seed
+/// replays exactly, and no wait of the backends costs real time.
+struct Runtime(tokio::runtime::Runtime);
+
+impl Runtime {
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        fabric_agent::sm::blocking::inline_blocking_io(|| self.0.block_on(f))
+    }
+}
+
+fn runtime() -> Runtime {
+    Runtime(
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn several_sm_hosts_never_say_a_false_released_nor_lose_an_active_key() {
+    let mutation = match std::env::var("FABRIC_SIM_SM_HOSTS_MUTATION").as_deref() {
+        Ok("stale-endpoints") => Mutation::StaleEndpointsCount,
+        Ok("evidence-lies") => Mutation::EvidenceLies,
+        Ok(other) => panic!("unknown mutation {other:?}"),
+        Err(_) => Mutation::None,
+    };
+    let seeds: Vec<u64> = match env_usize("FABRIC_SIM_SM_HOSTS_SEED") {
+        Some(s) => vec![s as u64],
+        None => (1..=env_usize("FABRIC_SIM_SM_HOSTS_SEEDS").unwrap_or(16) as u64).collect(),
+    };
+    let steps = env_usize("FABRIC_SIM_SM_HOSTS_STEPS").unwrap_or(200);
+    let gap = std::env::var_os("FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED").is_some();
+    let rt = runtime();
+    let started = std::time::Instant::now();
+    let keep_going = std::env::var_os("FABRIC_SIM_SM_HOSTS_KEEP_GOING").is_some();
+    let mut failed: Vec<String> = Vec::new();
+    let mut total = Stats::default();
+    for seed in &seeds {
+        match rt.block_on(run(*seed, steps, mutation, gap)) {
+            Ok(s) => {
+                total.steps += s.steps;
+                total.released += s.released;
+                total.active += s.active;
+                total.fences += s.fences;
+                total.restores += s.restores;
+                total.restarts_beside_opensm += s.restarts_beside_opensm;
+                total.failovers += s.failovers;
+                total.host_set_incomplete += s.host_set_incomplete;
+            }
+            Err(e) if keep_going => {
+                eprintln!("{}", e.lines().next().unwrap_or_default());
+                failed.push(e);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    if let Some(first) = failed.first() {
+        panic!(
+            "{} of {} seeds failed ({:?}); the first:\n{first}",
+            failed.len(),
+            seeds.len(),
+            started.elapsed()
+        );
+    }
+    eprintln!(
+        "{} schedules of {steps} steps, {HOSTS} SM hosts, {NODES} nodes: no violation ({:?}); {total:?}",
+        seeds.len(),
+        started.elapsed()
+    );
+    if seeds.len() >= 8 {
+        assert!(
+            total.released > 0 && total.active > 0,
+            "nothing exercised: {total:?}"
+        );
+    }
+}
+
+/// The first seed (of `limit`) whose run the oracle fails under `mutation`.
+fn first_failure(mutation: Mutation, limit: u64) -> Option<(u64, String)> {
+    let rt = runtime();
+    (1..=limit).find_map(|seed| {
+        rt.block_on(run(seed, 200, mutation, false))
+            .err()
+            .map(|e| (seed, e))
+    })
+}
+
+#[test]
+fn the_oracle_catches_a_stale_endpoints_list_counted_complete() {
+    let found = first_failure(Mutation::StaleEndpointsCount, 40);
+    let (seed, e) = found.expect("no seed caught the stale endpoints list counted complete");
+    eprintln!("stale endpoints counted complete: caught at {e}");
+    assert!(e.contains("RELEASED"), "seed {seed}: {e}");
+}
+
+#[test]
+fn the_oracle_catches_fencing_without_evidence() {
+    let found = first_failure(Mutation::EvidenceLies, 40);
+    let (seed, e) = found.expect("no seed caught fencing without evidence");
+    eprintln!("fencing without evidence: caught at {e}");
+    assert!(e.contains("RELEASED"), "seed {seed}: {e}");
+}
+
+/// Finding (issue 38): a stored fence is decided once and never checked again while the
+/// peer's agent stays silent. So a fenced host whose OpenSM runs again (brought back while its
+/// peers cannot reach its agent, or before their next pull) is still excused by them: a node's
+/// release is RELEASED without it while its file holds the key, and when it becomes master the
+/// key is back on the port (seed 1, step 183: RELEASED while smhost1, fenced by smhost0 on an
+/// old fence, runs its OpenSM with the key in its file). The default schedules keep a fenced
+/// host's OpenSM stopped until every fence naming it is lifted; this one does not. Un-ignore
+/// when `Fences` re-checks a fenced peer's evidence at every round.
+#[test]
+#[ignore = "finding: a fenced host whose OpenSM runs again stays excused"]
+fn a_fenced_host_whose_opensm_runs_again_is_no_longer_excused() {
+    if let Err(e) = runtime().block_on(run(1, 200, Mutation::None, true)) {
+        panic!("{e}");
+    }
+}
+
+/// Finding (issue 38): a fence is lifted when the peer answers a pull saying it has caught up,
+/// but that flag says the peer pulled every peer once (at its start, or since it lost it), not
+/// that it holds what was confirmed while it was fenced. Seed 60, steps 156-169: smhost0 (agent
+/// up, OpenSM down) is fenced by smhost2; node0's release is acknowledged by smhost2 alone,
+/// smhost0 excused; smhost2's next pull hears smhost0 "caught up" and lifts the fence, and
+/// smhost0, unfenced, still holds the released key in its file until its own next pull: an
+/// OpenSM started there in that window (up to one sync interval) programs it. Un-ignore when a
+/// fence is lifted only once the peer holds every set this host confirmed (for instance its
+/// answer's generations at or above this host's).
+#[test]
+#[ignore = "finding: a fence is lifted before the peer holds what was confirmed while it was fenced"]
+fn a_fence_is_lifted_only_once_the_peer_holds_what_was_confirmed_meanwhile() {
+    if let Err(e) = runtime().block_on(run(60, 200, Mutation::None, false)) {
+        panic!("{e}");
+    }
+}
+
+/// Finding (issue 38): a whole-host restore of the one host that acknowledged a release (its
+/// peers fenced, so excused) brings the released key back. The restored store and file predate
+/// the release and the fences the host made since; at its catch-up a peer that was fenced (so
+/// never got the release) serves the node's older set, confirmed at the generation the restored
+/// record holds, which confirms the held-back record: the key re-enters the file and the host,
+/// master, programs it. Seed 339, steps 101-135 (smhost0 restored from its snapshot of step
+/// 106 after node0's release at step 119 was acknowledged by smhost0 alone); seed 384 is the
+/// same with smhost2. Un-ignore when a restored host's sets are confirmed only by the nodes
+/// themselves, or by peers that were not fenced while the host was (for instance a restore
+/// epoch the peers compare).
+#[test]
+#[ignore = "finding: restoring the one host that acknowledged a release brings the key back"]
+fn a_restore_of_the_only_host_that_acknowledged_a_release_keeps_it_released() {
+    if let Err(e) = runtime().block_on(run(339, 200, Mutation::None, false)) {
+        panic!("{e}");
+    }
+}
