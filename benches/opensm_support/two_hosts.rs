@@ -211,15 +211,20 @@ pub async fn apply_both(
     set: NodeMemberships,
     generation: u64,
 ) -> NodeApply {
+    async fn one(
+        h: &SmHost,
+        set: NodeMemberships,
+        generation: u64,
+        sent: Instant,
+    ) -> (Result<u64, fabric_agent::sm::FabricSideError>, Duration) {
+        let r = h.side.set_node(set, &[], generation).await;
+        (r, sent.elapsed())
+    }
     let sent = Instant::now();
-    let one = |h: &SmHost, set: NodeMemberships| {
-        let side = &h.side;
-        async move {
-            let r = side.set_node(set, &[], generation).await;
-            (r, sent.elapsed())
-        }
-    };
-    let ((ra, a), (rb, b)) = tokio::join!(one(&hosts[0], set.clone()), one(&hosts[1], set));
+    let ((ra, a), (rb, b)) = tokio::join!(
+        one(&hosts[0], set.clone(), generation, sent),
+        one(&hosts[1], set, generation, sent)
+    );
     let replies = [
         ra.map(|s| reply_of(&hosts[0], s))
             .map_err(|e| e.to_string()),
