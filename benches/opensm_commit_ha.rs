@@ -120,15 +120,13 @@ fn storm_line(
     }
     let (right, polls) = wait_tables(reader, wants, t, DEADLINE)?;
     let (cpu_self1, cpu_sm1) = cpu();
-    let last = |f: fn(&two_hosts::NodeApply) -> Duration| {
-        applies.iter().map(f).max().unwrap_or_default()
-    };
+    let last =
+        |f: fn(&two_hosts::NodeApply) -> Duration| applies.iter().map(f).max().unwrap_or_default();
     let (last_a, last_b) = (last(|a| a.a), last(|a| a.b));
     let last_both = last_a.max(last_b);
     let latencies: Vec<Duration> = applies.iter().map(|a| a.latency()).collect();
-    let pct = |p: f64| {
-        percentile(&latencies, p).ok_or_else(|| format!("FAILED: {label}: no latencies"))
-    };
+    let pct =
+        |p: f64| percentile(&latencies, p).ok_or_else(|| format!("FAILED: {label}: no latencies"));
     let (p50, p99) = (pct(0.50)?, pct(0.99)?);
     let delta = |h: &SmHost, b: (u64, u64, usize)| {
         (
@@ -264,15 +262,30 @@ fn summaries(done: &[Run]) {
         ("release", |r: &Run| r.release),
     ] {
         let col = |f: &dyn Fn(&Storm) -> f64| done.iter().map(|r| f(&pick(r))).collect::<Vec<_>>();
-        summary(&format!("{what} storm: last answer, SM host a"), &col(&|s| s.last_a));
-        summary(&format!("{what} storm: last answer, SM host b"), &col(&|s| s.last_b));
+        summary(
+            &format!("{what} storm: last answer, SM host a"),
+            &col(&|s| s.last_a),
+        );
+        summary(
+            &format!("{what} storm: last answer, SM host b"),
+            &col(&|s| s.last_b),
+        );
         summary(
             &format!("{what} storm: last node acknowledged by both"),
             &col(&|s| s.last_both),
         );
-        summary(&format!("{what} storm: per-node latency p50"), &col(&|s| s.p50));
-        summary(&format!("{what} storm: per-node latency p99"), &col(&|s| s.p99));
-        summary(&format!("{what} storm: every table right"), &col(&|s| s.right));
+        summary(
+            &format!("{what} storm: per-node latency p50"),
+            &col(&|s| s.p50),
+        );
+        summary(
+            &format!("{what} storm: per-node latency p99"),
+            &col(&|s| s.p99),
+        );
+        summary(
+            &format!("{what} storm: every table right"),
+            &col(&|s| s.right),
+        );
         summary(
             &format!("{what} storm: last ACTIVE/RELEASED possible"),
             &col(&|s| s.done),
@@ -290,7 +303,10 @@ fn summaries(done: &[Run]) {
                 .collect::<Vec<_>>(),
         );
     }
-    summary("one heavy sweep of the master", &done.iter().map(|r| r.heavy_sweep).collect::<Vec<_>>());
+    summary(
+        "one heavy sweep of the master",
+        &done.iter().map(|r| r.heavy_sweep).collect::<Vec<_>>(),
+    );
 }
 fn main() {
     if opensm_support::tables::serve_if_child() {
@@ -306,8 +322,7 @@ fn main() {
         std::process::exit(1);
     };
     let t = Instant::now();
-    let Some((fabric, standby)) =
-        rig::ha::start_two_sms(&spec, opensm_support::OPERATOR, &second)
+    let Some((fabric, standby)) = rig::ha::start_two_sms(&spec, opensm_support::OPERATOR, &second)
     else {
         println!("skipped: ibsim/opensm or the umad2sim shim not installed");
         return;

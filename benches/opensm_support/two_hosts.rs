@@ -101,9 +101,8 @@ fn host(
         role.clone(),
         &cfg,
     ));
-    let store: Arc<dyn NodeMembershipStore> = Arc::new(GatedStore(Arc::new(
-        InMemoryNodeStore::default(),
-    )));
+    let store: Arc<dyn NodeMembershipStore> =
+        Arc::new(GatedStore(Arc::new(InMemoryNodeStore::default())));
     let backend = OpenSmBackend::with_reloader(cfg, name.to_owned(), store, reloader)
         .map_err(|e| format!("FAILED: SM host {name}: backend: {e}"))?;
     backend.hold_commits_until_caught_up();
@@ -206,11 +205,7 @@ fn reply_of(host: &SmHost, sweeps: u64) -> pb::SetNodeMembershipsResponse {
 
 /// Sends `set` to both hosts at once (as a node sends to each of its endpoints) and judges
 /// the answers by the node's rule.
-pub async fn apply_both(
-    hosts: &[SmHost; 2],
-    set: NodeMemberships,
-    generation: u64,
-) -> NodeApply {
+pub async fn apply_both(hosts: &[SmHost; 2], set: NodeMemberships, generation: u64) -> NodeApply {
     async fn one(
         h: &SmHost,
         set: NodeMemberships,
