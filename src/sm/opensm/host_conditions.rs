@@ -1,7 +1,10 @@
 //! The standing conditions of an SM host among several that come from its start and its own
 //! OpenSM: `SM_HOST_NOT_CAUGHT_UP` while a peer has not answered since the agent started (READY
 //! came after the catch-up's timeout, not after the catch-up), and `OPENSM_NOT_RUNNING` while
-//! its OpenSM is seen dead ([`super::sminfo::SmRole::not_running`]).
+//! its OpenSM is seen dead ([`super::sminfo::SmRole::not_running`]). The latter says whether it
+//! blocks the nodes: not while the death is proven
+//! ([`super::sminfo::SmRole::proven_not_running`]: this host's writes are then confirmed without
+//! OpenSM), otherwise every node's apply waits for this host's acknowledgement.
 
 use super::peer_state::SyncStatus;
 use super::sminfo::SmRole;
@@ -30,21 +33,42 @@ pub fn standing(
             ),
         });
     }
-    if let Some(why) = role.and_then(SmRole::not_running) {
-        let blocked = if nodes.is_empty() {
-            "no node has sent it a set yet".to_owned()
-        } else {
-            format!(
-                "it blocks ACTIVE and RELEASED on {} (their applies wait for this host's acknowledgement; stop and fence it, or start OpenSM)",
-                nodes.into_keys().collect::<Vec<_>>().join(", ")
-            )
-        };
-        out.push(Condition {
-            kind: ConditionKind::OpenSmNotRunning,
-            detail: format!("this host's OpenSM is not running ({why}): {blocked}"),
-        });
+    if let Some(role) = role {
+        if let Some(why) = role.not_running() {
+            out.push(Condition {
+                kind: ConditionKind::OpenSmNotRunning,
+                detail: not_running_detail(&why, role.proven_not_running_last(), nodes),
+            });
+        }
     }
     out
+}
+
+/// What a dead OpenSM (`why`) means for the nodes holding sets here: nothing blocks while its
+/// death is proven (`proven`: this host's writes are then confirmed without it,
+/// [`super::standby`]); otherwise every node's applies wait for this host.
+fn not_running_detail(why: &str, proven: Option<String>, nodes: BTreeMap<String, u64>) -> String {
+    let names = nodes.into_keys().collect::<Vec<_>>().join(", ");
+    if let Some(proof) = proven {
+        let held = if names.is_empty() {
+            "no node has sent it a set yet".to_owned()
+        } else {
+            format!("it holds the sets of {names}")
+        };
+        return format!(
+            "this host's OpenSM is not running, proven ({proof}): this host still acknowledges writes (its partitions file is in place for the OpenSM that starts next), so it does not block ACTIVE or RELEASED; keys are programmed only while another SM host's OpenSM is master; start OpenSM to restore this host's SM ({held})"
+        );
+    }
+    let blocked = if names.is_empty() {
+        "no node has sent it a set yet".to_owned()
+    } else {
+        format!(
+            "it blocks ACTIVE and RELEASED on {names} (their applies wait for this host's acknowledgement, which then needs OpenSM's own sweep; stop and fence it, or start OpenSM)"
+        )
+    };
+    format!(
+        "this host's OpenSM is not running ({why}), not proven (that needs both: no SMInfo answer on sminfo_umad_device and a configured pid that names no live OpenSM): {blocked}"
+    )
 }
 
 #[cfg(test)]
@@ -85,9 +109,48 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].kind, ConditionKind::OpenSmNotRunning);
         assert!(
-            c[0].detail.contains("pid 9 is gone") && c[0].detail.contains("node1, node2"),
+            c[0].detail.contains("pid 9 is gone")
+                && c[0].detail.contains("not proven")
+                && c[0]
+                    .detail
+                    .contains("it blocks ACTIVE and RELEASED on node1, node2"),
             "{}",
             c[0].detail
+        );
+    }
+
+    #[test]
+    fn a_proven_dead_opensm_blocks_nobody() {
+        let dir = tempfile::tempdir().unwrap();
+        let role = SmRole::with_sminfo(
+            Arc::new(LogStateReader::new(dir.path().join("log"))),
+            dir.path().join("umad0"),
+        )
+        .with_pid_check(Some(Box::new(|| {
+            Err(crate::sm::opensm::sminfo::PidDown {
+                reason: "OpenSM's pid 9 is gone (no such process)".into(),
+                proven: true,
+            })
+        })));
+        role.set_last_read(Err(crate::sm::opensm::sminfo::ReadFailure {
+            message: "SMInfo on umad0: no answer".into(),
+            no_answer: true,
+        }));
+        let caught_up = SyncStatus {
+            caught_up: true,
+            ..SyncStatus::default()
+        };
+        let nodes = BTreeMap::from([("node1".to_owned(), 3)]);
+        let c = standing(&caught_up, Some(&role), nodes);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].kind, ConditionKind::OpenSmNotRunning);
+        let d = &c[0].detail;
+        assert!(
+            d.contains("proven (OpenSM's pid 9 is gone")
+                && d.contains("does not block ACTIVE or RELEASED")
+                && d.contains("node1")
+                && !d.contains("it blocks"),
+            "{d}"
         );
     }
 }

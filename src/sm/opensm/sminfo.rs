@@ -226,19 +226,94 @@ pub struct ReadFailure {
     pub no_answer: bool,
 }
 
+/// Why OpenSM's configured pid does not name a live OpenSM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PidDown {
+    /// For humans and status.
+    pub reason: String,
+    /// The pid was read and names no live OpenSM: no such process, another program (the pid
+    /// was recycled) or a zombie. False when the pid itself could not be had (the pid file is
+    /// missing or unreadable, holds no pid) or the process could not be looked at: then it is
+    /// not known, only not seen.
+    pub proven: bool,
+}
+
+impl std::fmt::Display for PidDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl From<String> for PidDown {
+    /// A reason only: not seen running, not proven gone.
+    fn from(reason: String) -> PidDown {
+        PidDown {
+            reason,
+            proven: false,
+        }
+    }
+}
+
+impl From<&str> for PidDown {
+    /// A reason only: not seen running, not proven gone.
+    fn from(reason: &str) -> PidDown {
+        PidDown::from(reason.to_owned())
+    }
+}
+
 /// Whether OpenSM's process is alive (`Ok(pid)`), from its configured pid.
-pub type PidCheck = Box<dyn Fn() -> Result<i32, String> + Send + Sync>;
+pub type PidCheck = Box<dyn Fn() -> Result<i32, PidDown> + Send + Sync>;
 
 /// The pid check of `config` when it names OpenSM's pid (`pid_file` or `pid`); `None` when it
-/// does not (then only SMInfo can say OpenSM is not running).
+/// does not (then only SMInfo can say OpenSM is not running, and it is never proven not
+/// running: [`SmRole::proven_not_running`]).
 pub fn pid_check(config: &super::config::OpenSmConfig) -> Option<PidCheck> {
     if config.pid_file.is_none() && config.pid.is_none() {
         return None;
     }
     let config = config.clone();
-    Some(Box::new(move || {
-        super::running_start::opensm_running(&config)
-    }))
+    Some(Box::new(move || pid_state(&config)))
+}
+
+/// Whether the pid from `config`'s `pid_file`/`pid` is a live process (not a zombie) called
+/// `process_name`; `Err` says why not and whether that is proven ([`PidDown::proven`]). "No
+/// such process" comes from the kernel (`kill(pid, 0)`: ESRCH), not from `/proc`, which a
+/// `hidepid` mount hides other users' processes from.
+pub fn pid_state(config: &super::config::OpenSmConfig) -> Result<i32, PidDown> {
+    let pid = super::reload::OpenSmReloader::new(config)
+        .opensm_pid()
+        .map_err(|e| PidDown::from(e.to_string()))?;
+    let gone = |reason: String| PidDown {
+        reason,
+        proven: true,
+    };
+    if let Err(nix::errno::Errno::ESRCH) =
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+    {
+        return Err(gone(format!(
+            "OpenSM's pid {pid} is gone (no such process)"
+        )));
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map_err(|e| PidDown::from(format!("OpenSM's pid {pid} cannot be looked at ({e})")))?;
+    let want: String = config.process_name.chars().take(15).collect();
+    if comm.trim_end_matches('\n') != want {
+        return Err(gone(format!(
+            "OpenSM's pid {pid} is {:?}, not {:?}",
+            comm.trim_end(),
+            config.process_name
+        )));
+    }
+    // A SIGKILLed child that nobody reaped stays a zombie: signals still "succeed".
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().next());
+    if matches!(state, Some("Z") | Some("X")) {
+        return Err(gone(format!("OpenSM's pid {pid} has exited (a zombie)")));
+    }
+    Ok(pid)
 }
 
 /// This host's OpenSM role: SMInfo when configured, OpenSM's log as the labelled fallback.
@@ -287,6 +362,13 @@ impl SmRole {
 
     /// A fresh SMInfo read (kept for status); `None` when no device is configured.
     pub async fn read_sminfo(&self) -> Option<Result<SmInfoRepr, String>> {
+        self.read_sminfo_classified()
+            .await
+            .map(|read| read.map_err(|f| f.message))
+    }
+
+    /// [`SmRole::read_sminfo`], telling "no answer" from a failed device ([`ReadFailure`]).
+    pub async fn read_sminfo_classified(&self) -> Option<Result<SmInfoRepr, ReadFailure>> {
         let reader = self.sminfo.as_ref()?;
         let read = reader.read_classified().await;
         let kept = read.clone().map(|i| (i, SystemTime::now()));
@@ -299,7 +381,48 @@ impl SmRole {
         } else {
             *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
         }
-        Some(read.map_err(|f| f.message))
+        Some(read)
+    }
+
+    /// [`SmRole::proven_not_running`] on the last SMInfo read (status's, refreshed every
+    /// [`POLL`] and by every write), for the standing condition.
+    pub fn proven_not_running_last(&self) -> Option<String> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let last = last.map(|read| read.map(|(info, _)| info));
+        self.proven_not_running(last.as_ref())
+    }
+
+    /// Sets the last SMInfo read, as a read would (tests of the users of the role).
+    #[cfg(test)]
+    pub(crate) fn set_last_read(&self, read: Result<SmInfoRepr, ReadFailure>) {
+        *self.last.lock().unwrap() = Some(read.map(|i| (i, SystemTime::now())));
+    }
+
+    /// Why this host's OpenSM is *proven* not running, given `fresh`, the SMInfo read (from
+    /// [`SmRole::read_sminfo_classified`]) started after the fact to be judged (a write): that
+    /// read got no answer from a working device ([`ReadFailure::no_answer`]) **and** OpenSM's
+    /// configured pid is proven to name no live OpenSM ([`PidDown::proven`]), checked now,
+    /// after the read. `None` otherwise: an SM answered (in any state), the device failed, no
+    /// device or no pid is configured, the pid lives, or it could not be had.
+    ///
+    /// Both are needed: a silent port alone may be an OpenSM too busy to answer, a gone pid
+    /// alone may be a stale pid file beside an OpenSM that runs. Weaker than
+    /// [`SmRole::not_running`] (status), which takes either.
+    pub fn proven_not_running(
+        &self,
+        fresh: Option<&Result<SmInfoRepr, ReadFailure>>,
+    ) -> Option<String> {
+        let silent = match fresh? {
+            Err(f) if f.no_answer => &f.message,
+            _ => return None,
+        };
+        match (self.pid.as_ref()?)() {
+            Err(PidDown {
+                reason,
+                proven: true,
+            }) => Some(format!("{reason}; {silent}")),
+            _ => None,
+        }
     }
 
     /// The state OpenSM's log last announced.
@@ -360,7 +483,7 @@ impl SmRole {
         };
         match (pid, silent) {
             (Some(Err(gone)), Some(sminfo)) => Some(format!("{gone}; {sminfo}")),
-            (Some(Err(gone)), None) => Some(gone),
+            (Some(Err(gone)), None) => Some(gone.reason),
             (Some(Ok(_)), _) => None,
             (None, Some(sminfo)) => Some(sminfo),
             (None, None) => None,
@@ -496,6 +619,140 @@ mod tests {
         let role = SmRole::with_sminfo(log, dir.path().join("umad0")).with_pid_check(gone());
         *role.last.lock().unwrap() = Some(Ok((info(sm_state::MASTER), SystemTime::UNIX_EPOCH)));
         assert_eq!(role.not_running(), None);
+    }
+
+    fn no_answer() -> Result<SmInfoRepr, ReadFailure> {
+        Err(ReadFailure {
+            message: "SMInfo on umad0: no answer after 3 attempts".into(),
+            no_answer: true,
+        })
+    }
+
+    fn role_with(pid: Option<PidCheck>) -> SmRole {
+        let dir = std::env::temp_dir();
+        SmRole::with_sminfo(
+            Arc::new(LogStateReader::new(dir.join("no-such-opensm.log"))),
+            dir.join("umad0"),
+        )
+        .with_pid_check(pid)
+    }
+
+    fn proven_gone() -> Option<PidCheck> {
+        Some(Box::new(|| {
+            Err(PidDown {
+                reason: "OpenSM's pid 7 is gone (no such process)".into(),
+                proven: true,
+            })
+        }))
+    }
+
+    #[test]
+    fn proven_not_running_needs_a_silent_port_and_a_gone_pid() {
+        // Both: proven, with both facts in the reason.
+        let why = role_with(proven_gone())
+            .proven_not_running(Some(&no_answer()))
+            .expect("both facts hold");
+        assert!(
+            why.contains("pid 7 is gone") && why.contains("no answer"),
+            "{why}"
+        );
+        // The pid is gone but the SM answered (whatever its state): it runs.
+        for state in [
+            sm_state::MASTER,
+            sm_state::STANDBY,
+            sm_state::DISCOVERING,
+            sm_state::NOT_ACTIVE,
+        ] {
+            let answered = Ok(info(state));
+            assert_eq!(
+                role_with(proven_gone()).proven_not_running(Some(&answered)),
+                None
+            );
+        }
+        // The pid is gone but the device failed: nothing is known of the SM.
+        let failed = Err(ReadFailure {
+            message: "cannot open umad0".into(),
+            no_answer: false,
+        });
+        assert_eq!(
+            role_with(proven_gone()).proven_not_running(Some(&failed)),
+            None
+        );
+        // No SMInfo device: no read, no proof.
+        assert_eq!(role_with(proven_gone()).proven_not_running(None), None);
+    }
+
+    #[test]
+    fn a_silent_port_with_a_live_unknown_or_unconfigured_pid_is_not_proven() {
+        let silent = no_answer();
+        // A live pid: OpenSM runs (too busy to answer, or not bound yet).
+        let alive = role_with(Some(Box::new(|| Ok(7))));
+        assert_eq!(alive.proven_not_running(Some(&silent)), None);
+        // A pid file that cannot be read says nothing about the process.
+        let unknown = role_with(Some(Box::new(|| {
+            Err("pid file /run/opensm.pid: No such file or directory".into())
+        })));
+        assert_eq!(unknown.proven_not_running(Some(&silent)), None);
+        // No pid configured.
+        assert_eq!(role_with(None).proven_not_running(Some(&silent)), None);
+        // Status still shows each of them as it did.
+        *unknown.last.lock().unwrap() = Some(silent.clone().map(|i| (i, SystemTime::now())));
+        assert!(unknown.not_running().is_some());
+    }
+
+    fn pid_config(pid: i32, name: &str) -> super::super::config::OpenSmConfig {
+        super::super::config::OpenSmConfig {
+            pid: Some(pid),
+            process_name: name.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pid_state_proves_only_what_it_saw() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+        let comm = comm.trim_end();
+        // This process, under its own name: alive.
+        assert_eq!(pid_state(&pid_config(me, comm)), Ok(me));
+        // The pid runs another program: that OpenSM is gone (a recycled pid).
+        let other = pid_state(&pid_config(me, "opensm")).unwrap_err();
+        assert!(other.proven, "{other}");
+        // An exited, reaped child: no such process.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = i32::try_from(child.id()).unwrap();
+        child.wait().unwrap();
+        let gone = pid_state(&pid_config(dead, "true")).unwrap_err();
+        assert!(gone.proven && gone.reason.contains("gone"), "{gone}");
+        // An exited child nobody reaped: a zombie.
+        let mut zombie = std::process::Command::new("true").spawn().unwrap();
+        let zpid = i32::try_from(zombie.id()).unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        let z = loop {
+            match pid_state(&pid_config(zpid, "true")) {
+                Err(z) if z.reason.contains("zombie") => break z,
+                _ if std::time::Instant::now() > until => panic!("no zombie"),
+                _ => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        assert!(z.proven, "{z}");
+        zombie.wait().unwrap();
+        // A missing pid file: not known, only not seen.
+        let dir = tempfile::tempdir().unwrap();
+        let missing = pid_state(&super::super::config::OpenSmConfig {
+            pid_file: Some(dir.path().join("opensm.pid")),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(!missing.proven, "{missing}");
+        // ... nor a pid file holding no pid.
+        std::fs::write(dir.path().join("opensm.pid"), "x\n").unwrap();
+        let garbage = pid_state(&super::super::config::OpenSmConfig {
+            pid_file: Some(dir.path().join("opensm.pid")),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(!garbage.proven, "{garbage}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! A standby OpenSM's file: confirmed without a sweep.
+//! A standby OpenSM's file, or a dead OpenSM's: confirmed without a sweep.
 //!
 //! A standby OpenSM programs nothing and ignores SIGHUP, so it never logs the `SUBNET UP` lines
 //! the sweep fence waits for: on an SM host whose OpenSM is standby every write would stay
@@ -6,16 +6,32 @@
 //! MASTER, and every write is in place before its checkpoint is taken; so on such a host a write
 //! is confirmed when OpenSM's own log says it is in STANDBY (its last `Entering ... state` line)
 //! and the process is alive and named `process_name` (it is sent a SIGHUP through a pidfd,
-//! which a standby ignores and a just-promoted master turns into a sweep). A master, an OpenSM
-//! still discovering, or one that cannot be seen goes through the sweep fence as before.
+//! which a standby ignores and a just-promoted master turns into a sweep).
 //!
 //! With `sminfo_umad_device` configured, "in STANDBY" means the SM's own SMInfo, read after the
-//! write ([`super::sminfo`]), said STANDBY; a failed read confirms nothing here (the sweep fence
-//! decides) and the log is not consulted. Without it, OpenSM's log decides, as above.
+//! write ([`super::sminfo`]), said STANDBY; the log is not consulted. Without it, OpenSM's log
+//! decides, as above.
+//!
+//! **A dead OpenSM.** When that same read, started after the write, got no answer from a
+//! working device *and* OpenSM's configured pid (`pid_file`/`pid`) is proven to name no live
+//! OpenSM, checked after the read ([`super::sminfo::SmRole::proven_not_running`]), the write is
+//! confirmed too: the file is in place for whatever OpenSM starts next. An SM that does not
+//! answer SMInfo is not bound to the port and programs nothing; an OpenSM started later binds,
+//! then reads the partitions file in its first heavy sweep, so after this write. Without both
+//! settings nothing is proven. It is decided afresh for every write: once OpenSM answers SMInfo
+//! or its pid lives again, writes go back to the standby check and the sweep fence (SIGHUP,
+//! then OpenSM's own `SUBNET UP` lines). Without it, an SM host whose OpenSM died but whose
+//! agent lives would never acknowledge a write (SIGHUP to a gone pid), and nothing fences a host
+//! whose agent answers: every attach and release on the fabric would wait for that OpenSM.
+//!
+//! A master, an OpenSM still discovering, one that cannot be seen, or one not proven dead goes
+//! through the sweep fence as before.
 
 use super::opensm_state::OpenSmState;
 use super::reload::{OpenSmReloader, ReloadError, ReloadReport, Reloader, Unsignalled};
+use super::sminfo::ReadFailure;
 use super::OpenSmConfig;
+use crate::mad::SmInfoRepr;
 use async_trait::async_trait;
 use std::sync::Arc;
 
@@ -43,17 +59,22 @@ impl StandbyAware {
         }
     }
 
-    /// Whether OpenSM is standby now: a fresh SMInfo read when configured, else its log.
-    async fn standby(&self) -> bool {
-        match self.role.read_sminfo().await {
-            Some(Ok(info)) => super::sminfo::state_of(&info) == OpenSmState::Standby,
+    /// Whether OpenSM is standby, from `fresh` (a read started after the write) when SMInfo is
+    /// configured, else from its log.
+    fn standby(&self, fresh: Option<&Result<SmInfoRepr, ReadFailure>>) -> bool {
+        match fresh {
+            Some(Ok(info)) => super::sminfo::state_of(info) == OpenSmState::Standby,
             Some(Err(_)) => false,
             None => self.role.log_state() == OpenSmState::Standby,
         }
     }
 
-    async fn standby_alive(&self) -> Result<bool, ReloadError> {
-        if !self.standby().await {
+    /// Signals a standby OpenSM (a just-promoted master sweeps); `Ok(false)` when not standby.
+    fn standby_alive(
+        &self,
+        fresh: Option<&Result<SmInfoRepr, ReadFailure>>,
+    ) -> Result<bool, ReloadError> {
+        if !self.standby(fresh) {
             return Ok(false);
         }
         let pid = self.pid.opensm_pid()?;
@@ -77,10 +98,20 @@ impl Reloader for StandbyAware {
     }
 
     async fn reload(&self, checkpoint: u64) -> Result<ReloadReport, ReloadError> {
-        if self.standby_alive().await? {
+        // Started after the write (module docs): any answer or silence is about the file as
+        // it is now.
+        let fresh = self.role.read_sminfo_classified().await;
+        if self.standby_alive(fresh.as_ref())? {
             tracing::debug!(
                 by_sminfo = self.role.reads_sminfo(),
                 "OpenSM is standby: the file is in place for its takeover"
+            );
+            return Ok(ReloadReport { file_read: true });
+        }
+        if let Some(why) = self.role.proven_not_running(fresh.as_ref()) {
+            tracing::info!(
+                opensm = %why,
+                "OpenSM is not running (its port does not answer SMInfo, its pid is gone): the file is in place for the OpenSM that starts next"
             );
             return Ok(ReloadReport { file_read: true });
         }
@@ -130,7 +161,8 @@ mod tests {
         let fence = Arc::new(Fence(Default::default()));
         let aware = StandbyAware::new(fence.clone(), role.clone(), &OpenSmConfig::default());
         // The log says STANDBY, but SMInfo cannot be read: the sweep fence decides.
-        assert!(!aware.standby().await);
+        let fresh = role.read_sminfo_classified().await;
+        assert!(!aware.standby(fresh.as_ref()));
         let report = aware.reload(0).await.unwrap();
         assert!(!report.file_read);
         assert_eq!(fence.0.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -138,6 +170,40 @@ mod tests {
             role.current().source,
             super::super::sminfo::RoleSource::LogFallback { .. }
         ));
+    }
+
+    fn gone() -> Option<super::super::sminfo::PidCheck> {
+        Some(Box::new(|| {
+            Err(super::super::sminfo::PidDown {
+                reason: "OpenSM's pid 7 is gone (no such process)".into(),
+                proven: true,
+            })
+        }))
+    }
+
+    #[tokio::test]
+    async fn a_gone_pid_without_a_silent_port_goes_through_the_sweep_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("opensm.log");
+        std::fs::write(&log, "x -> Entering MASTER state\n").unwrap();
+        let log = Arc::new(super::super::opensm_state::LogStateReader::new(log));
+        // No SMInfo device: a gone pid alone proves nothing (a stale pid file).
+        let from_log =
+            Arc::new(super::super::sminfo::SmRole::from_log(log.clone()).with_pid_check(gone()));
+        // A device that fails (not "no answer"): nothing is known of the SM.
+        let failing = Arc::new(
+            super::super::sminfo::SmRole::with_sminfo(log, dir.path().join("no-umad0"))
+                .with_pid_check(gone()),
+        );
+        for role in [from_log, failing] {
+            let fence = Arc::new(Fence(Default::default()));
+            let aware = StandbyAware::new(fence.clone(), role.clone(), &OpenSmConfig::default());
+            let report = aware.reload(0).await.unwrap();
+            assert!(!report.file_read);
+            assert_eq!(fence.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+            // Status still says `not running` (the pid is gone).
+            assert!(role.not_running().is_some());
+        }
     }
 
     #[test]
