@@ -16,6 +16,7 @@ benches=(
   "fabric_attach||--cycles 3"
   "grant_flood||--copies 2000 --attaches 20 --floods 3"
   "opensm_commit||--nodes 50 --per-leaf 10 --runs 1 --off-nodes 2"
+  "opensm_commit_ha||--nodes 50 --per-leaf 24 --runs 1 --sweeps 1"
   "opensm_restart||--nodes 50 --per-leaf 10 --runs 1"
   "streams||--streams 50 --cycles 5 --stalled 10"
   "soak||--minutes 1 --interval-secs 20"
