@@ -16,15 +16,22 @@ pub const DROP_IN_DIR: &str = "/etc/systemd/system/opensm@.service.d";
 /// The drop-in the project ships for OpenSM's unit (`systemd/opensm-fabric-agent.conf`).
 pub const DROP_IN: &str = "/etc/systemd/system/opensm@.service.d/fabric-agent.conf";
 
-/// The OpenSM role line: FAIL when this host's OpenSM is not running (with the condition's
-/// detail, which names the nodes it blocks), OK otherwise.
+/// The OpenSM role line: FAIL when this host's OpenSM is not running and that blocks the nodes
+/// (the condition's detail names them); WARN when it is proven not running, so this host's
+/// writes are confirmed without it and nothing waits on it (the fabric has lost one SM's
+/// redundancy); OK otherwise.
 pub fn role(checks: &mut Vec<Check>, h: &pb::SmHostStatus, conditions: &[pb::Condition]) {
     if h.role == "not running" {
         let blocked = conditions
             .iter()
             .find(|c| c.kind == "OPENSM_NOT_RUNNING")
             .map_or_else(|| h.role_fallback_reason.clone(), |c| c.detail.clone());
-        checks.push(Check::new(Verdict::Fail, "opensm", blocked));
+        let verdict = if blocked.contains("does not block ACTIVE or RELEASED") {
+            Verdict::Warn
+        } else {
+            Verdict::Fail
+        };
+        checks.push(Check::new(verdict, "opensm", blocked));
         return;
     }
     let source = match h.role_source.as_str() {
@@ -278,8 +285,16 @@ mod tests {
             kind: "OPENSM_NOT_RUNNING".into(),
             detail: "this host's OpenSM is not running (pid 9 is gone): it blocks ACTIVE and RELEASED on node1".into(),
                     };
-        role(&mut checks, &h, &[c]);
+        role(&mut checks, &h, &[c.clone()]);
         assert_eq!(checks[0].verdict, Verdict::Fail);
         assert!(checks[0].detail.contains("node1"));
+        // Proven not running: this host confirms its writes without OpenSM; a warning.
+        let proven = pb::Condition {
+            detail: "this host's OpenSM is not running, proven (no SMInfo answer; pid 9 gone): this host still acknowledges writes, so it does not block ACTIVE or RELEASED".into(),
+            ..c
+        };
+        let mut checks = Vec::new();
+        role(&mut checks, &h, &[proven]);
+        assert_eq!(checks[0].verdict, Verdict::Warn);
     }
 }

@@ -50,8 +50,9 @@ pub enum ConditionKind {
     /// until the node or a peer confirms them. The detail names the peers it waits for.
     SmHostNotCaughtUp,
     /// An SM host's own OpenSM is not running (no SMInfo answer on its port, or its pid is
-    /// gone): this host's acknowledgements are missing from every node's applies, so releases
-    /// and attaches wait on it. The detail says how it was seen.
+    /// gone). Proven (no SMInfo answer after the write *and* the pid gone), this host still
+    /// confirms its writes and nothing waits on it; not proven, its acknowledgements are missing
+    /// from every node's applies, so releases and attaches wait on it. The detail says which.
     OpenSmNotRunning,
     /// An SM host holds a peer fenced: the peer's agent stopped answering pulls and its SM port
     /// did not answer SMInfo (or was down). The nodes' applies go on without it; it rejoins once

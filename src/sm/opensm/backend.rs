@@ -309,8 +309,11 @@ impl OpenSmBackend {
     /// (`restored`: why, from `Store::rolled_back`), writes the region rendered from the
     /// restored store, whose sets load without their keys (fail closed), so a partitions file
     /// put back with the store (a whole-host restore) never hands OpenSM sets the nodes have
-    /// replaced since. With OpenSM not running yet the write stays unconfirmed and the next
-    /// commit checks it again. Nothing to do (Ok) when the store was not restored.
+    /// replaced since. Its safety is the file's content (the restored sets' keys left out), not
+    /// its confirmation: with OpenSM not running yet the write is confirmed only where OpenSM is
+    /// proven not running (SM hosts with peers: no SMInfo answer and its pid gone), else it
+    /// stays unconfirmed and the next commit checks it again. Nothing to do (Ok) when the store
+    /// was not restored.
     pub async fn render_after_restore(&self, restored: Option<&str>) -> Result<(), OpenSmError> {
         let Some(why) = restored else {
             return Ok(());
