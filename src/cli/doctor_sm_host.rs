@@ -285,7 +285,7 @@ mod tests {
             kind: "OPENSM_NOT_RUNNING".into(),
             detail: "this host's OpenSM is not running (pid 9 is gone): it blocks ACTIVE and RELEASED on node1".into(),
                     };
-        role(&mut checks, &h, &[c.clone()]);
+        role(&mut checks, &h, std::slice::from_ref(&c));
         assert_eq!(checks[0].verdict, Verdict::Fail);
         assert!(checks[0].detail.contains("node1"));
         // Proven not running: this host confirms its writes without OpenSM; a warning.

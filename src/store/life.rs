@@ -54,8 +54,9 @@ pub enum LifeStart {
         previous: LogEpoch,
         /// The new one.
         epoch: LogEpoch,
-        /// The event that raised `UNCLEAN_STOP` (to publish).
-        event: Event,
+        /// The event that raised `UNCLEAN_STOP` (to publish; boxed: the variant would be the
+        /// enum's size otherwise).
+        event: Box<Event>,
     },
 }
 
@@ -122,7 +123,7 @@ impl Store {
             Ok(LifeStart::NewEpoch {
                 previous: current,
                 epoch,
-                event,
+                event: Box::new(event),
             })
         })?;
         if let Some(epoch) = started {

@@ -179,8 +179,24 @@ async fn only_the_masters_opensm_killed_attaches_and_releases_go_on() {
     assert!(!has_base(&fabric.pkeys("node1"), k1));
     let released = get(&mut c1, "i-1").await;
     eprintln!("RELEASED evidence: {}", released.reason);
-    // The dead OpenSM's host says it is not running, proven, and blocks nobody.
-    let conditions = conditions_of(&sm_a.socket).await;
+    // The dead OpenSM's host says it is not running, proven, and blocks nobody. Its conditions
+    // are recomputed at its reconcile passes, and while its peer's pulls lag (a loaded machine)
+    // it may hold its sets back for a moment first: polled for a while.
+    let mut conditions = conditions_of(&sm_a.socket).await;
+    let polled = std::time::Instant::now();
+    let settled = |conditions: &[(String, String)]| {
+        let proven = conditions.iter().any(|(kind, detail)| {
+            kind == "OPENSM_NOT_RUNNING" && detail.contains("does not block ACTIVE or RELEASED")
+        });
+        let unconfirmed = conditions
+            .iter()
+            .any(|(kind, _)| kind == "PARTITIONS_FILE_UNCONFIRMED");
+        proven && !unconfirmed
+    };
+    while polled.elapsed() < Duration::from_secs(15) && !settled(&conditions) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        conditions = conditions_of(&sm_a.socket).await;
+    }
     eprintln!("smhost's conditions: {conditions:?}");
     assert!(
         conditions
