@@ -88,8 +88,8 @@ impl SmKnowledge {
         self.acknowledged_by(generation, set, unix_ns, Vec::new());
     }
 
-    /// [`Self::acknowledged`], naming the SM `hosts` that acknowledged it (the evidence of the
-    /// ACTIVE and RELEASED claims it supports lists them).
+    /// Records that `set` at `generation` was acknowledged, naming the SM `hosts` that
+    /// acknowledged it (the evidence of the ACTIVE and RELEASED claims it supports lists them).
     pub fn acknowledged_by(
         &mut self,
         generation: u64,
