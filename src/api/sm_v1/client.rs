@@ -12,7 +12,9 @@
 //! A status the SM host's agent sent is its answer, so a refusal even with UNAVAILABLE or
 //! ABORTED; only a transport failure or a timeout is "no answer" (`classify`).
 
-use super::convert::{memberships_to_proto, sm_error_of};
+use super::convert::memberships_to_proto;
+use super::host_answer::classify;
+pub use super::host_answer::HostAnswer;
 use crate::api::grant_v1::signed_grant_to_proto;
 use crate::domain::{NodeId, NodeMemberships, SignedGrant};
 use crate::proto::sm as pb;
@@ -121,35 +123,6 @@ impl RemoteSm {
             sm_hosts: Default::default(),
         })
     }
-}
-
-/// What one host's error status means. A status the SM host's agent sent (no transport error
-/// behind it) is its answer: UNAVAILABLE ("OpenSM has not confirmed"), ABORTED and the like
-/// from a reachable host are refusals, never "no answer"; only a failure of the connection or
-/// the call itself (tonic puts the transport error behind the status: refused or reset
-/// connection, timeout) is [`SmError::Unreachable`].
-pub(super) fn classify(status: &tonic::Status, generation: u64) -> SmError {
-    let answered = std::error::Error::source(status).is_none()
-        && !matches!(
-            status.code(),
-            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
-        );
-    match sm_error_of(status, generation) {
-        SmError::Unreachable(failure) if answered => SmError::Refused(failure),
-        other => other,
-    }
-}
-
-/// One SM host's answer to an apply.
-pub struct HostAnswer<'a> {
-    /// The endpoint as configured.
-    pub endpoint: &'a str,
-    /// The name TLS verifies for it (https: `domain_name`, else the URL's host).
-    pub verified: Option<String>,
-    /// On plaintext: the name it stated in an earlier answer.
-    pub remembered: Option<String>,
-    /// What it answered.
-    pub answer: Result<pb::SetNodeMembershipsResponse, tonic::Status>,
 }
 
 /// One apply's answers, host by host, folded into the node's outcome, and the host-set

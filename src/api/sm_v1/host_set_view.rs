@@ -4,7 +4,7 @@
 //! acknowledge with why (no answer, a refusal, an answer not counted, a host missing from the
 //! endpoints).
 
-use super::client::{classify, HostAnswer};
+use super::host_answer::{classify, HostAnswer};
 use super::host_set::{judge, EndpointView, Verdict};
 use crate::domain::{FencedSmHostView, SmHostMiss, SmHostMissKind, SmHostSet};
 use crate::sm::SmError;
