@@ -319,18 +319,48 @@ async fn a_restarted_follower_resumes_from_its_persisted_cursor() {
     });
     assert_eq!(f.may_delete("ibpart_resume").await.unwrap(), Decision::Yes);
 
-    // The agent crashes and restarts on the same state (same epoch): the follower reconnects
-    // from its cursor, again without a resync.
-    agent.crash();
+    // The agent stops cleanly (SIGTERM) and restarts on the same state: same epoch, the
+    // follower reconnects from its cursor, again without a resync.
+    agent.stop();
     wait_for("unreachable", WAIT, || {
         f.with_view(|v| v.nodes["resume-1"].live.unreachable_since_ms)
     })
     .await;
     agent.spawn();
     attach(&f, "resume-1", "i-t", &p).await;
-    wait_for("i-t ACTIVE after the agent's restart", WAIT, || {
+    wait_for("i-t ACTIVE after the agent's clean restart", WAIT, || {
         (state_of(&f, "resume-1", "i-t").as_deref() == Some("ACTIVE")).then_some(())
     })
     .await;
-    f.with_view(|v| assert_eq!(v.nodes["resume-1"].live.resyncs, 0));
+    f.with_view(|v| {
+        let n = &v.nodes["resume-1"];
+        assert_eq!(n.durable.epoch, epoch, "a clean restart keeps the epoch");
+        assert_eq!(n.live.resyncs, 0, "resumed from the cursor, no resync");
+    });
+
+    // The agent crashes (SIGKILL) and restarts: an unclean stop opens a new epoch (its store
+    // could be a copy put back), so the follower resynchronises once and goes on.
+    agent.crash();
+    wait_for("unreachable", WAIT, || {
+        f.with_view(|v| v.nodes["resume-1"].live.unreachable_since_ms)
+    })
+    .await;
+    agent.spawn();
+    wait_for("a resync into the new epoch", WAIT, || {
+        f.with_view(|v| {
+            let n = &v.nodes["resume-1"];
+            (n.live.resyncs == 1 && n.durable.epoch != epoch).then_some(())
+        })
+    })
+    .await;
+    attach(&f, "resume-1", "i-u", &p).await;
+    wait_for("i-u ACTIVE after the agent's crash", WAIT, || {
+        (state_of(&f, "resume-1", "i-u").as_deref() == Some("ACTIVE")).then_some(())
+    })
+    .await;
+    assert_eq!(
+        state_of(&f, "resume-1", "i-t").as_deref(),
+        Some("ACTIVE"),
+        "the resync keeps what the node still holds"
+    );
 }

@@ -128,6 +128,22 @@ impl Agent {
         let _ = child.wait();
     }
 
+    /// SIGTERM by pid (a clean stop: the agent marks its store stopped cleanly, so the next
+    /// start keeps the log epoch), and reap; SIGKILL after 15 s.
+    pub fn stop(&mut self) {
+        let mut child = self.child.take().expect("running");
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while child.try_wait().ok().flatten().is_none() {
+            if Instant::now() > deadline {
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+                let _ = child.wait();
+                panic!("{} did not stop on SIGTERM within 15 s", self.node_id);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Removes the state directory (the next start opens a new log epoch).
     pub fn wipe_state(&self) {
         assert!(self.child.is_none(), "wipe only a stopped agent");
