@@ -19,7 +19,6 @@
 use super::config::OpenSmConfig;
 use super::model::{MemberKind, PortSet};
 use super::parse::parse;
-use super::reload::OpenSmReloader;
 use super::store::{CommitState, NodeMembershipStore, NodeStoreError, StoredNode};
 use crate::domain::{Guid, Membership};
 use std::collections::BTreeMap;
@@ -29,29 +28,7 @@ use std::sync::Arc;
 /// Whether OpenSM runs now: the pid from `pid_file`/`pid` names a live process (not a zombie)
 /// called `process_name`. `Err` says why not.
 pub fn opensm_running(config: &OpenSmConfig) -> Result<i32, String> {
-    let pid = OpenSmReloader::new(config)
-        .opensm_pid()
-        .map_err(|e| e.to_string())?;
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map_err(|e| format!("OpenSM's pid {pid} is gone ({e})"))?;
-    let want: String = config.process_name.chars().take(15).collect();
-    if comm.trim_end_matches('\n') != want {
-        return Err(format!(
-            "pid {pid} is {:?}, not {:?}",
-            comm.trim_end(),
-            config.process_name
-        ));
-    }
-    // A SIGKILLed child that nobody reaped stays a zombie: signals still "succeed".
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat
-        .rsplit(')')
-        .next()
-        .and_then(|r| r.split_whitespace().next());
-    if matches!(state, Some("Z") | Some("X")) {
-        return Err(format!("OpenSM's pid {pid} has exited (a zombie)"));
-    }
-    Ok(pid)
+    super::sminfo::pid_state(config).map_err(|down| down.reason)
 }
 
 /// The tenant memberships the running file gives each port: key base -> port -> membership.
