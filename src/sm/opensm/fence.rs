@@ -417,7 +417,9 @@ impl Fences {
         let mut state = self.lock();
         let peers = self.peers();
         if let Some(peer) = peers.iter().find(|p| self.name_in(&state, p) == name) {
-            state.last_answer.insert(peer.endpoint.clone(), Instant::now());
+            state
+                .last_answer
+                .insert(peer.endpoint.clone(), Instant::now());
             state.silent.remove(name);
         }
         if !state.fenced.contains_key(name) {
@@ -426,8 +428,12 @@ impl Fences {
         let mut after = state.fenced.clone();
         after.remove(name);
         match self.store(&after) {
-            Ok(()) => tracing::warn!(peer = %name, "fence withdrawn: the fenced peer SM host's agent pulls this host again; it counts again until it holds every set"),
-            Err(e) => tracing::warn!(peer = %name, error = %e, "fence withdrawn in memory (the peer's agent pulls again); storing the withdrawal failed"),
+            Ok(()) => {
+                tracing::warn!(peer = %name, "fence withdrawn: the fenced peer SM host's agent pulls this host again; it counts again until it holds every set")
+            }
+            Err(e) => {
+                tracing::warn!(peer = %name, error = %e, "fence withdrawn in memory (the peer's agent pulls again); storing the withdrawal failed")
+            }
         }
         state.fenced = after;
     }
@@ -463,8 +469,12 @@ impl Fences {
             return;
         }
         match self.store(&after) {
-            Ok(()) => tracing::warn!(peer = %name, %reason, "fence withdrawn: the fenced peer SM host's SM is no longer proven not running"),
-            Err(e) => tracing::warn!(peer = %name, %reason, error = %e, "fence withdrawn in memory; storing the withdrawal failed (retried at the next round)"),
+            Ok(()) => {
+                tracing::warn!(peer = %name, %reason, "fence withdrawn: the fenced peer SM host's SM is no longer proven not running")
+            }
+            Err(e) => {
+                tracing::warn!(peer = %name, %reason, error = %e, "fence withdrawn in memory; storing the withdrawal failed (retried at the next round)")
+            }
         }
         state.fenced = after;
         state.silent.insert(name.to_owned(), reason);

@@ -328,7 +328,11 @@ impl PeerSync {
         let mut best: BTreeMap<NodeId, PeerSet> = BTreeMap::new();
         let mut views: Vec<(String, Result<PeerAnswer, String>)> = Vec::new();
         for (name, answer) in answers {
-            if let Some(a) = answer.as_ref().ok().filter(|a| !untrusted.contains(&a.host_name)) {
+            if let Some(a) = answer
+                .as_ref()
+                .ok()
+                .filter(|a| !untrusted.contains(&a.host_name))
+            {
                 for set in a.sets.iter().filter(|s| {
                     s.confirmed
                         && super::generation_bound::admits(&name, s, |id| {
