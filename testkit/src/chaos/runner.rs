@@ -72,6 +72,10 @@ pub struct Settings {
     /// Whether state snapshots are taken and put back (see the notes: a restored store whose
     /// set carries a grant consumed since is refused before its rollback is seen).
     pub restores: bool,
+    /// When set: the node agents run with `FABRIC_AGENT_TEST_MUTATION` set to this name (one
+    /// truth rule switched off in the debug build, `fabric_agent::test_mutation`), for the
+    /// test that shows a broken rule fails the campaign. The SM-host agents never get it.
+    pub mutation: Option<String>,
 }
 
 impl Settings {
@@ -85,6 +89,7 @@ impl Settings {
             converge_bound: Duration::from_secs(120),
             rogue_after: None,
             restores: true,
+            mutation: None,
         }
     }
 }
@@ -99,6 +104,8 @@ pub const ROGUE_NODE: &str = "node3";
 pub struct Report {
     /// The seed.
     pub seed: u64,
+    /// When the fault loop began (wall-clock ms, as [`Violation::at`]).
+    pub started_at: super::history::Ms,
     /// Every fault, in order, with counts.
     pub faults: FaultLog,
     /// The driver's operations.
@@ -111,6 +118,9 @@ pub struct Report {
     pub convergence: Option<Duration>,
     /// Resyncs of event watchers (a cursor that no longer held).
     pub resyncs: usize,
+    /// State changes whose reason names a test mutation (`Settings::mutation`): the switched-off
+    /// rule decided them.
+    pub mutation_events: usize,
     /// OpenSMs restarted by the rig because they stopped sweeping on their own or announced no
     /// state after a restart.
     pub rig_recoveries: u64,
@@ -162,6 +172,13 @@ impl std::fmt::Display for Report {
             "  the guard's view at the end: {} of {} wanted keys listed by both SM hosts for their node {}",
             self.guard_view.0, self.guard_view.1, self.guard_view.2
         )?;
+        if self.mutation_events > 0 {
+            writeln!(
+                f,
+                "  state changes decided by the test mutation: {}",
+                self.mutation_events
+            )?;
+        }
         writeln!(
             f,
             "  rig recoveries (OpenSM stopped sweeping or announced no state): {}",
@@ -539,6 +556,11 @@ pub fn run(settings: &Settings) -> Option<Report> {
             ) + &grants),
         ),
     ];
+    let mutation_env: Vec<(String, String)> = settings
+        .mutation
+        .iter()
+        .map(|m| (fabric_agent::test_mutation::ENV.to_owned(), m.clone()))
+        .collect();
     let node_links: Vec<[CuttableLink; 2]> = names
         .iter()
         .map(|_| [CuttableLink::start(ports[0]), CuttableLink::start(ports[1])])
@@ -547,10 +569,11 @@ pub fn run(settings: &Settings) -> Option<Report> {
         .iter()
         .zip(&node_links)
         .map(|(n, l)| {
-            Agent::start(
+            Agent::start_with_env(
                 &fabric,
                 n,
                 &(ha_node_config(&fabric, n, &[l[0].port(), l[1].port()]) + &grants),
+                &mutation_env,
             )
         })
         .collect();
@@ -629,14 +652,16 @@ pub fn run(settings: &Settings) -> Option<Report> {
     let mut schedule = Schedule::new(settings.seed, nodes);
     let mut pending: Vec<(Instant, Undo)> = Vec::new();
     let start = Instant::now();
+    let started_at = now_ms();
     let end = start + settings.duration;
     let mut next_fault = start + Duration::from_secs(5);
     let mut rogue_state = 0;
     world.log.note(&format!(
-        "campaign: seed {}, {} s, {nodes} nodes, faults {}",
+        "campaign: seed {}, {} s, {nodes} nodes, faults {}, test mutation {:?}",
         settings.seed,
         settings.duration.as_secs(),
-        settings.faults
+        settings.faults,
+        settings.mutation
     ));
     while Instant::now() < end {
         let now = Instant::now();
@@ -717,6 +742,9 @@ pub fn run(settings: &Settings) -> Option<Report> {
     if convergence.is_none() {
         // With FABRIC_RIG_KEEP set: every agent's and OpenSM's log, for the diagnosis.
         crate::rig::stall::keep_for_diagnosis(world.fabric.dir(), None, "chaos-not-converged");
+    } else if settings.mutation.is_some() {
+        // With FABRIC_RIG_KEEP set: the logs of a run with a rule switched off (they say so).
+        crate::rig::stall::keep_for_diagnosis(world.fabric.dir(), None, "chaos-mutation");
     }
     // The guard is not blind: ListPartitionMembers at both SM hosts lists each wanted key's
     // node.
@@ -753,6 +781,7 @@ pub fn run(settings: &Settings) -> Option<Report> {
     let mut verdict = checker::check(&history);
     if convergence.is_none() {
         verdict.violations.push(Violation {
+            at: now_ms(),
             rule: checker::NOT_CONVERGED,
             detail: format!(
                 "not converged {} s after the faults stopped: {last_problem}",
@@ -765,6 +794,14 @@ pub fn run(settings: &Settings) -> Option<Report> {
         .iter()
         .filter(|e| matches!(e, super::history::Entry::Resync { .. }))
         .count();
+    let mutation_events = history
+        .events()
+        .filter(|e| {
+            e.change
+                .as_ref()
+                .is_some_and(|c| c.reason.contains("TEST MUTATION"))
+        })
+        .count();
     let attached = world.fabric.ibsim_slots().attached().unwrap_or_default();
     let slots = (
         world.fabric.ibsim_slots().freed(),
@@ -775,12 +812,14 @@ pub fn run(settings: &Settings) -> Option<Report> {
     let plan = driver.plan.lock().unwrap_or_else(|p| p.into_inner());
     let report = Report {
         seed: settings.seed,
+        started_at,
         faults: world.log.clone(),
         ops: plan.ops.clone(),
         verdict,
         port_reads,
         convergence,
         resyncs,
+        mutation_events,
         rig_recoveries: world.rig_recoveries,
         slots,
         partitions: (
