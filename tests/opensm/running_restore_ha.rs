@@ -80,7 +80,8 @@ async fn log(c: &mut FabricAgentClient<Channel>) -> (pb::GetNodeResponse, Vec<pb
     (n, events)
 }
 
-/// What the SM host at `port` stores for node1: (generation, P_Key bases); None: nothing.
+/// What the SM host at `port` stores for node1: (generation, P_Key bases); None: nothing. A
+/// held-back record (answered UNAVAILABLE, "held back") reads as its generation with no key.
 async fn held_by(port: u16) -> Option<(u64, Vec<u16>)> {
     use fabric_agent::proto::sm::partitions_client::PartitionsClient;
     use fabric_agent::proto::sm::GetNodeMembershipsRequest;
@@ -99,6 +100,18 @@ async fn held_by(port: u16) -> Option<(u64, Vec<u16>)> {
             Some((m.generation, keys))
         }
         Err(s) if s.code() == tonic::Code::NotFound => None,
+        // A held-back record is no answer (its keys are not known there): its generation, no
+        // key.
+        Err(s) if s.code() == tonic::Code::Unavailable && s.message().contains("is held back") => {
+            let generation = s
+                .message()
+                .split("(generation ")
+                .nth(1)
+                .and_then(|rest| rest.split(')').next())
+                .and_then(|g| g.parse().ok())
+                .unwrap_or_else(|| panic!("no generation in {:?}", s.message()));
+            Some((generation, Vec::new()))
+        }
         Err(s) => panic!("node1's stored set on :{port}: {s}"),
     }
 }
@@ -130,8 +143,8 @@ async fn with_two_sm_hosts_one_behind_a_running_nodes_snapshot_put_back_never_pu
 
 /// The same, with A's replies to node1 lost for its first 5 s (its requests still reach A):
 /// at first only B, behind, answers the start check. The released key stays off and the
-/// rollback is found; but the evidence it cites is node1's own removals-only set of this life
-/// (sent to both hosts while A's answer was missing, see the doc of the third test).
+/// rollback is found (from A's answer once it arrives: node1's own removals-only set of this
+/// life, sent to both hosts meanwhile, is no evidence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_one_sm_host_behind_and_the_other_silent_at_the_start_a_released_key_stays_off() {
     snapshot_put_back_with_one_sm_host_behind(true).await;
@@ -142,17 +155,14 @@ async fn with_one_sm_host_behind_and_the_other_silent_at_the_start_a_released_ke
 /// are lost for the first 5 s. Nothing went back in time: the tenant's key must stay on the
 /// port, the attachment ACTIVE, no `STORE_ROLLED_BACK`, the log's epoch kept.
 ///
-/// Fails today (ignored until fixed; /work/docnotes/behind.md): B's held-back set is answered
-/// to the start check without its keys (`StoredNode::gated` clears them), so "removals only"
-/// keeps no key and node1 sends an empty set to both hosts; A takes it (its requests get
-/// through, only its replies are lost) and its OpenSM removes the tenant's key from the port
-/// (~0.25 s after node1's start). At the next round node1 judges that set, its own write of
-/// this life, as proof of a rollback: `STORE_ROLLED_BACK`, a new epoch, tenant-a PENDING,
-/// withheld.
+/// Found by this file (it failed 3 of 3 before the fixes): B's held-back set was answered to
+/// the start check without its keys (`StoredNode::gated` clears them), so "removals only" kept
+/// no key and node1 sent an empty set to both hosts; A took it (its requests got through, only
+/// its replies were lost) and its OpenSM removed the tenant's key (~0.25 s after node1's
+/// start); at the next round node1 judged that set, its own write of this life, as proof of a
+/// rollback. Now a held-back record is no answer (UNAVAILABLE), and a set this life sent is no
+/// evidence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "shows a bug: a held-back SM host answers the start check without its keys, so a \
-            clean restart with the other host silent removes the tenant's key and judges its \
-            own removals-only set a rollback"]
 async fn a_clean_restart_with_one_sm_host_behind_and_the_other_silent_keeps_the_tenants_key() {
     let Some(mut rig) = Rig::start().await else {
         return;
