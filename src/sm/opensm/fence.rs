@@ -21,9 +21,9 @@
 //! evidence no longer proves its SM not running (it answers SMInfo again, or cannot be
 //! checked), the fence is withdrawn and the peer counts again (nodes wait on it,
 //! `SM_HOST_AGENT_SILENT` says why), so an OpenSM started on a fenced host is never excused
-//! for longer than one sync interval. A pull from a fenced peer withdraws its fence at once
-//! ([`Fences::pulled_by`]): its agent is back, and its catch-up (which pulls) comes before its
-//! OpenSM starts.
+//! for longer than one sync interval. A pull from a fenced peer stops excusing it to the
+//! nodes at once ([`Fences::pulled_by`]): its agent is back, and its catch-up (which pulls)
+//! comes before its OpenSM starts; the fence stays stated to the peers until it is lifted.
 //!
 //! Each host decides on its own evidence (the fences peers report are shown, not adopted), so no
 //! agreement protocol is needed: a host that cannot see the evidence does not excuse the peer,
@@ -141,6 +141,9 @@ struct State {
     last_answer: BTreeMap<String, Instant>,
     stated: BTreeMap<String, String>,
     silent: BTreeMap<String, String>,
+    /// Fenced peers whose agent pulled this host since: no longer excused to the nodes, still
+    /// stated fenced to the peers (so the returning host holds its sets back) until lifted.
+    returned: std::collections::BTreeSet<String>,
 }
 
 /// The fences of one SM host and the SM-host set it states.
@@ -272,7 +275,12 @@ impl Fences {
         SmHostSet {
             host: self.host.clone(),
             known,
-            fenced: state.fenced.values().cloned().collect(),
+            fenced: state
+                .fenced
+                .values()
+                .filter(|f| !state.returned.contains(&f.host))
+                .cloned()
+                .collect(),
             not_fenced: state
                 .silent
                 .iter()
@@ -334,6 +342,7 @@ impl Fences {
                             match self.store(&after) {
                                 Ok(()) => {
                                     state.fenced = after;
+                                    state.returned.remove(&name);
                                     tracing::warn!(peer = %name, "fence lifted: the peer SM host's agent answers again, has caught up and holds every set this host serves");
                                 }
                                 Err(e) => {
@@ -379,6 +388,7 @@ impl Fences {
                         Ok(()) => {
                             state.fenced = after;
                             state.silent.remove(&name);
+                            state.returned.remove(&name);
                             tracing::warn!(peer = %name, evidence = %record.evidence, check_ms = u64::try_from(decided.elapsed().as_millis()).unwrap_or(u64::MAX), "fenced the peer SM host: its agent does not answer and its SM is not running; the nodes' applies go on without it");
                         }
                         Err(e) => {
@@ -409,10 +419,12 @@ impl Fences {
     }
 
     /// A peer stating `name` pulled this host: its agent is alive, so it is not silent (its
-    /// fence bound starts again), and a fence of it is withdrawn (durably) at once, before its
-    /// catch-up ends and its OpenSM (bound to its agent) starts: it counts again, and nodes
-    /// wait on it until it acknowledges. The name is the one the caller states (only a peer may
-    /// pull); a false one can only withdraw a fence, which makes nodes wait, never excuse.
+    /// fence bound starts again), and a fence of it stops excusing it to the nodes at once,
+    /// before its catch-up ends and its OpenSM (bound to its agent) starts: it counts again,
+    /// and nodes wait on it until it acknowledges. The fence stays stored and stated to the
+    /// peers (the returning host holds its sets back while a peer states it fenced) until it is
+    /// lifted. The name is the one the caller states (only a peer may pull); a false one can
+    /// only stop an excuse, which makes nodes wait, never excuse.
     pub fn pulled_by(&self, name: &str) {
         let mut state = self.lock();
         let peers = self.peers();
@@ -422,20 +434,9 @@ impl Fences {
                 .insert(peer.endpoint.clone(), Instant::now());
             state.silent.remove(name);
         }
-        if !state.fenced.contains_key(name) {
-            return;
+        if state.fenced.contains_key(name) && state.returned.insert(name.to_owned()) {
+            tracing::warn!(peer = %name, "the fenced peer SM host's agent pulls this host again: the nodes wait on it again; its fence stands until it holds every set");
         }
-        let mut after = state.fenced.clone();
-        after.remove(name);
-        match self.store(&after) {
-            Ok(()) => {
-                tracing::warn!(peer = %name, "fence withdrawn: the fenced peer SM host's agent pulls this host again; it counts again until it holds every set")
-            }
-            Err(e) => {
-                tracing::warn!(peer = %name, error = %e, "fence withdrawn in memory (the peer's agent pulls again); storing the withdrawal failed")
-            }
-        }
-        state.fenced = after;
     }
 
     /// Checks again the evidence of a fenced peer that stays fenced this round (its agent silent,
@@ -477,6 +478,7 @@ impl Fences {
             }
         }
         state.fenced = after;
+        state.returned.remove(name);
         state.silent.insert(name.to_owned(), reason);
     }
 
@@ -605,10 +607,17 @@ impl Fences {
             .values()
             .map(|f| Condition {
                 kind: ConditionKind::SmHostFenced,
-                detail: format!(
-                    "peer SM host {} is fenced since {} (unix ms): {}; the nodes' applies go on without it until its agent answers again, caught up",
-                    f.host, f.since_unix_ms, f.evidence
-                ),
+                detail: if state.returned.contains(&f.host) {
+                    format!(
+                        "peer SM host {} is fenced since {} (unix ms): {}; its agent pulls this host again, so the nodes wait on it again; the fence stands until it holds every set this host holds",
+                        f.host, f.since_unix_ms, f.evidence
+                    )
+                } else {
+                    format!(
+                        "peer SM host {} is fenced since {} (unix ms): {}; the nodes' applies go on without it until its agent answers again, caught up",
+                        f.host, f.since_unix_ms, f.evidence
+                    )
+                },
             })
             .collect();
         out.extend(state.silent.iter().map(|(name, why)| Condition {
@@ -670,7 +679,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_pull_from_a_fenced_peer_withdraws_its_fence_and_restarts_its_silence() {
+    async fn a_pull_from_a_fenced_peer_ends_its_excuse_but_not_its_fence() {
         let ledger = Arc::new(InMemoryNodeStore::default());
         let evidence = Arc::new(Fixed(Mutex::new(PeerSmCheck::Silent("x".into()))));
         let f = Fences::new(
@@ -688,14 +697,19 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(320)).await;
         f.after_round(&[(PEER.into(), None)]).await;
         assert_eq!(f.fenced().len(), 1);
+        assert_eq!(f.host_set().fenced.len(), 1);
         f.pulled_by("sm9");
-        assert_eq!(f.fenced().len(), 1, "another name withdraws nothing");
+        assert_eq!(f.host_set().fenced.len(), 1, "another name changes nothing");
         f.pulled_by("sm2");
+        // No longer excused to the nodes; still fenced to the peers, and stored.
+        assert!(f.host_set().fenced.is_empty());
+        assert_eq!(f.fenced().len(), 1);
+        assert_eq!(ledger.load_fenced().unwrap().len(), 1);
+        // Lifted once it answers caught up and holds every set.
+        f.after_round(&[(PEER.into(), Some(heard(true, None)))])
+            .await;
         assert!(f.fenced().is_empty());
         assert!(ledger.load_fenced().unwrap().is_empty());
-        // Its pull counts as an answer: not fenced again until silent for the bound.
-        f.after_round(&[(PEER.into(), None)]).await;
-        assert!(f.fenced().is_empty());
     }
 
     #[tokio::test]
