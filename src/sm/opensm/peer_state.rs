@@ -70,9 +70,9 @@ pub struct PeerAnswer {
 
 impl PeerAnswer {
     /// Why this answer does not hold every set and revocation of `mine` (this host's stored
-    /// nodes, held back or not): a node whose set the answer lacks or holds at an older
-    /// generation, or a revocation it lacks. `None` when it holds them all (at the same or
-    /// newer generations). A fence is lifted only on `None` ([`super::fence`]): a peer fenced
+    /// nodes, held back or not): a node whose set the answer serves at an older generation (a
+    /// set it serves is one its OpenSM programs; one it does not serve, it programs nothing
+    /// of), or a revocation it lacks. `None` when it holds them all. A fence is lifted only on `None` ([`super::fence`]): a peer fenced
     /// while this host confirmed releases holds them before anyone counts on it again. A set
     /// this host holds back counts too: it may be the only record of a release acknowledged
     /// while the peer was fenced (this host restarted since), and the peer's older set, served
@@ -94,12 +94,9 @@ impl PeerAnswer {
                         n.generation
                     ))
                 }
-                None => {
-                    return Some(format!(
-                        "it serves no set of node {id} (this host: generation {})",
-                        n.generation
-                    ))
-                }
+                // It serves none (it stores none, or holds it back): its file gives that node
+                // nothing, so its OpenSM programs no key of it.
+                None => {}
             }
             for instance in &n.revoked_instances {
                 if !self
