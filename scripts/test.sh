@@ -58,6 +58,10 @@ cargo run --release --example simulate -- --seeds 20000
 # executing requests late, out of order and after the client gave up).
 cargo run --release --example simulate -- --opensm --seeds 2000
 cargo run --release --example simulate -- --ufm --seeds 500
+# Several SM hosts on the real code of both sides: more seeds, and OpenSMs started on fenced
+# hosts as the real system allows (tests/simulation/sm_hosts).
+FABRIC_SIM_SM_HOSTS_SEEDS=200 cargo test -q --test simulation sm_hosts::several
+FABRIC_SIM_SM_HOSTS_SEEDS=200 FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED=1 cargo test -q --test simulation sm_hosts::several
 scripts/fuzz-smoke.sh
 scripts/bench-smoke.sh
 
