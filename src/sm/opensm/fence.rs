@@ -13,8 +13,8 @@
 //! `SM_HOST_AGENT_SILENT` says why and what the operator can do (stop that OpenSM, then
 //! `fabric-agent fence-sm-host NAME`, which makes the same check). A fence is stored durably
 //! before it is reported; it is lifted (durably) only when the peer's agent answers a pull again,
-//! says it has caught up *and* its answer holds every set this host serves at the same or a
-//! newer generation (a caught-up flag alone says the peer pulled every peer once, not that it
+//! says it has caught up *and* its answer serves no set older than one this host holds (a
+//! caught-up flag alone says the peer pulled every peer once, not that it
 //! holds what was confirmed while it was fenced): its OpenSM (bound to its agent) then reads a
 //! file that holds every set confirmed meanwhile. A stored fence is checked again at every
 //! round until it is lifted (the peer's agent silent, or answering but behind): when the
@@ -61,8 +61,8 @@ pub struct Heard {
     pub stated: String,
     /// Whether it says it has caught up with all its peers.
     pub caught_up: bool,
-    /// Why it does not hold every set this host serves, at the same or a newer generation
-    /// (`PeerAnswer::behind`); `None` when it holds them all.
+    /// Why it is behind this host: a set it serves older than this host's, or a revocation it
+    /// lacks (`PeerAnswer::behind`); `None` when it is not.
     pub behind: Option<String>,
 }
 
