@@ -75,6 +75,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     let cfg = agent.shared.parts.reconciler.clone();
     let prev_inventory = agent.status().inventory.clone();
     let knows = SmKnowledge::resume(&agent.ledger());
+    let reserved_at_start = agent.ledger().generation_reserved;
     let schedule = Schedule::new(agent.shared.parts.node_id.as_str(), cfg, Instant::now());
     let conditions = Conditions::new(agent.reported_conditions());
     let host_set_epoch = agent.shared.parts.sm.host_set_epoch();
@@ -97,6 +98,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             next_try: Instant::now(),
             verdict: None,
             sent: Default::default(),
+            reserved_at_start,
         }),
     };
     loop {

@@ -102,6 +102,36 @@ pub fn judge(
     verdict
 }
 
+impl Verdict {
+    /// Adds the reservation's evidence: a host holding a generation above `reserved` (the
+    /// store's reservation as this life found it), that this life did not send, holds a write
+    /// of a life the store does not know of: generations are reserved durably before they are
+    /// sent, so only a store that lost writes (a copy put back) is below one it handed out.
+    /// `reserved` 0 (a store that never reserved: new, or replaced) gives no evidence.
+    pub fn with_reservation(
+        mut self,
+        reserved: u64,
+        answers: &[HostStoredSet],
+        sent: &std::collections::BTreeSet<(u64, u64)>,
+    ) -> Verdict {
+        if self.rolled_back.is_some() || reserved == 0 {
+            return self;
+        }
+        for a in answers {
+            if let StoredSetAnswer::Stored(generation, set) = &a.answer {
+                if *generation > reserved && !sent.contains(&(*generation, set_digest(set))) {
+                    self.rolled_back = Some(format!(
+                        "SM host {} holds generation {generation} of this node, above every generation this store reserved ({reserved}) and not sent by this life: a life the store does not know of sent it, so the store lost writes (a snapshot of the running node restored, or replaced)",
+                        a.host
+                    ));
+                    break;
+                }
+            }
+        }
+        self
+    }
+}
+
 /// What may be sent while the check is incomplete: `desired` with only the keys every host in
 /// `held` stores with the same membership (and the same ports), so no host gains a key. None
 /// when no host told what it holds (nothing is known: send nothing).

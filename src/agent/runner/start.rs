@@ -18,6 +18,9 @@ pub(super) struct StartCheck {
     /// (generation, set digest) of every set this life sent while the check ran: a host
     /// holding one holds the node's own write, no rollback evidence.
     pub(super) sent: std::collections::BTreeSet<(u64, u64)>,
+    /// The store's generation reservation as this life found it: no life of this store sent a
+    /// generation above it before this one.
+    pub(super) reserved_at_start: u64,
 }
 
 impl StartCheck {
@@ -63,6 +66,7 @@ impl Loop {
             return Ok(false);
         };
         let sent = check.sent.clone();
+        let reserved = check.reserved_at_start;
         if self.knows.ack().is_some() {
             // Every SM host holds this life's set: any evidence there is gone, and with it the
             // need to ask.
@@ -85,7 +89,8 @@ impl Loop {
             }
             Err(_) => Vec::new(),
         };
-        let mut verdict = start_check::judge(self.agent.ledger().acked, desired, &answers, &sent);
+        let mut verdict = start_check::judge(self.agent.ledger().acked, desired, &answers, &sent)
+            .with_reservation(reserved, &answers, &sent);
         if answers.is_empty() {
             verdict.unanswered.push((
                 "every SM host".to_owned(),

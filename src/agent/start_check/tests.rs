@@ -207,3 +207,39 @@ fn a_set_this_life_sent_is_no_evidence_but_another_at_its_generation_is() {
     );
     assert!(v.rolled_back.is_some(), "{v:?}");
 }
+
+#[test]
+fn a_generation_above_the_stores_reservation_that_this_life_did_not_send_is_a_rollback() {
+    // The copy reserved up to 2048 and last acknowledged {} at 1; a lost life released at 3074,
+    // also holding {}: the digest rule cannot see it, the reservation does.
+    let answers = [host("h1", 3074, &[])];
+    let v = judge_none(acked(1, &[]), &set(&[0xa]), &answers);
+    assert_eq!(v.rolled_back, None);
+    let v = v.with_reservation(2048, &answers, &Default::default());
+    assert!(
+        v.rolled_back
+            .as_deref()
+            .is_some_and(|d| d.contains("3074") && d.contains("2048")),
+        "{v:?}"
+    );
+    // Within the reservation: no evidence; sent by this life: none either; no reservation: none.
+    let within = [host("h1", 2000, &[])];
+    let v = judge_none(acked(1, &[]), &set(&[0xa]), &within).with_reservation(
+        2048,
+        &within,
+        &Default::default(),
+    );
+    assert_eq!(v.rolled_back, None);
+    let own = [(3074, crate::domain::set_digest(&set(&[])))]
+        .into_iter()
+        .collect();
+    let v =
+        judge_none(acked(1, &[]), &set(&[0xa]), &answers).with_reservation(2048, &answers, &own);
+    assert_eq!(v.rolled_back, None);
+    let v = judge_none(acked(1, &[]), &set(&[0xa]), &answers).with_reservation(
+        0,
+        &answers,
+        &Default::default(),
+    );
+    assert_eq!(v.rolled_back, None);
+}
