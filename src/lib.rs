@@ -10,7 +10,8 @@
 //! the arrows between modules and any pair of files that import each other): `cli` -> `daemon` ->
 //! `config` -> `api` -> `agent` -> {`sm`, `observe`, `store`} -> {`embedded_fabric`, `mad`} ->
 //! `domain`, a module may skip levels downward; `sys` (for `api`, `config`, `observe`, `sm`,
-//! `cli`), `tls` (for `api`, `sm`) and `systemd` (for `cli`) are leaves beside them. `cli` (the
+//! `cli`), `tls` (for `api`, `sm`), `systemd` (for `cli`) and `test_mutation` (for `agent`,
+//! `store`, `daemon`) are leaves beside them. `cli` (the
 //! commands) and `daemon` (the composition root `cli serve` calls) are the only modules that
 //! name concrete backends and observers. `config` composes the settings structs that `agent`,
 //! `sm`, `observe` and `api` own; nothing below `daemon`/`cli` reads the whole
@@ -32,6 +33,7 @@
 //! - [`domain`]   — P_Keys, GUIDs, partitions, attachments, ports, events, grants (Ed25519 verification, rotating key sets, typed refusals): pure types
 //! - [`systemd`]  — sd_notify: READY, STATUS, WATCHDOG (pets while a `Watched` loop answers), STOPPING
 //! - [`tls`]      — the process-wide rustls crypto provider
+//! - [`test_mutation`] — debug builds only: one truth rule switched off on purpose by `FABRIC_AGENT_TEST_MUTATION`, to prove the chaos checker catches a broken rule (a release build has no switch)
 //! - [`proto`]    — generated gRPC code (lives in `api/`, re-exported)
 
 #![deny(unsafe_code)]
@@ -52,4 +54,5 @@ pub mod store;
 #[allow(unsafe_code)] // the one place for it: every block carries a `// SAFETY:` comment
 pub mod sys;
 pub mod systemd;
+pub mod test_mutation;
 pub mod tls;

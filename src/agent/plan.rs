@@ -11,6 +11,7 @@ use crate::domain::{
     Attachment, AttachmentState, Evidence, Guid, Inventory, KeySetting, LinkLayer, Membership,
     NodeId, NodeMemberships, PKeyValue, PortInfo, PortReading, PortState, Restored,
 };
+use crate::test_mutation::{self, Mutation};
 use std::collections::BTreeSet;
 
 /// One state change the plan decided.
@@ -204,6 +205,22 @@ fn step(a: &Attachment, state: AttachmentState, observed: Observed<'_>) -> Optio
             ))
         }
         Active if !cover.all_hold(value) => Some((Drifted, missing(&cover, value), None)),
+        // Test-only (debug builds, `FABRIC_AGENT_TEST_MUTATION`): half (2) switched off, to
+        // prove the chaos checker catches it. Never true in a release build.
+        Releasing
+            if observed.sm.acked_without_on(key, &cover.guids)
+                && test_mutation::active(Mutation::ReleasedWithoutPortRead) =>
+        {
+            Some((
+                Released,
+                format!(
+                    "TEST MUTATION {}: subnet manager acknowledged a set without {value}; the \
+                     ports were not checked",
+                    Mutation::ReleasedWithoutPortRead.name()
+                ),
+                observed.evidence(&cover.present),
+            ))
+        }
         Releasing
             if observed.sm.acked_without_on(key, &cover.guids)
                 && fresh

@@ -96,6 +96,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             began: Instant::now(),
             next_try: Instant::now(),
             verdict: None,
+            sent: Default::default(),
         }),
     };
     loop {
@@ -461,6 +462,11 @@ impl Loop {
             generation
         };
         self.knows.carrying(&desired, generation);
+        if let Some(check) = &mut self.start {
+            check
+                .sent
+                .insert((generation, crate::domain::set_digest(&desired)));
+        }
         self.agent.status().sm.in_doubt = self.knows.in_doubt();
         let sm = self.agent.shared.parts.sm.clone();
         let sent = Instant::now();

@@ -53,10 +53,15 @@ pub struct Verdict {
 }
 
 /// Judges the hosts' answers against the last acknowledged set and the current desired set.
+/// `sent` holds (generation, [`set_digest`]) of every set this life of the node sent (removals
+/// only, or after the bound): a host holding one of them holds the node's own write, which is
+/// no evidence of a rollback (a lost life that sent the same generation with another set still
+/// counts).
 pub fn judge(
     acked: Option<AckedSet>,
     desired: &NodeMemberships,
     answers: &[HostStoredSet],
+    sent: &std::collections::BTreeSet<(u64, u64)>,
 ) -> Verdict {
     let wanted = set_digest(desired);
     let mut verdict = Verdict {
@@ -79,6 +84,7 @@ pub fn judge(
                 if let Some(acked) = acked {
                     let newer = *generation > acked.generation;
                     if newer
+                        && !sent.contains(&(*generation, held))
                         && held != acked.digest
                         && held != wanted
                         && verdict.rolled_back.is_none()

@@ -79,6 +79,7 @@ impl Daemon {
 
 /// Opens the store and builds the backend, the observer and the agent `config` asks for.
 pub fn build(config: &Config) -> Result<Daemon, StartError> {
+    crate::test_mutation::announce();
     let store = Arc::new(
         Store::open(&config.state_dir.join(STORE_FILE), config.events.retain)
             .map_err(StartError::Store)?,

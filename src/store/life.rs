@@ -91,6 +91,12 @@ impl Store {
             if self.rollback.is_some() {
                 return Ok(LifeStart::RolledBack);
             }
+            // Test-only (debug builds, `FABRIC_AGENT_TEST_MUTATION`): the rule switched off, to
+            // prove the chaos checker catches it. Never true in a release build.
+            if crate::test_mutation::active(crate::test_mutation::Mutation::LogKeepsEpoch) {
+                tracing::warn!("TEST MUTATION log-keeps-epoch: no clean-stop marker, epoch {current} kept");
+                return Ok(LifeStart::Clean);
+            }
             let epoch = LogEpoch::generate();
             meta.insert(LOG_EPOCH, epoch.0.to_be_bytes().as_slice())?;
             let why = match marker {

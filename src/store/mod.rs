@@ -409,7 +409,14 @@ impl Store {
                     next.generation_reserved = ledger.generation_reserved;
                 }
                 let mut events = txn.open_table(EVENTS)?;
-                if batch.restart_log {
+                // Test-only (debug builds, `FABRIC_AGENT_TEST_MUTATION`): the rule switched
+                // off, to prove the chaos checker catches it. Never true in a release build.
+                let keep_epoch = batch.restart_log
+                    && crate::test_mutation::active(crate::test_mutation::Mutation::LogKeepsEpoch);
+                if keep_epoch {
+                    tracing::warn!("TEST MUTATION log-keeps-epoch: the store went back in time; its log epoch and seqs kept");
+                }
+                if batch.restart_log && !keep_epoch {
                     let epoch = LogEpoch::generate();
                     meta.insert(LOG_EPOCH, epoch.0.to_be_bytes().as_slice())?;
                     events.retain(|_, _| false)?;

@@ -12,7 +12,11 @@
 //!   gives node3's port a key never granted, and the checker flags it;
 //! - `#[ignore]`d: a campaign of `CHAOS_SECS` seconds (default 900) from `CHAOS_SEED` (default
 //!   1), state restores unless `CHAOS_RESTORES=0`:
-//!   `CHAOS_SECS=3600 CHAOS_SEED=7 cargo test --test chaos -- --ignored campaign_from_env`.
+//!   `CHAOS_SECS=3600 CHAOS_SEED=7 cargo test --test chaos -- --ignored campaign_from_env`;
+//!   `CHAOS_MUTATION=<name>` runs the node agents with that truth rule switched off;
+//! - a switched-off truth rule fails the smoke: the new-epoch rule switched off in the node
+//!   agents (`log-keeps-epoch`), the smoke's settings, and the checker reports
+//!   `event-stream-gap`.
 //!
 //! One campaign at a time (each holds ibsim's ten client slots nearly full). Skipped through
 //! `common::skip` when ibsim/OpenSM are missing.
@@ -20,7 +24,7 @@
 mod retire_finding;
 
 use std::time::Duration;
-use testkit::chaos::checker::{NEVER_GRANTED, NOT_CONVERGED, TWO_TENANTS};
+use testkit::chaos::checker::{NEVER_GRANTED, NOT_CONVERGED, STREAM_GAP, TWO_TENANTS};
 use testkit::chaos::runner::{run, Report, Settings, ROGUE_KEY, ROGUE_NODE};
 use testkit::common;
 
@@ -108,12 +112,51 @@ fn the_checker_flags_a_key_put_on_a_port_behind_the_agents_back() {
     eprintln!("the checker flagged the rogue key {} times", flagged.len());
 }
 
+/// The checker catches a broken truth rule: the node agents run with the new-epoch rule
+/// switched off (`FABRIC_AGENT_TEST_MUTATION=log-keeps-epoch`, debug builds only,
+/// `fabric_agent::test_mutation`: neither an unclean stop nor a rollback the start check finds
+/// opens a new log epoch) under the smoke's seed and faults, state restores on; a running
+/// agent's state directory put back then hands out (epoch, seq) pairs the control plane already
+/// received with other events, and the checker must say so (`event-stream-gap`).
+#[test]
+fn a_switched_off_truth_rule_fails_the_smoke() {
+    let mut settings = Settings::new(1, Duration::from_secs(MUTANT_SECS));
+    settings.restores = true;
+    settings.mutation = Some(MUTATION.to_owned());
+    let Some(report) = campaign(&settings) else {
+        return;
+    };
+    let caught: Vec<_> = report
+        .verdict
+        .violations
+        .iter()
+        .filter(|v| v.rule == STREAM_GAP)
+        .collect();
+    let Some(first) = caught.iter().min_by_key(|v| v.at) else {
+        panic!("the switched-off rule {MUTATION} was not caught:\n{report}");
+    };
+    eprintln!(
+        "{MUTATION}: caught {} {STREAM_GAP} violations; the first {:.1} s after the faults began: {}",
+        caught.len(),
+        first.at.saturating_sub(report.started_at) as f64 / 1000.0,
+        first.detail
+    );
+}
+
+/// The truth rule the mutant test switches off.
+const MUTATION: &str = "log-keeps-epoch";
+/// The mutant test's seconds of faults (the smoke's).
+const MUTANT_SECS: u64 = 150;
+
 #[test]
 #[ignore = "a long campaign: CHAOS_SECS (default 900) and CHAOS_SEED (default 1)"]
 fn campaign_from_env() {
     let secs = env_u64("CHAOS_SECS", 900);
     let mut settings = Settings::new(env_u64("CHAOS_SEED", 1), Duration::from_secs(secs));
     settings.restores = env_u64("CHAOS_RESTORES", 1) == 1;
+    // A truth rule switched off in the node agents (debug builds): the run then shows what the
+    // checker makes of it (it fails when anything is found).
+    settings.mutation = std::env::var("CHAOS_MUTATION").ok();
     let Some(report) = campaign(&settings) else {
         return;
     };

@@ -43,6 +43,7 @@ mod repair;
 mod restart_running;
 mod restore_start;
 mod running_restore;
+mod running_restore_ha;
 mod shutdown;
 mod sm_host_add;
 mod sminfo;

@@ -15,6 +15,9 @@ pub(super) struct StartCheck {
     pub(super) next_try: Instant,
     /// The last answers judged (None before the first).
     pub(super) verdict: Option<Verdict>,
+    /// (generation, set digest) of every set this life sent while the check ran: a host
+    /// holding one holds the node's own write, no rollback evidence.
+    pub(super) sent: std::collections::BTreeSet<(u64, u64)>,
 }
 
 impl StartCheck {
@@ -59,6 +62,7 @@ impl Loop {
         let Some(check) = &self.start else {
             return Ok(false);
         };
+        let sent = check.sent.clone();
         if self.knows.ack().is_some() {
             // Every SM host holds this life's set: any evidence there is gone, and with it the
             // need to ask.
@@ -81,7 +85,7 @@ impl Loop {
             }
             Err(_) => Vec::new(),
         };
-        let mut verdict = start_check::judge(self.agent.ledger().acked, desired, &answers);
+        let mut verdict = start_check::judge(self.agent.ledger().acked, desired, &answers, &sent);
         if answers.is_empty() {
             verdict.unanswered.push((
                 "every SM host".to_owned(),

@@ -47,7 +47,7 @@ fn silent(name: &str) -> HostStoredSet {
 fn a_release_lost_with_the_snapshot_is_a_rollback() {
     // Snapshot: A acknowledged at 5. After it: released at 6 (the host holds {}), then the
     // snapshot is put back: the node wants A again.
-    let v = judge(acked(5, &[0xa]), &set(&[0xa]), &[host("h1", 6, &[])]);
+    let v = judge_none(acked(5, &[0xa]), &set(&[0xa]), &[host("h1", 6, &[])]);
     assert!(
         v.rolled_back
             .as_deref()
@@ -62,20 +62,20 @@ fn a_release_lost_with_the_snapshot_is_a_rollback() {
 fn a_crash_between_send_and_recording_is_not_a_rollback() {
     // The node sent its release at 6 and crashed before recording the answer: the host holds
     // what the node still wants.
-    let v = judge(acked(5, &[0xa]), &set(&[]), &[host("h1", 6, &[])]);
+    let v = judge_none(acked(5, &[0xa]), &set(&[]), &[host("h1", 6, &[])]);
     assert_eq!(v.rolled_back, None, "{v:?}");
     assert_eq!(v.highest, 6);
     // Sent and never stored: the host still holds the acknowledged set.
-    let v = judge(acked(5, &[0xa]), &set(&[]), &[host("h1", 5, &[0xa])]);
+    let v = judge_none(acked(5, &[0xa]), &set(&[]), &[host("h1", 5, &[0xa])]);
     assert_eq!(v.rolled_back, None);
     // A newer generation of the acknowledged set (a resend) is not one either.
-    let v = judge(acked(5, &[0xa]), &set(&[0xb]), &[host("h1", 7, &[0xa])]);
+    let v = judge_none(acked(5, &[0xa]), &set(&[0xb]), &[host("h1", 7, &[0xa])]);
     assert_eq!(v.rolled_back, None);
 }
 
 #[test]
 fn an_older_or_equal_generation_is_no_evidence() {
-    let v = judge(
+    let v = judge_none(
         acked(9, &[0xa]),
         &set(&[0xa]),
         &[host("h1", 9, &[0xb]), host("h2", 3, &[])],
@@ -86,14 +86,14 @@ fn an_older_or_equal_generation_is_no_evidence() {
 
 #[test]
 fn no_recorded_acknowledgement_is_no_evidence() {
-    let v = judge(None, &set(&[0xa]), &[host("h1", 6, &[])]);
+    let v = judge_none(None, &set(&[0xa]), &[host("h1", 6, &[])]);
     assert_eq!(v.rolled_back, None);
     assert_eq!(v.highest, 6);
 }
 
 #[test]
 fn one_host_of_several_is_enough_and_silent_hosts_are_named() {
-    let v = judge(
+    let v = judge_none(
         acked(5, &[0xa]),
         &set(&[0xa]),
         &[host("h1", 5, &[0xa]), host("h2", 6, &[]), silent("h3")],
@@ -159,7 +159,7 @@ fn a_host_that_refuses_to_tell_is_settled_and_constrains_nothing() {
         host: "h2".into(),
         answer: StoredSetAnswer::Refused("PermissionDenied: not your node".into()),
     };
-    let v = judge(
+    let v = judge_none(
         acked(5, &[0xa]),
         &set(&[0xa]),
         &[host("h1", 5, &[0xa]), refused],
@@ -173,4 +173,37 @@ fn a_host_that_refuses_to_tell_is_settled_and_constrains_nothing() {
         1,
         "the refusing host takes no key: nothing to hold back"
     );
+}
+
+fn judge_none(
+    acked: Option<crate::domain::AckedSet>,
+    desired: &NodeMemberships,
+    answers: &[HostStoredSet],
+) -> Verdict {
+    judge(acked, desired, answers, &Default::default())
+}
+
+#[test]
+fn a_set_this_life_sent_is_no_evidence_but_another_at_its_generation_is() {
+    // This life sent a removals-only set {} at 1027 that not every host acknowledged; a host
+    // holding it holds the node's own write.
+    let own = [(1027, crate::domain::set_digest(&set(&[])))]
+        .into_iter()
+        .collect();
+    let v = judge(
+        acked(5, &[0xa]),
+        &set(&[0xa, 0xb]),
+        &[host("h1", 1027, &[])],
+        &own,
+    );
+    assert_eq!(v.rolled_back, None, "{v:?}");
+    assert_eq!(v.highest, 1027);
+    // The same generation with another set: a lost life wrote it.
+    let v = judge(
+        acked(5, &[0xa]),
+        &set(&[0xa, 0xb]),
+        &[host("h1", 1027, &[0xc])],
+        &own,
+    );
+    assert!(v.rolled_back.is_some(), "{v:?}");
 }

@@ -277,10 +277,17 @@ impl Partitions for PartitionsService {
         let id = node_id(&request.into_inner().node_id)?;
         authorise(caller.as_ref(), &self.node_mapping(), &id, Access::Read)
             .map_err(|r| status_of_refusal(&r))?;
-        self.backend
-            .node(&id)
-            .map(|n| Response::new(stored_to_proto(&n)))
-            .ok_or_else(|| status_of_refusal(&PartitionsRefusal::NotStored(id)))
+        match self.backend.node(&id) {
+            // A held-back record is loaded without its keys: answering it as stored would tell
+            // the node's start check that this host holds no key for it, and the node would send
+            // a set without its tenants' keys. It is no answer until confirmed.
+            Some(n) if n.gated => Err(Status::unavailable(format!(
+                "node {id}'s stored set (generation {}) is held back on this SM host: not confirmed by the node or a caught-up peer since this agent started, so its keys are not known here yet",
+                n.generation
+            ))),
+            Some(n) => Ok(Response::new(stored_to_proto(&n))),
+            None => Err(status_of_refusal(&PartitionsRefusal::NotStored(id))),
+        }
     }
 
     #[tracing::instrument(skip_all, fields(node_id))]

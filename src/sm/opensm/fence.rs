@@ -12,9 +12,18 @@
 //! keeps: such a peer is *not* fenced. Releases then wait on it, and the standing condition
 //! `SM_HOST_AGENT_SILENT` says why and what the operator can do (stop that OpenSM, then
 //! `fabric-agent fence-sm-host NAME`, which makes the same check). A fence is stored durably
-//! before it is reported; it is lifted (durably) only when the peer's agent answers a pull again
-//! *and* says it has caught up: its OpenSM (bound to its agent) then reads a file that holds
-//! every set confirmed meanwhile.
+//! before it is reported; it is lifted (durably) only when the peer's agent answers a pull again,
+//! says it has caught up *and* its answer holds every set this host serves at the same or a
+//! newer generation (a caught-up flag alone says the peer pulled every peer once, not that it
+//! holds what was confirmed while it was fenced): its OpenSM (bound to its agent) then reads a
+//! file that holds every set confirmed meanwhile. A stored fence is checked again at every
+//! round until it is lifted (the peer's agent silent, or answering but behind): when the
+//! evidence no longer proves its SM not running (it answers SMInfo again, or cannot be
+//! checked), the fence is withdrawn and the peer counts again (nodes wait on it,
+//! `SM_HOST_AGENT_SILENT` says why), so an OpenSM started on a fenced host is never excused
+//! for longer than one sync interval. A pull from a fenced peer stops excusing it to the
+//! nodes at once ([`Fences::pulled_by`]): its agent is back, and its catch-up (which pulls)
+//! comes before its OpenSM starts; the fence stays stated to the peers until it is lifted.
 //!
 //! Each host decides on its own evidence (the fences peers report are shown, not adopted), so no
 //! agreement protocol is needed: a host that cannot see the evidence does not excuse the peer,
@@ -43,6 +52,18 @@ pub struct SmHostSet {
     pub fenced: Vec<FencedHost>,
     /// Peers whose agent is silent but which it has not fenced, each with why and what to do.
     pub not_fenced: Vec<String>,
+}
+
+/// What one pull round heard from a peer that answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Heard {
+    /// The name it stated.
+    pub stated: String,
+    /// Whether it says it has caught up with all its peers.
+    pub caught_up: bool,
+    /// Why it does not hold every set this host serves, at the same or a newer generation
+    /// (`PeerAnswer::behind`); `None` when it holds them all.
+    pub behind: Option<String>,
 }
 
 /// Whether a peer's SM is running, from physical evidence.
@@ -120,6 +141,9 @@ struct State {
     last_answer: BTreeMap<String, Instant>,
     stated: BTreeMap<String, String>,
     silent: BTreeMap<String, String>,
+    /// Fenced peers whose agent pulled this host since: no longer excused to the nodes, still
+    /// stated fenced to the peers (so the returning host holds its sets back) until lifted.
+    returned: std::collections::BTreeSet<String>,
 }
 
 /// The fences of one SM host and the SM-host set it states.
@@ -251,7 +275,12 @@ impl Fences {
         SmHostSet {
             host: self.host.clone(),
             known,
-            fenced: state.fenced.values().cloned().collect(),
+            fenced: state
+                .fenced
+                .values()
+                .filter(|f| !state.returned.contains(&f.host))
+                .cloned()
+                .collect(),
             not_fenced: state
                 .silent
                 .iter()
@@ -273,12 +302,15 @@ impl Fences {
         ledger.put_fenced(&all).map_err(|e| e.to_string())
     }
 
-    /// After a pull round: `answers` per peer endpoint, `Some((stated name, caught_up))` when it
-    /// answered. Lifts the fence of a peer that answered caught up; fences a peer silent for
-    /// `fence_after` whose SM the evidence proves not running.
-    pub async fn after_round(&self, answers: &[(String, Option<(String, bool)>)]) {
+    /// After a pull round: `answers` per peer endpoint, what it said when it answered. Lifts the
+    /// fence of a peer that answered caught up and holding every set this host serves; checks
+    /// again the evidence of every fenced peer that stayed silent (withdrawing the fence when
+    /// it no longer holds); fences a peer silent for `fence_after` whose SM the evidence proves
+    /// not running.
+    pub async fn after_round(&self, answers: &[(String, Option<Heard>)]) {
         let now = Instant::now();
         let mut to_check: Vec<(PeerIdentity, String, Duration)> = Vec::new();
+        let mut to_recheck: Vec<(PeerIdentity, String, Duration)> = Vec::new();
         {
             let mut state = self.lock();
             let peers = self.peers();
@@ -287,20 +319,31 @@ impl Fences {
                     continue;
                 };
                 match answer {
-                    Some((stated, caught_up)) => {
-                        if !stated.is_empty() {
-                            state.stated.insert(endpoint.clone(), stated.clone());
+                    Some(heard) => {
+                        if !heard.stated.is_empty() {
+                            state.stated.insert(endpoint.clone(), heard.stated.clone());
                         }
                         state.last_answer.insert(endpoint.clone(), now);
                         let name = self.name_in(&state, peer);
                         state.silent.remove(&name);
-                        if *caught_up && state.fenced.contains_key(&name) {
+                        if state.fenced.contains_key(&name) {
+                            let since = Duration::ZERO;
+                            if !heard.caught_up {
+                                to_recheck.push((peer.clone(), name, since));
+                                continue;
+                            }
+                            if let Some(behind) = &heard.behind {
+                                tracing::info!(peer = %name, %behind, "the fenced peer SM host answers caught up but does not hold every set this host serves yet: it stays fenced while its SM is proven not running");
+                                to_recheck.push((peer.clone(), name, since));
+                                continue;
+                            }
                             let mut after = state.fenced.clone();
                             after.remove(&name);
                             match self.store(&after) {
                                 Ok(()) => {
                                     state.fenced = after;
-                                    tracing::warn!(peer = %name, "fence lifted: the peer SM host's agent answers again and has caught up");
+                                    state.returned.remove(&name);
+                                    tracing::warn!(peer = %name, "fence lifted: the peer SM host's agent answers again, has caught up and holds every set this host serves");
                                 }
                                 Err(e) => {
                                     tracing::warn!(peer = %name, error = %e, "the peer SM host is back and caught up, but lifting its fence could not be stored; it stays fenced")
@@ -310,21 +353,23 @@ impl Fences {
                     }
                     None => {
                         let name = self.name_in(&state, peer);
-                        if state.fenced.contains_key(&name) {
-                            continue;
-                        }
                         let since = state
                             .last_answer
                             .get(endpoint)
                             .copied()
                             .unwrap_or(self.started);
                         let silent = now.saturating_duration_since(since);
-                        if silent >= self.fence_after {
+                        if state.fenced.contains_key(&name) {
+                            to_recheck.push((peer.clone(), name, silent));
+                        } else if silent >= self.fence_after {
                             to_check.push((peer.clone(), name, silent));
                         }
                     }
                 }
             }
+        }
+        for (peer, name, silent) in to_recheck {
+            self.recheck(&peer, &name, silent).await;
         }
         for (peer, name, silent) in to_check {
             let decided = Instant::now();
@@ -343,6 +388,7 @@ impl Fences {
                         Ok(()) => {
                             state.fenced = after;
                             state.silent.remove(&name);
+                            state.returned.remove(&name);
                             tracing::warn!(peer = %name, evidence = %record.evidence, check_ms = u64::try_from(decided.elapsed().as_millis()).unwrap_or(u64::MAX), "fenced the peer SM host: its agent does not answer and its SM is not running; the nodes' applies go on without it");
                         }
                         Err(e) => {
@@ -370,6 +416,70 @@ impl Fences {
                 }
             }
         }
+    }
+
+    /// A peer stating `name` pulled this host: its agent is alive, so it is not silent (its
+    /// fence bound starts again), and a fence of it stops excusing it to the nodes at once,
+    /// before its catch-up ends and its OpenSM (bound to its agent) starts: it counts again,
+    /// and nodes wait on it until it acknowledges. The fence stays stored and stated to the
+    /// peers (the returning host holds its sets back while a peer states it fenced) until it is
+    /// lifted. The name is the one the caller states (only a peer may pull); a false one can
+    /// only stop an excuse, which makes nodes wait, never excuse.
+    pub fn pulled_by(&self, name: &str) {
+        let mut state = self.lock();
+        let peers = self.peers();
+        if let Some(peer) = peers.iter().find(|p| self.name_in(&state, p) == name) {
+            state
+                .last_answer
+                .insert(peer.endpoint.clone(), Instant::now());
+            state.silent.remove(name);
+        }
+        if state.fenced.contains_key(name) && state.returned.insert(name.to_owned()) {
+            tracing::warn!(peer = %name, "the fenced peer SM host's agent pulls this host again: the nodes wait on it again; its fence stands until it holds every set");
+        }
+    }
+
+    /// Checks again the evidence of a fenced peer that stays fenced this round (its agent silent,
+    /// or answering but not yet holding every set this host serves): when its SM is no
+    /// longer proven not running, the fence is withdrawn (durably) and the peer counts again,
+    /// with a standing reason. A withdrawal that cannot be stored still takes effect here (the
+    /// peer counts again now); after a restart the stored fence is checked again by the first
+    /// round (the catch-up, before the agent serves).
+    async fn recheck(&self, peer: &PeerIdentity, name: &str, silent: Duration) {
+        let Err(why) = self.judge(peer, name).await else {
+            return;
+        };
+        let agent = if silent.is_zero() {
+            format!(
+                "its agent ({}) answers but has not caught up with what was confirmed while it was fenced",
+                peer.endpoint
+            )
+        } else {
+            format!(
+                "its agent ({}) has not answered for {} s",
+                peer.endpoint,
+                silent.as_secs()
+            )
+        };
+        let reason = format!(
+            "{why}; it had been fenced: the fence is withdrawn and releases and attaches wait on it again ({agent}); stop that OpenSM, or let its agent catch up"
+        );
+        let mut state = self.lock();
+        let mut after = state.fenced.clone();
+        if after.remove(name).is_none() {
+            return;
+        }
+        match self.store(&after) {
+            Ok(()) => {
+                tracing::warn!(peer = %name, %reason, "fence withdrawn: the fenced peer SM host's SM is no longer proven not running")
+            }
+            Err(e) => {
+                tracing::warn!(peer = %name, %reason, error = %e, "fence withdrawn in memory; storing the withdrawal failed (retried at the next round)")
+            }
+        }
+        state.fenced = after;
+        state.returned.remove(name);
+        state.silent.insert(name.to_owned(), reason);
     }
 
     /// The evidence that `peer`'s SM is not running, or why it is not proven.
@@ -497,10 +607,17 @@ impl Fences {
             .values()
             .map(|f| Condition {
                 kind: ConditionKind::SmHostFenced,
-                detail: format!(
-                    "peer SM host {} is fenced since {} (unix ms): {}; the nodes' applies go on without it until its agent answers again, caught up",
-                    f.host, f.since_unix_ms, f.evidence
-                ),
+                detail: if state.returned.contains(&f.host) {
+                    format!(
+                        "peer SM host {} is fenced since {} (unix ms): {}; its agent pulls this host again, so the nodes wait on it again; the fence stands until it holds every set this host holds",
+                        f.host, f.since_unix_ms, f.evidence
+                    )
+                } else {
+                    format!(
+                        "peer SM host {} is fenced since {} (unix ms): {}; the nodes' applies go on without it until its agent answers again, caught up",
+                        f.host, f.since_unix_ms, f.evidence
+                    )
+                },
             })
             .collect();
         out.extend(state.silent.iter().map(|(name, why)| Condition {
@@ -553,6 +670,83 @@ mod tests {
 
     const PEER: &str = "http://127.0.0.1:2";
 
+    fn heard(caught_up: bool, behind: Option<String>) -> Heard {
+        Heard {
+            stated: "sm2".into(),
+            caught_up,
+            behind,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pull_from_a_fenced_peer_ends_its_excuse_but_not_its_fence() {
+        let ledger = Arc::new(InMemoryNodeStore::default());
+        let evidence = Arc::new(Fixed(Mutex::new(PeerSmCheck::Silent("x".into()))));
+        let f = Fences::new(
+            "sm1".into(),
+            vec![PeerIdentity {
+                endpoint: PEER.into(),
+                name: Some("sm2".into()),
+                sm_port_guid: Some(0x22),
+            }],
+            Some(evidence),
+            Some(ledger.clone()),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(320)).await;
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert_eq!(f.fenced().len(), 1);
+        assert_eq!(f.host_set().fenced.len(), 1);
+        f.pulled_by("sm9");
+        assert_eq!(f.host_set().fenced.len(), 1, "another name changes nothing");
+        f.pulled_by("sm2");
+        // No longer excused to the nodes; still fenced to the peers, and stored.
+        assert!(f.host_set().fenced.is_empty());
+        assert_eq!(f.fenced().len(), 1);
+        assert_eq!(ledger.load_fenced().unwrap().len(), 1);
+        // Lifted once it answers caught up and holds every set.
+        f.after_round(&[(PEER.into(), Some(heard(true, None)))])
+            .await;
+        assert!(f.fenced().is_empty());
+        assert!(ledger.load_fenced().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_stored_fence_is_withdrawn_when_the_silent_peers_sm_answers_again() {
+        let ledger = Arc::new(InMemoryNodeStore::default());
+        let (f, evidence) = fences(PeerSmCheck::Silent("no answer".into()), ledger.clone());
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert_eq!(f.fenced().len(), 1);
+        // Still silent, still proven dead: the fence holds.
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert_eq!(f.fenced().len(), 1);
+        // Its OpenSM runs again while its agent stays silent: no longer excused.
+        *evidence.0.lock().unwrap() = PeerSmCheck::Answers(OpenSmState::Standby);
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert!(f.fenced().is_empty());
+        assert!(ledger.load_fenced().unwrap().is_empty());
+        assert!(f.host_set().fenced.is_empty());
+        let c = f.conditions();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].kind, ConditionKind::SmHostAgentSilent);
+        assert!(
+            c[0].detail.contains("fence is withdrawn") && c[0].detail.contains("standby"),
+            "{}",
+            c[0].detail
+        );
+        // A restart on the same store does not bring it back.
+        let (again, _) = fences(PeerSmCheck::Silent("x".into()), ledger.clone());
+        assert!(again.fenced().is_empty());
+        // A check that proves nothing withdraws too.
+        *evidence.0.lock().unwrap() = PeerSmCheck::Silent("no answer".into());
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert_eq!(f.fenced().len(), 1);
+        *evidence.0.lock().unwrap() = PeerSmCheck::Unknown("SA silent".into());
+        f.after_round(&[(PEER.into(), None)]).await;
+        assert!(f.fenced().is_empty());
+    }
+
     #[tokio::test]
     async fn a_silent_agent_with_a_silent_sm_is_fenced_durably_and_lifted_when_caught_up() {
         let ledger = Arc::new(InMemoryNodeStore::default());
@@ -566,10 +760,17 @@ mod tests {
         let (again, _) = fences(PeerSmCheck::Silent("x".into()), ledger.clone());
         assert_eq!(again.fenced().len(), 1);
         // Back but not caught up: stays fenced.
-        f.after_round(&[(PEER.into(), Some(("sm2".into(), false)))])
+        f.after_round(&[(PEER.into(), Some(heard(false, None)))])
             .await;
         assert_eq!(f.fenced().len(), 1);
-        f.after_round(&[(PEER.into(), Some(("sm2".into(), true)))])
+        // Caught up, but behind this host on a node: stays fenced.
+        f.after_round(&[(
+            PEER.into(),
+            Some(heard(true, Some("node n1 at generation 3".into()))),
+        )])
+        .await;
+        assert_eq!(f.fenced().len(), 1);
+        f.after_round(&[(PEER.into(), Some(heard(true, None)))])
             .await;
         assert!(f.fenced().is_empty());
         assert!(ledger.load_fenced().unwrap().is_empty());
@@ -631,7 +832,7 @@ mod tests {
         .unwrap();
         // A plaintext peer without a configured name that has not answered yet: unknown.
         assert_eq!(f.host_set().known, vec!["sm1".to_owned()]);
-        f.after_round(&[(PEER.into(), Some(("sm2".into(), true)))])
+        f.after_round(&[(PEER.into(), Some(heard(true, None)))])
             .await;
         assert_eq!(f.host_set().known, vec!["sm1".to_owned(), "sm2".to_owned()]);
         f.after_round(&[(PEER.into(), None)]).await;

@@ -68,6 +68,55 @@ pub struct PeerAnswer {
     pub fenced: Vec<super::fenced_host::FencedHost>,
 }
 
+impl PeerAnswer {
+    /// Why this answer does not hold every set and revocation of `mine` (this host's stored
+    /// nodes, held back or not): a node whose set the answer lacks or holds at an older
+    /// generation, or a revocation it lacks. `None` when it holds them all (at the same or
+    /// newer generations). A fence is lifted only on `None` ([`super::fence`]): a peer fenced
+    /// while this host confirmed releases holds them before anyone counts on it again. A set
+    /// this host holds back counts too: it may be the only record of a release acknowledged
+    /// while the peer was fenced (this host restarted since), and the peer's older set, served
+    /// unfenced, would be programmed by its OpenSM.
+    pub fn behind(&self, mine: &[super::store::StoredNode]) -> Option<String> {
+        for n in mine.iter().filter(|n| n.has_set()) {
+            let id = &n.memberships.node_id;
+            let theirs = self
+                .sets
+                .iter()
+                .filter(|s| s.confirmed && &s.memberships.node_id == id)
+                .map(|s| s.generation)
+                .max();
+            match theirs {
+                Some(g) if g >= n.generation => {}
+                Some(g) => {
+                    return Some(format!(
+                        "it holds node {id} at generation {g}, this host at {}",
+                        n.generation
+                    ))
+                }
+                None => {
+                    return Some(format!(
+                        "it serves no set of node {id} (this host: generation {})",
+                        n.generation
+                    ))
+                }
+            }
+            for instance in &n.revoked_instances {
+                if !self
+                    .revocations
+                    .iter()
+                    .any(|r| &r.node == id && &r.instance == instance)
+                {
+                    return Some(format!(
+                        "it does not hold instance {instance} of node {id} revoked"
+                    ));
+                }
+            }
+        }
+        None
+    }
+}
+
 /// One peer SM host, reached over `fabric.sm.v1` (the client lives in the api layer).
 #[async_trait]
 pub trait Peer: Send + Sync + 'static {
@@ -122,4 +171,9 @@ pub struct SyncStatus {
     /// Every stored set was held back again since the last catch-up (this host may have been
     /// fenced by its peers): cleared when every peer has answered again.
     pub caught_up_lost: bool,
+    /// The peers whose last answer states this host fenced.
+    pub fenced_by: Vec<String>,
+    /// Every stored set was held back because a peer states this host fenced (cleared when no
+    /// peer does).
+    pub held_back_for_fence: bool,
 }

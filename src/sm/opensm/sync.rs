@@ -26,6 +26,7 @@ pub use super::peer_state::{
     Peer, PeerAnswer, PeerConsumed, PeerRevocation, PeerSet, PeerStatus, SyncStatus,
 };
 
+mod fenced_by_peer;
 pub mod reload;
 
 use super::backend::OpenSmBackend;
@@ -204,7 +205,8 @@ impl PeerSync {
     }
 
     /// This host's answer to a peer's pull: every stored set that is not held back, with the
-    /// grants it came with (less the ones revoked since), and every revocation it holds.
+    /// grants it came with (less the ones revoked since), and every revocation it holds. A
+    /// pull from a peer counts as its agent answering ([`super::fence::Fences::pulled_by`]).
     pub fn answer(&self, from: &str) -> PeerAnswer {
         let relay = self.relay.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let nodes = self.backend.nodes();
@@ -257,7 +259,7 @@ impl PeerSync {
             sets = sets.len(),
             "peer pulled the stored sets"
         );
-        PeerAnswer {
+        let answer = PeerAnswer {
             host: self.local.clone(),
             caught_up: self.status().caught_up,
             sets,
@@ -266,7 +268,11 @@ impl PeerSync {
             retired: self.backend.retired(),
             host_name: self.fences.host().to_owned(),
             fenced: self.fences.fenced(),
-        }
+        };
+        // After the answer, which still states the fence: the puller holds its sets back if
+        // its OpenSM is not running (`fenced_by_peer`).
+        self.fences.pulled_by(from);
+        answer
     }
 
     /// The sync state now.
@@ -301,16 +307,32 @@ impl PeerSync {
         let peers = self.peers();
         let answers = futures::future::join_all(peers.iter().map(|p| {
             let p = p.clone();
-            let local = self.local.clone();
+            // The name this host states (its fence name): a peer that holds it fenced
+            // withdraws the fence when it is pulled (`Fences::pulled_by`).
+            let local = self.fences.host().to_owned();
             async move { (p.name().to_owned(), p.pull(&local).await) }
         }))
         .await;
         self.learn_revocations(&answers).await;
         self.learn_ledger(&answers).await;
+        let untrusted = self.fenced_anywhere(&answers);
+        let me = self.fences.host().to_owned();
+        let fencers: Vec<String> = answers
+            .iter()
+            .filter(|(_, a)| {
+                a.as_ref()
+                    .is_ok_and(|a| a.fenced.iter().any(|f| f.host == me))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
         let mut best: BTreeMap<NodeId, PeerSet> = BTreeMap::new();
         let mut views: Vec<(String, Result<PeerAnswer, String>)> = Vec::new();
         for (name, answer) in answers {
-            if let Ok(a) = &answer {
+            if let Some(a) = answer
+                .as_ref()
+                .ok()
+                .filter(|a| !untrusted.contains(&a.host_name))
+            {
                 for set in a.sets.iter().filter(|s| {
                     s.confirmed
                         && super::generation_bound::admits(&name, s, |id| {
@@ -325,15 +347,20 @@ impl PeerSync {
             }
             views.push((name, answer));
         }
-        let heard: Vec<(String, Option<(String, bool)>)> = views
-            .iter()
-            .map(|(name, a)| {
-                (
-                    name.clone(),
-                    a.as_ref().ok().map(|a| (a.host_name.clone(), a.caught_up)),
-                )
-            })
-            .collect();
+        let heard: Vec<(String, Option<super::fence::Heard>)> = {
+            let mine = self.backend.nodes();
+            views
+                .iter()
+                .map(|(name, a)| {
+                    let heard = a.as_ref().ok().map(|a| super::fence::Heard {
+                        stated: a.host_name.clone(),
+                        caught_up: a.caught_up,
+                        behind: a.behind(&mine),
+                    });
+                    (name.clone(), heard)
+                })
+                .collect()
+        };
         let wanted: Vec<PeerSet> = best
             .into_values()
             .filter(
@@ -376,6 +403,7 @@ impl PeerSync {
         }
         self.note(views);
         self.fences.after_round(&heard).await;
+        self.after_fenced_by(fencers).await;
         self.hold_back_if_maybe_fenced().await;
     }
 
@@ -385,10 +413,11 @@ impl PeerSync {
     /// nodes saw acknowledged without it, and an OpenSM restarted alone here (its agent kept
     /// running) would program it: every stored set is held back as at start, and this host
     /// counts as not caught up until a peer answers again (module docs: the gate).
+    ///
+    /// Checked at every round while it lasts, not once: a peer that answered meanwhile may have
+    /// confirmed sets again, and a release acknowledged since the peers went silent again would
+    /// be missing from them.
     async fn hold_back_if_maybe_fenced(&self) {
-        if self.status().caught_up_lost {
-            return;
-        }
         let Some(why) = self.role.as_ref().and_then(|r| r.not_running()) else {
             return;
         };
@@ -399,6 +428,7 @@ impl PeerSync {
             return;
         };
         match self.backend.hold_back_all().await {
+            Ok(0) if self.status().caught_up_lost => return,
             Ok(held) => tracing::warn!(
                 held,
                 peer = %alive,

@@ -55,6 +55,8 @@ pub struct Violation {
     pub rule: &'static str,
     /// What was seen.
     pub detail: String,
+    /// When it was seen (wall-clock ms): the read's start, or the event's receipt.
+    pub at: Ms,
 }
 
 /// What the checker did and found.
@@ -178,6 +180,7 @@ fn check_read(
     let before = v.violations.len();
     if r.bases.len() > 1 {
         v.violations.push(Violation {
+            at: r.started,
             rule: TWO_TENANTS,
             detail: format!(
                 "{node}'s port held {:04x?} (read started {}, ended {})",
@@ -192,6 +195,7 @@ fn check_read(
             .any(|(_, k, at)| *k == base && *at <= r.ended)
         {
             v.violations.push(Violation {
+                at: r.started,
                 rule: NEVER_GRANTED,
                 detail: format!(
                     "{node}'s port held {base:#06x}, never granted to {node} (read started {}, ended {})",
@@ -214,6 +218,7 @@ fn check_read(
         for rel in released.get(node).map(Vec::as_slice).unwrap_or_default() {
             if rel.pkey == base && rel.at < r.started && !wanted_by_another(&rel.instance) {
                 v.violations.push(Violation {
+                    at: r.started,
                     rule: RELEASED_KEY_ON_PORT,
                     detail: format!(
                         "{node}'s port held {base:#06x} in a read started {} ms after {}'s RELEASED event (at {}; read {}..{})",
@@ -229,6 +234,7 @@ fn check_read(
         for (k, at) in deletes {
             if *k == base && *at < r.started {
                 v.violations.push(Violation {
+                    at: r.started,
                     rule: DELETED_KEY_ON_PORT,
                     detail: format!(
                         "{node}'s port held {base:#06x} in a read started {} ms after the delete guard said yes (at {at})",
@@ -270,6 +276,7 @@ fn check_streams(history: &History, v: &mut Verdict) {
                 if let Some((epoch, seq)) = *prev {
                     if epoch == e.epoch && e.seq != seq + 1 {
                         v.violations.push(Violation {
+                            at: e.at,
                             rule: STREAM_GAP,
                             detail: format!(
                                 "{node}: epoch {epoch}: seq {} followed seq {seq}",
@@ -279,6 +286,7 @@ fn check_streams(history: &History, v: &mut Verdict) {
                     }
                     if epoch != e.epoch && e.seq != 1 {
                         v.violations.push(Violation {
+                            at: e.at,
                             rule: STREAM_GAP,
                             detail: format!(
                                 "{node}: epoch {} began at seq {} (after epoch {epoch} seq {seq}) without a resync",
@@ -290,6 +298,7 @@ fn check_streams(history: &History, v: &mut Verdict) {
                 *prev = Some((&e.epoch, e.seq));
                 match digests.get(&(node, e.epoch.as_str(), e.seq)) {
                     Some(d) if *d != e.digest => v.violations.push(Violation {
+                        at: e.at,
                         rule: STREAM_GAP,
                         detail: format!(
                             "{node}: epoch {} seq {} named two events: {d} / {}",
@@ -308,6 +317,7 @@ fn check_streams(history: &History, v: &mut Verdict) {
                             v.restored_after_release += 1;
                         } else {
                             v.violations.push(Violation {
+                                at: e.at,
                                 rule: RELEASE_LOST,
                                 detail: format!(
                                     "{node}: {} reported {} ({}) after RELEASED (seq {})",

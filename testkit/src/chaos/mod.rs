@@ -10,10 +10,12 @@
 //! - [`history`]: what was seen, with wall-clock times.
 //! - [`checker`]: the truth rules over a history.
 //! - [`runner`]: the campaign.
+//! - [`report`]: what a campaign did and found.
 
 pub mod checker;
 pub mod driver;
 pub mod faults;
 pub mod history;
 pub mod observe;
+pub mod report;
 pub mod runner;

@@ -14,11 +14,12 @@
 //! missed), so SIGKILLs are never downgraded. A restarted OpenSM that announces no state in time
 //! is a counted rig recovery ([`crate::rig::restarts`]).
 
-use super::checker::{self, Verdict, Violation};
-use super::driver::{mode, Driver, Ops, Plan};
+use super::checker::{self, Violation};
+use super::driver::{mode, Driver, Plan};
 use super::faults::{Fault, FaultLog, Schedule, Target};
 use super::history::{now_ms, History, SharedHistory};
 use super::observe::{watch_node, PortReader, Resyncs, StateView};
+pub use super::report::Report;
 use crate::common::copy_tree;
 use crate::common::grants::GrantSigner;
 use crate::common::net::free_port;
@@ -72,6 +73,10 @@ pub struct Settings {
     /// Whether state snapshots are taken and put back (see the notes: a restored store whose
     /// set carries a grant consumed since is refused before its rollback is seen).
     pub restores: bool,
+    /// When set: the node agents run with `FABRIC_AGENT_TEST_MUTATION` set to this name (one
+    /// truth rule switched off in the debug build, `fabric_agent::test_mutation`), for the
+    /// test that shows a broken rule fails the campaign. The SM-host agents never get it.
+    pub mutation: Option<String>,
 }
 
 impl Settings {
@@ -85,6 +90,7 @@ impl Settings {
             converge_bound: Duration::from_secs(120),
             rogue_after: None,
             restores: true,
+            mutation: None,
         }
     }
 }
@@ -93,102 +99,6 @@ impl Settings {
 pub const ROGUE_KEY: u16 = 0x0bad;
 /// The node whose port the rogue line names.
 pub const ROGUE_NODE: &str = "node3";
-
-/// What a campaign did and found.
-#[derive(Debug)]
-pub struct Report {
-    /// The seed.
-    pub seed: u64,
-    /// Every fault, in order, with counts.
-    pub faults: FaultLog,
-    /// The driver's operations.
-    pub ops: Ops,
-    /// The checker's verdict (the convergence violation added).
-    pub verdict: Verdict,
-    /// `smpquery` reads recorded and failed.
-    pub port_reads: (u64, u64),
-    /// Time from the end of the faults to convergence; `None`: not within the bound.
-    pub convergence: Option<Duration>,
-    /// Resyncs of event watchers (a cursor that no longer held).
-    pub resyncs: usize,
-    /// OpenSMs restarted by the rig because they stopped sweeping on their own or announced no
-    /// state after a restart.
-    pub rig_recoveries: u64,
-    /// ibsim slots: (freed in all after deaths by signal, of those found by the campaign's
-    /// sweeps before restarts (leaks the guards missed), clients attached at the end, of those
-    /// dead processes).
-    pub slots: (u64, u64, usize, usize),
-    /// Partitions created and deleted by the end.
-    pub partitions: (usize, usize),
-    /// The guard's view checked at the end: (wanted keys both SM hosts list for their node,
-    /// wanted keys), and the first miss.
-    pub guard_view: (usize, usize, String),
-}
-
-impl std::fmt::Display for Report {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "chaos report, seed {}", self.seed)?;
-        writeln!(f, "  faults: {:?}", self.faults.counts)?;
-        writeln!(f, "  ops: {:?}", self.ops)?;
-        writeln!(
-            f,
-            "  partitions created {} deleted {}",
-            self.partitions.0, self.partitions.1
-        )?;
-        writeln!(
-            f,
-            "  checker: {} checks over {} port reads ({} queries failed) and {} events; {} RELEASED events; {} resyncs; {} restored-after-release; {} reads waived (port not Active), {} (link dropped at ibsim or re-linked < 5 s before)",
-            self.verdict.checks,
-            self.verdict.reads,
-            self.port_reads.1,
-            self.verdict.events,
-            self.verdict.releases,
-            self.resyncs,
-            self.verdict.restored_after_release,
-            self.verdict.not_active_exempt,
-            self.verdict.relink_exempt
-        )?;
-        writeln!(
-            f,
-            "  convergence after the faults stopped: {}",
-            self.convergence
-                .map_or("NOT within the bound".to_owned(), |d| format!(
-                    "{:.1} s",
-                    d.as_secs_f64()
-                ))
-        )?;
-        writeln!(
-            f,
-            "  the guard's view at the end: {} of {} wanted keys listed by both SM hosts for their node {}",
-            self.guard_view.0, self.guard_view.1, self.guard_view.2
-        )?;
-        writeln!(
-            f,
-            "  rig recoveries (OpenSM stopped sweeping or announced no state): {}",
-            self.rig_recoveries
-        )?;
-        writeln!(
-            f,
-            "  ibsim slots: {} freed after deaths by signal ({} found by the sweeps before restarts); at the end {} clients attached, {} of them dead",
-            self.slots.0, self.slots.1, self.slots.2, self.slots.3
-        )?;
-        let mut by_rule: BTreeMap<&str, usize> = BTreeMap::new();
-        for v in &self.verdict.violations {
-            *by_rule.entry(v.rule).or_default() += 1;
-        }
-        writeln!(
-            f,
-            "  violations: {} {by_rule:?}",
-            self.verdict.violations.len()
-        )?;
-        let mut shown: Vec<&Violation> = self.verdict.violations.iter().collect();
-        shown.sort_by_key(|v| v.rule != checker::NOT_CONVERGED);
-        for v in shown.into_iter().take(30) {
-            writeln!(f, "    {}: {}", v.rule, v.detail)?;
-        }
-        Ok(())
-    }
-}
 
 /// What undoes a fault when its time comes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -539,6 +449,11 @@ pub fn run(settings: &Settings) -> Option<Report> {
             ) + &grants),
         ),
     ];
+    let mutation_env: Vec<(String, String)> = settings
+        .mutation
+        .iter()
+        .map(|m| (fabric_agent::test_mutation::ENV.to_owned(), m.clone()))
+        .collect();
     let node_links: Vec<[CuttableLink; 2]> = names
         .iter()
         .map(|_| [CuttableLink::start(ports[0]), CuttableLink::start(ports[1])])
@@ -547,10 +462,11 @@ pub fn run(settings: &Settings) -> Option<Report> {
         .iter()
         .zip(&node_links)
         .map(|(n, l)| {
-            Agent::start(
+            Agent::start_with_env(
                 &fabric,
                 n,
                 &(ha_node_config(&fabric, n, &[l[0].port(), l[1].port()]) + &grants),
+                &mutation_env,
             )
         })
         .collect();
@@ -629,14 +545,16 @@ pub fn run(settings: &Settings) -> Option<Report> {
     let mut schedule = Schedule::new(settings.seed, nodes);
     let mut pending: Vec<(Instant, Undo)> = Vec::new();
     let start = Instant::now();
+    let started_at = now_ms();
     let end = start + settings.duration;
     let mut next_fault = start + Duration::from_secs(5);
     let mut rogue_state = 0;
     world.log.note(&format!(
-        "campaign: seed {}, {} s, {nodes} nodes, faults {}",
+        "campaign: seed {}, {} s, {nodes} nodes, faults {}, test mutation {:?}",
         settings.seed,
         settings.duration.as_secs(),
-        settings.faults
+        settings.faults,
+        settings.mutation
     ));
     while Instant::now() < end {
         let now = Instant::now();
@@ -717,6 +635,9 @@ pub fn run(settings: &Settings) -> Option<Report> {
     if convergence.is_none() {
         // With FABRIC_RIG_KEEP set: every agent's and OpenSM's log, for the diagnosis.
         crate::rig::stall::keep_for_diagnosis(world.fabric.dir(), None, "chaos-not-converged");
+    } else if settings.mutation.is_some() {
+        // With FABRIC_RIG_KEEP set: the logs of a run with a rule switched off (they say so).
+        crate::rig::stall::keep_for_diagnosis(world.fabric.dir(), None, "chaos-mutation");
     }
     // The guard is not blind: ListPartitionMembers at both SM hosts lists each wanted key's
     // node.
@@ -753,6 +674,7 @@ pub fn run(settings: &Settings) -> Option<Report> {
     let mut verdict = checker::check(&history);
     if convergence.is_none() {
         verdict.violations.push(Violation {
+            at: now_ms(),
             rule: checker::NOT_CONVERGED,
             detail: format!(
                 "not converged {} s after the faults stopped: {last_problem}",
@@ -765,6 +687,14 @@ pub fn run(settings: &Settings) -> Option<Report> {
         .iter()
         .filter(|e| matches!(e, super::history::Entry::Resync { .. }))
         .count();
+    let mutation_events = history
+        .events()
+        .filter(|e| {
+            e.change
+                .as_ref()
+                .is_some_and(|c| c.reason.contains("TEST MUTATION"))
+        })
+        .count();
     let attached = world.fabric.ibsim_slots().attached().unwrap_or_default();
     let slots = (
         world.fabric.ibsim_slots().freed(),
@@ -775,12 +705,14 @@ pub fn run(settings: &Settings) -> Option<Report> {
     let plan = driver.plan.lock().unwrap_or_else(|p| p.into_inner());
     let report = Report {
         seed: settings.seed,
+        started_at,
         faults: world.log.clone(),
         ops: plan.ops.clone(),
         verdict,
         port_reads,
         convergence,
         resyncs,
+        mutation_events,
         rig_recoveries: world.rig_recoveries,
         slots,
         partitions: (

@@ -22,6 +22,8 @@ pub struct Agent {
     pub socket: PathBuf,
     /// Its stdout + stderr (appended across restarts).
     pub log: PathBuf,
+    /// Environment variables set for it at every start (besides the shim's).
+    env: Vec<(String, String)>,
     process: Option<DaemonProcess>,
 }
 
@@ -29,6 +31,17 @@ impl Agent {
     /// Writes `<dir>/<node>.toml` with `config` and starts the agent as `node`, waiting until
     /// its socket answers. `config` must put the unix socket at `<dir>/<node>.sock`.
     pub fn start(fabric: &Fabric, node: &str, config: &str) -> Agent {
+        Agent::start_with_env(fabric, node, config, &[])
+    }
+
+    /// Like [`Agent::start`], with `env` set in its environment at this and every later start
+    /// (e.g. `FABRIC_AGENT_TEST_MUTATION` for the chaos checker's proof).
+    pub fn start_with_env(
+        fabric: &Fabric,
+        node: &str,
+        config: &str,
+        env: &[(String, String)],
+    ) -> Agent {
         let dir = fabric.dir();
         let socket = dir.join(format!("{node}.sock"));
         assert!(
@@ -43,6 +56,7 @@ impl Agent {
             config: path,
             socket,
             log: dir.join(format!("{node}-agent.log")),
+            env: env.to_vec(),
             process: None,
         };
         agent.spawn(fabric);
@@ -55,6 +69,7 @@ impl Agent {
         assert!(self.process.is_none(), "{} is already running", self.node);
         let mut cmd = fabric.client_command(&self.node, BIN);
         cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC");
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let what = format!("{} agent", self.node);
         let mut process = DaemonProcess::start(cmd, &what, &self.config, &self.socket, &self.log);
         process.set_on_signal_death(fabric.ibsim_slots().hook());

@@ -40,6 +40,7 @@
 //! trace. `FABRIC_SIM_SM_HOSTS_MUTATION=stale-endpoints|evidence-lies` switches one rule off (a
 //! stale `endpoints` list's acknowledgements count; fencing's evidence always says the SM is
 //! silent) to show the oracle catches it; the `..._catches_...` tests do that on every run.
+//! `FABRIC_SIM_SM_HOSTS_TAIL=N` prints the last N lines of a failing seed's trace (40).
 //! `FABRIC_SIM_SM_HOSTS_KEEP_GOING=1` runs every seed and reports the failing ones at the end;
 //! `FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED=1` lets a fenced host's OpenSM start (a finding: see
 //! the ignored tests at the end).
@@ -71,7 +72,8 @@ async fn run(
     w.rejoin_while_fenced = rejoin_while_fenced;
     for _ in 0..steps {
         if let Err(e) = w.step_once(&mut rng).await {
-            let tail = w.log[w.log.len().saturating_sub(40)..].join("\n  ");
+            let lines = env_usize("FABRIC_SIM_SM_HOSTS_TAIL").unwrap_or(40);
+            let tail = w.log[w.log.len().saturating_sub(lines)..].join("\n  ");
             let head = if stale.is_some() { &w.log[0] } else { "" };
             return Err(format!(
                 "seed {seed}, step {}: {e}\n  {head}\n  ...\n  {tail}",
