@@ -10,6 +10,8 @@
 //! to a model UFM that executes requests late, out of order and after the client gave up;
 //! `--ufm-window-ms N` sets that backend's late-write window (default 180,000: above the
 //! model's latest execution; a shorter one lets late adds through, which the oracle catches);
+//! `--whole-dir` makes every schedule put the node's whole state directory (database and side
+//! file) back from a snapshot of the running node (not with `--ufm`);
 //! `--digest` prints one line per seed (applies, RELEASED, simulated ms and a hash of its
 //! trace): two runs of one binary replay exactly when their lines are the same.
 
@@ -52,6 +54,7 @@ fn parse() -> Result<Args, String> {
             "--mixed-membership" => a.options.mixed_membership = true,
             "--opensm" => a.options.opensm = true,
             "--ufm" => a.options.ufm = true,
+            "--whole-dir" => a.options.whole_dir = true,
             "--ufm-window-ms" => a.options.ufm_late_window_ms = Some(num("--ufm-window-ms")?),
             other => return Err(format!("unknown argument {other:?}")),
         }

@@ -58,6 +58,26 @@ fn seeded_schedules_through_the_real_ufm_backend_keep_every_invariant() {
     );
 }
 
+/// Seeds run with the whole state directory put back by default.
+const DEFAULT_WHOLE_DIR_SEEDS: u64 = 300;
+
+/// Every schedule puts the node's whole state directory (database, side file, no clean-stop
+/// marker) back from a snapshot of the running node, taken at once or inside an apply. Ignored:
+/// it fails on seeds the node does not survive yet (e.g. 136, 283, 319: a key released after
+/// the snapshot goes back on the ports; docs/SIMULATION.md). Run it with
+/// `cargo test --test simulation -- --ignored whole`.
+#[test]
+#[ignore = "finds node bugs not fixed yet (seeds 136, 283, 319): docs/SIMULATION.md"]
+fn seeded_whole_state_directory_restores_keep_every_invariant() {
+    run(
+        env_u64("SIM_WHOLE_DIR_SEEDS", DEFAULT_WHOLE_DIR_SEEDS),
+        sim::GenOptions {
+            whole_dir: true,
+            ..Default::default()
+        },
+    );
+}
+
 fn run(seeds: u64, options: sim::GenOptions) {
     let start = env_u64("SIM_START", 0);
     let t = Instant::now();

@@ -94,8 +94,13 @@ pub struct Oracle {
     epoch: fabric_agent::store::LogEpoch,
     /// After such a restart: instances whose next event may start from any state (the events
     /// between their last seen one and the restart went with the old log; a control plane
-    /// resynchronises with ListAttachments).
+    /// resynchronises with ListAttachments). Only a restart of the log (its seqs jump) does
+    /// this: a new epoch at an unclean stop keeps the log, and every chain goes on.
     rebased: Option<BTreeSet<String>>,
+    /// The store was just reopened from a database file put back, which its open saw: the log
+    /// restarted above every seq the mirror saw, and the attachments were read again from the
+    /// store, so the next event may jump and no chain is rebased.
+    reopened_above: bool,
     last_seq: u64,
     instances: BTreeMap<String, Known>,
     /// Bases reported RELEASED that nobody asked for since -> who reported it, on which ports.
@@ -111,6 +116,10 @@ pub struct Oracle {
     pruning: Option<Pruning>,
     /// Every event read from the log, by seq: what a WatchEvents stream must deliver.
     logged: BTreeMap<u64, Event>,
+    /// Every event read from the log, by the (epoch, seq) it was handed out under: none may be
+    /// handed out again with another event (a whole state directory put back continues the
+    /// log below seqs the lost writes handed out, which only a new epoch makes new).
+    handed: BTreeMap<(String, u64), Event>,
     /// RELEASED attachments not yet probed: (when their retain is over, Unix ns; instance).
     prune_due: BTreeSet<(i64, String)>,
     /// Signalled when a RELEASED attachment joins `prune_due`.
@@ -136,6 +145,7 @@ impl Oracle {
             epoch: store.epoch(),
             store,
             rebased: None,
+            reopened_above: false,
             last_seq: 0,
             instances: BTreeMap::new(),
             guard: BTreeMap::new(),
@@ -145,6 +155,7 @@ impl Oracle {
             finding: None,
             pruning: None,
             logged: BTreeMap::new(),
+            handed: BTreeMap::new(),
             prune_due: BTreeSet::new(),
             released_seen: Arc::new(tokio::sync::Notify::new()),
             pruned: 0,
@@ -344,7 +355,6 @@ impl Oracle {
         if self.store.epoch() != self.epoch {
             self.epoch = self.store.epoch();
             restarted = true;
-            self.rebased = Some(self.instances.keys().cloned().collect());
             self.notes.push(format!(
                 "the log restarted under a new epoch {}",
                 self.epoch
@@ -353,7 +363,12 @@ impl Oracle {
         for e in events {
             // Gap-free, except at a restart of the log, which must leave every seq handed out
             // before behind (no seq reused under any epoch).
-            let jump = std::mem::take(&mut restarted) && e.seq > self.last_seq + 1;
+            let new_epoch = std::mem::take(&mut restarted);
+            let reopened = std::mem::take(&mut self.reopened_above);
+            let jump = (new_epoch || reopened) && e.seq > self.last_seq + 1;
+            if jump && new_epoch {
+                self.rebased = Some(self.instances.keys().cloned().collect());
+            }
             if e.seq != self.last_seq + 1 && !jump {
                 let first = self.store.event_bounds().map_or(0, |b| b.0);
                 let what = if e.seq == first && self.last_seq < first {
@@ -370,6 +385,20 @@ impl Oracle {
             }
             self.last_seq = e.seq;
             self.logged.insert(e.seq, e.clone());
+            let epoch = self.epoch.to_string();
+            match self.handed.get(&(epoch.clone(), e.seq)) {
+                Some(before) if *before != e => {
+                    let what = format!(
+                        "(epoch {epoch}, seq {}) handed out twice: first {before:?}, now {e:?}",
+                        e.seq
+                    );
+                    return self.fail(now_ms, what);
+                }
+                Some(_) => {}
+                None => {
+                    self.handed.insert((epoch, e.seq), e.clone());
+                }
+            }
             let time_ns = e.time_unix_ns;
             let EventKind::AttachmentChanged {
                 instance_id,
@@ -651,8 +680,11 @@ impl Oracle {
 
     /// The store was put back from a snapshot taken when the log ended at `snapshot_seq` and
     /// `attached`/`released` were the acknowledged commands. Judges the reopened store: when
-    /// events were committed after the snapshot, the log must be under a new epoch and every
-    /// event in it above every seq handed out before (none reused). Then the acknowledged
+    /// only the database file went back (not `whole`) and events were committed after the
+    /// snapshot, the log must be under a new epoch and every event in it above every seq
+    /// handed out before (none reused). When the whole state directory went back the store
+    /// cannot see it: the oracle reads the log again from the snapshot's end, and every event
+    /// after it must come under an (epoch, seq) never handed out before. Then the acknowledged
     /// commands the rollback lost, exactly those acknowledged after the snapshot, are exempt
     /// from check 3 (a rollback is an operator's act), and the attachments are read again from
     /// the store. A key reported RELEASED stays guarded: a restored attachment of it must not
@@ -663,12 +695,38 @@ impl Oracle {
         snapshot_seq: u64,
         attached: &BTreeSet<String>,
         released: &BTreeSet<String>,
+        whole: bool,
         now_ms: u64,
     ) -> Vec<String> {
         let lost: Vec<String> = self.acked_release.difference(released).cloned().collect();
         self.acked_attach.retain(|i| attached.contains(i));
         self.acked_release.retain(|i| released.contains(i));
-        if self.last_seq > snapshot_seq {
+        if whole {
+            // The log is the snapshot's again, under the epoch it had then; what the lost
+            // writes logged is no longer in it.
+            match self.store.last_seq() {
+                Ok(last) => {
+                    self.last_seq = last;
+                    self.logged.split_off(&(last + 1));
+                }
+                Err(e) => self.fail(now_ms, format!("reading the restored log failed: {e}")),
+            }
+            self.epoch = self.store.epoch();
+        } else {
+            if self.last_seq > snapshot_seq {
+                self.judge_reopened(snapshot_seq, now_ms);
+            }
+            self.epoch = self.store.epoch();
+            self.reopened_above = true;
+        }
+        self.reload_instances();
+        lost
+    }
+
+    /// A database file put back after events were committed past the snapshot's
+    /// `snapshot_seq`: its open must have started a new epoch above every seq handed out.
+    fn judge_reopened(&mut self, snapshot_seq: u64, now_ms: u64) {
+        {
             if self.store.epoch() == self.epoch {
                 let what = format!(
                     "the store went back from seq {} to the snapshot's {snapshot_seq} and kept its epoch {}",
@@ -688,6 +746,10 @@ impl Oracle {
                 Err(e) => self.fail(now_ms, format!("reading the restored log failed: {e}")),
             }
         }
+    }
+
+    /// Reads the attachments again from the store put back, and the prune checks with them.
+    fn reload_instances(&mut self) {
         let stored = self.store.attachments().unwrap_or_default();
         self.instances = stored
             .iter()
@@ -720,7 +782,6 @@ impl Oracle {
             }
             self.released_seen.notify_one();
         }
-        lost
     }
 
     /// The control plane sent the attach of a restored attachment again and it was

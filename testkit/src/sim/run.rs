@@ -325,7 +325,20 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
             port_up(world, *p);
             node
         }
-        Command::Snapshot => {
+        Command::Snapshot { in_apply } => {
+            if *in_apply {
+                // Wait (bounded) for the next apply to start, then copy somewhere inside it:
+                // its generation reserved and sent, its outcome not yet recorded.
+                let started = world.lock().expect("lock").apply_started.clone();
+                let hit = tokio::time::timeout(Duration::from_secs(30), started.notified()).await;
+                let d = with(world, |w| {
+                    if hit.is_ok() {
+                        w.log("agent: an apply started");
+                    }
+                    w.ms(0, 40)
+                });
+                sleep(d).await;
+            }
             if let Some(disk) = &parts.node_disk {
                 disk.snapshot(&parts.store.lock().expect("store lock").clone(), world);
             }
@@ -334,15 +347,18 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
             }
             node
         }
-        Command::StoreRollback { down_ms } => {
+        Command::StoreRollback { down_ms, whole } => {
             let Some(disk) = &parts.node_disk else {
                 return node;
             };
             kill(node, parts).await;
             parts.watchers.released().await;
             with(world, |w| w.log("agent: CRASHED, its store is put back"));
-            let lost = disk.roll_back(&parts.store, world);
+            let lost = disk.roll_back(&parts.store, world, *whole);
             sleep(Duration::from_millis(*down_ms)).await;
+            if *whole {
+                super::rollback::generations_from_here(world);
+            }
             let node = parts.start(world).await;
             super::rollback::resync(&node.agent, world, lost).await;
             node

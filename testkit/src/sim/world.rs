@@ -51,6 +51,9 @@ pub struct World {
     pub apply_crash: Option<ApplyCrash>,
     /// A crash armed for the next command: its poll, how long the agent stays down (ms).
     pub command_crash: Option<(u32, u64)>,
+    /// The node's whole state directory was put back: check 5 goes on from the generation
+    /// the fabric side holds at the node's next apply (`rollback::generations_from_here`).
+    pub generation_floor_pending: bool,
 }
 
 /// The world behind a lock (never held across an await).
@@ -76,6 +79,7 @@ impl World {
             ufm: None,
             apply_crash: None,
             command_crash: None,
+            generation_floor_pending: false,
         }))
     }
 
@@ -118,6 +122,15 @@ impl World {
     /// that is not a regression of this check).
     pub fn note_apply(&mut self, generation: u64) {
         self.applies += 1;
+        if std::mem::take(&mut self.generation_floor_pending) {
+            let held = self.fabric.answered_generation();
+            self.log(format!(
+                "check 5 goes on from the generation the fabric side tells ({held}); the node \
+                 sent up to {} before its whole state directory was put back",
+                self.fabric.max_generation_seen
+            ));
+            self.fabric.max_generation_seen = held;
+        }
         let max = self.fabric.max_generation_seen;
         if generation != 0 && generation <= max {
             let now = self.now_ms();

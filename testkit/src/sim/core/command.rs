@@ -65,15 +65,23 @@ pub enum Command {
     PortDown(usize),
     /// A fabric port comes back UP, reprogrammed by the SM from its config.
     PortUp(usize),
-    /// A backup: the node's database file is copied (and, with the SM host, its store's
-    /// database file and the partitions file).
-    Snapshot,
+    /// A backup: the node's database file and its side file are copied (and, with the SM
+    /// host, its store's database file and the partitions file).
+    Snapshot {
+        /// Taken inside the next apply of the node (a few ms after it started: after its
+        /// generation was reserved and sent, before its outcome is recorded) rather than at
+        /// once.
+        in_apply: bool,
+    },
     /// The node's store is put back from the last snapshot: the agent crashes, the copied
-    /// database file replaces the live one (its side file stays as the live agent left it, as
-    /// a restore from a backup leaves it), and the agent starts again after `down_ms`.
+    /// database file replaces the live one, and the agent starts again after `down_ms`.
     StoreRollback {
         /// How long the node stays down, ms.
         down_ms: u64,
+        /// The whole state directory goes back: the side file (`state.redb.mirror`) too, so
+        /// the store cannot see the rollback at its open (a reverted VM). Otherwise the side
+        /// file stays as the live agent left it, as a restore of the database file leaves it.
+        whole: bool,
     },
     /// The SM host's agent crashes (its backend is shut down where it stands, the requests it
     /// was handling are lost) and a new one starts after `down_ms` on the same partitions file
@@ -162,10 +170,24 @@ impl fmt::Display for Command {
             Command::GenerationConflict => write!(f, "SM generation conflict"),
             Command::PortDown(p) => write!(f, "port {p} DOWN"),
             Command::PortUp(p) => write!(f, "port {p} UP"),
-            Command::Snapshot => write!(f, "snapshot of the stores (a backup)"),
-            Command::StoreRollback { down_ms } => write!(
+            Command::Snapshot { in_apply: false } => write!(f, "snapshot of the stores (a backup)"),
+            Command::Snapshot { in_apply: true } => {
+                write!(f, "snapshot of the stores (a backup) inside the next apply")
+            }
+            Command::StoreRollback {
+                down_ms,
+                whole: false,
+            } => write!(
                 f,
                 "node store rolled back to the snapshot (agent crash, down {down_ms} ms, restart)"
+            ),
+            Command::StoreRollback {
+                down_ms,
+                whole: true,
+            } => write!(
+                f,
+                "node's whole state directory (database and mirror) put back to the snapshot \
+                 (agent crash, down {down_ms} ms, restart)"
             ),
             Command::SmHostCrash { down_ms, restore } => {
                 let what = match restore {

@@ -94,12 +94,27 @@ impl Fabric {
         }
     }
 
-    /// Whether a request may still be taken by the SM (same incarnation, not fenced now).
-    pub fn takeable(&self, r: &Request) -> bool {
-        let stored = match &self.sm_host {
+    /// The generation of the node's set the fabric side holds now (0: none).
+    pub fn held_generation(&self) -> u64 {
+        match &self.sm_host {
             Some(h) => h.stored_generation(),
             None => self.sm.stored_generation,
-        };
+        }
+    }
+
+    /// The generation the fabric side tells the node's start check it holds (0: it stores no
+    /// set of the node, whatever generation it fences with).
+    pub fn answered_generation(&self) -> u64 {
+        match &self.sm_host {
+            Some(h) => h.stored_generation(),
+            None if self.sm.stored_set.is_some() => self.sm.stored_generation,
+            None => 0,
+        }
+    }
+
+    /// Whether a request may still be taken by the SM (same incarnation, not fenced now).
+    pub fn takeable(&self, r: &Request) -> bool {
+        let stored = self.held_generation();
         r.epoch == self.sm.epoch && r.generation >= stored
     }
 

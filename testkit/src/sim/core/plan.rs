@@ -54,6 +54,9 @@ pub struct GenOptions {
     /// The UFM backend's late-write window (default `model_ufm::LATE_WINDOW_MS`); a window
     /// shorter than the model UFM's lateness shows what the watch is for.
     pub ufm_late_window_ms: Option<u64>,
+    /// Every schedule puts the node's whole state directory back (database and side file)
+    /// from a snapshot of the running node (not with `ufm`: nothing there could show it).
+    pub whole_dir: bool,
 }
 
 impl fmt::Display for Schedule {
