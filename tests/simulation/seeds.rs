@@ -63,11 +63,11 @@ const DEFAULT_WHOLE_DIR_SEEDS: u64 = 300;
 
 /// Every schedule puts the node's whole state directory (database, side file, no clean-stop
 /// marker) back from a snapshot of the running node, taken at once or inside an apply. Ignored:
-/// it fails on seeds the node does not survive yet (e.g. 136, 283, 319: a key released after
+/// it fails on seeds the node does not survive yet (e.g. 136, 283: a key released after
 /// the snapshot goes back on the ports; docs/SIMULATION.md). Run it with
 /// `cargo test --test simulation -- --ignored whole`.
 #[test]
-#[ignore = "finds node bugs not fixed yet (seeds 136, 283, 319): docs/SIMULATION.md"]
+#[ignore = "finds node bugs not fixed yet (seeds 136, 283): docs/SIMULATION.md"]
 fn seeded_whole_state_directory_restores_keep_every_invariant() {
     run(
         env_u64("SIM_WHOLE_DIR_SEEDS", DEFAULT_WHOLE_DIR_SEEDS),
