@@ -97,8 +97,10 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             began: Instant::now(),
             next_try: Instant::now(),
             verdict: None,
-            sent: Default::default(),
-            reserved_at_start,
+            life: super::start_check::ThisLife {
+                sent: Default::default(),
+                reserved_at_start,
+            },
         }),
     };
     loop {
@@ -466,6 +468,7 @@ impl Loop {
         self.knows.carrying(&desired, generation);
         if let Some(check) = &mut self.start {
             check
+                .life
                 .sent
                 .insert((generation, crate::domain::set_digest(&desired)));
         }

@@ -52,17 +52,30 @@ pub struct Verdict {
     pub refused: Vec<(String, String)>,
 }
 
-/// Judges the hosts' answers against the last acknowledged set and the current desired set.
-/// `sent` holds (generation, [`set_digest`]) of every set this life of the node sent (removals
-/// only, or after the bound): a host holding one of them holds the node's own write, which is
-/// no evidence of a rollback (a lost life that sent the same generation with another set still
-/// counts).
+/// What this life of the node knows of its own writes, for [`judge`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThisLife {
+    /// (generation, [`set_digest`]) of every set this life sent (removals only, or after the
+    /// bound): a host holding one of them holds the node's own write, which is no evidence of
+    /// a rollback (a lost life that sent the same generation with another set still counts).
+    pub sent: std::collections::BTreeSet<(u64, u64)>,
+    /// The store's generation reservation as this life found it (0: a store that never
+    /// reserved, new or replaced: no evidence). Generations are reserved durably before they
+    /// are sent, so a host holding one above it, not sent by this life, holds a write of a life
+    /// the store does not know of: the store lost writes.
+    pub reserved_at_start: u64,
+}
+
+/// Judges the hosts' answers against the last acknowledged set, the current desired set and
+/// what this life wrote (`life`).
 pub fn judge(
     acked: Option<AckedSet>,
     desired: &NodeMemberships,
     answers: &[HostStoredSet],
-    sent: &std::collections::BTreeSet<(u64, u64)>,
+    life: &ThisLife,
 ) -> Verdict {
+    let reserved = life.reserved_at_start;
+    let mut above_reservation: Option<String> = None;
     let wanted = set_digest(desired);
     let mut verdict = Verdict {
         highest: 0,
@@ -81,10 +94,17 @@ pub fn judge(
             StoredSetAnswer::Stored(generation, set) => {
                 verdict.highest = verdict.highest.max(*generation);
                 let held = set_digest(set);
+                let own = life.sent.contains(&(*generation, held));
+                if !own && reserved > 0 && *generation > reserved && above_reservation.is_none() {
+                    above_reservation = Some(format!(
+                        "SM host {} holds generation {generation} of this node, above every generation this store reserved ({reserved}) and not sent by this life: a life the store does not know of sent it, so the store lost writes (a snapshot of the running node restored, or replaced)",
+                        a.host
+                    ));
+                }
                 if let Some(acked) = acked {
                     let newer = *generation > acked.generation;
                     if newer
-                        && !sent.contains(&(*generation, held))
+                        && !own
                         && held != acked.digest
                         && held != wanted
                         && verdict.rolled_back.is_none()
@@ -99,37 +119,8 @@ pub fn judge(
             }
         }
     }
+    verdict.rolled_back = verdict.rolled_back.or(above_reservation);
     verdict
-}
-
-impl Verdict {
-    /// Adds the reservation's evidence: a host holding a generation above `reserved` (the
-    /// store's reservation as this life found it), that this life did not send, holds a write
-    /// of a life the store does not know of: generations are reserved durably before they are
-    /// sent, so only a store that lost writes (a copy put back) is below one it handed out.
-    /// `reserved` 0 (a store that never reserved: new, or replaced) gives no evidence.
-    pub fn with_reservation(
-        mut self,
-        reserved: u64,
-        answers: &[HostStoredSet],
-        sent: &std::collections::BTreeSet<(u64, u64)>,
-    ) -> Verdict {
-        if self.rolled_back.is_some() || reserved == 0 {
-            return self;
-        }
-        for a in answers {
-            if let StoredSetAnswer::Stored(generation, set) = &a.answer {
-                if *generation > reserved && !sent.contains(&(*generation, set_digest(set))) {
-                    self.rolled_back = Some(format!(
-                        "SM host {} holds generation {generation} of this node, above every generation this store reserved ({reserved}) and not sent by this life: a life the store does not know of sent it, so the store lost writes (a snapshot of the running node restored, or replaced)",
-                        a.host
-                    ));
-                    break;
-                }
-            }
-        }
-        self
-    }
 }
 
 /// What may be sent while the check is incomplete: `desired` with only the keys every host in

@@ -12,16 +12,13 @@ use testkit::common;
 use testkit::rig;
 
 use common::{attach, attach_now, free_port, get, has_base, node, partition, release, state};
-use common::{wait_until, CONVERGE};
+use common::{current_log, wait_until, CONVERGE};
 use fabric_agent::proto::agent as pb;
-use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rig::agents::{node_config, sm_config, Agent};
 use rig::{Fabric, FabricSpec};
 use std::time::{Duration, Instant};
-use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 const OPERATOR: &str = "# operator's partitions\n\
 Default=0x7fff : ALL=limited, SELF=full ;\n";
@@ -31,22 +28,6 @@ const KEY_A: u16 = 0x0a71;
 /// How often and how long the port is read after the snapshot is put back.
 const POLL: Duration = Duration::from_millis(50);
 const WATCH: Duration = Duration::from_secs(10);
-
-/// Every event of the node's current log.
-async fn log(c: &mut FabricAgentClient<Channel>) -> (pb::GetNodeResponse, Vec<pb::Event>) {
-    let n = node(c).await;
-    let stream = c
-        .watch_events(pb::WatchEventsRequest {
-            after_seq: n.first_event_seq.saturating_sub(1),
-            no_follow: true,
-            log_epoch: Some(n.log_epoch.clone()),
-        })
-        .await
-        .expect("watch the current log")
-        .into_inner();
-    let events: Vec<pb::Event> = stream.filter_map(Result::ok).collect().await;
-    (n, events)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_nodes_snapshot_put_back_never_puts_a_released_key_back() {
@@ -75,7 +56,7 @@ async fn a_running_nodes_snapshot_put_back_never_puts_a_released_key_back() {
     let r = release(&mut c, "tenant-a", Some(20_000)).await;
     assert_eq!(state(&r), pb::AttachmentState::Released, "{r:?}");
     assert!(!has_base(&fabric.pkeys("node1"), KEY_A));
-    let (followed, _) = log(&mut c).await;
+    let (followed, _) = current_log(&mut c).await;
     assert!(followed.last_event_seq > 0);
 
     // The snapshot is reverted: the agent dies and comes back on the copy.
@@ -101,7 +82,7 @@ async fn a_running_nodes_snapshot_put_back_never_puts_a_released_key_back() {
 
     // A new log epoch, starting above every seq the control plane saw; the rollback raised.
     let mut c = n1.client().await;
-    let (after, events) = log(&mut c).await;
+    let (after, events) = current_log(&mut c).await;
     assert_ne!(after.log_epoch, followed.log_epoch, "a new log epoch");
     assert!(
         after.first_event_seq > followed.last_event_seq,

@@ -37,7 +37,7 @@ use testkit::common;
 use testkit::rig;
 
 use common::{attach, attach_now, free_port, get, has_base, node, partition, release, state};
-use common::{wait_until, CONVERGE};
+use common::{current_log, wait_until, CONVERGE};
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use nix::sys::signal::{kill, Signal};
@@ -48,7 +48,6 @@ use rig::ha::{sm_host_status, SmHostAgent, TwoSmFiles};
 use rig::proxy::ReplyDropper;
 use rig::{FabricSpec, LIMITED_DEFAULT_PARTITIONS};
 use std::time::{Duration, Instant};
-use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
 /// The tenant's key, released after the snapshot.
@@ -63,22 +62,6 @@ const A_SILENT: Duration = Duration::from_secs(5);
 const LONG: Duration = Duration::from_secs(60);
 /// Three pulls of 500 ms.
 const FENCE_AFTER_MS: u64 = 1500;
-
-/// Every event of the node's current log.
-async fn log(c: &mut FabricAgentClient<Channel>) -> (pb::GetNodeResponse, Vec<pb::Event>) {
-    let n = node(c).await;
-    let stream = c
-        .watch_events(pb::WatchEventsRequest {
-            after_seq: n.first_event_seq.saturating_sub(1),
-            no_follow: true,
-            log_epoch: Some(n.log_epoch.clone()),
-        })
-        .await
-        .expect("watch the current log")
-        .into_inner();
-    let events: Vec<pb::Event> = stream.filter_map(Result::ok).collect().await;
-    (n, events)
-}
 
 /// What the SM host at `port` stores for node1: (generation, P_Key bases); None: nothing. A
 /// held-back record (answered UNAVAILABLE, "held back") reads as its generation with no key.
@@ -167,7 +150,7 @@ async fn a_clean_restart_with_one_sm_host_behind_and_the_other_silent_keeps_the_
     let Some(mut rig) = Rig::start().await else {
         return;
     };
-    let (before, _) = log(&mut rig.c).await;
+    let (before, _) = current_log(&mut rig.c).await;
     rig.stop_b().await;
     let ((a_gen, a_keys), (b_gen, b_keys)) = rig.bring_b_back_behind().await;
     assert_eq!((a_gen, b_gen), (rig.acked_gen, rig.acked_gen));
@@ -192,7 +175,7 @@ async fn a_clean_restart_with_one_sm_host_behind_and_the_other_silent_keeps_the_
         tokio::time::sleep(POLL).await;
     }
     let mut c = rig.n1.client().await;
-    let (after, events) = log(&mut c).await;
+    let (after, events) = current_log(&mut c).await;
     let a = get(&mut c, "tenant-a").await;
     eprintln!(
         "{reads} smpquery reads in {WATCH:?}; the tenant's key off the port from {lost_at:?}; \
@@ -420,7 +403,7 @@ async fn snapshot_put_back_with_one_sm_host_behind(a_silent_at_start: bool) {
         .unwrap_or_default();
     assert_eq!(set.excused, ["smhost2"], "{set:?}");
     assert!(!has_base(&rig.fabric.pkeys("node1"), KEY_A));
-    let (followed, seen) = log(&mut rig.c).await;
+    let (followed, seen) = current_log(&mut rig.c).await;
     assert!(followed.last_event_seq > 0);
     eprintln!(
         "followed: epoch {} seqs {}..={} ({} events)",
@@ -475,7 +458,7 @@ async fn snapshot_put_back_with_one_sm_host_behind(a_silent_at_start: bool) {
 
     // A new log epoch, above every seq the control plane saw; the rollback found.
     let mut c = rig.n1.client().await;
-    let (after, events) = log(&mut c).await;
+    let (after, events) = current_log(&mut c).await;
     eprintln!(
         "after the put-back: epoch {} seqs {}..={}",
         after.log_epoch, after.first_event_seq, after.last_event_seq

@@ -15,12 +15,8 @@ pub(super) struct StartCheck {
     pub(super) next_try: Instant,
     /// The last answers judged (None before the first).
     pub(super) verdict: Option<Verdict>,
-    /// (generation, set digest) of every set this life sent while the check ran: a host
-    /// holding one holds the node's own write, no rollback evidence.
-    pub(super) sent: std::collections::BTreeSet<(u64, u64)>,
-    /// The store's generation reservation as this life found it: no life of this store sent a
-    /// generation above it before this one.
-    pub(super) reserved_at_start: u64,
+    /// What this life wrote while the check ran, and the reservation it found.
+    pub(super) life: start_check::ThisLife,
 }
 
 impl StartCheck {
@@ -65,8 +61,7 @@ impl Loop {
         let Some(check) = &self.start else {
             return Ok(false);
         };
-        let sent = check.sent.clone();
-        let reserved = check.reserved_at_start;
+        let life = check.life.clone();
         if self.knows.ack().is_some() {
             // Every SM host holds this life's set: any evidence there is gone, and with it the
             // need to ask.
@@ -89,8 +84,7 @@ impl Loop {
             }
             Err(_) => Vec::new(),
         };
-        let mut verdict = start_check::judge(self.agent.ledger().acked, desired, &answers, &sent)
-            .with_reservation(reserved, &answers, &sent);
+        let mut verdict = start_check::judge(self.agent.ledger().acked, desired, &answers, &life);
         if answers.is_empty() {
             verdict.unanswered.push((
                 "every SM host".to_owned(),

@@ -180,16 +180,19 @@ fn judge_none(
     desired: &NodeMemberships,
     answers: &[HostStoredSet],
 ) -> Verdict {
-    judge(acked, desired, answers, &Default::default())
+    judge(acked, desired, answers, &ThisLife::default())
 }
 
 #[test]
 fn a_set_this_life_sent_is_no_evidence_but_another_at_its_generation_is() {
     // This life sent a removals-only set {} at 1027 that not every host acknowledged; a host
     // holding it holds the node's own write.
-    let own = [(1027, crate::domain::set_digest(&set(&[])))]
-        .into_iter()
-        .collect();
+    let own = ThisLife {
+        sent: [(1027, crate::domain::set_digest(&set(&[])))]
+            .into_iter()
+            .collect(),
+        reserved_at_start: 0,
+    };
     let v = judge(
         acked(5, &[0xa]),
         &set(&[0xa, 0xb]),
@@ -215,7 +218,11 @@ fn a_generation_above_the_stores_reservation_that_this_life_did_not_send_is_a_ro
     let answers = [host("h1", 3074, &[])];
     let v = judge_none(acked(1, &[]), &set(&[0xa]), &answers);
     assert_eq!(v.rolled_back, None);
-    let v = v.with_reservation(2048, &answers, &Default::default());
+    let reserved = ThisLife {
+        reserved_at_start: 2048,
+        ..ThisLife::default()
+    };
+    let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &reserved);
     assert!(
         v.rolled_back
             .as_deref()
@@ -224,22 +231,16 @@ fn a_generation_above_the_stores_reservation_that_this_life_did_not_send_is_a_ro
     );
     // Within the reservation: no evidence; sent by this life: none either; no reservation: none.
     let within = [host("h1", 2000, &[])];
-    let v = judge_none(acked(1, &[]), &set(&[0xa]), &within).with_reservation(
-        2048,
-        &within,
-        &Default::default(),
-    );
+    let v = judge(acked(1, &[]), &set(&[0xa]), &within, &reserved);
     assert_eq!(v.rolled_back, None);
-    let own = [(3074, crate::domain::set_digest(&set(&[])))]
-        .into_iter()
-        .collect();
-    let v =
-        judge_none(acked(1, &[]), &set(&[0xa]), &answers).with_reservation(2048, &answers, &own);
+    let own = ThisLife {
+        sent: [(3074, crate::domain::set_digest(&set(&[])))]
+            .into_iter()
+            .collect(),
+        reserved_at_start: 2048,
+    };
+    let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &own);
     assert_eq!(v.rolled_back, None);
-    let v = judge_none(acked(1, &[]), &set(&[0xa]), &answers).with_reservation(
-        0,
-        &answers,
-        &Default::default(),
-    );
+    let v = judge_none(acked(1, &[]), &set(&[0xa]), &answers);
     assert_eq!(v.rolled_back, None);
 }

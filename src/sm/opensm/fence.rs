@@ -302,6 +302,25 @@ impl Fences {
         ledger.put_fenced(&all).map_err(|e| e.to_string())
     }
 
+    /// `fenced` with `name` fenced by `record` (`Some`) or no longer fenced (`None`), stored
+    /// first and then put in effect; on a store error nothing changes.
+    fn put_fenced(
+        &self,
+        state: &mut State,
+        name: &str,
+        record: Option<FencedHost>,
+    ) -> Result<(), String> {
+        let mut after = state.fenced.clone();
+        match record {
+            Some(r) => after.insert(name.to_owned(), r),
+            None => after.remove(name),
+        };
+        self.store(&after)?;
+        state.fenced = after;
+        state.returned.remove(name);
+        Ok(())
+    }
+
     /// After a pull round: `answers` per peer endpoint, what it said when it answered. Lifts the
     /// fence of a peer that answered caught up and holding every set this host serves; checks
     /// again the evidence of every fenced peer that stayed silent (withdrawing the fence when
@@ -310,7 +329,7 @@ impl Fences {
     pub async fn after_round(&self, answers: &[(String, Option<Heard>)]) {
         let now = Instant::now();
         let mut to_check: Vec<(PeerIdentity, String, Duration)> = Vec::new();
-        let mut to_recheck: Vec<(PeerIdentity, String, Duration)> = Vec::new();
+        let mut to_recheck: Vec<(PeerIdentity, String, Option<Duration>)> = Vec::new();
         {
             let mut state = self.lock();
             let peers = self.peers();
@@ -327,22 +346,17 @@ impl Fences {
                         let name = self.name_in(&state, peer);
                         state.silent.remove(&name);
                         if state.fenced.contains_key(&name) {
-                            let since = Duration::ZERO;
                             if !heard.caught_up {
-                                to_recheck.push((peer.clone(), name, since));
+                                to_recheck.push((peer.clone(), name, None));
                                 continue;
                             }
                             if let Some(behind) = &heard.behind {
                                 tracing::info!(peer = %name, %behind, "the fenced peer SM host answers caught up but does not hold every set this host serves yet: it stays fenced while its SM is proven not running");
-                                to_recheck.push((peer.clone(), name, since));
+                                to_recheck.push((peer.clone(), name, None));
                                 continue;
                             }
-                            let mut after = state.fenced.clone();
-                            after.remove(&name);
-                            match self.store(&after) {
+                            match self.put_fenced(&mut state, &name, None) {
                                 Ok(()) => {
-                                    state.fenced = after;
-                                    state.returned.remove(&name);
                                     tracing::warn!(peer = %name, "fence lifted: the peer SM host's agent answers again, has caught up and holds every set this host serves");
                                 }
                                 Err(e) => {
@@ -360,7 +374,7 @@ impl Fences {
                             .unwrap_or(self.started);
                         let silent = now.saturating_duration_since(since);
                         if state.fenced.contains_key(&name) {
-                            to_recheck.push((peer.clone(), name, silent));
+                            to_recheck.push((peer.clone(), name, Some(silent)));
                         } else if silent >= self.fence_after {
                             to_check.push((peer.clone(), name, silent));
                         }
@@ -382,13 +396,9 @@ impl Fences {
                         evidence: format!("agent silent for {} ms; {evidence}", silent.as_millis()),
                     };
                     let mut state = self.lock();
-                    let mut after = state.fenced.clone();
-                    after.insert(name.clone(), record.clone());
-                    match self.store(&after) {
+                    match self.put_fenced(&mut state, &name, Some(record.clone())) {
                         Ok(()) => {
-                            state.fenced = after;
                             state.silent.remove(&name);
-                            state.returned.remove(&name);
                             tracing::warn!(peer = %name, evidence = %record.evidence, check_ms = u64::try_from(decided.elapsed().as_millis()).unwrap_or(u64::MAX), "fenced the peer SM host: its agent does not answer and its SM is not running; the nodes' applies go on without it");
                         }
                         Err(e) => {
@@ -445,40 +455,40 @@ impl Fences {
     /// with a standing reason. A withdrawal that cannot be stored still takes effect here (the
     /// peer counts again now); after a restart the stored fence is checked again by the first
     /// round (the catch-up, before the agent serves).
-    async fn recheck(&self, peer: &PeerIdentity, name: &str, silent: Duration) {
+    /// `silent`: how long its agent has not answered (`None`: it answers, behind).
+    async fn recheck(&self, peer: &PeerIdentity, name: &str, silent: Option<Duration>) {
         let Err(why) = self.judge(peer, name).await else {
             return;
         };
-        let agent = if silent.is_zero() {
-            format!(
+        let agent = match silent {
+            None => format!(
                 "its agent ({}) answers but has not caught up with what was confirmed while it was fenced",
                 peer.endpoint
-            )
-        } else {
-            format!(
+            ),
+            Some(silent) => format!(
                 "its agent ({}) has not answered for {} s",
                 peer.endpoint,
                 silent.as_secs()
-            )
+            ),
         };
         let reason = format!(
             "{why}; it had been fenced: the fence is withdrawn and releases and attaches wait on it again ({agent}); stop that OpenSM, or let its agent catch up"
         );
         let mut state = self.lock();
-        let mut after = state.fenced.clone();
-        if after.remove(name).is_none() {
+        if !state.fenced.contains_key(name) {
             return;
         }
-        match self.store(&after) {
+        match self.put_fenced(&mut state, name, None) {
             Ok(()) => {
                 tracing::warn!(peer = %name, %reason, "fence withdrawn: the fenced peer SM host's SM is no longer proven not running")
             }
             Err(e) => {
-                tracing::warn!(peer = %name, %reason, error = %e, "fence withdrawn in memory; storing the withdrawal failed (retried at the next round)")
+                // In effect anyway: the peer must count again now.
+                state.fenced.remove(name);
+                state.returned.remove(name);
+                tracing::warn!(peer = %name, %reason, error = %e, "fence withdrawn in memory; storing the withdrawal failed (after a restart the stored fence is checked again by the first round)")
             }
         }
-        state.fenced = after;
-        state.returned.remove(name);
         state.silent.insert(name.to_owned(), reason);
     }
 
@@ -589,11 +599,8 @@ impl Fences {
             evidence: format!("fenced by the operator; {evidence}"),
         };
         let mut state = self.lock();
-        let mut after = state.fenced.clone();
-        after.insert(name.clone(), record.clone());
-        self.store(&after)
+        self.put_fenced(&mut state, &name, Some(record.clone()))
             .map_err(|e| FenceRefusal::Store(name.clone(), e))?;
-        state.fenced = after;
         state.silent.remove(&name);
         tracing::warn!(peer = %name, evidence = %record.evidence, "fenced the peer SM host (operator)");
         Ok(record)
@@ -607,17 +614,17 @@ impl Fences {
             .values()
             .map(|f| Condition {
                 kind: ConditionKind::SmHostFenced,
-                detail: if state.returned.contains(&f.host) {
-                    format!(
-                        "peer SM host {} is fenced since {} (unix ms): {}; its agent pulls this host again, so the nodes wait on it again; the fence stands until it holds every set this host holds",
-                        f.host, f.since_unix_ms, f.evidence
-                    )
-                } else {
-                    format!(
-                        "peer SM host {} is fenced since {} (unix ms): {}; the nodes' applies go on without it until its agent answers again, caught up",
-                        f.host, f.since_unix_ms, f.evidence
-                    )
-                },
+                detail: format!(
+                    "peer SM host {} is fenced since {} (unix ms): {}; {}",
+                    f.host,
+                    f.since_unix_ms,
+                    f.evidence,
+                    if state.returned.contains(&f.host) {
+                        "its agent pulls this host again, so the nodes wait on it again; the fence stands until it holds every set this host holds"
+                    } else {
+                        "the nodes' applies go on without it until its agent answers again, caught up"
+                    }
+                ),
             })
             .collect();
         out.extend(state.silent.iter().map(|(name, why)| Condition {
@@ -652,6 +659,14 @@ mod tests {
     }
 
     fn fences(check: PeerSmCheck, ledger: Arc<InMemoryNodeStore>) -> (Fences, Arc<Fixed>) {
+        fences_after(check, ledger, Duration::ZERO)
+    }
+
+    fn fences_after(
+        check: PeerSmCheck,
+        ledger: Arc<InMemoryNodeStore>,
+        fence_after: Duration,
+    ) -> (Fences, Arc<Fixed>) {
         let evidence = Arc::new(Fixed(Mutex::new(check)));
         let f = Fences::new(
             "sm1".into(),
@@ -662,7 +677,7 @@ mod tests {
             }],
             Some(evidence.clone()),
             Some(ledger),
-            Duration::ZERO,
+            fence_after,
         )
         .unwrap();
         (f, evidence)
@@ -681,19 +696,11 @@ mod tests {
     #[tokio::test]
     async fn a_pull_from_a_fenced_peer_ends_its_excuse_but_not_its_fence() {
         let ledger = Arc::new(InMemoryNodeStore::default());
-        let evidence = Arc::new(Fixed(Mutex::new(PeerSmCheck::Silent("x".into()))));
-        let f = Fences::new(
-            "sm1".into(),
-            vec![PeerIdentity {
-                endpoint: PEER.into(),
-                name: Some("sm2".into()),
-                sm_port_guid: Some(0x22),
-            }],
-            Some(evidence),
-            Some(ledger.clone()),
+        let (f, _) = fences_after(
+            PeerSmCheck::Silent("x".into()),
+            ledger.clone(),
             Duration::from_millis(300),
-        )
-        .unwrap();
+        );
         tokio::time::sleep(Duration::from_millis(320)).await;
         f.after_round(&[(PEER.into(), None)]).await;
         assert_eq!(f.fenced().len(), 1);

@@ -316,15 +316,7 @@ impl PeerSync {
         self.learn_revocations(&answers).await;
         self.learn_ledger(&answers).await;
         let untrusted = self.fenced_anywhere(&answers);
-        let me = self.fences.host().to_owned();
-        let fencers: Vec<String> = answers
-            .iter()
-            .filter(|(_, a)| {
-                a.as_ref()
-                    .is_ok_and(|a| a.fenced.iter().any(|f| f.host == me))
-            })
-            .map(|(name, _)| name.clone())
-            .collect();
+        let fencers = self.fencers(&answers);
         let mut best: BTreeMap<NodeId, PeerSet> = BTreeMap::new();
         let mut views: Vec<(String, Result<PeerAnswer, String>)> = Vec::new();
         for (name, answer) in answers {
@@ -421,6 +413,12 @@ impl PeerSync {
         let Some(why) = self.role.as_ref().and_then(|r| r.not_running()) else {
             return;
         };
+        // Already held back, and nothing confirmed since: no SMInfo check needed this round.
+        if self.status().caught_up_lost
+            && self.backend.nodes().iter().all(|n| n.gated || !n.has_set())
+        {
+            return;
+        }
         if !self.fences.every_peer_silent() {
             return;
         }

@@ -31,6 +31,26 @@ pub async fn events(c: &mut FabricAgentClient<Channel>, after: u64) -> Vec<pb::E
     out
 }
 
+/// The node (GetNode) and every event of its current log (its epoch, from its first seq),
+/// without following.
+pub async fn current_log(
+    c: &mut FabricAgentClient<Channel>,
+) -> (pb::GetNodeResponse, Vec<pb::Event>) {
+    use tokio_stream::StreamExt;
+    let n = super::calls::node(c).await;
+    let stream = c
+        .watch_events(pb::WatchEventsRequest {
+            after_seq: n.first_event_seq.saturating_sub(1),
+            no_follow: true,
+            log_epoch: Some(n.log_epoch.clone()),
+        })
+        .await
+        .expect("watch the current log")
+        .into_inner();
+    let events: Vec<pb::Event> = stream.filter_map(Result::ok).collect().await;
+    (n, events)
+}
+
 /// Asserts the sequence numbers are 1..=n without gaps or duplicates.
 pub fn assert_gap_free(events: &[pb::Event]) {
     for (i, e) in events.iter().enumerate() {

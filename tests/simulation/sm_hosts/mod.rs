@@ -168,6 +168,17 @@ fn several_sm_hosts_never_say_a_false_released_nor_lose_an_active_key() {
     }
 }
 
+/// Runs each of `seeds` (200 steps, no mutation; OpenSMs started on fenced hosts when
+/// `rejoin_while_fenced`) and panics with the first failure.
+fn assert_seeds_pass(seeds: &[u64], rejoin_while_fenced: bool) {
+    let rt = runtime();
+    for seed in seeds {
+        if let Err(e) = rt.block_on(run(*seed, 200, Mutation::None, rejoin_while_fenced)) {
+            panic!("{e}");
+        }
+    }
+}
+
 /// The first seed (of `limit`) whose run the oracle fails under `mutation`.
 fn first_failure(mutation: Mutation, limit: u64) -> Option<(u64, String)> {
     let rt = runtime();
@@ -204,12 +215,7 @@ fn the_oracle_catches_fencing_without_evidence() {
 /// whether or not a peer holds the host fenced (`rejoin_while_fenced`).
 #[test]
 fn a_fenced_host_whose_opensm_runs_again_is_no_longer_excused() {
-    let rt = runtime();
-    for seed in [1, 77, 297, 332, 412] {
-        if let Err(e) = rt.block_on(run(seed, 200, Mutation::None, true)) {
-            panic!("{e}");
-        }
-    }
+    assert_seeds_pass(&[1, 77, 297, 332, 412], true);
 }
 
 /// Found by this simulation (issue 38, seeds 60, 92, 124, 346): a fence was lifted when the
@@ -218,12 +224,7 @@ fn a_fenced_host_whose_opensm_runs_again_is_no_longer_excused() {
 /// host's (held-back ones included).
 #[test]
 fn a_fence_is_lifted_only_once_the_peer_holds_what_was_confirmed_meanwhile() {
-    let rt = runtime();
-    for seed in [60, 92, 124, 346, 176] {
-        if let Err(e) = rt.block_on(run(seed, 200, Mutation::None, false)) {
-            panic!("{e}");
-        }
-    }
+    assert_seeds_pass(&[60, 92, 124, 346, 176], false);
 }
 
 /// Found by this simulation (issue 38, seeds 339, 384): a whole-host restore of the one host
@@ -235,10 +236,5 @@ fn a_fence_is_lifted_only_once_the_peer_holds_what_was_confirmed_meanwhile() {
 /// release but the node (docs/SIMULATION.md, "Open findings").
 #[test]
 fn a_restore_of_the_only_host_that_acknowledged_a_release_keeps_it_released() {
-    let rt = runtime();
-    for seed in [339, 384] {
-        if let Err(e) = rt.block_on(run(seed, 200, Mutation::None, false)) {
-            panic!("{e}");
-        }
-    }
+    assert_seeds_pass(&[339, 384], false);
 }

@@ -30,6 +30,19 @@ impl PeerSync {
         fenced
     }
 
+    /// The peers whose answer this round states this host fenced.
+    pub(super) fn fencers(&self, answers: &[(String, Result<PeerAnswer, String>)]) -> Vec<String> {
+        let me = self.fences.host();
+        answers
+            .iter()
+            .filter(|(_, a)| {
+                a.as_ref()
+                    .is_ok_and(|a| a.fenced.iter().any(|f| f.host == me))
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// After a round: `fencers` are the peers whose answer states this host fenced. Holds
     /// every stored set back the first time a fence is heard while this host's OpenSM is not
     /// running (module docs).
