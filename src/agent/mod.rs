@@ -124,6 +124,9 @@ struct Shared {
     ledger: Mutex<ApplyLedger>,
     /// Prometheus metrics.
     metrics: metrics::Metrics,
+    /// This life may follow a lost one: the last stop was not clean, or the store was found
+    /// restored from a copy (`ApplyLedger::LOST_LIFE_MARGIN`).
+    follows_lost_life: bool,
 }
 
 /// Unix time in nanoseconds, from the system clock (the agent itself reads its
@@ -141,6 +144,10 @@ impl Agent {
     pub fn new(parts: AgentParts) -> Result<Agent, AgentError> {
         let life = parts.store.begin_life(parts.clock.now_unix_ns())?;
         tracing::debug!(?life, "store life started");
+        let follows_lost_life = matches!(
+            life,
+            crate::store::LifeStart::NewEpoch { .. } | crate::store::LifeStart::RolledBack
+        );
         let mut status = status::Status::new(parts.sm.backend());
         // What the log last reported stands until the reconciler's first pass says otherwise.
         status.conditions = parts
@@ -163,6 +170,7 @@ impl Agent {
                 stopping: tokio::sync::watch::channel(false).0,
                 ledger: Mutex::new(ledger),
                 metrics,
+                follows_lost_life,
             }),
         })
     }

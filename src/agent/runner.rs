@@ -74,8 +74,19 @@ struct Loop {
 pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     let cfg = agent.shared.parts.reconciler.clone();
     let prev_inventory = agent.status().inventory.clone();
-    let knows = SmKnowledge::resume(&agent.ledger());
+    let mut knows = SmKnowledge::resume(&agent.ledger());
     let reserved_at_start = agent.ledger().generation_reserved;
+    let follows_lost_life = agent.shared.follows_lost_life;
+    if follows_lost_life {
+        // A lost life may have sent generations above this store's reservation, one of them
+        // perhaps still on its way to an SM host: go past any it could have used.
+        knows.leap_past_lost_life(reserved_at_start);
+        tracing::info!(
+            reserved_at_start,
+            margin = crate::domain::ApplyLedger::LOST_LIFE_MARGIN,
+            "this life may follow a lost one: its generations start above any the lost life could have sent"
+        );
+    }
     let schedule = Schedule::new(agent.shared.parts.node_id.as_str(), cfg, Instant::now());
     let conditions = Conditions::new(agent.reported_conditions());
     let host_set_epoch = agent.shared.parts.sm.host_set_epoch();
@@ -100,6 +111,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
             life: super::start_check::ThisLife {
                 sent: Default::default(),
                 reserved_at_start,
+                follows_lost_life,
             },
         }),
     };
@@ -526,13 +538,15 @@ impl Loop {
                 self.knows.move_past(stored);
                 // Before this process's first acknowledgement, a newer set on the fabric side is
                 // proof that the store lost writes (restored with its mirror, or replaced):
-                // raise it, never move on silently.
+                // raise it, never move on silently, and go past what the lost life may still
+                // have on its way.
                 let detail = self
                     .knows
                     .ack()
                     .is_none()
                     .then(|| self.conditions.rolled_back(sent, stored));
                 if let Some(detail) = detail.flatten() {
+                    self.knows.leap_past_lost_life(stored);
                     self.raise_rolled_back(detail).await?;
                 }
                 Applied::RetryNow

@@ -120,6 +120,13 @@ impl SmKnowledge {
         self.next_generation = self.next_generation.max(stored.saturating_add(1));
     }
 
+    /// After a start that may follow a lost life (`ApplyLedger::LOST_LIFE_MARGIN`): the next
+    /// generation goes the margin above `known` (the highest generation this node knows was
+    /// used or stored), so a request of the lost life that lands later is refused as stale.
+    pub fn leap_past_lost_life(&mut self, known: u64) {
+        self.move_past(known.saturating_add(ApplyLedger::LOST_LIFE_MARGIN));
+    }
+
     /// The last positive answer in this life.
     pub fn ack(&self) -> Option<&Ack> {
         self.ack.as_ref()

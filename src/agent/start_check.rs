@@ -15,6 +15,11 @@
 //! written before it was kept) gives no evidence here (a newer generation on the fabric side
 //! still raises the rollback at the first apply, as before).
 //!
+//! After a start that may follow a lost life (an unclean stop, which every copy of a running
+//! node put back is), a store whose last acknowledged generation no host holds any more (every
+//! host holds an older one or nothing: they lost their own state) is taken as rolled back too:
+//! nothing can show it is current.
+//!
 //! Until every host answered (or [`BOUND`] passed, with the `START_CHECK_INCOMPLETE` condition
 //! naming the hosts that did not), the node sends only removals: the keys of its desired set
 //! that every answering host already holds with the same membership, and nothing at all before
@@ -64,6 +69,9 @@ pub struct ThisLife {
     /// are sent, so a host holding one above it, not sent by this life, holds a write of a life
     /// the store does not know of: the store lost writes.
     pub reserved_at_start: u64,
+    /// This life may follow a lost one (an unclean stop or a store found restored): its next
+    /// generation goes `ApplyLedger::LOST_LIFE_MARGIN` above every host's, not just above.
+    pub follows_lost_life: bool,
 }
 
 /// Judges the hosts' answers against the last acknowledged set, the current desired set and
@@ -119,8 +127,44 @@ pub fn judge(
             }
         }
     }
-    verdict.rolled_back = verdict.rolled_back.or(above_reservation);
+    let unvouched = unvouched(acked, answers, life, &verdict);
+    verdict.rolled_back = verdict.rolled_back.or(above_reservation).or(unvouched);
     verdict
+}
+
+/// After a start that may follow a lost life: every host answered, and none holds the
+/// generation this store last recorded as acknowledged (each holds an older one, or nothing,
+/// having lost its own state). Nothing on the fabric side then vouches that the store is
+/// current, and nothing can show its writes were lost: a state directory put back from a copy
+/// of the running node looks exactly like it. The node takes it as a rollback, so keys the
+/// ports do not hold wait for the control plane instead of being sent from a store that may be
+/// old (`STORE_ROLLED_BACK` says why).
+fn unvouched(
+    acked: Option<AckedSet>,
+    answers: &[HostStoredSet],
+    life: &ThisLife,
+    verdict: &Verdict,
+) -> Option<String> {
+    let acked = acked?;
+    if !life.follows_lost_life || answers.is_empty() || !verdict.unanswered.is_empty() {
+        return None;
+    }
+    let mut behind = Vec::new();
+    for a in answers {
+        match &a.answer {
+            StoredSetAnswer::NotStored => behind.push(format!("{} (nothing)", a.host)),
+            StoredSetAnswer::Stored(generation, _) if *generation < acked.generation => {
+                behind.push(format!("{} (generation {generation})", a.host))
+            }
+            // A host that vouches, or one that refused to tell (it refuses the node's sets too).
+            _ => return None,
+        }
+    }
+    Some(format!(
+        "this start follows an unclean stop and no SM host holds the generation this store last recorded as acknowledged ({}): {} lost their state, so nothing on the fabric side vouches that the store is current (a copy of the running node put back looks the same); keys the ports do not hold wait for the control plane",
+        acked.generation,
+        behind.join(", ")
+    ))
 }
 
 /// What may be sent while the check is incomplete: `desired` with only the keys every host in

@@ -64,6 +64,16 @@ impl ApplyLedger {
     /// How many generations one durable write reserves.
     pub const RESERVE: u64 = 1024;
 
+    /// How far above everything it knows a life that may follow a lost one starts its
+    /// generations (an unclean stop, which is every state directory put back from a copy of a
+    /// running agent, or a store found rolled back): a lost life's request still in flight, or
+    /// retried by a dead process's TCP stack, carries a generation at most its own reservation,
+    /// which no host may have seen yet. 64 blocks: a lost life would need more than 65,536
+    /// sets beyond everything every SM host stored to outrank the new one. The generation
+    /// bound (2^53) leaves room for 2^37 such starts, and the margin stays well under how far
+    /// a peer SM host's set may lead another's (2^20, `sm::opensm::generation_bound`).
+    pub const LOST_LIFE_MARGIN: u64 = 64 * Self::RESERVE;
+
     /// The ledger needed before sending `keys` at `generation`, or None when this one already
     /// covers it (no write needed).
     pub fn covering<'a>(

@@ -50,7 +50,8 @@ impl Loop {
     /// rollback: a new log epoch (no seq reused), `STORE_ROLLED_BACK`, the live attachments
     /// marked and settled from this pass's read (taken before any apply of this life), so their
     /// keys are withheld until a port read or the control plane confirms them. Always: the next
-    /// generation goes above every host's. Returns whether the attachments changed (re-read
+    /// generation goes above every host's, and after a lost life (or on proof of a rollback)
+    /// `ApplyLedger::LOST_LIFE_MARGIN` above it. Returns whether the attachments changed (re-read
     /// into `attachments`).
     pub(super) async fn start_check(
         &mut self,
@@ -91,7 +92,11 @@ impl Loop {
                 format!("no answer within {}s", start_check::ASK_TIMEOUT.as_secs()),
             ));
         }
-        self.knows.move_past(verdict.highest);
+        if life.follows_lost_life || verdict.rolled_back.is_some() {
+            self.knows.leap_past_lost_life(verdict.highest);
+        } else {
+            self.knows.move_past(verdict.highest);
+        }
         let mut changed = false;
         if let Some(detail) = &verdict.rolled_back {
             tracing::error!(%detail, "start check: the store went back in time");

@@ -151,6 +151,40 @@ fn a_stored_generation_is_moved_past_and_generations_are_reserved_in_blocks() {
 }
 
 #[test]
+fn a_life_after_a_lost_one_starts_the_margin_above_what_it_knows() {
+    // The copy reserved up to 2048; the lost life may have reserved 2049..=3072 and sent 3073
+    // at the first apply of its next block, still on its way to an SM host.
+    let stored = ledger(2048, &[]);
+    let mut sk = SmKnowledge::resume(&stored);
+    sk.leap_past_lost_life(stored.generation_reserved);
+    let s = set(&[0x12], &[1]);
+    let (generation, write) = sk.begin_apply(&stored, &s);
+    assert_eq!(generation, 2048 + ApplyLedger::LOST_LIFE_MARGIN + 1);
+    assert!(generation > 3073 + ApplyLedger::RESERVE);
+    assert_eq!(
+        write.map(|l| l.generation_reserved),
+        Some(generation + ApplyLedger::RESERVE - 1),
+        "reserved durably before it is sent"
+    );
+    // A host holding more than the store knew moves it further; never back.
+    sk.leap_past_lost_life(100_000);
+    assert_eq!(
+        sk.begin_apply(&stored, &s).0,
+        100_000 + ApplyLedger::LOST_LIFE_MARGIN + 1
+    );
+    sk.leap_past_lost_life(10);
+    assert_eq!(
+        sk.begin_apply(&stored, &s).0,
+        100_000 + ApplyLedger::LOST_LIFE_MARGIN + 2
+    );
+    // Room for far more such starts than a node will ever make, and under how far a peer SM
+    // host's set may lead another's.
+    const {
+        assert!(ApplyLedger::LOST_LIFE_MARGIN < crate::sm::opensm::generation_bound::PEER_LEAD);
+    }
+}
+
+#[test]
 fn an_attach_enters_its_key_in_the_ledger_once() {
     let l = SmKnowledge::ledger_for_attach(&ApplyLedger::default(), k(0x12)).expect("new key");
     assert_eq!(l, ledger(0, &[0x12]));

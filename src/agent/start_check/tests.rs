@@ -191,7 +191,7 @@ fn a_set_this_life_sent_is_no_evidence_but_another_at_its_generation_is() {
         sent: [(1027, crate::domain::set_digest(&set(&[])))]
             .into_iter()
             .collect(),
-        reserved_at_start: 0,
+        ..ThisLife::default()
     };
     let v = judge(
         acked(5, &[0xa]),
@@ -238,9 +238,54 @@ fn a_generation_above_the_stores_reservation_that_this_life_did_not_send_is_a_ro
             .into_iter()
             .collect(),
         reserved_at_start: 2048,
+        ..ThisLife::default()
     };
     let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &own);
     assert_eq!(v.rolled_back, None);
     let v = judge_none(acked(1, &[]), &set(&[0xa]), &answers);
     assert_eq!(v.rolled_back, None);
+}
+
+#[test]
+fn after_an_unclean_stop_a_store_no_host_vouches_for_is_a_rollback() {
+    // The copy acknowledged A at 5; after it, A was released and the only SM host then lost its
+    // state: it holds nothing (or an older generation), and the copy is put back.
+    let lost = ThisLife {
+        follows_lost_life: true,
+        ..ThisLife::default()
+    };
+    let nothing = HostStoredSet {
+        host: "h1".into(),
+        answer: StoredSetAnswer::NotStored,
+    };
+    for answers in [vec![nothing.clone()], vec![host("h1", 3, &[0xa])]] {
+        let v = judge(acked(5, &[0xa]), &set(&[0xa]), &answers, &lost);
+        assert!(
+            v.rolled_back
+                .as_deref()
+                .is_some_and(|d| d.contains("h1") && d.contains("(5)")),
+            "{v:?}"
+        );
+        // After a clean stop, the host's own loss says nothing of the node's store.
+        let v = judge_none(acked(5, &[0xa]), &set(&[0xa]), &answers);
+        assert_eq!(v.rolled_back, None, "{v:?}");
+    }
+    // One host that still holds the acknowledged generation (or a newer one) vouches; a silent
+    // host might: no verdict until it answers; no acknowledgement recorded: no evidence.
+    let v = judge(
+        acked(5, &[0xa]),
+        &set(&[0xa]),
+        &[nothing.clone(), host("h2", 5, &[0xa])],
+        &lost,
+    );
+    assert_eq!(v.rolled_back, None, "{v:?}");
+    let v = judge(
+        acked(5, &[0xa]),
+        &set(&[0xa]),
+        &[nothing.clone(), silent("h2")],
+        &lost,
+    );
+    assert_eq!(v.rolled_back, None, "{v:?}");
+    let v = judge(None, &set(&[0xa]), &[nothing], &lost);
+    assert_eq!(v.rolled_back, None, "{v:?}");
 }
