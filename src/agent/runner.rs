@@ -77,6 +77,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     let mut knows = SmKnowledge::resume(&agent.ledger());
     let reserved_at_start = agent.ledger().generation_reserved;
     let follows_lost_life = agent.shared.follows_lost_life;
+    let sending_at_start = agent.ledger().sending;
     if follows_lost_life {
         // A lost life may have sent generations above this store's reservation, one of them
         // perhaps still on its way to an SM host: go past any it could have used.
@@ -112,6 +113,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
                 sent: Default::default(),
                 reserved_at_start,
                 follows_lost_life,
+                sending_at_start,
             },
         }),
     };

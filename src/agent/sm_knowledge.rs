@@ -71,7 +71,7 @@ impl SmKnowledge {
     ) -> (u64, Option<ApplyLedger>) {
         let generation = self.next_generation;
         self.next_generation = generation.saturating_add(1);
-        (generation, ledger.covering(generation, desired.keys.keys()))
+        (generation, ledger.covering_send(generation, desired))
     }
 
     /// The apply of `set` at `generation` may now reach the SM: until a positive answer, every

@@ -15,6 +15,12 @@
 //! written before it was kept) gives no evidence here (a newer generation on the fabric side
 //! still raises the rollback at the first apply, as before).
 //!
+//! Sends are recorded too ([`crate::domain::ApplyLedger::sending`]: the set and the
+//! generation it was first sent at, written before it is sent): a host holding a generation at
+//! or above that one with another set holds a write the store does not know of. This sees a
+//! lost life whose last set equals the last acknowledged one (a release and its re-attach, or an
+//! attach and its release, within one reserved block), which the rule above cannot.
+//!
 //! After a start that may follow a lost life (an unclean stop, which every copy of a running
 //! node put back is), a store whose last acknowledged generation no host holds any more (every
 //! host holds an older one or nothing: they lost their own state) is taken as rolled back too:
@@ -25,7 +31,7 @@
 //! that every answering host already holds with the same membership, and nothing at all before
 //! any host answered.
 
-use crate::domain::{set_digest, AckedSet, NodeMemberships};
+use crate::domain::{set_digest, AckedSet, NodeMemberships, SentSet};
 use crate::sm::{HostStoredSet, StoredSetAnswer};
 use std::time::Duration;
 
@@ -72,6 +78,11 @@ pub struct ThisLife {
     /// This life may follow a lost one (an unclean stop or a store found restored): its next
     /// generation goes `ApplyLedger::LOST_LIFE_MARGIN` above every host's, not just above.
     pub follows_lost_life: bool,
+    /// The ledger's record of the set the node sends, as this life found it (None: no
+    /// evidence): every send from its generation on carried it, so a host holding a
+    /// generation at or above it with another set, not sent by this life, holds a write of a
+    /// life the store does not know of.
+    pub sending_at_start: Option<SentSet>,
 }
 
 /// Judges the hosts' answers against the last acknowledged set, the current desired set and
@@ -108,6 +119,18 @@ pub fn judge(
                         "SM host {} holds generation {generation} of this node, above every generation this store reserved ({reserved}) and not sent by this life: a life the store does not know of sent it, so the store lost writes (a snapshot of the running node restored, or replaced)",
                         a.host
                     ));
+                }
+                if let Some(record) = life.sending_at_start {
+                    if !own
+                        && *generation >= record.from
+                        && held != record.digest
+                        && verdict.rolled_back.is_none()
+                    {
+                        verdict.rolled_back = Some(format!(
+                            "SM host {} holds generation {generation} of this node with a set this store never sent: from generation {} on it sent only the set it recorded before sending it: a life the store does not know of sent it, so the store lost writes (a snapshot of the running node restored, or replaced)",
+                            a.host, record.from
+                        ));
+                    }
                 }
                 if let Some(acked) = acked {
                     let newer = *generation > acked.generation;

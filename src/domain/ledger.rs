@@ -23,6 +23,24 @@ pub struct ApplyLedger {
     /// acknowledgement (and in stores written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acked: Option<AckedSet>,
+    /// The set this node sends, and the generation it was first sent at: written durably
+    /// before an apply whose set differs from the recorded one is sent, so every send from
+    /// `from` on carried this set. At a start, a host holding a generation at or above `from`
+    /// with another set holds a write of a life the store does not know of: the store lost
+    /// writes (`agent::start_check`). None before the first apply (and in stores written
+    /// before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sending: Option<SentSet>,
+}
+
+/// The set a node sends, as the ledger keeps it: its digest and the first generation it was
+/// sent at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SentSet {
+    /// [`set_digest`] of the set.
+    pub digest: u64,
+    /// The generation of its first apply.
+    pub from: u64,
 }
 
 /// One acknowledged apply, as the ledger keeps it: its generation and its set's digest.
@@ -88,6 +106,23 @@ impl ApplyLedger {
         }
         (next != *self).then_some(next)
     }
+
+    /// The ledger needed before sending `set` at `generation`: [`Self::covering`] its keys and
+    /// generation, and recording it as the set sent from `generation` on when it differs from
+    /// the one recorded (None: this one already covers it, no write needed).
+    pub fn covering_send(&self, generation: u64, set: &NodeMemberships) -> Option<ApplyLedger> {
+        let mut next = self
+            .covering(generation, set.keys.keys())
+            .unwrap_or_else(|| self.clone());
+        let digest = set_digest(set);
+        if next.sending.is_none_or(|s| s.digest != digest) {
+            next.sending = Some(SentSet {
+                digest,
+                from: generation,
+            });
+        }
+        (next != *self).then_some(next)
+    }
 }
 
 #[cfg(test)]
@@ -107,5 +142,44 @@ mod tests {
             .covering(ApplyLedger::RESERVE + 1, [])
             .expect("next block");
         assert_eq!(l2.generation_reserved, 2 * ApplyLedger::RESERVE);
+    }
+
+    #[test]
+    fn a_send_is_recorded_once_per_change_of_the_set() {
+        let k = PKey::new(0x12).unwrap();
+        let empty = NodeMemberships {
+            node_id: crate::domain::NodeId::parse("node1").unwrap(),
+            port_guids: vec![crate::domain::Guid(1)],
+            keys: Default::default(),
+        };
+        let mut with_k = empty.clone();
+        with_k.keys.insert(
+            k,
+            crate::domain::KeySetting {
+                membership: crate::domain::Membership::Full,
+                name: "p12".into(),
+                ports: None,
+            },
+        );
+        let l1 = ApplyLedger::default()
+            .covering_send(1, &empty)
+            .expect("first send");
+        assert_eq!(
+            l1.sending,
+            Some(SentSet {
+                digest: set_digest(&empty),
+                from: 1
+            })
+        );
+        assert_eq!(
+            l1.covering_send(2, &empty),
+            None,
+            "the same set again: no write"
+        );
+        let l2 = l1.covering_send(3, &with_k).expect("another set");
+        assert_eq!(l2.sending.map(|s| s.from), Some(3));
+        assert!(l2.keys.contains(&k));
+        let l3 = l2.covering_send(4, &empty).expect("back to the first set");
+        assert_eq!(l3.sending.map(|s| s.from), Some(4));
     }
 }

@@ -26,7 +26,7 @@ pub use grant::{
 };
 pub use guid::Guid;
 pub use ident::{validate_label, LabelRules};
-pub use ledger::{set_digest, AckedSet, ApplyLedger};
+pub use ledger::{set_digest, AckedSet, ApplyLedger, SentSet};
 pub use membership::{KeySetting, Membership, NodeMemberships};
 pub use node::{is_safe_key_name, NodeId, KEY_NAME_MAX};
 pub use partition::{FabricName, Partition, PartitionId};

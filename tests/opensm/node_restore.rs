@@ -189,8 +189,8 @@ async fn a_whole_state_directory_put_back_never_puts_a_released_key_back() {
 }
 
 /// The whole state directory put back (mirror included): the node cannot see the rollback
-/// itself. The SM host's newer generation with a set the store never recorded as acknowledged
-/// is the evidence, found by the start check before any apply, and the node raises
+/// itself. The SM host's newer generation with a set the store never recorded as sent (nor as
+/// acknowledged) is the evidence, found by the start check before any apply, and the node raises
 /// STORE_ROLLED_BACK and starts a new log epoch above every seq it handed out, instead of
 /// moving past it silently; the followed cursor gets OUT_OF_RANGE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +209,7 @@ async fn a_node_restored_with_its_whole_state_dir_raises_store_rolled_back() {
         log.iter().any(|e| {
             matches!(&e.kind, Some(pb::event::Kind::ConditionChanged(cc))
                 if cc.active && cc.condition.as_ref().is_some_and(|k| k.kind == "STORE_ROLLED_BACK"
-                    && k.detail.contains("neither the last one it acknowledged")))
+                    && k.detail.contains("SM host") && k.detail.contains("the store lost writes")))
         })
     };
     wait_until("STORE_ROLLED_BACK raised", CONVERGE, || {

@@ -98,7 +98,7 @@ async fn a_running_nodes_snapshot_put_back_never_puts_a_released_key_back() {
         events.iter().any(|e| matches!(&e.kind,
             Some(pb::event::Kind::ConditionChanged(cc)) if cc.active
                 && cc.condition.as_ref().is_some_and(|k| k.kind == "STORE_ROLLED_BACK"
-                    && k.detail.contains("neither the last one it acknowledged")))),
+                    && k.detail.contains("the store lost writes")))),
         "{events:?}"
     );
     // The restored attachment is withheld, with a reason.

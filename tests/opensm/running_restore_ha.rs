@@ -487,7 +487,7 @@ async fn snapshot_put_back_with_one_sm_host_behind(a_silent_at_start: bool) {
         .unwrap_or_else(|| panic!("no STORE_ROLLED_BACK: {events:?}"));
     eprintln!("STORE_ROLLED_BACK: {rolled_back}");
     assert!(
-        rolled_back.contains("neither the last one it acknowledged"),
+        rolled_back.contains("the store lost writes"),
         "{rolled_back}"
     );
     if !a_silent_at_start {

@@ -289,3 +289,46 @@ fn after_an_unclean_stop_a_store_no_host_vouches_for_is_a_rollback() {
     let v = judge(None, &set(&[0xa]), &[nothing], &lost);
     assert_eq!(v.rolled_back, None, "{v:?}");
 }
+
+#[test]
+fn a_set_the_store_never_sent_at_or_above_its_record_is_a_rollback() {
+    // The copy recorded {a} sent from 1025 (its attach), acknowledged {} at 1. A lost life
+    // released at 1026: the host holds {} again, the acknowledged set, so only the record
+    // shows the store did not send it.
+    let copy = ThisLife {
+        sending_at_start: Some(SentSet {
+            digest: set_digest(&set(&[0xa])),
+            from: 1025,
+        }),
+        ..ThisLife::default()
+    };
+    let answers = [host("h1", 1026, &[])];
+    let v = judge_none(acked(1, &[]), &set(&[0xa]), &answers);
+    assert_eq!(
+        v.rolled_back, None,
+        "the acknowledged-set rule cannot see it"
+    );
+    let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &copy);
+    assert!(
+        v.rolled_back
+            .as_deref()
+            .is_some_and(|d| d.contains("h1") && d.contains("1025")),
+        "{v:?}"
+    );
+    // Below the record's generation (sent before it), the recorded set itself at or above
+    // it (a resend), or the lost set sent by this life: no evidence.
+    for (answers, life) in [
+        ([host("h1", 1024, &[])], copy.clone()),
+        ([host("h1", 1030, &[0xa])], copy.clone()),
+        (
+            [host("h1", 1026, &[])],
+            ThisLife {
+                sent: [(1026, set_digest(&set(&[])))].into_iter().collect(),
+                ..copy.clone()
+            },
+        ),
+    ] {
+        let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &life);
+        assert_eq!(v.rolled_back, None, "{answers:?} {v:?}");
+    }
+}
