@@ -62,12 +62,8 @@ fn seeded_schedules_through_the_real_ufm_backend_keep_every_invariant() {
 const DEFAULT_WHOLE_DIR_SEEDS: u64 = 300;
 
 /// Every schedule puts the node's whole state directory (database, side file, no clean-stop
-/// marker) back from a snapshot of the running node, taken at once or inside an apply. Ignored:
-/// it fails on seeds the node does not survive yet (e.g. 136, 283: a key released after
-/// the snapshot goes back on the ports; docs/SIMULATION.md). Run it with
-/// `cargo test --test simulation -- --ignored whole`.
+/// marker) back from a snapshot of the running node, taken at once or inside an apply.
 #[test]
-#[ignore = "finds node bugs not fixed yet (seeds 136, 283): docs/SIMULATION.md"]
 fn seeded_whole_state_directory_restores_keep_every_invariant() {
     run(
         env_u64("SIM_WHOLE_DIR_SEEDS", DEFAULT_WHOLE_DIR_SEEDS),
@@ -76,6 +72,39 @@ fn seeded_whole_state_directory_restores_keep_every_invariant() {
             ..Default::default()
         },
     );
+}
+
+/// The whole-directory seeds above 300 that failed before the start check's last three rules
+/// (docs/SIMULATION.md): the lost life's margin (985, 1182), the store no SM host vouches for
+/// (668, 696, 1341), the recorded sent set (735, 1390).
+#[test]
+fn whole_state_directory_seeds_that_failed_before_keep_every_invariant() {
+    for seed in [668, 696, 735, 985, 1182, 1341, 1390] {
+        let o = sim::run_seed(
+            seed,
+            sim::GenOptions {
+                whole_dir: true,
+                ..Default::default()
+            },
+        );
+        assert!(o.finding.is_none(), "{}", sim::report(&o, Some(80)));
+    }
+}
+
+/// The one whole-directory seed of 6,000 the node does not survive yet: a snapshot taken
+/// between an attach's commit and the next send's record, when the lost life's sends ended on
+/// the recorded set (docs/SIMULATION.md, "Open findings").
+#[test]
+#[ignore = "open finding (seed 1629): docs/SIMULATION.md"]
+fn whole_state_directory_seed_1629() {
+    let o = sim::run_seed(
+        1629,
+        sim::GenOptions {
+            whole_dir: true,
+            ..Default::default()
+        },
+    );
+    assert!(o.finding.is_none(), "{}", sim::report(&o, Some(80)));
 }
 
 fn run(seeds: u64, options: sim::GenOptions) {
