@@ -41,6 +41,9 @@ pub const STREAM_GAP: &str = "event-stream-gap";
 pub const RELEASE_LOST: &str = "release-lost";
 /// Rule: the campaign did not converge within its bound after the faults stopped.
 pub const NOT_CONVERGED: &str = "not-converged";
+/// Rule: at convergence, a node or SM host reports a standing condition (`GetNode`) with no
+/// explanation (an empty detail).
+pub const UNEXPLAINED_CONDITION: &str = "condition-without-explanation";
 
 /// AttachmentState RELEASED.
 pub const RELEASED: i32 = 6;

@@ -13,7 +13,7 @@
 //!   again.
 
 use super::history::{now_ms, record, Entry, Granted, SharedHistory};
-use super::observe::{connect, Resyncs, StateView};
+use super::observe::{connect, AgentApi, Resyncs, StateView};
 use crate::common::grants::{grant, GrantSigner};
 use crate::common::requests::{attach, partition, release_request};
 use fabric_agent::domain::Membership;
@@ -23,7 +23,6 @@ use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -141,10 +140,11 @@ pub mod mode {
 
 /// The driver's fixed parts.
 pub struct Driver {
-    /// Node names and their agents' sockets.
-    pub nodes: Vec<(String, PathBuf)>,
-    /// The SM-host agents' ports (direct, never cut: the control plane's own network).
-    pub sm_ports: Vec<u16>,
+    /// Node names and how their agents' APIs are reached.
+    pub nodes: Vec<(String, AgentApi)>,
+    /// The SM-host agents' Partitions listeners (direct, never cut: the control plane's own
+    /// network), as an operator (`operator_clients`) over mTLS.
+    pub sm_hosts: Vec<AgentApi>,
     /// The control plane's grant key.
     pub signer: Arc<GrantSigner>,
     /// The campaign's history.
@@ -317,7 +317,7 @@ impl Driver {
                     && roll < 0.35 =>
             {
                 let revoke = rng.random_bool(0.15);
-                let host = rng.random_range(0..self.sm_ports.len());
+                let host = rng.random_range(0..self.sm_hosts.len());
                 if let Some(s) = plan.slots[node].as_mut() {
                     s.phase = Phase::Releasing;
                     s.since = Instant::now();
@@ -338,7 +338,7 @@ impl Driver {
 
     fn send_attach(self: Arc<Self>, node: usize, instance: String, pkey: u16, first: bool) {
         tokio::spawn(async move {
-            let (name, socket) = &self.nodes[node];
+            let (name, api) = &self.nodes[node];
             let k = u32::from(pkey);
             let mut request = attach(
                 &instance,
@@ -363,7 +363,7 @@ impl Driver {
             }
             request.grant = Some(self.signer.sign(&g));
             let reply = async {
-                let mut c = connect(socket).await?;
+                let mut c = connect(api).await?;
                 c.attach_partition(request).await.ok()
             };
             match tokio::time::timeout(Duration::from_secs(20), reply).await {
@@ -378,9 +378,9 @@ impl Driver {
     }
 
     async fn release(&self, node: usize, instance: String) {
-        let (name, socket) = &self.nodes[node];
+        let (name, api) = &self.nodes[node];
         let reply = async {
-            let Some(mut c) = connect(socket).await else {
+            let Some(mut c) = connect(api).await else {
                 return Err(tonic::Status::unavailable("not connected"));
             };
             c.release_instance(release_request(&instance, Some(10_000)))
@@ -418,11 +418,7 @@ impl Driver {
     }
 
     async fn sm(&self, host: usize) -> Option<PartitionsClient<tonic::transport::Channel>> {
-        let url = format!("http://127.0.0.1:{}", self.sm_ports[host]);
-        tokio::time::timeout(Duration::from_secs(2), PartitionsClient::connect(url))
-            .await
-            .ok()?
-            .ok()
+        Some(PartitionsClient::new(self.sm_hosts[host].channel().await?))
     }
 
     async fn revoke(&self, node: usize, instance: &str, host: usize) {
@@ -455,7 +451,7 @@ impl Driver {
     /// (SM host index, node id, port GUID); `Err` when an SM host does not answer.
     pub async fn members(&self, pkey: u16) -> Result<Vec<(usize, String, String)>, String> {
         let mut out = Vec::new();
-        for host in 0..self.sm_ports.len() {
+        for host in 0..self.sm_hosts.len() {
             let call = async {
                 let mut c = self.sm(host).await?;
                 c.list_partition_members(smpb::ListPartitionMembersRequest {
@@ -515,7 +511,7 @@ impl Driver {
                 p.deleted = true;
             }
         }
-        for host in 0..self.sm_ports.len() {
+        for host in 0..self.sm_hosts.len() {
             let call = async {
                 let Some(mut c) = self.sm(host).await else {
                     return Err("SM host not reachable".to_owned());
