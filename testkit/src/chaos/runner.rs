@@ -664,13 +664,9 @@ pub fn run(settings: &Settings) -> Option<Report> {
             ),
         });
     }
-    for (who, kind, _) in conditions.iter().filter(|(_, _, d)| d.trim().is_empty()) {
-        verdict.violations.push(Violation {
-            at: now_ms(),
-            rule: checker::UNEXPLAINED_CONDITION,
-            detail: format!("{who} reports the standing condition {kind} with no explanation"),
-        });
-    }
+    verdict
+        .violations
+        .extend(checker::unexplained(&conditions, now_ms()));
     let resyncs = history
         .entries
         .iter()
