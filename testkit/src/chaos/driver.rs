@@ -126,6 +126,11 @@ pub struct Plan {
     /// first set (without the key its copy did not hold) consumed the old grant at the SM hosts
     /// exactly like a release, and a consumed grant is never accepted again.
     pub regrants: BTreeMap<String, u32>,
+    /// Releases owed after a resync (instance -> (node, when last sent)): sent again every
+    /// [`RESEND`] until the node's stream shows the instance RELEASED (or the node answers
+    /// NOT_FOUND after a restore). A release sent once and lost (the node down again, or the
+    /// connection closed at accept) would otherwise leave a restored instance withheld for good.
+    pub owed: BTreeMap<String, (usize, Instant)>,
 }
 
 /// The driver's mode.
@@ -226,6 +231,7 @@ impl Driver {
             s.last_sent = Instant::now();
         }
         for i in released {
+            plan.owed.insert(i.clone(), (n, Instant::now()));
             self.clone().send_release(n, i);
         }
         let regrant = wanted.is_some() && plan.restored.contains(&n);
@@ -241,6 +247,20 @@ impl Driver {
     /// Sends again what is not confirmed; frees the slots whose release is confirmed.
     fn resend_and_advance(self: &Arc<Self>) {
         let mut plan = lock(&self.plan);
+        let owed: Vec<(String, usize, Instant)> = plan
+            .owed
+            .iter()
+            .map(|(i, (n, t))| (i.clone(), *n, *t))
+            .collect();
+        for (instance, node, sent) in owed {
+            if self.seen(&instance) == Some(RELEASED) || plan.forgotten.contains(&instance) {
+                plan.owed.remove(&instance);
+            } else if sent.elapsed() > RESEND {
+                plan.ops.resends += 1;
+                plan.owed.insert(instance.clone(), (node, Instant::now()));
+                self.clone().send_release(node, instance);
+            }
+        }
         for node in 0..plan.slots.len() {
             let Some(slot) = plan.slots[node].clone() else {
                 continue;
