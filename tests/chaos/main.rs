@@ -18,6 +18,11 @@
 //!   agents (`log-keeps-epoch`), the smoke's settings, and the checker reports
 //!   `event-stream-gap`.
 //!
+//! Every gRPC link runs over mTLS, as in production (testkit/src/chaos/tls.rs: the control plane
+//! to the nodes' APIs, the nodes to both SM hosts, the SM hosts' peer pulls, each with
+//! certificates made for the run); `CHAOS_TLS=0` runs every test here in plaintext for
+//! comparison. The report says which (`mTLS: on`).
+//!
 //! One campaign at a time (each holds ibsim's ten client slots nearly full). Skipped through
 //! `common::skip` when ibsim/OpenSM are missing.
 

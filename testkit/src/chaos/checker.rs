@@ -41,6 +41,9 @@ pub const STREAM_GAP: &str = "event-stream-gap";
 pub const RELEASE_LOST: &str = "release-lost";
 /// Rule: the campaign did not converge within its bound after the faults stopped.
 pub const NOT_CONVERGED: &str = "not-converged";
+/// Rule: at convergence, a node or SM host reports a standing condition (`GetNode`) with no
+/// explanation (an empty detail).
+pub const UNEXPLAINED_CONDITION: &str = "condition-without-explanation";
 
 /// AttachmentState RELEASED.
 pub const RELEASED: i32 = 6;
@@ -334,6 +337,20 @@ fn check_streams(history: &History, v: &mut Verdict) {
     }
 }
 
+/// Standing conditions reported at convergence, as (agent, kind, detail), and when: a
+/// violation of [`UNEXPLAINED_CONDITION`] for each one whose detail is empty.
+pub fn unexplained(conditions: &[(String, String, String)], at: Ms) -> Vec<Violation> {
+    conditions
+        .iter()
+        .filter(|(_, _, detail)| detail.trim().is_empty())
+        .map(|(who, kind, _)| Violation {
+            at,
+            rule: UNEXPLAINED_CONDITION,
+            detail: format!("{who} reports the standing condition {kind} with no explanation"),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::history::{Change, Granted, SeenEvent};
@@ -528,5 +545,22 @@ mod tests {
             h.push(Entry::Event(e));
         }
         assert!(rules(&h).is_empty(), "{:?}", check(&h).violations);
+    }
+
+    #[test]
+    fn a_standing_condition_without_an_explanation_is_a_violation() {
+        let c = |who: &str, kind: &str, detail: &str| (who.into(), kind.into(), detail.into());
+        let explained = [c("node1", "UNCLEAN_STOP", "unclean stop: new epoch")];
+        assert!(unexplained(&explained, 7).is_empty());
+        let bare = [
+            explained[0].clone(),
+            c("smhost", "PARTITIONS_FILE_UNCONFIRMED", " "),
+        ];
+        let v = unexplained(&bare, 7);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].rule, UNEXPLAINED_CONDITION);
+        assert!(
+            v[0].detail.contains("smhost") && v[0].detail.contains("PARTITIONS_FILE_UNCONFIRMED")
+        );
     }
 }

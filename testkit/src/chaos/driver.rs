@@ -13,7 +13,7 @@
 //!   again.
 
 use super::history::{now_ms, record, Entry, Granted, SharedHistory};
-use super::observe::{connect, Resyncs, StateView};
+use super::observe::{connect, AgentApi, Resyncs, StateView};
 use crate::common::grants::{grant, GrantSigner};
 use crate::common::requests::{attach, partition, release_request};
 use fabric_agent::domain::Membership;
@@ -23,7 +23,6 @@ use fabric_agent::proto::sm::partitions_client::PartitionsClient;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -127,6 +126,11 @@ pub struct Plan {
     /// first set (without the key its copy did not hold) consumed the old grant at the SM hosts
     /// exactly like a release, and a consumed grant is never accepted again.
     pub regrants: BTreeMap<String, u32>,
+    /// Releases owed after a resync (instance -> (node, when last sent)): sent again every
+    /// [`RESEND`] until the node's stream shows the instance RELEASED (or the node answers
+    /// NOT_FOUND after a restore). A release sent once and lost (the node down again, or the
+    /// connection closed at accept) would otherwise leave a restored instance withheld for good.
+    pub owed: BTreeMap<String, (usize, Instant)>,
 }
 
 /// The driver's mode.
@@ -141,10 +145,11 @@ pub mod mode {
 
 /// The driver's fixed parts.
 pub struct Driver {
-    /// Node names and their agents' sockets.
-    pub nodes: Vec<(String, PathBuf)>,
-    /// The SM-host agents' ports (direct, never cut: the control plane's own network).
-    pub sm_ports: Vec<u16>,
+    /// Node names and how their agents' APIs are reached.
+    pub nodes: Vec<(String, AgentApi)>,
+    /// The SM-host agents' Partitions listeners (direct, never cut: the control plane's own
+    /// network), as an operator (`operator_clients`) over mTLS.
+    pub sm_hosts: Vec<AgentApi>,
     /// The control plane's grant key.
     pub signer: Arc<GrantSigner>,
     /// The campaign's history.
@@ -226,6 +231,7 @@ impl Driver {
             s.last_sent = Instant::now();
         }
         for i in released {
+            plan.owed.insert(i.clone(), (n, Instant::now()));
             self.clone().send_release(n, i);
         }
         let regrant = wanted.is_some() && plan.restored.contains(&n);
@@ -241,6 +247,20 @@ impl Driver {
     /// Sends again what is not confirmed; frees the slots whose release is confirmed.
     fn resend_and_advance(self: &Arc<Self>) {
         let mut plan = lock(&self.plan);
+        let owed: Vec<(String, usize, Instant)> = plan
+            .owed
+            .iter()
+            .map(|(i, (n, t))| (i.clone(), *n, *t))
+            .collect();
+        for (instance, node, sent) in owed {
+            if self.seen(&instance) == Some(RELEASED) || plan.forgotten.contains(&instance) {
+                plan.owed.remove(&instance);
+            } else if sent.elapsed() > RESEND {
+                plan.ops.resends += 1;
+                plan.owed.insert(instance.clone(), (node, Instant::now()));
+                self.clone().send_release(node, instance);
+            }
+        }
         for node in 0..plan.slots.len() {
             let Some(slot) = plan.slots[node].clone() else {
                 continue;
@@ -317,7 +337,7 @@ impl Driver {
                     && roll < 0.35 =>
             {
                 let revoke = rng.random_bool(0.15);
-                let host = rng.random_range(0..self.sm_ports.len());
+                let host = rng.random_range(0..self.sm_hosts.len());
                 if let Some(s) = plan.slots[node].as_mut() {
                     s.phase = Phase::Releasing;
                     s.since = Instant::now();
@@ -338,7 +358,7 @@ impl Driver {
 
     fn send_attach(self: Arc<Self>, node: usize, instance: String, pkey: u16, first: bool) {
         tokio::spawn(async move {
-            let (name, socket) = &self.nodes[node];
+            let (name, api) = &self.nodes[node];
             let k = u32::from(pkey);
             let mut request = attach(
                 &instance,
@@ -363,7 +383,7 @@ impl Driver {
             }
             request.grant = Some(self.signer.sign(&g));
             let reply = async {
-                let mut c = connect(socket).await?;
+                let mut c = connect(api).await?;
                 c.attach_partition(request).await.ok()
             };
             match tokio::time::timeout(Duration::from_secs(20), reply).await {
@@ -378,9 +398,9 @@ impl Driver {
     }
 
     async fn release(&self, node: usize, instance: String) {
-        let (name, socket) = &self.nodes[node];
+        let (name, api) = &self.nodes[node];
         let reply = async {
-            let Some(mut c) = connect(socket).await else {
+            let Some(mut c) = connect(api).await else {
                 return Err(tonic::Status::unavailable("not connected"));
             };
             c.release_instance(release_request(&instance, Some(10_000)))
@@ -418,11 +438,7 @@ impl Driver {
     }
 
     async fn sm(&self, host: usize) -> Option<PartitionsClient<tonic::transport::Channel>> {
-        let url = format!("http://127.0.0.1:{}", self.sm_ports[host]);
-        tokio::time::timeout(Duration::from_secs(2), PartitionsClient::connect(url))
-            .await
-            .ok()?
-            .ok()
+        Some(PartitionsClient::new(self.sm_hosts[host].channel().await?))
     }
 
     async fn revoke(&self, node: usize, instance: &str, host: usize) {
@@ -455,7 +471,7 @@ impl Driver {
     /// (SM host index, node id, port GUID); `Err` when an SM host does not answer.
     pub async fn members(&self, pkey: u16) -> Result<Vec<(usize, String, String)>, String> {
         let mut out = Vec::new();
-        for host in 0..self.sm_ports.len() {
+        for host in 0..self.sm_hosts.len() {
             let call = async {
                 let mut c = self.sm(host).await?;
                 c.list_partition_members(smpb::ListPartitionMembersRequest {
@@ -515,7 +531,7 @@ impl Driver {
                 p.deleted = true;
             }
         }
-        for host in 0..self.sm_ports.len() {
+        for host in 0..self.sm_hosts.len() {
             let call = async {
                 let Some(mut c) = self.sm(host).await else {
                     return Err("SM host not reachable".to_owned());

@@ -11,6 +11,8 @@
 //! - [`checker`]: the truth rules over a history.
 //! - [`runner`]: the campaign.
 //! - [`report`]: what a campaign did and found.
+//! - [`start`]: the SM-host and node agents started, plaintext or mTLS.
+//! - [`tls`]: the run's CAs and certificates, and the agents' configs over mTLS.
 
 pub mod checker;
 pub mod driver;
@@ -19,3 +21,5 @@ pub mod history;
 pub mod observe;
 pub mod report;
 pub mod runner;
+pub mod start;
+pub mod tls;

@@ -7,6 +7,7 @@
 use super::history::{
     now_ms, record, tenant_bases, Change, Entry, PortRead, SeenEvent, SharedHistory,
 };
+use fabric_agent::api::client::ClientTls;
 use fabric_agent::proto::agent as pb;
 use fabric_agent::proto::agent::fabric_agent_client::FabricAgentClient;
 use std::collections::HashMap;
@@ -28,23 +29,63 @@ fn millis(seconds: i64, nanos: i32) -> u64 {
 /// that node after each: the node's store may have gone back).
 pub type Resyncs = Arc<Mutex<HashMap<String, u64>>>;
 
-/// A connected client of the agent at `socket`, or `None` while it does not answer.
-pub async fn connect(socket: &Path) -> Option<FabricAgentClient<tonic::transport::Channel>> {
-    let channel = tokio::time::timeout(
-        Duration::from_secs(2),
-        fabric_agent::api::client::unix(socket),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    Some(FabricAgentClient::new(channel))
+/// How the control plane reaches an agent's API.
+#[derive(Debug, Clone)]
+pub enum AgentApi {
+    /// Its unix socket (the plaintext campaign).
+    Unix(PathBuf),
+    /// TCP at `url`: mTLS with `tls` (the control plane's certificate, the CA and name the
+    /// agent's certificate is verified by) when the URL is https.
+    Tcp {
+        /// `https://127.0.0.1:PORT` (or `http://` to a plaintext test listener).
+        url: String,
+        /// The client's TLS material.
+        tls: ClientTls,
+    },
 }
 
-/// Follows `node`'s events at `socket` until `stop`, recording each into `history` and its
+impl AgentApi {
+    /// A channel to the agent, or `None` while it does not answer within 2 s.
+    pub async fn channel(&self) -> Option<tonic::transport::Channel> {
+        let connect = async {
+            match self {
+                AgentApi::Unix(socket) => fabric_agent::api::client::unix(socket).await,
+                AgentApi::Tcp { url, tls } => fabric_agent::api::client::tcp(url, tls).await,
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), connect)
+            .await
+            .ok()?
+            .ok()
+    }
+}
+
+/// The standing conditions `GetNode` at `api` reports, as (kind, detail); `Err` when it does
+/// not answer.
+pub async fn conditions(api: &AgentApi) -> Result<Vec<(String, String)>, String> {
+    let mut c = connect(api).await.ok_or("not connected")?;
+    let node = tokio::time::timeout(Duration::from_secs(10), c.get_node(pb::GetNodeRequest {}))
+        .await
+        .map_err(|_| "GetNode: deadline".to_owned())?
+        .map_err(|s| format!("GetNode: {:?}: {}", s.code(), s.message()))?;
+    Ok(node
+        .into_inner()
+        .conditions
+        .into_iter()
+        .map(|c| (c.kind, c.detail))
+        .collect())
+}
+
+/// A connected client of the agent at `api`, or `None` while it does not answer.
+pub async fn connect(api: &AgentApi) -> Option<FabricAgentClient<tonic::transport::Channel>> {
+    Some(FabricAgentClient::new(api.channel().await?))
+}
+
+/// Follows `node`'s events at `api` until `stop`, recording each into `history` and its
 /// attachment changes into `view`.
 pub async fn watch_node(
     node: String,
-    socket: PathBuf,
+    api: AgentApi,
     history: SharedHistory,
     view: StateView,
     resyncs: Resyncs,
@@ -53,7 +94,7 @@ pub async fn watch_node(
     let mut after = 0u64;
     let mut epoch: Option<String> = None;
     while !stop.load(Ordering::SeqCst) {
-        let Some(mut c) = connect(&socket).await else {
+        let Some(mut c) = connect(&api).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };

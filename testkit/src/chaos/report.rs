@@ -42,11 +42,25 @@ pub struct Report {
     /// The guard's view checked at the end: (wanted keys both SM hosts list for their node,
     /// wanted keys), and the first miss.
     pub guard_view: (usize, usize, String),
+    /// Whether every gRPC link ran over mTLS ([`super::tls`]).
+    pub tls: bool,
+    /// Every standing condition reported at convergence (`GetNode` of each node and SM host):
+    /// (agent, kind, detail).
+    pub conditions: Vec<(String, String, String)>,
 }
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "chaos report, seed {}", self.seed)?;
+        writeln!(
+            f,
+            "  mTLS: {}",
+            if self.tls {
+                "on (control plane -> nodes, nodes -> SM hosts, SM host <-> SM host)"
+            } else {
+                "off (plaintext on loopback, CHAOS_TLS=0)"
+            }
+        )?;
         writeln!(f, "  faults: {:?}", self.faults.counts)?;
         writeln!(f, "  ops: {:?}", self.ops)?;
         writeln!(
@@ -98,6 +112,14 @@ impl std::fmt::Display for Report {
             "  ibsim slots: {} freed after deaths by signal ({} found by the sweeps before restarts); at the end {} clients attached, {} of them dead",
             self.slots.0, self.slots.1, self.slots.2, self.slots.3
         )?;
+        writeln!(
+            f,
+            "  standing conditions at convergence: {}",
+            self.conditions.len()
+        )?;
+        for (who, kind, detail) in &self.conditions {
+            writeln!(f, "    {who}: {kind}: {detail}")?;
+        }
         let mut by_rule: BTreeMap<&str, usize> = BTreeMap::new();
         for v in &self.verdict.violations {
             *by_rule.entry(v.rule).or_default() += 1;

@@ -18,15 +18,16 @@ use super::checker::{self, Violation};
 use super::driver::{mode, Driver, Plan};
 use super::faults::{Fault, FaultLog, Schedule, Target};
 use super::history::{now_ms, History, SharedHistory};
-use super::observe::{watch_node, PortReader, Resyncs, StateView};
+use super::observe::{
+    conditions as conditions_of, watch_node, AgentApi, PortReader, Resyncs, StateView,
+};
 pub use super::report::Report;
+use super::start::start_agents;
 use crate::common::copy_tree;
 use crate::common::grants::GrantSigner;
 use crate::common::net::free_port;
 use crate::rig::agents::Agent;
-use crate::rig::ha::{
-    ha_node_config, ha_sm_config, region_of, start_two_sms, SecondSm, SmHostAgent, TwoSmFiles,
-};
+use crate::rig::ha::{region_of, start_two_sms, SecondSm, SmHostAgent, TwoSmFiles};
 use crate::rig::ibsim_slots::alive;
 use crate::rig::link::CuttableLink;
 use crate::rig::restarts;
@@ -77,10 +78,13 @@ pub struct Settings {
     /// truth rule switched off in the debug build, `fabric_agent::test_mutation`), for the
     /// test that shows a broken rule fails the campaign. The SM-host agents never get it.
     pub mutation: Option<String>,
+    /// Whether every gRPC link runs over mTLS ([`super::tls`]): on unless `CHAOS_TLS=0`.
+    pub tls: bool,
 }
 
 impl Settings {
-    /// `seed`, `duration`, 6 nodes, faults on, a 120 s convergence bound, no rogue line.
+    /// `seed`, `duration`, 6 nodes, faults on, a 120 s convergence bound, no rogue line,
+    /// mTLS unless the environment says `CHAOS_TLS=0` (plaintext, for comparison).
     pub fn new(seed: u64, duration: Duration) -> Settings {
         Settings {
             seed,
@@ -91,6 +95,7 @@ impl Settings {
             rogue_after: None,
             restores: true,
             mutation: None,
+            tls: std::env::var("CHAOS_TLS").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -421,64 +426,31 @@ pub fn run(settings: &Settings) -> Option<Report> {
     let (fabric, standby) = start_two_sms(&spec, LIMITED_DEFAULT_PARTITIONS, &standby_node)?;
     let names: Vec<String> = (1..=nodes).map(|i| format!("node{i}")).collect();
     let files = TwoSmFiles::of(&fabric, &standby, (free_port(), free_port()));
-    let ports = [free_port(), free_port()];
-    let peer_links = [CuttableLink::start(ports[1]), CuttableLink::start(ports[0])];
     let signer = Arc::new(GrantSigner::new("cp-chaos"));
     let grants = format!("[grants]\nrequire = true\n{}", signer.config_entry(""));
-    let sm_agents = vec![
-        SmHostAgent::start(
-            &fabric,
-            "smhost",
-            &(ha_sm_config(
-                &fabric,
-                "smhost",
-                ports[0],
-                &files.sm_a(),
-                &[peer_links[0].port()],
-            ) + &grants),
-        ),
-        SmHostAgent::start(
-            &fabric,
-            "smhost2",
-            &(ha_sm_config(
-                &fabric,
-                "smhost2",
-                ports[1],
-                &files.sm_b(),
-                &[peer_links[1].port()],
-            ) + &grants),
-        ),
-    ];
     let mutation_env: Vec<(String, String)> = settings
         .mutation
         .iter()
         .map(|m| (fabric_agent::test_mutation::ENV.to_owned(), m.clone()))
         .collect();
-    let node_links: Vec<[CuttableLink; 2]> = names
-        .iter()
-        .map(|_| [CuttableLink::start(ports[0]), CuttableLink::start(ports[1])])
-        .collect();
-    let agents: Vec<Agent> = names
-        .iter()
-        .zip(&node_links)
-        .map(|(n, l)| {
-            Agent::start_with_env(
-                &fabric,
-                n,
-                &(ha_node_config(&fabric, n, &[l[0].port(), l[1].port()]) + &grants),
-                &mutation_env,
-            )
-        })
-        .collect();
+    let started = start_agents(
+        &fabric,
+        &files,
+        &names,
+        &grants,
+        &mutation_env,
+        settings.tls,
+    );
+    let (node_apis, sm_apis) = (started.node_apis, started.sm_apis);
     let history: SharedHistory = Arc::new(Mutex::new(History::default()));
     let rogue_guid = settings
         .rogue_after
         .map(|_| fabric.node_info(ROGUE_NODE).port_guid);
     let mut world = World {
-        agents,
-        sm_agents,
-        node_links,
-        peer_links,
+        agents: started.agents,
+        sm_agents: started.sm_agents,
+        node_links: started.node_links,
+        peer_links: started.peer_links,
         standby,
         files,
         names: names.clone(),
@@ -506,11 +478,11 @@ pub fn run(settings: &Settings) -> Option<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let watchers: Vec<_> = names
         .iter()
-        .zip(&world.agents)
-        .map(|(n, a)| {
+        .zip(&node_apis)
+        .map(|(n, api)| {
             rt.spawn(watch_node(
                 n.clone(),
-                a.socket.clone(),
+                api.clone(),
                 history.clone(),
                 view.clone(),
                 resyncs.clone(),
@@ -526,12 +498,8 @@ pub fn run(settings: &Settings) -> Option<Report> {
         history.clone(),
     );
     let driver = Arc::new(Driver {
-        nodes: names
-            .iter()
-            .zip(&world.agents)
-            .map(|(n, a)| (n.clone(), a.socket.clone()))
-            .collect(),
-        sm_ports: ports.to_vec(),
+        nodes: names.iter().cloned().zip(node_apis.clone()).collect(),
+        sm_hosts: sm_apis,
         signer,
         history: history.clone(),
         view: view.clone(),
@@ -639,6 +607,20 @@ pub fn run(settings: &Settings) -> Option<Report> {
         // With FABRIC_RIG_KEEP set: the logs of a run with a rule switched off (they say so).
         crate::rig::stall::keep_for_diagnosis(world.fabric.dir(), None, "chaos-mutation");
     }
+    // Every standing condition a node or SM host reports at convergence (GetNode), listed.
+    let mut conditions = Vec::new();
+    if convergence.is_some() {
+        let sm = world
+            .sm_agents
+            .iter()
+            .map(|a| (&a.name, AgentApi::Unix(a.socket.clone())));
+        for (who, api) in driver.nodes.iter().map(|(n, a)| (n, a.clone())).chain(sm) {
+            match rt.block_on(conditions_of(&api)) {
+                Ok(list) => conditions.extend(list.into_iter().map(|(k, d)| (who.clone(), k, d))),
+                Err(e) => conditions.push((who.clone(), "(GetNode failed)".into(), e)),
+            }
+        }
+    }
     // The guard is not blind: ListPartitionMembers at both SM hosts lists each wanted key's
     // node.
     let mut guard_view = (0, 0, String::new());
@@ -682,6 +664,9 @@ pub fn run(settings: &Settings) -> Option<Report> {
             ),
         });
     }
+    verdict
+        .violations
+        .extend(checker::unexplained(&conditions, now_ms()));
     let resyncs = history
         .entries
         .iter()
@@ -720,6 +705,8 @@ pub fn run(settings: &Settings) -> Option<Report> {
             plan.partitions.iter().filter(|p| p.deleted).count(),
         ),
         guard_view,
+        tls: settings.tls,
+        conditions,
     };
     drop(plan);
     drop(rt);

@@ -17,10 +17,17 @@ pub struct CuttableLink {
 impl CuttableLink {
     /// Listens on a free loopback port, forwarding to `127.0.0.1:upstream`.
     pub fn start(upstream: u16) -> CuttableLink {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST, upstream)
+    }
+
+    /// Like [`CuttableLink::start`], listening on loopback address `ip` (the upstream stays
+    /// `127.0.0.1:upstream`): a second SM host reached at 127.0.0.2 has a name of its own in
+    /// the certificates its clients verify.
+    pub fn start_on(ip: std::net::Ipv4Addr, upstream: u16) -> CuttableLink {
         let (cut, _) = watch::channel(false);
         let cut = Arc::new(cut);
         let shared = cut.clone();
-        let server = LoopbackServer::start(move |client| {
+        let server = LoopbackServer::start_on(ip, move |client| {
             if !*shared.borrow() {
                 tokio::spawn(forward(client, upstream, shared.subscribe()));
             }

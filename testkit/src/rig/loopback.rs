@@ -15,7 +15,17 @@ impl LoopbackServer {
     /// Listens on a free loopback port and calls `accept` (inside the runtime) for every
     /// connection.
     pub fn start(accept: impl Fn(TcpStream) + Send + 'static) -> LoopbackServer {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST, accept)
+    }
+
+    /// Like [`LoopbackServer::start`], listening on loopback address `ip` (any of 127.0.0.0/8,
+    /// e.g. to give a server a host name of its own, as TLS verifies it).
+    pub fn start_on(
+        ip: std::net::Ipv4Addr,
+        accept: impl Fn(TcpStream) + Send + 'static,
+    ) -> LoopbackServer {
+        assert!(ip.is_loopback(), "{ip} is not a loopback address");
+        let std_listener = std::net::TcpListener::bind((ip, 0)).expect("bind loopback");
         std_listener.set_nonblocking(true).expect("nonblocking");
         let port = std_listener.local_addr().expect("addr").port();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
