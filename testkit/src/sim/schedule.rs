@@ -148,6 +148,7 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
     }
     super::rollback::draw(seed, options, &mut steps);
     super::concurrent::draw(seed, &mut steps, options.mixed_membership);
+    super::clock_steps::draw(seed, options, &mut steps);
     Schedule {
         seed,
         steps,
