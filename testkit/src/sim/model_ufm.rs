@@ -428,8 +428,9 @@ impl Ufm {
 }
 
 /// Sets up the model UFM in the world (quirks drawn from the seed) and the backend's
-/// configuration; `late_window_ms` overrides [`LATE_WINDOW_MS`].
-pub fn start(world: &Shared, late_window_ms: Option<u64>) -> Ufm {
+/// configuration; `late_window_ms` overrides [`LATE_WINDOW_MS`]; `unsteady` (or
+/// [`UNSTEADY_CLOCK_ENV`]) makes the link read the stepped wall clock at every call.
+pub fn start(world: &Shared, late_window_ms: Option<u64>, unsteady: bool) -> Ufm {
     let dir = tempfile::tempdir().expect("temp dir");
     let cred = dir.path().join("ufm.cred");
     std::fs::write(&cred, "admin:123456\n").expect("credentials file");
@@ -459,7 +460,7 @@ pub fn start(world: &Shared, late_window_ms: Option<u64>) -> Ufm {
             ..Default::default()
         });
     });
-    let unsteady = std::env::var_os(UNSTEADY_CLOCK_ENV).is_some();
+    let unsteady = unsteady || std::env::var_os(UNSTEADY_CLOCK_ENV).is_some();
     if unsteady {
         with(world, |w| {
             w.log(format!(

@@ -143,9 +143,13 @@ async fn drive(schedule: Schedule) -> Outcome {
     let sm_host = schedule
         .opensm
         .then(|| super::model_opensm::start(&world, &schedule.steps));
-    let ufm = schedule
-        .ufm
-        .then(|| super::model_ufm::start(&world, schedule.ufm_late_window_ms));
+    let ufm = schedule.ufm.then(|| {
+        super::model_ufm::start(
+            &world,
+            schedule.ufm_late_window_ms,
+            schedule.ufm_unsteady_clock,
+        )
+    });
     let parts = Parts {
         released_retain: Duration::from_millis(schedule.retention.released_retain_ms),
         watchers: super::watcher::Watchers::start(&world, &schedule),

@@ -155,6 +155,7 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
         opensm: options.opensm,
         ufm: options.ufm,
         ufm_late_window_ms: options.ufm_late_window_ms,
+        ufm_unsteady_clock: options.ufm_unsteady_clock,
         fast_poll_ms,
         push_changes,
         retention: draw_retention(seed),
