@@ -8,10 +8,9 @@
 //! from elapsed time. So a process trusts no stored deadline: when it first loads the ledger
 //! (its first apply, or [`UfmSm::after_restore`] at start), every watch still recorded (each
 //! key's and the restore watch) is re-armed to end `late_write_window_ms` from then on this
-//! process's steady clock. Every add it watches for
-//! was sent before this process started, so it lands within one window from now whatever the
-//! wall clock did: a forward step cannot end the watch early, a backward one cannot stretch it
-//! past one window. The re-armed ends are what every apply uses, and they are written with the
+//! process's steady clock. Every add it watches for was sent before this process started, so
+//! it lands within one window from now whatever the wall clock did: a forward step cannot end
+//! the watch early, a backward one cannot stretch it past one window. The re-armed ends are what every apply uses, and they are written with the
 //! ledger's next save (the first apply saves before it sends anything); a crash before that
 //! save loses nothing, because the next start re-arms again from its own, later, start.
 
