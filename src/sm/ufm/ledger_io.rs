@@ -100,6 +100,11 @@ impl UfmSm {
     /// from now (module docs, "Watches across restarts"), and says how many it re-armed.
     fn rearm(&self, ledger: &mut UfmLedger) {
         if crate::test_mutation::active(crate::test_mutation::Mutation::UfmWatchNotRearmed) {
+            if !ledger.is_empty() {
+                tracing::warn!(
+                    "TEST MUTATION ufm-watch-not-rearmed: the ledger's stored watch deadlines kept"
+                );
+            }
             return;
         }
         let until = self.now_ms().saturating_add(self.late_window_ms);
