@@ -35,17 +35,29 @@ pub enum Mutation {
     /// `Store::commit`, `src/store/mod.rs`; the live attachments are still marked restored). A
     /// rollback the mirror shows at open still starts its new epoch.
     LogKeepsEpoch,
+    /// `ufm-watch-not-rearmed`: a UFM backend that loads its ledger keeps the stored unix-ms
+    /// deadlines of its late-write watches and compares them with a fresh reading of the wall
+    /// clock, so a wall-clock step across an agent restart ends a watch early (forward) or
+    /// stretches it (back) (TRUTH-RULES.md, the late-write window across restarts). Decided in
+    /// `UfmSm::rearm` (`src/sm/ufm/ledger_io.rs`); the deterministic simulation's clock steps
+    /// catch it (`tests/simulation`, docs/SIMULATION.md "Clock steps").
+    UfmWatchNotRearmed,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 2] = [Mutation::ReleasedWithoutPortRead, Mutation::LogKeepsEpoch];
+    pub const ALL: [Mutation; 3] = [
+        Mutation::ReleasedWithoutPortRead,
+        Mutation::LogKeepsEpoch,
+        Mutation::UfmWatchNotRearmed,
+    ];
 
     /// The name [`ENV`] gives it.
     pub fn name(self) -> &'static str {
         match self {
             Mutation::ReleasedWithoutPortRead => "released-without-port-read",
             Mutation::LogKeepsEpoch => "log-keeps-epoch",
+            Mutation::UfmWatchNotRearmed => "ufm-watch-not-rearmed",
         }
     }
 
@@ -57,6 +69,9 @@ impl Mutation {
             }
             Mutation::LogKeepsEpoch => {
                 "a log that may have gone back keeps its epoch (an (epoch, seq) may name two events)"
+            }
+            Mutation::UfmWatchNotRearmed => {
+                "UFM late-write watches keep their stored deadlines across a restart (a wall-clock step may end one early)"
             }
         }
     }

@@ -228,8 +228,11 @@ async fn an_add_that_failed_after_taking_effect_is_in_the_ledger() {
     assert_eq!(rig.ledger().guids(pkey(K)), guids(&[G1, G2]));
 
     // Restart with G2 hidden, and the attachment is withdrawn: both GUIDs leave K at once,
-    // but the unanswered add could still land: not acknowledged until its window ended.
-    let sm = rig.sm();
+    // but the unanswered add could still land: not acknowledged until its window ended. The
+    // new life re-arms the watch to its own window from its first load (the same 1 s here).
+    let mut c = rig.config();
+    c.late_write_window_ms = 1_000;
+    let sm = UfmSm::new(&c, Arc::new(rig.store.clone())).unwrap();
     let err = sm.apply(&node(&[G1], &[]), 2).await.unwrap_err();
     assert!(
         matches!(

@@ -181,6 +181,20 @@ impl UfmLedger {
         *e = (*e).max(until_ms);
     }
 
+    /// Re-arms every standing watch (each key's and the restore watch) to end at exactly
+    /// `until_ms`, later or earlier than recorded: what a process does with the watches it
+    /// loads (module docs of `ledger_io`, "Watches across restarts"). Returns how many it
+    /// re-armed.
+    pub(crate) fn rearm_watches(&mut self, until_ms: i64) -> usize {
+        for t in self.watch.values_mut() {
+            *t = until_ms;
+        }
+        if let Some(t) = self.restore.as_mut() {
+            *t = until_ms;
+        }
+        self.watch.len() + usize::from(self.restore.is_some())
+    }
+
     /// Replaces the watch of `key` (None: not watched).
     pub(crate) fn restore_watch(&mut self, key: PKey, until_ms: Option<i64>) {
         self.watch.remove(&key);
@@ -367,6 +381,20 @@ mod tests {
         // A ledger written before the restore watch existed.
         let old = UfmLedger::decode(br#"{"version":1,"keys":{"0x0005":["0000000000000002"]}}"#);
         assert_eq!(old.unwrap().restore_watched_until(), None);
+    }
+
+    #[test]
+    fn rearming_sets_every_watch_to_one_end_either_way() {
+        let mut l = UfmLedger::default();
+        assert_eq!(l.rearm_watches(5_000), 0);
+        assert!(l.is_empty(), "re-arming starts no watch");
+        l.watch(key(5), 1_000);
+        l.watch(key(6), 9_000);
+        l.watch_restore(90_000);
+        assert_eq!(l.rearm_watches(5_000), 3);
+        assert_eq!(l.watched_until(key(5)), Some(5_000));
+        assert_eq!(l.watched_until(key(6)), Some(5_000), "shortened too");
+        assert_eq!(l.restore_watched_until(), Some(5_000));
     }
 
     #[test]

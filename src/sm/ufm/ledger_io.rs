@@ -1,6 +1,18 @@
 //! The ledger's I/O for [`UfmSm`]: loading it once from its store, saving it when it changed,
 //! recording a late write (a released key that came back to this node's GUIDs at UFM), and the
 //! restore watch of a store found restored from a copy.
+//!
+//! # Watches across restarts
+//! A watch is measured on the process's steady clock (`link.rs`), but its end is stored as a
+//! unix-ms deadline, and a new process cannot tell a wall-clock step since (forward or back)
+//! from elapsed time. So a process trusts no stored deadline: when it first loads the ledger
+//! (its first apply, or [`UfmSm::after_restore`] at start), every watch still recorded (each
+//! key's and the restore watch) is re-armed to end `late_write_window_ms` from then on this
+//! process's steady clock. Every add it watches for was sent before this process started, so
+//! it lands within one window from now whatever the wall clock did: a forward step cannot end
+//! the watch early, a backward one cannot stretch it past one window. The re-armed ends are what every apply uses, and they are written with the
+//! ledger's next save (the first apply saves before it sends anything); a crash before that
+//! save loses nothing, because the next start re-arms again from its own, later, start.
 
 use super::{refused, Failure, State, UfmError, UfmLedger, UfmLedgerStore, UfmSm};
 use crate::domain::PKey;
@@ -34,20 +46,20 @@ impl UfmSm {
         let Some(why) = restored else {
             return Ok(self);
         };
-        let now = match &self.link {
-            Some(link) => link.unix_ms(),
-            None => super::link::system_unix_ms(),
-        };
-        let until = now.saturating_add(self.late_window_ms);
-        let state = self.state.get_mut();
-        let mut ledger = match state.ledger.take() {
+        let until = self.now_ms().saturating_add(self.late_window_ms);
+        let mut ledger = match self.state.get_mut().ledger.take() {
             Some(ledger) => ledger,
-            None => read_ledger(self.ledger_store.as_ref())?,
+            None => {
+                let mut ledger = read_ledger(self.ledger_store.as_ref())?;
+                self.rearm(&mut ledger);
+                ledger
+            }
         };
         ledger.watch_restore(until);
         self.ledger_store
             .save(&ledger.encode())
             .map_err(|e| SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerSave(e))))?;
+        let state = self.state.get_mut();
         tracing::error!(%why, until_unix_ms = until, "store restored from a copy: the UFM ledger may lack adds sent after the copy; UFM's whole partition list is read and cleaned of this node's GUIDs, and no set acknowledged, until the late-write window from now is over");
         state.saved = ledger.clone();
         state.ledger = Some(ledger);
@@ -60,7 +72,7 @@ impl UfmSm {
             return Ok(());
         }
         let store = self.ledger_store.clone();
-        let ledger = crate::sm::blocking::unblock(move || read_ledger(store.as_ref()))
+        let mut ledger = crate::sm::blocking::unblock(move || read_ledger(store.as_ref()))
             .await
             .map_err(|e| {
                 SmError::Unreachable(SmFailure::Ufm(UfmError::LedgerTask {
@@ -68,9 +80,42 @@ impl UfmSm {
                     source: Arc::new(e),
                 }))
             })??;
+        // `saved` is the ledger as stored: the re-armed ends go out with the next save.
         state.saved = ledger.clone();
+        self.rearm(&mut ledger);
         state.ledger = Some(ledger);
         Ok(())
+    }
+
+    /// Now, in unix milliseconds, on the clock the late-write window is measured on (the
+    /// link's, or the process's steady clock).
+    fn now_ms(&self) -> i64 {
+        match &self.link {
+            Some(link) => link.unix_ms(),
+            None => super::link::system_unix_ms(),
+        }
+    }
+
+    /// Re-arms every watch of a ledger this process just loaded to end one late-write window
+    /// from now (module docs, "Watches across restarts"), and says how many it re-armed.
+    fn rearm(&self, ledger: &mut UfmLedger) {
+        if crate::test_mutation::active(crate::test_mutation::Mutation::UfmWatchNotRearmed) {
+            if !ledger.is_empty() {
+                tracing::warn!(
+                    "TEST MUTATION ufm-watch-not-rearmed: the ledger's stored watch deadlines kept"
+                );
+            }
+            return;
+        }
+        let until = self.now_ms().saturating_add(self.late_window_ms);
+        let count = ledger.rearm_watches(until);
+        if count > 0 {
+            tracing::warn!(
+                watches = count,
+                until_unix_ms = until,
+                "UFM late-write watches found in the ledger at start: re-armed to the whole late-write window from now (a stored deadline cannot tell a wall-clock step from elapsed time)"
+            );
+        }
     }
 
     /// Saves the ledger when it differs from what was saved last.

@@ -61,8 +61,9 @@ pub trait UfmLink: Send + Sync {
 
 /// Unix milliseconds on the process's steady clock: the wall clock read once, then advanced by
 /// the monotonic clock, so a step of the wall clock (forward or back) neither ends a late-write
-/// watch early nor stretches it within one process. Across restarts the watches are re-armed
-/// from the ledger's durable deadlines against a fresh reading of the wall clock.
+/// watch early nor stretches it within one process. Across restarts a process trusts no stored
+/// deadline: it re-arms every watch it loads to one whole window from its own start
+/// (`ledger_io.rs`, "Watches across restarts").
 pub(crate) fn system_unix_ms() -> i64 {
     static STEADY: std::sync::OnceLock<SteadyUnixMs> = std::sync::OnceLock::new();
     STEADY

@@ -114,6 +114,8 @@ mod link;
 mod plan;
 mod ports;
 mod reads;
+#[cfg(test)]
+mod rearm_tests;
 mod subnet_manager;
 mod wire;
 mod writes;

@@ -20,11 +20,13 @@
 //! - `world`: `World` (truth, RNG, trace, oracle) behind one lock, and `with`.
 //! - the models and what they drive: `model_sm`, `model_ports`, `model_opensm` (with
 //!   `sm_host_disk` below it and `sm_host_restart` above it), `model_ufm`, `crash`, and the
-//!   schedule's features `rollback`, `concurrent`, `watcher` (with `prune_probe`).
+//!   schedule's features `rollback`, `concurrent`, `clock_steps`, `watcher` (with
+//!   `prune_probe`).
 //! - `schedule`: the generator (draws a `core::plan::Schedule`, asking the features for their
 //!   parts).
 //! - `run`: the driver of one seed.
 
+pub mod clock_steps;
 pub mod concurrent;
 pub mod core;
 pub mod crash;

@@ -33,7 +33,7 @@ use fabric_agent::store::Store;
 use rand::Rng;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -46,8 +46,10 @@ pub const LATE_MAX: Duration = Duration::from_millis(100_000);
 /// The backend's late-write window in these runs: above the longest an apply keeps retrying
 /// (the reconciler's 60 s apply timeout) plus [`LATE_MAX`].
 pub const LATE_WINDOW_MS: u64 = 180_000;
-/// The simulated wall clock at the world's start, unix ms (2026-01-01T00:00:00Z).
-const SIM_EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
+/// Set (to anything), the model link reads the node's stepped wall clock at every call instead
+/// of modelling the production steady clock: the late-write window on an un-steady clock, which
+/// the schedule's clock steps must catch (docs/SIMULATION.md, "Clock steps").
+pub const UNSTEADY_CLOCK_ENV: &str = "FABRIC_SIM_UFM_UNSTEADY_CLOCK";
 
 /// What happens to one attempt.
 enum Fate {
@@ -119,6 +121,11 @@ fn transient(what: &str) -> LinkError {
 /// The backend's way to the model UFM.
 struct ModelLink {
     world: Shared,
+    /// The production steady clock (`system_unix_ms`): the node's wall clock read once, at
+    /// the first reading of this agent life, then advanced by the runtime's clock.
+    steady: OnceLock<(i64, tokio::time::Instant)>,
+    /// [`UNSTEADY_CLOCK_ENV`]: the stepped wall clock at every call.
+    unsteady: bool,
 }
 
 /// The request `path?query` below the API path, as the model routes it.
@@ -318,8 +325,14 @@ impl UfmLink for ModelLink {
     }
 
     fn unix_ms(&self) -> i64 {
-        let t0 = self.world.lock().expect("world lock").t0;
-        SIM_EPOCH_UNIX_MS + t0.elapsed().as_millis() as i64
+        let wall = self.world.lock().expect("world lock").wall.clone();
+        if self.unsteady {
+            return wall.now_ms();
+        }
+        let (anchor_ms, anchor) = *self
+            .steady
+            .get_or_init(|| (wall.now_ms(), tokio::time::Instant::now()));
+        anchor_ms + anchor.elapsed().as_millis() as i64
     }
 
     fn jitter_ms(&self, max: u64) -> u64 {
@@ -376,6 +389,8 @@ pub struct Ufm {
     /// A store reports its rollback for as long as it is open; the daemon sees it at the one
     /// start on it, so only the first backend built on it is told.
     told: Mutex<Weak<Store>>,
+    /// [`UNSTEADY_CLOCK_ENV`] was set.
+    unsteady: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -400,6 +415,8 @@ impl Ufm {
             .expect("the UFM backend")
             .with_link(Arc::new(ModelLink {
                 world: world.clone(),
+                steady: OnceLock::new(),
+                unsteady: self.unsteady,
             }))
             .after_restore(restored)
             .expect("the restore watch recorded");
@@ -411,8 +428,9 @@ impl Ufm {
 }
 
 /// Sets up the model UFM in the world (quirks drawn from the seed) and the backend's
-/// configuration; `late_window_ms` overrides [`LATE_WINDOW_MS`].
-pub fn start(world: &Shared, late_window_ms: Option<u64>) -> Ufm {
+/// configuration; `late_window_ms` overrides [`LATE_WINDOW_MS`]; `unsteady` (or
+/// [`UNSTEADY_CLOCK_ENV`]) makes the link read the stepped wall clock at every call.
+pub fn start(world: &Shared, late_window_ms: Option<u64>, unsteady: bool) -> Ufm {
     let dir = tempfile::tempdir().expect("temp dir");
     let cred = dir.path().join("ufm.cred");
     std::fs::write(&cred, "admin:123456\n").expect("credentials file");
@@ -442,9 +460,18 @@ pub fn start(world: &Shared, late_window_ms: Option<u64>) -> Ufm {
             ..Default::default()
         });
     });
+    let unsteady = unsteady || std::env::var_os(UNSTEADY_CLOCK_ENV).is_some();
+    if unsteady {
+        with(world, |w| {
+            w.log(format!(
+                "{UNSTEADY_CLOCK_ENV}: the UFM link reads the stepped wall clock at every call (a rule switched off)"
+            ))
+        });
+    }
     Ufm {
         config,
         told: Mutex::new(Weak::new()),
+        unsteady,
         _dir: dir,
     }
 }

@@ -31,6 +31,7 @@
 
 use super::core::constants::{PORTS, PORT_GUID_BASE};
 use super::core::fabric::Fabric;
+use super::core::wall::{Wall, SIM_EPOCH_UNIX_NS};
 use fabric_agent::domain::{Attachment, AttachmentState, Event, EventKind, Inventory, PKeyValue};
 use fabric_agent::store::Store;
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,23 +51,25 @@ struct Known {
     released_ns: Option<i64>,
 }
 
-/// The agent's retention of RELEASED attachments and its clock, as the oracle judges pruning.
-#[derive(Debug, Clone, Copy)]
+/// The agent's retention of RELEASED attachments and its clock, as the oracle judges pruning:
+/// on the node's wall clock, steps included (retention is housekeeping on the agent's wall
+/// clock, which production reads at every call).
+#[derive(Debug, Clone)]
 struct Pruning {
     retain_ns: i64,
-    /// The agent clock's reading at `t0`.
-    epoch_ns: i64,
-    t0: Instant,
+    /// The agent's clock.
+    wall: Wall,
 }
 
 impl Pruning {
     fn now_ns(&self) -> i64 {
-        self.epoch_ns + self.t0.elapsed().as_nanos() as i64
+        self.wall.now_ns()
     }
 
-    /// Simulated ms of an agent-clock reading.
+    /// Wall-clock ms since the epoch of an agent-clock reading (the simulated time when the
+    /// clock was never stepped).
     fn sim_ms(&self, unix_ns: i64) -> i64 {
-        (unix_ns - self.epoch_ns) / 1_000_000
+        (unix_ns - SIM_EPOCH_UNIX_NS) / 1_000_000
     }
 
     /// Why an attachment RELEASED at `released_ns` may not be gone at `at_ns` (None: it may).
@@ -177,19 +180,17 @@ impl Oracle {
         }
     }
 
-    /// Judges pruning against the agent's `released_retain`, its clock reading `epoch_ns` at
-    /// the run's start `t0`.
-    pub fn judge_pruning(&mut self, released_retain: Duration, epoch_ns: i64, t0: Instant) {
+    /// Judges pruning against the agent's `released_retain` and its clock `wall`.
+    pub fn judge_pruning(&mut self, released_retain: Duration, wall: Wall) {
         self.pruning = Some(Pruning {
             retain_ns: i64::try_from(released_retain.as_nanos()).unwrap_or(i64::MAX),
-            epoch_ns,
-            t0,
+            wall,
         });
     }
 
     /// Why an attachment RELEASED at `released_ns` may not be gone at `at_ns`.
     fn too_early(&self, released_ns: Option<i64>, at_ns: i64) -> Option<String> {
-        match (self.pruning, released_ns) {
+        match (&self.pruning, released_ns) {
             (Some(p), Some(r)) => p.too_early(r, at_ns),
             (None, _) => Some("nothing is pruned in this run".into()),
             (_, None) => Some("it was never reported RELEASED".into()),
@@ -197,7 +198,7 @@ impl Oracle {
     }
 
     fn now_ns(&self) -> i64 {
-        self.pruning.map_or(0, |p| p.now_ns())
+        self.pruning.as_ref().map_or(0, |p| p.now_ns())
     }
 
     /// Forgets a pruned attachment (its id may be attached again, as a new attachment).
@@ -235,7 +236,7 @@ impl Oracle {
     /// over), if that is within `horizon` of now: the instant the driver waits for before
     /// [`Oracle::check_pruned`]. None when nothing is due within it.
     pub fn last_prune_due(&self, horizon: Duration) -> Option<Instant> {
-        let p = self.pruning?;
+        let p = self.pruning.as_ref()?;
         let limit = p.now_ns().saturating_add(horizon.as_nanos() as i64);
         let due = self
             .instances
@@ -244,13 +245,15 @@ impl Oracle {
             .filter_map(|k| k.released_ns.map(|r| r.saturating_add(p.retain_ns)))
             .filter(|due| *due <= limit)
             .max()?;
-        Some(p.t0 + Duration::from_nanos((due - p.epoch_ns).max(0) as u64))
+        Some(p.wall.instant_of(due))
     }
 
     /// Liveness of check 9: every RELEASED attachment whose retain was over more than `slack`
     /// ago is gone from the store (the agent prunes on its own clock, not only at start).
     pub fn check_pruned(&mut self, slack: Duration, now_ms: u64) {
-        let Some(p) = self.pruning else { return };
+        let Some(p) = self.pruning.clone() else {
+            return;
+        };
         let now_ns = p.now_ns();
         let slack_ns = slack.as_nanos() as i64;
         let stored = match self.store.attachments() {
@@ -281,16 +284,17 @@ impl Oracle {
     /// When the prune probe next looks (1 ms before the oldest unprobed RELEASED attachment's
     /// retain is over), None when there is none.
     pub fn next_prune_probe(&self) -> Option<Instant> {
-        let p = self.pruning?;
+        let p = self.pruning.as_ref()?;
         let (due, _) = self.prune_due.first()?;
-        let ns = (due - 1_000_000 - p.epoch_ns).max(0);
-        Some(p.t0 + Duration::from_nanos(ns as u64))
+        Some(p.wall.instant_of(due - 1_000_000))
     }
 
     /// The prune probe: every RELEASED attachment whose retain is over within 1 ms is still
     /// stored, unchanged (its retain is not over yet, so nothing may have pruned it).
     pub fn probe_prunes(&mut self, now_ms: u64) {
-        let Some(p) = self.pruning else { return };
+        let Some(p) = self.pruning.clone() else {
+            return;
+        };
         let now_ns = p.now_ns();
         while let Some((due, id)) = self.prune_due.first().cloned() {
             if due - 1_000_000 > now_ns || self.finding.is_some() {
@@ -305,13 +309,15 @@ impl Oracle {
             let held = stored.as_ref().is_some_and(|a| {
                 a.state == AttachmentState::Released && Some(a.updated_unix_ns) == released_ns
             });
-            if !held {
-                let why = released_ns.and_then(|r| p.too_early(r, now_ns));
+            // A forward step of the agent's clock may have carried the retain past its end
+            // before the probe woke: then it may be gone (`check_vanished` forgets it).
+            let why = released_ns.map(|r| p.too_early(r, now_ns));
+            if !held && why.as_ref().is_none_or(Option::is_some) {
                 let what = format!(
                     "{id}'s RELEASED attachment is gone from the store (now {:?}) before its \
                      retain is over: {}",
                     stored.map(|a| a.state),
-                    why.unwrap_or_default()
+                    why.flatten().unwrap_or_default()
                 );
                 return self.fail(now_ms, what);
             }
@@ -493,7 +499,7 @@ impl Oracle {
                     released_ns: (to == AttachmentState::Released).then_some(time_ns),
                 },
             );
-            if let (AttachmentState::Released, Some(p)) = (to, self.pruning) {
+            if let (AttachmentState::Released, Some(p)) = (to, &self.pruning) {
                 let due = time_ns.saturating_add(p.retain_ns);
                 self.prune_due.insert((due, instance_id.clone()));
                 self.released_seen.notify_one();

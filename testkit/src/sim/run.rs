@@ -59,9 +59,6 @@ pub fn run_seed(seed: u64, options: GenOptions) -> Outcome {
     fabric_agent::sm::blocking::inline_blocking_io(|| rt.block_on(drive(schedule)))
 }
 
-/// The simulated wall clock's reading at the world's start (2026-01-01T00:00:00Z).
-const SIM_EPOCH_UNIX_NS: i64 = 1_767_225_600_000_000_000;
-
 /// One incarnation of the agent.
 struct Node {
     agent: Agent,
@@ -109,10 +106,8 @@ impl Parts {
             reconciler: ReconcilerConfig::default(),
             released_retain: self.released_retain,
             allow_full_default: false,
-            clock: Arc::new(fabric_agent::agent::RuntimeClock::new(
-                SIM_EPOCH_UNIX_NS,
-                with(world, |w| w.t0),
-            )),
+            // The production `SystemClock`: the node's stepped wall clock at every call.
+            clock: Arc::new(with(world, |w| w.wall.clone())),
         })
         .expect("agent from the store");
         // Like `serve`: the first inventory before anything else, retried.
@@ -148,12 +143,16 @@ async fn drive(schedule: Schedule) -> Outcome {
     let sm_host = schedule
         .opensm
         .then(|| super::model_opensm::start(&world, &schedule.steps));
-    let ufm = schedule
-        .ufm
-        .then(|| super::model_ufm::start(&world, schedule.ufm_late_window_ms));
+    let ufm = schedule.ufm.then(|| {
+        super::model_ufm::start(
+            &world,
+            schedule.ufm_late_window_ms,
+            schedule.ufm_unsteady_clock,
+        )
+    });
     let parts = Parts {
         released_retain: Duration::from_millis(schedule.retention.released_retain_ms),
-        watchers: super::watcher::Watchers::start(&world, &schedule, SIM_EPOCH_UNIX_NS),
+        watchers: super::watcher::Watchers::start(&world, &schedule),
         ufm,
         store: std::sync::Mutex::new(store),
         node_disk,
@@ -281,6 +280,10 @@ async fn execute(command: &Command, node: Node, parts: &Parts, world: &Shared) -
             drop(node.agent);
             with(world, |w| w.log("agent: stopped cleanly"));
             parts.start(world).await
+        }
+        Command::ClockStep { by_ms, in_apply } => {
+            super::clock_steps::step(world, *by_ms, *in_apply).await;
+            node
         }
         Command::Faults(on) => {
             with(world, |w| w.faults = *on);

@@ -148,12 +148,14 @@ pub fn generate(seed: u64, options: GenOptions) -> Schedule {
     }
     super::rollback::draw(seed, options, &mut steps);
     super::concurrent::draw(seed, &mut steps, options.mixed_membership);
+    super::clock_steps::draw(seed, options, &mut steps);
     Schedule {
         seed,
         steps,
         opensm: options.opensm,
         ufm: options.ufm,
         ufm_late_window_ms: options.ufm_late_window_ms,
+        ufm_unsteady_clock: options.ufm_unsteady_clock,
         fast_poll_ms,
         push_changes,
         retention: draw_retention(seed),

@@ -125,13 +125,13 @@ impl Seat {
 }
 
 impl Watchers {
-    /// Tells the oracle the run's retention (the agent clock reads `epoch_ns` at the start) and
-    /// starts the schedule's consumers and the prune probe.
-    pub fn start(world: &Shared, schedule: &Schedule, epoch_ns: i64) -> Watchers {
+    /// Tells the oracle the run's retention (judged on the node's wall clock, `World::wall`)
+    /// and starts the schedule's consumers and the prune probe.
+    pub fn start(world: &Shared, schedule: &Schedule) -> Watchers {
         let retain = Duration::from_millis(schedule.retention.released_retain_ms);
         with(world, |w| {
-            let t0 = w.t0;
-            w.oracle.judge_pruning(retain, epoch_ns, t0);
+            let wall = w.wall.clone();
+            w.oracle.judge_pruning(retain, wall);
         });
         let serving = Board {
             now: Arc::default(),

@@ -8,6 +8,7 @@ use super::core::apply_crash::ApplyCrash;
 use super::core::fabric::Fabric;
 use super::core::keys::{program_table, Keys};
 use super::core::ufm_world::UfmWorld;
+use super::core::wall::Wall;
 use super::oracle::Oracle;
 use fabric_agent::store::Store;
 use rand::rngs::StdRng;
@@ -21,6 +22,8 @@ use tokio::time::Instant;
 pub struct World {
     /// Start of the run.
     pub t0: Instant,
+    /// The node's wall clock, stepped by the schedule's clock steps.
+    pub wall: Wall,
     /// The one RNG model decisions draw from (derived from the seed).
     pub rng: StdRng,
     /// Whether random faults are on.
@@ -62,8 +65,10 @@ pub type Shared = Arc<Mutex<World>>;
 impl World {
     /// A fresh world for a seed.
     pub fn new(seed: u64, store: Arc<Store>) -> Shared {
+        let t0 = Instant::now();
         Arc::new(Mutex::new(World {
-            t0: Instant::now(),
+            t0,
+            wall: Wall::new(t0),
             rng: StdRng::seed_from_u64(seed ^ 0x5EED_F00D_FAB1_C0DE),
             faults: false,
             fabric: Fabric::new(),

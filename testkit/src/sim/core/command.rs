@@ -92,6 +92,15 @@ pub enum Command {
         /// What is put back from the last snapshot while it is down.
         restore: SmHostRestore,
     },
+    /// The node's wall clock steps by `by_ms` (+1 h or -1 h: an NTP correction, an operator's
+    /// `date`), `sim::clock_steps`. The runtime's monotonic clock does not move.
+    ClockStep {
+        /// How far, ms (negative: back).
+        by_ms: i64,
+        /// Inside the next apply (a few seconds after it started: during its retries) rather
+        /// than at once.
+        in_apply: bool,
+    },
     /// Attach and release commands in flight at once on the same agent
     /// (`sim::concurrent`).
     Together {
@@ -199,6 +208,17 @@ impl fmt::Display for Command {
                 };
                 write!(f, "SM-host agent crash, down {down_ms} ms{what}, restart")
             }
+            Command::ClockStep { by_ms, in_apply } => write!(
+                f,
+                "node wall clock steps {}{} ms{}",
+                if *by_ms >= 0 { "+" } else { "" },
+                by_ms,
+                if *in_apply {
+                    " inside the next apply"
+                } else {
+                    ""
+                }
+            ),
             Command::Together {
                 commands,
                 wait_ms,

@@ -3,7 +3,8 @@
 //! model keeps them (`keys`), the model's truth (`fabric`: ports, the SM's state for the node,
 //! sets on their way) with the SM host's and the model UFM's parts of it (`sm_host_view`,
 //! `ufm_world`), a crash armed for the next apply (`apply_crash`), a run's temp files (`disk`),
-//! and a schedule's data (`command`, `plan`, `watcher_plan`).
+//! a schedule's data (`command`, `plan`, `watcher_plan`), and the node's stepped wall clock
+//! (`wall`).
 //!
 //! Imports point one way: `core` uses nothing else of `sim`, and inside it `constants` <-
 //! `keys` <- `fabric`; `command`, `watcher_plan` <- `plan`.
@@ -17,4 +18,5 @@ pub mod keys;
 pub mod plan;
 pub mod sm_host_view;
 pub mod ufm_world;
+pub mod wall;
 pub mod watcher_plan;

@@ -23,6 +23,9 @@ pub struct Schedule {
     pub ufm: bool,
     /// The UFM backend's late-write window, when not the simulation's default.
     pub ufm_late_window_ms: Option<u64>,
+    /// The model UFM link reads the stepped wall clock at every call (a rule switched off:
+    /// `GenOptions::ufm_unsteady_clock`).
+    pub ufm_unsteady_clock: bool,
     /// Pruning (released attachments, old events) and the WatchEvents consumers.
     pub retention: Retention,
 }
@@ -54,6 +57,10 @@ pub struct GenOptions {
     /// The UFM backend's late-write window (default `model_ufm::LATE_WINDOW_MS`); a window
     /// shorter than the model UFM's lateness shows what the watch is for.
     pub ufm_late_window_ms: Option<u64>,
+    /// Switches a rule off to show the clock steps catch it: the model UFM link reads the
+    /// node's stepped wall clock at every call instead of modelling the production steady
+    /// clock (also set by `FABRIC_SIM_UFM_UNSTEADY_CLOCK`, `model_ufm`).
+    pub ufm_unsteady_clock: bool,
     /// Every schedule puts the node's whole state directory back (database and side file)
     /// from a snapshot of the running node (not with `ufm`: nothing there could show it).
     pub whole_dir: bool,

@@ -101,7 +101,7 @@ impl Oracle {
         // Check 9 goes on from the restored attachments: what the rollback took away was not
         // pruned, and a restored RELEASED one is kept for its retain from its release.
         self.prune_due.clear();
-        if let Some(p) = self.pruning {
+        if let Some(p) = self.pruning.clone() {
             let now_ns = p.now_ns();
             for (id, k) in &self.instances {
                 let due = k.released_ns.map(|r| r.saturating_add(p.retain_ns));
