@@ -301,6 +301,55 @@ mod tests {
         assert!(parse_attached("Attaching client 1 at node \"x\"").is_empty());
     }
 
+    /// `free_dead` against a stand-in ibsim on a pipe that answers `Attached` with `listing`
+    /// and prints `after` right after the listing's end (what ibsim did before it read the next
+    /// command): the clients freed and the commands other than listings it was sent.
+    fn free_dead_against(listing: &'static str, after: &'static str) -> (Vec<Client>, Vec<String>) {
+        use std::io::{BufRead, BufReader};
+        let dir = tempfile::tempdir().expect("dir");
+        let log = dir.path().join("ibsim.log");
+        std::fs::write(&log, "").expect("log");
+        let (read, write) = nix::unistd::pipe().expect("pipe");
+        let slots = IbsimSlots::new("f5-fake-ibsim", File::from(write), &log);
+        let out = log.clone();
+        let ibsim = std::thread::spawn(move || {
+            let mut sent = Vec::new();
+            for line in BufReader::new(File::from(read)).lines() {
+                let line = line.expect("console line");
+                let mut o = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+                if line.starts_with('#') {
+                    write!(o, "{line}").unwrap();
+                    if line.ends_with(" end") {
+                        write!(o, "{after}").unwrap();
+                    }
+                } else if line == "Attached" {
+                    write!(o, "sim> {listing}").unwrap();
+                } else {
+                    sent.push(line);
+                }
+            }
+            sent
+        });
+        let freed = slots.free_dead().expect("free_dead");
+        drop(slots);
+        (freed, ibsim.join().expect("stand-in ibsim"))
+    }
+
+    const DEAD_IN_SLOT_0: &str = "Client 0: pid 999999999 connected at \"smhost\" port \
+                                  0x100001, lid 1, qp 0 SM\n";
+
+    /// F5's prevention: a dead client's slot that ibsim dropped itself after the listing gets no
+    /// `X` (it may be a live client's by then); one it did not drop gets its `X`.
+    #[test]
+    fn a_slot_ibsim_freed_itself_after_the_listing_gets_no_x() {
+        let seems_dead = "sim> ibwarn: [7634] sim_read_pkt: client 0 seems to be dead - \
+                          disconnecting.\n";
+        let (freed, sent) = free_dead_against(DEAD_IN_SLOT_0, seems_dead);
+        assert!(freed.is_empty() && sent.is_empty(), "{freed:?} {sent:?}");
+        let (freed, sent) = free_dead_against(DEAD_IN_SLOT_0, "sim> ");
+        assert_eq!((freed.len(), sent), (1, vec!["X 0".to_owned()]));
+    }
+
     /// A fabric with a standby OpenSM on node1 (the shimmed process the tests kill).
     fn fabric_with_standby() -> Option<(crate::rig::Fabric, crate::rig::ha::SecondSm)> {
         let fabric = crate::rig::Fabric::start_with(
