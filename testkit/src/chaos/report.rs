@@ -104,7 +104,7 @@ impl std::fmt::Display for Report {
         }
         writeln!(
             f,
-            "  rig recoveries (OpenSM stopped sweeping or announced no state): {}",
+            "  rig recoveries (OpenSM stopped sweeping or announced no state, or a restarted node agent's first port read got EPERM): {}",
             self.rig_recoveries
         )?;
         writeln!(

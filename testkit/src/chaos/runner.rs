@@ -27,6 +27,7 @@ use crate::common::copy_tree;
 use crate::common::grants::GrantSigner;
 use crate::common::net::free_port;
 use crate::rig::agents::Agent;
+use crate::rig::first_read;
 use crate::rig::ha::{region_of, start_two_sms, SecondSm, SmHostAgent, TwoSmFiles};
 use crate::rig::ibsim_slots::alive;
 use crate::rig::link::CuttableLink;
@@ -44,6 +45,8 @@ use std::time::{Duration, Instant};
 const IBSIM_CLIENTS: usize = 10;
 /// How long a master may take to answer a SIGHUP with a `SUBNET UP` after the faults.
 const SWEEP_LIMIT: Duration = Duration::from_secs(20);
+/// How long a restarted node agent may take to log `ready` (its first port read done).
+const FIRST_READ_LIMIT: Duration = Duration::from_secs(10);
 
 /// NodeDescriptions that read like OpenSM's verdicts (OpenSM logs them verbatim when a link
 /// changes), given to the first nodes in turn.
@@ -283,7 +286,7 @@ impl World {
                     self.sweep_slots();
                 }
                 match t {
-                    Target::Node(i) => self.agents[i].spawn(&self.fabric),
+                    Target::Node(i) => self.restart_node(i),
                     Target::SmAgent(h) => self.sm_agents[h].spawn(),
                     Target::OpenSm(_) => self.restart_opensm(t),
                 }
@@ -319,6 +322,40 @@ impl World {
                 );
                 self.unlinked.remove(&n);
             }
+        }
+    }
+
+    /// Starts node agent `i` again. A start whose first port read fails with a umad EPERM (its
+    /// ibsim slot lost to another client, finding F5: [`crate::rig::first_read`]) is stopped by
+    /// SIGKILL, the dead clients' slots are freed, and it is started again: a counted rig recovery,
+    /// logged `RIG ...` (at most [`restarts::TRIES`] starts; the last one stands as it is).
+    fn restart_node(&mut self, i: usize) {
+        for attempt in 1..=restarts::TRIES {
+            let from = std::fs::metadata(&self.agents[i].log).map_or(0, |m| m.len() as usize);
+            self.agents[i].spawn(&self.fabric);
+            if attempt == restarts::TRIES {
+                return;
+            }
+            let log = self.agents[i].log.clone();
+            if first_read::wait_first_read(&log, from, FIRST_READ_LIMIT) != Some(true) {
+                return;
+            }
+            let pid = self.agents[i].pid();
+            let clients = match self.fabric.ibsim_slots().attached() {
+                Ok(c) => format!("{} attached {c:?}", c.len()),
+                Err(e) => e,
+            };
+            self.log.note(&format!(
+                "RIG (attempt {attempt}): the restarted {} agent (pid {pid}) failed its first \
+                 port read with `umad write failed: EPERM` (its ibsim slot answers another \
+                 client); ibsim: {clients}; stopping it by pid and starting it again",
+                self.names[i]
+            ));
+            self.rig_recoveries += 1;
+            // SIGKILL: a clean exit would send ibsim a disconnect for the slot id it was given,
+            // which is the other client's slot now.
+            self.agents[i].crash();
+            self.sweep_slots();
         }
     }
 

@@ -53,7 +53,10 @@ struct Inner {
     console: Mutex<File>,
     log: PathBuf,
     freed: AtomicU64,
+    self_freed: AtomicU64,
     listings: AtomicU64,
+    /// Where the last listing's end marker lies in the output (a byte offset).
+    listing_end: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -79,7 +82,9 @@ impl IbsimSlots {
             console: Mutex::new(console),
             log: log.to_owned(),
             freed: AtomicU64::new(0),
+            self_freed: AtomicU64::new(0),
             listings: AtomicU64::new(0),
+            listing_end: AtomicU64::new(0),
         });
         registry()
             .lock()
@@ -103,12 +108,29 @@ impl IbsimSlots {
 
     /// Frees (console `X <id>`) the slot of every attached client whose process is dead (gone or
     /// a zombie); returns those clients.
+    ///
+    /// A slot ibsim freed itself after the listing (its `client <id> seems to be dead` line
+    /// follows the listing in its output) is left alone: ibsim may already have given it to a
+    /// new client, and an `X` would free that live client's slot (see [`self_freed_since`]).
     pub fn free_dead(&self) -> Result<Vec<Client>, String> {
         let mut console = self.inner.console.lock().map_err(|_| "console poisoned")?;
-        let dead: Vec<Client> = self
-            .list(&mut console)?
+        let listed = self.list(&mut console)?;
+        let after = self.output_since_listing();
+        let dead: Vec<Client> = listed
             .into_iter()
             .filter(|c| !alive(c.pid))
+            .filter(|c| {
+                let gone = self_freed_since(&after, c.id);
+                if gone {
+                    eprintln!(
+                        "rig: ibsim freed slot {} of dead pid {} itself after the listing; \
+                         not sending `X {}` (the slot may be a new client's now)",
+                        c.id, c.pid, c.id
+                    );
+                    self.inner.self_freed.fetch_add(1, Ordering::Relaxed);
+                }
+                !gone
+            })
             .collect();
         for c in &dead {
             console
@@ -128,6 +150,12 @@ impl IbsimSlots {
         Ok(dead)
     }
 
+    /// Dead clients' slots [`IbsimSlots::free_dead`] left alone because ibsim freed them itself
+    /// between its listing and the `X` (each one an `X` that could have hit a live client).
+    pub fn self_freed(&self) -> u64 {
+        self.inner.self_freed.load(Ordering::Relaxed)
+    }
+
     /// Slots freed so far by [`IbsimSlots::free_dead`].
     pub fn freed(&self) -> u64 {
         self.inner.freed.load(Ordering::Relaxed)
@@ -142,6 +170,13 @@ impl IbsimSlots {
                 eprintln!("rig: could not free the ibsim slot of pid {pid}: {e}");
             }
         }))
+    }
+
+    /// ibsim's output after the last listing's end marker, read now (empty when unreadable).
+    fn output_since_listing(&self) -> String {
+        let from = self.inner.listing_end.load(Ordering::Relaxed) as usize;
+        let bytes = std::fs::read(&self.inner.log).unwrap_or_default();
+        String::from_utf8_lossy(bytes.get(from..).unwrap_or_default()).into_owned()
     }
 
     /// Sends `Attached` between two comment lines (ibsim echoes comments) and parses what its
@@ -164,6 +199,10 @@ impl IbsimSlots {
             let text = String::from_utf8_lossy(bytes.get(offset..).unwrap_or_default());
             if let (Some(b), Some(e)) = (text.find(&begin), text.find(&end)) {
                 if b < e {
+                    let end_at = offset + text[..e].len() + end.len();
+                    self.inner
+                        .listing_end
+                        .store(end_at as u64, Ordering::Relaxed);
                     return Ok(parse_attached(&text[b..e]));
                 }
             }
@@ -176,6 +215,20 @@ impl IbsimSlots {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// Whether ibsim's output `after` a listing reports that it dropped client `id` on its own
+/// (`sim_read_pkt: client <id> seems to be dead - disconnecting.`, printed when a packet to a
+/// client fails with ECONNREFUSED; ibsim/ibsim.c `sim_read_pkt` then `disconnect_client`).
+///
+/// Such a slot is free in ibsim, and the next `SIM_CTL_CONNECT` takes it (ibsim hands out the
+/// lowest free slot, `sim_ctl_new_client`). An `X <id>` sent for the dead client after that
+/// frees the new, live client's slot without a word; the client after it takes the slot and
+/// ibsim `connect()`s the slot's `out<id>` socket to that client, so every packet the live
+/// client writes is refused by the kernel with EPERM (a unix datagram socket connected to
+/// another peer accepts nothing from a third socket), forever: finding F5.
+pub fn self_freed_since(after: &str, id: u32) -> bool {
+    after.contains(&format!("client {id} seems to be dead"))
 }
 
 /// The clients of `Client <id>: pid <pid> connected at "<node>" port 0x.., lid N, qp N [SM]`
@@ -246,6 +299,55 @@ mod tests {
             ]
         );
         assert!(parse_attached("Attaching client 1 at node \"x\"").is_empty());
+    }
+
+    /// `free_dead` against a stand-in ibsim on a pipe that answers `Attached` with `listing`
+    /// and prints `after` right after the listing's end (what ibsim did before it read the next
+    /// command): the clients freed and the commands other than listings it was sent.
+    fn free_dead_against(listing: &'static str, after: &'static str) -> (Vec<Client>, Vec<String>) {
+        use std::io::{BufRead, BufReader};
+        let dir = tempfile::tempdir().expect("dir");
+        let log = dir.path().join("ibsim.log");
+        std::fs::write(&log, "").expect("log");
+        let (read, write) = nix::unistd::pipe().expect("pipe");
+        let slots = IbsimSlots::new("f5-fake-ibsim", File::from(write), &log);
+        let out = log.clone();
+        let ibsim = std::thread::spawn(move || {
+            let mut sent = Vec::new();
+            for line in BufReader::new(File::from(read)).lines() {
+                let line = line.expect("console line");
+                let mut o = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+                if line.starts_with('#') {
+                    write!(o, "{line}").unwrap();
+                    if line.ends_with(" end") {
+                        write!(o, "{after}").unwrap();
+                    }
+                } else if line == "Attached" {
+                    write!(o, "sim> {listing}").unwrap();
+                } else {
+                    sent.push(line);
+                }
+            }
+            sent
+        });
+        let freed = slots.free_dead().expect("free_dead");
+        drop(slots);
+        (freed, ibsim.join().expect("stand-in ibsim"))
+    }
+
+    const DEAD_IN_SLOT_0: &str = "Client 0: pid 999999999 connected at \"smhost\" port \
+                                  0x100001, lid 1, qp 0 SM\n";
+
+    /// F5's prevention: a dead client's slot that ibsim dropped itself after the listing gets no
+    /// `X` (it may be a live client's by then); one it did not drop gets its `X`.
+    #[test]
+    fn a_slot_ibsim_freed_itself_after_the_listing_gets_no_x() {
+        let seems_dead = "sim> ibwarn: [7634] sim_read_pkt: client 0 seems to be dead - \
+                          disconnecting.\n";
+        let (freed, sent) = free_dead_against(DEAD_IN_SLOT_0, seems_dead);
+        assert!(freed.is_empty() && sent.is_empty(), "{freed:?} {sent:?}");
+        let (freed, sent) = free_dead_against(DEAD_IN_SLOT_0, "sim> ");
+        assert_eq!((freed.len(), sent), (1, vec!["X 0".to_owned()]));
     }
 
     /// A fabric with a standby OpenSM on node1 (the shimmed process the tests kill).

@@ -17,6 +17,7 @@
 //! whenever they find their process dead by a signal.
 
 pub mod agents;
+pub mod first_read;
 pub mod flap;
 pub mod ha;
 pub mod ibsim_slots;
