@@ -80,14 +80,7 @@ fn seeded_whole_state_directory_restores_keep_every_invariant() {
 #[test]
 fn whole_state_directory_seeds_that_failed_before_keep_every_invariant() {
     for seed in [668, 696, 735, 985, 1182, 1341, 1390] {
-        let o = sim::run_seed(
-            seed,
-            sim::GenOptions {
-                whole_dir: true,
-                ..Default::default()
-            },
-        );
-        assert!(o.finding.is_none(), "{}", sim::report(&o, Some(80)));
+        assert_whole_dir_seed_passes(seed);
     }
 }
 
@@ -100,15 +93,20 @@ fn whole_state_directory_seeds_that_failed_before_keep_every_invariant() {
 #[ignore = "open findings (seeds 1757, 5706): docs/SIMULATION.md"]
 fn whole_state_directory_open_seeds() {
     for seed in [1757, 5706] {
-        let o = sim::run_seed(
-            seed,
-            sim::GenOptions {
-                whole_dir: true,
-                ..Default::default()
-            },
-        );
-        assert!(o.finding.is_none(), "{}", sim::report(&o, Some(80)));
+        assert_whole_dir_seed_passes(seed);
     }
+}
+
+/// Runs one seed with the whole state directory put back; panics with its report on a finding.
+fn assert_whole_dir_seed_passes(seed: u64) {
+    let o = sim::run_seed(
+        seed,
+        sim::GenOptions {
+            whole_dir: true,
+            ..Default::default()
+        },
+    );
+    assert!(o.finding.is_none(), "{}", sim::report(&o, Some(80)));
 }
 
 fn run(seeds: u64, options: sim::GenOptions) {
