@@ -10,9 +10,10 @@
 //! key's and the restore watch) is re-armed to end `late_write_window_ms` from then on this
 //! process's steady clock. Every add it watches for was sent before this process started, so
 //! it lands within one window from now whatever the wall clock did: a forward step cannot end
-//! the watch early, a backward one cannot stretch it past one window. The re-armed ends are what every apply uses, and they are written with the
-//! ledger's next save (the first apply saves before it sends anything); a crash before that
-//! save loses nothing, because the next start re-arms again from its own, later, start.
+//! the watch early, a backward one cannot stretch it past one window. The re-armed ends are
+//! what every apply uses, and they are written with the ledger's next save (the first apply
+//! saves before it sends anything); a crash before that save loses nothing, because the next
+//! start re-arms again from its own, later, start.
 
 use super::{refused, Failure, State, UfmError, UfmLedger, UfmLedgerStore, UfmSm};
 use crate::domain::PKey;
