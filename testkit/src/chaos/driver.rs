@@ -127,7 +127,7 @@ pub struct Plan {
     /// exactly like a release, and a consumed grant is never accepted again.
     pub regrants: BTreeMap<String, u32>,
     /// Releases owed after a resync (instance -> (node, when last sent)): sent again every
-    /// [`RESEND`] until the node's stream shows the instance RELEASED (or the node answers
+    /// `RESEND` until the node's stream shows the instance RELEASED (or the node answers
     /// NOT_FOUND after a restore). A release sent once and lost (the node down again, or the
     /// connection closed at accept) would otherwise leave a restored instance withheld for good.
     pub owed: BTreeMap<String, (usize, Instant)>,
