@@ -76,7 +76,8 @@ pub struct ThisLife {
     /// the store does not know of: the store lost writes.
     pub reserved_at_start: u64,
     /// This life may follow a lost one (an unclean stop or a store found restored): its next
-    /// generation goes `ApplyLedger::LOST_LIFE_MARGIN` above every host's, not just above.
+    /// generation goes `ApplyLedger::LOST_LIFE_MARGIN` above every host's, not just above, and
+    /// a store no host vouches for any more is taken as rolled back (`unvouched`).
     pub follows_lost_life: bool,
     /// The ledger's record of the set the node sends, as this life found it (None: no
     /// evidence): every send from its generation on carried it, so a host holding a

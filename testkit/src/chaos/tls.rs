@@ -123,12 +123,18 @@ impl CampaignPki {
     /// How the control plane reaches node `node`'s API on `api_port`: mTLS with its own
     /// certificate, the node verified by its name.
     pub fn node_api(&self, node: &str, api_port: u16) -> AgentApi {
+        self.as_control_plane(api_port, &self.node_ca, node_dns(node))
+    }
+
+    /// The control plane's mTLS client for a listener on `port`, verifying the server as
+    /// `domain` against `ca`.
+    fn as_control_plane(&self, port: u16, ca: &Path, domain: String) -> AgentApi {
         AgentApi::Tcp {
-            url: format!("https://127.0.0.1:{api_port}"),
+            url: format!("https://127.0.0.1:{port}"),
             tls: ClientTls {
-                ca: Some(self.node_ca.clone()),
+                ca: Some(ca.to_path_buf()),
                 identity: Some(self.cp.clone()),
-                domain: Some(node_dns(node)),
+                domain: Some(domain),
             },
         }
     }
@@ -178,14 +184,7 @@ impl CampaignPki {
     /// How the control plane reaches SM host `name`'s Partitions listener on `port`: mTLS as
     /// an operator, the host verified by its DNS name.
     pub fn sm_api(&self, name: &str, port: u16) -> AgentApi {
-        AgentApi::Tcp {
-            url: format!("https://127.0.0.1:{port}"),
-            tls: ClientTls {
-                ca: Some(self.sm_ca.clone()),
-                identity: Some(self.cp.clone()),
-                domain: Some(sm_dns(name)),
-            },
-        }
+        self.as_control_plane(port, &self.sm_ca, sm_dns(name))
     }
 }
 
