@@ -117,11 +117,6 @@ impl Conditions {
         })
     }
 
-    /// Whether `kind` stands (as last reported).
-    pub(super) fn stands(&self, kind: ConditionKind) -> bool {
-        self.standing.contains_key(&kind)
-    }
-
     /// Records a condition raised outside a pass (its event committed).
     pub(super) fn raised(&mut self, kind: ConditionKind, detail: String) {
         self.standing.insert(kind, detail);

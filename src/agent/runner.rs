@@ -115,6 +115,8 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
                 follows_lost_life,
                 sending_at_start,
             },
+            raised: false,
+            unsent_checked: false,
         }),
     };
     loop {

@@ -4,7 +4,10 @@
 
 use super::super::start_check::{self, Verdict};
 use super::Loop;
-use crate::domain::{Attachment, ConditionKind, EventKind, Inventory, NodeMemberships};
+use crate::domain::{
+    set_digest, Attachment, EventKind, Inventory, NodeMemberships, Restored,
+};
+use crate::domain::ConditionKind;
 use crate::store::Batch;
 use tokio::time::Instant;
 
@@ -17,6 +20,12 @@ pub(super) struct StartCheck {
     pub(super) verdict: Option<Verdict>,
     /// What this life wrote while the check ran, and the reservation it found.
     pub(super) life: start_check::ThisLife,
+    /// Whether this check already raised the rollback it found (once per life: a round that
+    /// asks again finds the same evidence).
+    pub(super) raised: bool,
+    /// Whether the unsent change after a lost life was looked for (once, at the first pass
+    /// with a port read: [`Loop::withhold_unsent`]).
+    pub(super) unsent_checked: bool,
 }
 
 impl StartCheck {
@@ -69,9 +78,16 @@ impl Loop {
             self.start = None;
             return Ok(false);
         }
+        let mut changed = false;
+        if !check.unsent_checked {
+            changed = self.withhold_unsent(attachments, inventory, desired).await?;
+        }
         let now = Instant::now();
+        let Some(check) = &self.start else {
+            return Ok(changed);
+        };
         if now < check.next_try {
-            return Ok(false);
+            return Ok(changed);
         }
         let sm = self.agent.shared.parts.sm.clone();
         let node = self.agent.shared.parts.node_id.clone();
@@ -97,16 +113,20 @@ impl Loop {
         } else {
             self.knows.move_past(verdict.highest);
         }
-        let mut changed = false;
-        if let Some(detail) = &verdict.rolled_back {
+        let raised = self.start.as_ref().is_some_and(|c| c.raised);
+        if let (Some(detail), false) = (&verdict.rolled_back, raised) {
             tracing::error!(%detail, "start check: the store went back in time");
-            if !self.conditions.stands(ConditionKind::StoreRolledBack) {
-                self.raise_rolled_back(detail.clone()).await?;
-                *attachments = self.agent.store().live_attachments()?;
-                self.check_restored(attachments, inventory).await?;
-                *attachments = self.agent.store().live_attachments()?;
-                changed = true;
+            // Raised even when the condition already stands: a copy taken while an earlier
+            // rollback was still reported holds attachments confirmed or attached since that
+            // one, which this rollback may have released.
+            if let Some(check) = &mut self.start {
+                check.raised = true;
             }
+            self.raise_rolled_back(detail.clone()).await?;
+            *attachments = self.agent.store().live_attachments()?;
+            self.check_restored(attachments, inventory).await?;
+            *attachments = self.agent.store().live_attachments()?;
+            changed = true;
         }
         for (host, why) in &verdict.refused {
             tracing::warn!(%host, %why, "start check: the SM host refused to tell what it stores for this node (it refuses this node's sets by the same rule)");
@@ -130,6 +150,52 @@ impl Loop {
             check.verdict = Some(verdict);
         }
         Ok(changed)
+    }
+
+    /// After a start that may follow a lost life, when the set the node would send now is not
+    /// the one its store recorded sending (an attach or a release committed, the crash or the
+    /// copy before the send was recorded): a lost life may have released such an attachment
+    /// and told the control plane RELEASED without any write the SM hosts could show (the key
+    /// was never sent), so the start check cannot see it. Every live attachment that wants its
+    /// key is then settled by this pass's port read, as after a rollback: a key every covered
+    /// port holds is confirmed, any other is withheld until the control plane sends its attach
+    /// again (the resync every new epoch asks for). A plain crash in that window costs the
+    /// attachments it caught one resync of the control plane; a key never sent consumed no
+    /// grant. Returns whether the attachments changed (re-read into `attachments`).
+    async fn withhold_unsent(
+        &mut self,
+        attachments: &mut Vec<Attachment>,
+        inventory: &Inventory,
+        desired: &NodeMemberships,
+    ) -> Result<bool, super::super::AgentError> {
+        let Some(check) = &mut self.start else {
+            return Ok(false);
+        };
+        check.unsent_checked = true;
+        let life = &check.life;
+        let recorded = life.sending_at_start.map(|s| s.digest);
+        if !life.follows_lost_life || recorded == Some(set_digest(desired)) {
+            return Ok(false);
+        }
+        if !attachments.iter().any(Attachment::wants_key) {
+            return Ok(false);
+        }
+        tracing::warn!(
+            "this start follows an unclean stop that left a change unsent: every attachment whose key the ports do not hold waits for the control plane"
+        );
+        {
+            // Read under the lock: a command that settled one meanwhile wins.
+            let _guard = self.agent.shared.write.lock().await;
+            let upserts = awaiting_read(self.agent.store().live_attachments()?);
+            self.agent.commit(Batch {
+                upserts,
+                ..Default::default()
+            })?;
+        }
+        *attachments = self.agent.store().live_attachments()?;
+        self.check_restored(attachments, inventory).await?;
+        *attachments = self.agent.store().live_attachments()?;
+        Ok(true)
     }
 
     /// What may be sent now: `desired`, or while the start check waits for an SM host (within
@@ -170,9 +236,11 @@ impl Loop {
         ))
     }
 
-    /// Raises `STORE_ROLLED_BACK` with `detail` in one commit that starts a new log epoch: the
-    /// log went back with the store, so no seq is reused (and the live attachments that want
-    /// their key are marked restored in that commit).
+    /// Raises `STORE_ROLLED_BACK` with `detail` in one commit that marks the live attachments
+    /// that want their key restored and, unless this life already began a new epoch (it follows
+    /// a lost life: every (epoch, seq) of it is new), starts a new log epoch: the log went back
+    /// with the store, so no seq is reused. A second restart would drop the events this life
+    /// already committed, which a watcher may not have read yet.
     pub(super) async fn raise_rolled_back(
         &mut self,
         detail: String,
@@ -180,17 +248,37 @@ impl Loop {
         let kind = ConditionKind::StoreRolledBack;
         {
             let _guard = self.agent.shared.write.lock().await;
+            let restart_log = !self.agent.shared.follows_lost_life;
+            let upserts = if restart_log {
+                Vec::new()
+            } else {
+                awaiting_read(self.agent.store().live_attachments()?)
+            };
             self.agent.commit(Batch {
+                upserts,
                 events: vec![EventKind::ConditionChanged {
                     condition: kind,
                     active: true,
                     detail: detail.clone(),
                 }],
-                restart_log: true,
+                restart_log,
                 ..Default::default()
             })?;
         }
         self.conditions.raised(kind, detail);
         Ok(())
     }
+}
+
+/// `attachments` that want their key, marked [`Restored::AwaitingRead`]: the next port read
+/// decides whether each is kept or withheld (`plan::restore_checks`).
+fn awaiting_read(attachments: Vec<Attachment>) -> Vec<Attachment> {
+    attachments
+        .into_iter()
+        .filter(|a| a.wants_key())
+        .map(|a| Attachment {
+            restored: Some(Restored::AwaitingRead),
+            ..a
+        })
+        .collect()
 }
