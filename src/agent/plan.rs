@@ -348,9 +348,9 @@ fn unconfirmed_reason(a: &Attachment, lacking: &[String], value: PKeyValue) -> S
         format!("{value} missing on {}", lacking.join(", "))
     };
     format!(
-        "restored from a copy of the store that may predate its release; {lacking} after the \
-         restore: the key is withheld until the control plane sends the attach of {} again \
-         (or releases it)",
+        "the store may predate this attachment's release (restored from a copy, or an unclean \
+         stop left a change unsent); {lacking} at the first read after the start: the key is \
+         withheld until the control plane sends the attach of {} again (or releases it)",
         a.instance_id
     )
 }

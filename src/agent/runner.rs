@@ -761,8 +761,9 @@ fn withheld(attachments: &[Attachment]) -> Option<String> {
         named.push_str(&format!(" and {more} more"));
     }
     Some(format!(
-        "{} restored attachment(s) withheld: the store was restored from a copy and the ports \
-         did not hold their keys after it; each waits for the control plane to send its attach \
+        "{} restored attachment(s) withheld: the store may predate their release (restored from \
+         a copy, or an unclean stop left a change unsent) and the ports did not hold their keys \
+         at the first read after the start; each waits for the control plane to send its attach \
          again or to release it: {named}",
         ids.len()
     ))

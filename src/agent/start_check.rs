@@ -124,7 +124,7 @@ pub fn judge(
                         a.host
                     ));
                 }
-                if let Some(record) = life.sending_at_start {
+                if let Some(record) = &life.sending_at_start {
                     let beyond = record.through.filter(|t| *generation > *t);
                     if let (false, Some(through), None) = (own, beyond, &verdict.rolled_back) {
                         verdict.rolled_back = Some(format!(

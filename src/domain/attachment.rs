@@ -130,7 +130,8 @@ pub struct Attachment {
     /// and a fabric port that appears later joins the attachment too.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub named_ports: bool,
-    /// Set on a live attachment found in a store restored from a copy: its key is withheld
+    /// Set on a live attachment found in a store restored from a copy (or after an unclean stop
+    /// that left a change unsent, which a copy of the running node looks like): its key is withheld
     /// from the node's sets until the fabric or the control plane confirms it (see
     /// [`Restored`]). None otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,7 +144,8 @@ pub struct Attachment {
     pub evidence: Option<super::Evidence>,
 }
 
-/// Where a live attachment found in a rolled-back store stands. The copy may predate a release
+/// Where a live attachment found in a rolled-back store (or after an unclean stop that left a
+/// change unsent) stands. The copy may predate a release
 /// the control plane was told of (RELEASED, its key off the ports); sending the restored set
 /// would put that key back on the ports. So the key is withheld until something newer than the
 /// copy confirms the attachment.

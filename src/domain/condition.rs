@@ -40,8 +40,9 @@ pub enum ConditionKind {
     /// of its keys), the other nodes' sets are written; the detail names the node. Stands until
     /// the node's set passes again.
     NodeSetQuarantined,
-    /// Attachments found live in a store restored from a copy whose keys the ports did not
-    /// hold at the first read after the restore (the copy may predate their release): their
+    /// Attachments found live in a store restored from a copy, or after an unclean stop that
+    /// left a change unsent, whose keys the ports did not hold at the first read after the
+    /// start (the store may predate their release): their
     /// keys are withheld from the node's sets until the control plane sends their attach again
     /// (or releases them). The detail names them. Stands while any is withheld.
     RestoredUnconfirmed,

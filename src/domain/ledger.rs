@@ -1,4 +1,4 @@
-use super::{NodeMemberships, PKey};
+use super::{Guid, NodeMemberships, PKey};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -37,7 +37,7 @@ pub struct ApplyLedger {
 
 /// The set a node sends, as the ledger keeps it: its digest, the first generation it was sent
 /// at and the highest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SentSet {
     /// [`set_digest`] of the set.
     pub digest: u64,
@@ -47,6 +47,37 @@ pub struct SentSet {
     /// apply is sent (None in records written before it was kept: no bound known).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub through: Option<u64>,
+    /// Every (key, port) the set gives (None in records written before it was kept): an
+    /// attachment whose key and ports are all here was sent, so a release of it needs a send
+    /// the SM hosts can show.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gives: Option<BTreeSet<(PKey, Guid)>>,
+}
+
+impl SentSet {
+    /// The record of `set` first sent at `generation`.
+    pub fn new(set: &NodeMemberships, generation: u64) -> SentSet {
+        SentSet {
+            digest: set_digest(set),
+            from: generation,
+            through: Some(generation),
+            gives: Some(gives(set)),
+        }
+    }
+
+    /// Whether the recorded set gives `key` to every one of `guids` (None: not recorded).
+    pub fn gave_all(&self, key: PKey, guids: &[Guid]) -> Option<bool> {
+        let gives = self.gives.as_ref()?;
+        Some(guids.iter().all(|g| gives.contains(&(key, *g))))
+    }
+}
+
+/// Every (key, port) `set` gives.
+fn gives(set: &NodeMemberships) -> BTreeSet<(PKey, Guid)> {
+    set.keys
+        .keys()
+        .flat_map(|k| set.guids_for(*k).into_iter().map(move |g| (*k, g)))
+        .collect()
 }
 
 /// One acknowledged apply, as the ledger keeps it: its generation and its set's digest.
@@ -125,16 +156,13 @@ impl ApplyLedger {
             .covering(generation, set.keys.keys())
             .unwrap_or_else(|| self.clone());
         let digest = set_digest(set);
-        next.sending = match next.sending {
+        next.sending = match next.sending.take() {
             Some(s) if s.digest == digest => Some(SentSet {
                 through: Some(s.through.map_or(generation, |t| t.max(generation))),
+                gives: s.gives.or_else(|| Some(gives(set))),
                 ..s
             }),
-            _ => Some(SentSet {
-                digest,
-                from: generation,
-                through: Some(generation),
-            }),
+            _ => Some(SentSet::new(set, generation)),
         };
         (next != *self).then_some(next)
     }
@@ -179,19 +207,25 @@ mod tests {
         let l1 = ApplyLedger::default()
             .covering_send(1, &empty)
             .expect("first send");
+        assert_eq!(l1.sending, Some(SentSet::new(&empty, 1)));
         assert_eq!(
-            l1.sending,
-            Some(SentSet {
-                digest: set_digest(&empty),
-                from: 1,
-                through: Some(1),
-            })
+            l1.sending.as_ref().map(|s| (s.digest, s.from, s.through)),
+            Some((set_digest(&empty), 1, Some(1)))
+        );
+        assert_eq!(
+            l1.sending
+                .as_ref()
+                .and_then(|s| s.gave_all(k, &[crate::domain::Guid(1)])),
+            Some(false)
         );
         assert_eq!(l1.covering_send(1, &empty), None, "the same send: no write");
         let again = l1
             .covering_send(2, &empty)
             .expect("the same set at a higher generation: the bound moves");
-        assert_eq!(again.sending.map(|s| (s.from, s.through)), Some((1, Some(2))));
+        assert_eq!(
+            again.sending.map(|s| (s.from, s.through)),
+            Some((1, Some(2)))
+        );
         let l2 = again.covering_send(3, &with_k).expect("another set");
         assert_eq!(l2.sending.map(|s| (s.from, s.through)), Some((3, Some(3))));
         assert!(l2.keys.contains(&k));

@@ -74,25 +74,13 @@ fn seeded_whole_state_directory_restores_keep_every_invariant() {
     );
 }
 
-/// The whole-directory seeds above 300 that failed before the start check's last three rules
+/// The whole-directory seeds above 300 that failed before the start check's later rules
 /// (docs/SIMULATION.md): the lost life's margin (985, 1182), the store no SM host vouches for
-/// (668, 696, 1341), the recorded sent set (735, 1390).
+/// (668, 696, 1341), the recorded sent set (735, 1390), the unsent change settled by the first
+/// port read (5706), and a rollback raised again while the condition stood (1757).
 #[test]
 fn whole_state_directory_seeds_that_failed_before_keep_every_invariant() {
-    for seed in [668, 696, 735, 985, 1182, 1341, 1390] {
-        assert_whole_dir_seed_passes(seed);
-    }
-}
-
-/// The two whole-directory seeds of 6,000 the node does not survive yet (docs/SIMULATION.md,
-/// "Open"): 5706, a copy taken between an attach's commit and any send of it, whose lost life
-/// released it without a write the fabric side could show; 1757, a copy that already stood
-/// `STORE_ROLLED_BACK` (from an earlier rollback) is not marked again when the start check finds
-/// the second one.
-#[test]
-#[ignore = "open findings (seeds 1757, 5706): docs/SIMULATION.md"]
-fn whole_state_directory_open_seeds() {
-    for seed in [1757, 5706] {
+    for seed in [668, 696, 735, 985, 1182, 1341, 1390, 1757, 5706] {
         assert_whole_dir_seed_passes(seed);
     }
 }

@@ -4,10 +4,8 @@
 
 use super::super::start_check::{self, Verdict};
 use super::Loop;
-use crate::domain::{
-    set_digest, Attachment, EventKind, Inventory, NodeMemberships, Restored,
-};
 use crate::domain::ConditionKind;
+use crate::domain::{set_digest, Attachment, EventKind, Inventory, NodeMemberships, Restored};
 use crate::store::Batch;
 use tokio::time::Instant;
 
@@ -23,8 +21,8 @@ pub(super) struct StartCheck {
     /// Whether this check already raised the rollback it found (once per life: a round that
     /// asks again finds the same evidence).
     pub(super) raised: bool,
-    /// Whether the unsent change after a lost life was looked for (once, at the first pass
-    /// with a port read: [`Loop::withhold_unsent`]).
+    /// Whether the unsent change after a lost life was looked for (once, at the first round
+    /// of asking, before any add: [`Loop::withhold_unsent`]).
     pub(super) unsent_checked: bool,
 }
 
@@ -78,17 +76,11 @@ impl Loop {
             self.start = None;
             return Ok(false);
         }
-        let mut changed = false;
-        if !check.unsent_checked {
-            changed = self.withhold_unsent(attachments, inventory, desired).await?;
-        }
         let now = Instant::now();
-        let Some(check) = &self.start else {
-            return Ok(changed);
-        };
         if now < check.next_try {
-            return Ok(changed);
+            return Ok(false);
         }
+        let unsent_checked = check.unsent_checked;
         let sm = self.agent.shared.parts.sm.clone();
         let node = self.agent.shared.parts.node_id.clone();
         let asked = tokio::time::timeout(start_check::ASK_TIMEOUT, sm.stored_sets(&node)).await;
@@ -101,6 +93,13 @@ impl Loop {
             }
             Err(_) => Vec::new(),
         };
+        // The fabric side keeps the node's sets (answering or not): before any add goes out.
+        let mut changed = false;
+        if !unsent_checked {
+            changed = self
+                .withhold_unsent(attachments, inventory, desired)
+                .await?;
+        }
         let mut verdict = start_check::judge(self.agent.ledger().acked, desired, &answers, &life);
         if answers.is_empty() {
             verdict.unanswered.push((
@@ -152,16 +151,19 @@ impl Loop {
         Ok(changed)
     }
 
-    /// After a start that may follow a lost life, when the set the node would send now is not
+    /// With a backend whose SM hosts keep the node's sets (the start check runs), after a start
+    /// that may follow a lost life, when the set the node would send now is not
     /// the one its store recorded sending (an attach or a release committed, the crash or the
-    /// copy before the send was recorded): a lost life may have released such an attachment
-    /// and told the control plane RELEASED without any write the SM hosts could show (the key
-    /// was never sent), so the start check cannot see it. Every live attachment that wants its
-    /// key is then settled by this pass's port read, as after a rollback: a key every covered
-    /// port holds is confirmed, any other is withheld until the control plane sends its attach
-    /// again (the resync every new epoch asks for). A plain crash in that window costs the
-    /// attachments it caught one resync of the control plane; a key never sent consumed no
-    /// grant. Returns whether the attachments changed (re-read into `attachments`).
+    /// copy before the send was recorded): a lost life may have released an attachment the
+    /// recorded set does not carry and told the control plane RELEASED without any write the
+    /// SM hosts could show (its key was never sent), so the start check cannot see it. Each
+    /// such attachment that wants its key is then settled by this pass's port read, as after a
+    /// rollback: a key every covered port holds is confirmed, any other is withheld until the
+    /// control plane sends its attach again (the resync every new epoch asks for). A plain
+    /// crash in that window costs the attachments it caught one resync of the control plane;
+    /// a key never sent consumed no grant. An attachment the recorded set carries is left
+    /// alone: releasing it took a send above the record's bound, which the start check sees.
+    /// Returns whether the attachments changed (re-read into `attachments`).
     async fn withhold_unsent(
         &mut self,
         attachments: &mut Vec<Attachment>,
@@ -173,20 +175,38 @@ impl Loop {
         };
         check.unsent_checked = true;
         let life = &check.life;
-        let recorded = life.sending_at_start.map(|s| s.digest);
-        if !life.follows_lost_life || recorded == Some(set_digest(desired)) {
+        let recorded = &life.sending_at_start;
+        if !life.follows_lost_life
+            || recorded.as_ref().map(|s| s.digest) == Some(set_digest(desired))
+        {
             return Ok(false);
         }
-        if !attachments.iter().any(Attachment::wants_key) {
+        // Sent: the recorded set gives its key to every port it covers. Releasing it needs a
+        // send the start check sees (a generation above the record's bound).
+        let unsent = |a: &Attachment| {
+            let guids = a.covered_guids(Some(inventory));
+            recorded
+                .as_ref()
+                .and_then(|s| s.gave_all(a.partition.pkey, &guids))
+                != Some(true)
+        };
+        let unsent: Vec<String> = attachments
+            .iter()
+            .filter(|a| a.wants_key() && unsent(a))
+            .map(|a| a.instance_id.to_string())
+            .collect();
+        if unsent.is_empty() {
             return Ok(false);
         }
         tracing::warn!(
-            "this start follows an unclean stop that left a change unsent: every attachment whose key the ports do not hold waits for the control plane"
+            ?unsent,
+            "this start follows an unclean stop that left a change unsent: the attachments the recorded set did not carry wait for the control plane unless the ports hold their keys"
         );
         {
             // Read under the lock: a command that settled one meanwhile wins.
             let _guard = self.agent.shared.write.lock().await;
-            let upserts = awaiting_read(self.agent.store().live_attachments()?);
+            let mut upserts = awaiting_read(self.agent.store().live_attachments()?);
+            upserts.retain(|a| unsent.iter().any(|id| id == a.instance_id.as_str()));
             self.agent.commit(Batch {
                 upserts,
                 ..Default::default()

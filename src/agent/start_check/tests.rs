@@ -351,19 +351,18 @@ fn a_generation_above_the_highest_the_store_recorded_sending_is_a_rollback() {
     };
     let answers = [host("h1", 5, &[])];
     let without_bound = ThisLife {
-        sending_at_start: copy.sending_at_start.map(|s| SentSet {
-            through: None,
-            ..s
-        }),
+        sending_at_start: copy
+            .sending_at_start
+            .map(|s| SentSet { through: None, ..s }),
         ..copy.clone()
     };
     let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &without_bound);
     assert_eq!(v.rolled_back, None, "without the bound nothing shows it");
     let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &copy);
     assert!(
-        v.rolled_back
-            .as_deref()
-            .is_some_and(|d| d.contains("h1") && d.contains("above the highest") && d.contains('3')),
+        v.rolled_back.as_deref().is_some_and(|d| d.contains("h1")
+            && d.contains("above the highest")
+            && d.contains('3')),
         "{v:?}"
     );
     // A crash: the store recorded every generation it sent, the host holds at most the last
@@ -379,7 +378,12 @@ fn a_generation_above_the_highest_the_store_recorded_sending_is_a_rollback() {
             },
         ),
     ] {
-        let v = judge(acked(1, &[]), &set(&[0xa]), &[host("h1", generation, &[])], &life);
+        let v = judge(
+            acked(1, &[]),
+            &set(&[0xa]),
+            &[host("h1", generation, &[])],
+            &life,
+        );
         assert_eq!(v.rolled_back, None, "generation {generation}: {v:?}");
     }
 }
