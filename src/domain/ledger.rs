@@ -223,12 +223,22 @@ mod tests {
             .covering_send(2, &empty)
             .expect("the same set at a higher generation: the bound moves");
         assert_eq!(
-            again.sending.map(|s| (s.from, s.through)),
+            again.sending.as_ref().map(|s| (s.from, s.through)),
             Some((1, Some(2)))
         );
         let l2 = again.covering_send(3, &with_k).expect("another set");
-        assert_eq!(l2.sending.map(|s| (s.from, s.through)), Some((3, Some(3))));
+        assert_eq!(
+            l2.sending.as_ref().map(|s| (s.from, s.through)),
+            Some((3, Some(3)))
+        );
         assert!(l2.keys.contains(&k));
+        let sent = l2.sending.as_ref().expect("recorded");
+        assert_eq!(sent.gave_all(k, &[crate::domain::Guid(1)]), Some(true));
+        assert_eq!(
+            sent.gave_all(k, &[crate::domain::Guid(1), crate::domain::Guid(2)]),
+            Some(false),
+            "a port it was not sent to"
+        );
         let l3 = l2.covering_send(4, &empty).expect("back to the first set");
         assert_eq!(l3.sending.map(|s| s.from), Some(4));
     }

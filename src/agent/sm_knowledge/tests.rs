@@ -144,7 +144,10 @@ fn a_stored_generation_is_moved_past_and_generations_are_reserved_in_blocks() {
         ApplyLedger::RESERVE,
         "within the block: the reservation stays"
     );
-    assert_eq!(write.sending.and_then(|r| r.through), Some(generation));
+    assert_eq!(
+        write.sending.as_ref().and_then(|r| r.through),
+        Some(generation)
+    );
     assert_eq!(sk.begin_apply(&write, &s).0, generation + 1);
     sk.move_past(5000);
     let (generation, write) = sk.begin_apply(&stored, &s);

@@ -300,6 +300,7 @@ fn a_set_the_store_never_sent_at_or_above_its_record_is_a_rollback() {
             digest: set_digest(&set(&[0xa])),
             from: 1025,
             through: None,
+            gives: None,
         }),
         ..ThisLife::default()
     };
@@ -336,16 +337,17 @@ fn a_set_the_store_never_sent_at_or_above_its_record_is_a_rollback() {
 
 #[test]
 fn a_generation_above_the_highest_the_store_recorded_sending_is_a_rollback() {
-    // seed 5706 of the whole-directory simulation: the copy recorded {} sent at 1 through 3
-    // (acknowledged at 1, resent twice) and an attach of 0xa committed but not yet sent. The
-    // lost life sent {a} at 4 and its release {} at 5: the host holds exactly the set the
-    // copy recorded, so only the generation shows the lost writes.
+    // The copy recorded {} sent at 1 through 3 (acknowledged at 1, resent twice) and an attach
+    // of 0xa committed but not yet sent. The lost life sent {a} at 4 and its release {} at 5:
+    // the host holds exactly the set the copy recorded, so only the generation shows the lost
+    // writes.
     let empty = set(&[]);
     let copy = ThisLife {
         sending_at_start: Some(SentSet {
             digest: set_digest(&empty),
             from: 1,
             through: Some(3),
+            gives: None,
         }),
         ..ThisLife::default()
     };
@@ -353,6 +355,7 @@ fn a_generation_above_the_highest_the_store_recorded_sending_is_a_rollback() {
     let without_bound = ThisLife {
         sending_at_start: copy
             .sending_at_start
+            .clone()
             .map(|s| SentSet { through: None, ..s }),
         ..copy.clone()
     };
