@@ -127,6 +127,9 @@ struct Shared {
     /// This life may follow a lost one: the last stop was not clean, or the store was found
     /// restored from a copy (`ApplyLedger::LOST_LIFE_MARGIN`).
     follows_lost_life: bool,
+    /// The store's open found it restored from a copy and restarted its log (this life's log
+    /// is already one no watcher followed before).
+    log_restarted_at_open: bool,
 }
 
 /// Unix time in nanoseconds, from the system clock (the agent itself reads its
@@ -148,6 +151,7 @@ impl Agent {
             life,
             crate::store::LifeStart::NewEpoch { .. } | crate::store::LifeStart::RolledBack
         );
+        let log_restarted_at_open = matches!(life, crate::store::LifeStart::RolledBack);
         let mut status = status::Status::new(parts.sm.backend());
         // What the log last reported stands until the reconciler's first pass says otherwise.
         status.conditions = parts
@@ -171,6 +175,7 @@ impl Agent {
                 ledger: Mutex::new(ledger),
                 metrics,
                 follows_lost_life,
+                log_restarted_at_open,
             }),
         })
     }

@@ -69,6 +69,9 @@ struct Loop {
     stall: Stall,
     /// The backend's SM-host set as last seen (`host_set`).
     host_set_epoch: u64,
+    /// This life's log was already restarted (at the store's open, or by a rollback raised):
+    /// a second restart would drop events no watcher may have read yet.
+    log_restarted: bool,
 }
 
 pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
@@ -77,6 +80,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
     let mut knows = SmKnowledge::resume(&agent.ledger());
     let reserved_at_start = agent.ledger().generation_reserved;
     let follows_lost_life = agent.shared.follows_lost_life;
+    let log_restarted = agent.shared.log_restarted_at_open;
     let sending_at_start = agent.ledger().sending;
     if follows_lost_life {
         // A lost life may have sent generations above this store's reservation, one of them
@@ -105,6 +109,7 @@ pub(super) async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) {
         prune_not_before: Instant::now(),
         stall: Stall::default(),
         host_set_epoch,
+        log_restarted,
         start: Some(StartCheck {
             began: Instant::now(),
             next_try: Instant::now(),

@@ -15,14 +15,11 @@
 //! written before it was kept) gives no evidence here (a newer generation on the fabric side
 //! still raises the rollback at the first apply, as before).
 //!
-//! Sends are recorded too ([`crate::domain::ApplyLedger::sending`]: the set, the generation it
-//! was first sent at and the highest generation sent, written before it is sent): a host
-//! holding a generation at or above the first with another set, or any generation above the
-//! highest, holds a write the store does not know of. This sees a lost life whose last set
-//! equals the last acknowledged one (a release and its re-attach, or an attach and its
-//! release, within one reserved block), which the rule above cannot, and a lost life whose
-//! writes left the hosts holding exactly the set the copy recorded (an attach committed but not
-//! yet sent when the copy was taken, then sent and released).
+//! Sends are recorded too ([`crate::domain::ApplyLedger::sending`]: the set and the
+//! generation it was first sent at, written before it is sent): a host holding a generation at
+//! or above that one with another set holds a write the store does not know of. This sees a
+//! lost life whose last set equals the last acknowledged one (a release and its re-attach, or an
+//! attach and its release, within one reserved block), which the rule above cannot.
 //!
 //! After a start that may follow a lost life (an unclean stop, which every copy of a running
 //! node put back is), a store whose last acknowledged generation no host holds any more (every
@@ -125,13 +122,6 @@ pub fn judge(
                     ));
                 }
                 if let Some(record) = &life.sending_at_start {
-                    let beyond = record.through.filter(|t| *generation > *t);
-                    if let (false, Some(through), None) = (own, beyond, &verdict.rolled_back) {
-                        verdict.rolled_back = Some(format!(
-                            "SM host {} holds generation {generation} of this node, above the highest this store recorded before sending ({through}) and not sent by this life: a life the store does not know of sent it, so the store lost writes (a snapshot of the running node restored, or replaced)",
-                            a.host
-                        ));
-                    }
                     if !own
                         && *generation >= record.from
                         && held != record.digest

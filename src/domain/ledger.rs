@@ -23,30 +23,24 @@ pub struct ApplyLedger {
     /// acknowledgement (and in stores written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acked: Option<AckedSet>,
-    /// The set this node sends, the generation it was first sent at and the highest one it
-    /// was sent at: written durably before an apply whose set differs from the recorded one,
-    /// or whose generation is above the recorded highest, is sent, so every send from `from`
-    /// on carried this set and none went above `through`. At a start, a host holding a
-    /// generation at or above `from` with another set, or any generation above `through`,
-    /// holds a write of a life the store does not know of: the store lost writes
-    /// (`agent::start_check`). None before the first apply (and in stores written before it
-    /// was kept).
+    /// The set this node sends, and the generation it was first sent at: written durably
+    /// before an apply whose set differs from the recorded one is sent, so every send from
+    /// `from` on carried this set. At a start, a host holding a generation at or above `from`
+    /// with another set holds a write of a life the store does not know of: the store lost
+    /// writes (`agent::start_check`). None before the first apply (and in stores written
+    /// before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sending: Option<SentSet>,
 }
 
 /// The set a node sends, as the ledger keeps it: its digest, the first generation it was sent
-/// at and the highest.
+/// at, and what it gives.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SentSet {
     /// [`set_digest`] of the set.
     pub digest: u64,
     /// The generation of its first apply.
     pub from: u64,
-    /// The highest generation any apply of this node may have carried: recorded before that
-    /// apply is sent (None in records written before it was kept: no bound known).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub through: Option<u64>,
     /// Every (key, port) the set gives (None in records written before it was kept): an
     /// attachment whose key and ports are all here was sent, so a release of it needs a send
     /// the SM hosts can show.
@@ -60,7 +54,6 @@ impl SentSet {
         SentSet {
             digest: set_digest(set),
             from: generation,
-            through: Some(generation),
             gives: Some(gives(set)),
         }
     }
@@ -146,19 +139,15 @@ impl ApplyLedger {
 
     /// The ledger needed before sending `set` at `generation`: [`Self::covering`] its keys and
     /// generation, and recording it as the set sent from `generation` on when it differs from
-    /// the one recorded, and `generation` as the highest sent when it is above the recorded one
-    /// (None: this one already covers it, no write needed). A same set sent again (a resync, a
-    /// retry) therefore costs one durable write per apply, as a new set does: the record must
-    /// bound every generation a life may have sent, or a copy of the running node put back
-    /// cannot be told from a crash by what the SM hosts hold.
+    /// the one recorded (None: this one already covers it, no write needed).
     pub fn covering_send(&self, generation: u64, set: &NodeMemberships) -> Option<ApplyLedger> {
         let mut next = self
             .covering(generation, set.keys.keys())
             .unwrap_or_else(|| self.clone());
         let digest = set_digest(set);
         next.sending = match next.sending.take() {
+            // A record written before it named what the set gives: completed (one write).
             Some(s) if s.digest == digest => Some(SentSet {
-                through: Some(s.through.map_or(generation, |t| t.max(generation))),
                 gives: s.gives.or_else(|| Some(gives(set))),
                 ..s
             }),
@@ -188,7 +177,7 @@ mod tests {
     }
 
     #[test]
-    fn a_send_is_recorded_before_a_new_set_or_a_higher_generation() {
+    fn a_send_is_recorded_once_per_change_of_the_set() {
         let k = PKey::new(0x12).unwrap();
         let empty = NodeMemberships {
             node_id: crate::domain::NodeId::parse("node1").unwrap(),
@@ -209,8 +198,8 @@ mod tests {
             .expect("first send");
         assert_eq!(l1.sending, Some(SentSet::new(&empty, 1)));
         assert_eq!(
-            l1.sending.as_ref().map(|s| (s.digest, s.from, s.through)),
-            Some((set_digest(&empty), 1, Some(1)))
+            l1.sending.as_ref().map(|s| (s.digest, s.from)),
+            Some((set_digest(&empty), 1))
         );
         assert_eq!(
             l1.sending
@@ -218,19 +207,13 @@ mod tests {
                 .and_then(|s| s.gave_all(k, &[crate::domain::Guid(1)])),
             Some(false)
         );
-        assert_eq!(l1.covering_send(1, &empty), None, "the same send: no write");
-        let again = l1
-            .covering_send(2, &empty)
-            .expect("the same set at a higher generation: the bound moves");
         assert_eq!(
-            again.sending.as_ref().map(|s| (s.from, s.through)),
-            Some((1, Some(2)))
+            l1.covering_send(2, &empty),
+            None,
+            "the same set again: no write"
         );
-        let l2 = again.covering_send(3, &with_k).expect("another set");
-        assert_eq!(
-            l2.sending.as_ref().map(|s| (s.from, s.through)),
-            Some((3, Some(3)))
-        );
+        let l2 = l1.covering_send(3, &with_k).expect("another set");
+        assert_eq!(l2.sending.as_ref().map(|s| s.from), Some(3));
         assert!(l2.keys.contains(&k));
         let sent = l2.sending.as_ref().expect("recorded");
         assert_eq!(sent.gave_all(k, &[crate::domain::Guid(1)]), Some(true));

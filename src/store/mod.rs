@@ -23,9 +23,9 @@
 //! any this store sent) is, and the reconciler then commits a batch with
 //! [`Batch::restart_log`]: a new epoch and an empty log that continues [`RESTART_GAP`] seqs
 //! above the restored one, in the same transaction as the condition it raises and the marks on
-//! the live attachments. A life that already began a new epoch at its start (an unclean stop,
-//! which every copy of a running agent is: `life.rs`) marks the attachments in the condition's
-//! commit instead, keeping the events it committed since.
+//! the live attachments. A life whose log was already restarted (at this open, or by an
+//! earlier rollback it raised) marks the attachments in the condition's commit instead, keeping
+//! the events it committed since.
 //!
 //! Conditions: the standing conditions are kept with the events that raise and clear them, in
 //! the same transaction ([`Store::conditions`]), so a restarted agent knows what it last

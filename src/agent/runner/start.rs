@@ -257,10 +257,11 @@ impl Loop {
     }
 
     /// Raises `STORE_ROLLED_BACK` with `detail` in one commit that marks the live attachments
-    /// that want their key restored and, unless this life already began a new epoch (it follows
-    /// a lost life: every (epoch, seq) of it is new), starts a new log epoch: the log went back
-    /// with the store, so no seq is reused. A second restart would drop the events this life
-    /// already committed, which a watcher may not have read yet.
+    /// that want their key restored and, unless this life's log was already restarted (at the
+    /// store's open, or by an earlier raise), restarts the log: a new epoch whose seqs continue
+    /// above the restored log's, so no seq a control plane saw is handed out again under any
+    /// epoch. A second restart would drop the events this life committed since the first,
+    /// which a watcher may not have read yet.
     pub(super) async fn raise_rolled_back(
         &mut self,
         detail: String,
@@ -268,7 +269,7 @@ impl Loop {
         let kind = ConditionKind::StoreRolledBack;
         {
             let _guard = self.agent.shared.write.lock().await;
-            let restart_log = !self.agent.shared.follows_lost_life;
+            let restart_log = !self.log_restarted;
             let upserts = if restart_log {
                 Vec::new()
             } else {
@@ -285,6 +286,7 @@ impl Loop {
                 ..Default::default()
             })?;
         }
+        self.log_restarted = true;
         self.conditions.raised(kind, detail);
         Ok(())
     }

@@ -299,7 +299,6 @@ fn a_set_the_store_never_sent_at_or_above_its_record_is_a_rollback() {
         sending_at_start: Some(SentSet {
             digest: set_digest(&set(&[0xa])),
             from: 1025,
-            through: None,
             gives: None,
         }),
         ..ThisLife::default()
@@ -332,61 +331,5 @@ fn a_set_the_store_never_sent_at_or_above_its_record_is_a_rollback() {
     ] {
         let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &life);
         assert_eq!(v.rolled_back, None, "{answers:?} {v:?}");
-    }
-}
-
-#[test]
-fn a_generation_above_the_highest_the_store_recorded_sending_is_a_rollback() {
-    // The copy recorded {} sent at 1 through 3 (acknowledged at 1, resent twice) and an attach
-    // of 0xa committed but not yet sent. The lost life sent {a} at 4 and its release {} at 5:
-    // the host holds exactly the set the copy recorded, so only the generation shows the lost
-    // writes.
-    let empty = set(&[]);
-    let copy = ThisLife {
-        sending_at_start: Some(SentSet {
-            digest: set_digest(&empty),
-            from: 1,
-            through: Some(3),
-            gives: None,
-        }),
-        ..ThisLife::default()
-    };
-    let answers = [host("h1", 5, &[])];
-    let without_bound = ThisLife {
-        sending_at_start: copy
-            .sending_at_start
-            .clone()
-            .map(|s| SentSet { through: None, ..s }),
-        ..copy.clone()
-    };
-    let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &without_bound);
-    assert_eq!(v.rolled_back, None, "without the bound nothing shows it");
-    let v = judge(acked(1, &[]), &set(&[0xa]), &answers, &copy);
-    assert!(
-        v.rolled_back.as_deref().is_some_and(|d| d.contains("h1")
-            && d.contains("above the highest")
-            && d.contains('3')),
-        "{v:?}"
-    );
-    // A crash: the store recorded every generation it sent, the host holds at most the last
-    // one (its answer may be lost). Or this life sent it. No evidence.
-    for (generation, life) in [
-        (3, copy.clone()),
-        (2, copy.clone()),
-        (
-            5,
-            ThisLife {
-                sent: [(5, set_digest(&empty))].into_iter().collect(),
-                ..copy.clone()
-            },
-        ),
-    ] {
-        let v = judge(
-            acked(1, &[]),
-            &set(&[0xa]),
-            &[host("h1", generation, &[])],
-            &life,
-        );
-        assert_eq!(v.rolled_back, None, "generation {generation}: {v:?}");
     }
 }
