@@ -50,8 +50,9 @@
 //! trace. `FABRIC_SIM_SM_HOSTS_MUTATION=stale-endpoints|evidence-lies|skip-start-check`
 //! switches one rule off (a stale `endpoints` list's acknowledgements count; fencing's evidence
 //! always says the SM is silent; a node's start runs no start check) to show the oracle catches
-//! it; the `..._catches_...` tests do that on every run. `FABRIC_SIM_SM_HOSTS_NODE_LIFE=0`
-//! draws no node snapshots and restarts (the schedules as they were before they were drawn).
+//! it; the `..._catches_...` tests do that on every run. `FABRIC_SIM_SM_HOSTS_NODE_LIFE=N` draws
+//! node snapshots and restarts at N times their rate (1; at most 10): 0 draws none (the
+//! schedules as they were before they were drawn).
 //! `FABRIC_SIM_SM_HOSTS_TAIL=N` prints the last N lines of a failing seed's trace (40).
 //! `FABRIC_SIM_SM_HOSTS_KEEP_GOING=1` runs every seed and reports the failing ones at the end;
 //! `FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED=1` starts a host's OpenSM after its agent's catch-up
@@ -74,7 +75,7 @@ async fn run(
     steps: usize,
     mutation: Mutation,
     rejoin_while_fenced: bool,
-    node_life: bool,
+    node_life: u32,
 ) -> Result<Stats, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let stale = match mutation {
@@ -86,8 +87,8 @@ async fn run(
     };
     let mut w = World::new(stale, mutation).await;
     w.rejoin_while_fenced = rejoin_while_fenced;
-    if node_life {
-        w.draw_node_life(seed);
+    if node_life > 0 {
+        w.draw_node_life(seed, node_life);
     }
     for _ in 0..steps {
         if let Err(e) = w.step_once(&mut rng).await {
@@ -142,7 +143,7 @@ fn several_sm_hosts_never_say_a_false_released_nor_lose_an_active_key() {
     };
     let steps = env_usize("FABRIC_SIM_SM_HOSTS_STEPS").unwrap_or(200);
     let gap = std::env::var_os("FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED").is_some();
-    let node_life = std::env::var("FABRIC_SIM_SM_HOSTS_NODE_LIFE").as_deref() != Ok("0");
+    let node_life = env_usize("FABRIC_SIM_SM_HOSTS_NODE_LIFE").map_or(1, |n| n as u32);
     let rt = runtime();
     let started = std::time::Instant::now();
     let keep_going = std::env::var_os("FABRIC_SIM_SM_HOSTS_KEEP_GOING").is_some();
@@ -198,7 +199,7 @@ fn several_sm_hosts_never_say_a_false_released_nor_lose_an_active_key() {
 fn assert_seeds_pass(seeds: &[u64], rejoin_while_fenced: bool) {
     let rt = runtime();
     for seed in seeds {
-        if let Err(e) = rt.block_on(run(*seed, 200, Mutation::None, rejoin_while_fenced, false)) {
+        if let Err(e) = rt.block_on(run(*seed, 200, Mutation::None, rejoin_while_fenced, 0)) {
             panic!("{e}");
         }
     }
@@ -208,7 +209,7 @@ fn assert_seeds_pass(seeds: &[u64], rejoin_while_fenced: bool) {
 /// only for the mutation of the start check: the others' schedules stay as they were found).
 fn first_failure(mutation: Mutation, limit: u64) -> Option<(u64, String)> {
     let rt = runtime();
-    let life = mutation == Mutation::SkipStartCheck;
+    let life = u32::from(mutation == Mutation::SkipStartCheck);
     (1..=limit).find_map(|seed| {
         rt.block_on(run(seed, 200, mutation, false, life))
             .err()
@@ -274,10 +275,10 @@ fn a_restore_of_the_only_host_that_acknowledged_a_release_keeps_it_released() {
 #[test]
 fn the_oracle_catches_a_node_start_without_the_start_check() {
     let rt = runtime();
-    let caught = rt.block_on(run(93, 200, Mutation::SkipStartCheck, false, true));
+    let caught = rt.block_on(run(93, 200, Mutation::SkipStartCheck, false, 1));
     let e = caught.expect_err("seed 93 without the start check passed");
     eprintln!("a node start without the start check: caught at {e}");
     assert!(e.contains("RELEASED"), "{e}");
-    rt.block_on(run(93, 200, Mutation::None, false, true))
+    rt.block_on(run(93, 200, Mutation::None, false, 1))
         .expect("seed 93 with the start check");
 }

@@ -41,7 +41,8 @@ pub struct Node {
     pub acked_by: (Vec<usize>, usize),
     /// Step at which each ACTIVE attachment's key was acknowledged (instance -> step, hosts).
     pub active_since: BTreeMap<String, (usize, Vec<usize>)>,
-    /// Keys reported RELEASED and not attached again since.
+    /// Keys reported RELEASED and not attached again since (the control plane's view: a
+    /// restore of the node does not take it back).
     pub released: BTreeSet<u32>,
     /// Counted RELEASED transitions.
     pub released_count: usize,
@@ -328,7 +329,12 @@ impl Node {
                 }
                 AttachmentState::Released => {
                     self.released_count += 1;
-                    self.released.insert(key);
+                    // Guarded until attached again: not when the control plane already wants
+                    // another instance with the key (a restore and the resync's attach can put
+                    // two on one node).
+                    if !self.life.cp.wanted.values().any(|k| *k == key) {
+                        self.released.insert(key);
+                    }
                     lines.push(format!("{} {key:#06x} RELEASED", self.id.as_str()));
                 }
                 _ => {}

@@ -61,8 +61,9 @@ pub struct World {
     /// Whether an OpenSM may start on a host that a peer holds fenced (see `sm_hosts` docs:
     /// the code does not prevent it today, and the oracle then fails).
     pub rejoin_while_fenced: bool,
-    /// The nodes' snapshots and restarts, when drawn (None: none).
-    pub life_rng: Option<StdRng>,
+    /// The nodes' snapshots and restarts, when drawn (None: none), and how many times the
+    /// usual rate.
+    pub life_rng: Option<(StdRng, u32)>,
 }
 
 impl World {
@@ -199,9 +200,11 @@ impl World {
         old
     }
 
-    /// Draws a seed's node snapshots and restarts from a stream of its own.
-    pub fn draw_node_life(&mut self, seed: u64) {
-        self.life_rng = Some(StdRng::seed_from_u64(seed ^ 0x4E0D_E11F_E000_0001));
+    /// Draws a seed's node snapshots and restarts from a stream of its own, at `times` the
+    /// usual rate (at most 10).
+    pub fn draw_node_life(&mut self, seed: u64, times: u32) {
+        let rng = StdRng::seed_from_u64(seed ^ 0x4E0D_E11F_E000_0001);
+        self.life_rng = Some((rng, times.min(10)));
     }
 
     async fn apply(&mut self, n: usize) -> String {
@@ -210,8 +213,9 @@ impl World {
         let outcome = self.nodes[n]
             .apply(&self.hosts, &self.ports[n], step, &mut lines)
             .await;
-        let checked: String = lines.iter().map(|l| format!("\n       {l}")).collect();
-        format!("{}{checked}", self.describe(outcome))
+        // The check's lines came first: the apply sent what it allowed.
+        let checked: String = lines.iter().map(|l| format!("{l}\n       ")).collect();
+        format!("{checked}{}", self.describe(outcome))
     }
 
     fn describe(&mut self, outcome: Outcome) -> String {
@@ -391,13 +395,14 @@ impl World {
     }
 
     /// After the step's own event: a node snapshot or restart drawn from the node-life stream
-    /// (2 % and 3 % of steps; a restart runs the new life's first pass at once), the control
+    /// (2 % and 3 % of steps, or `times` that; a restart runs the new life's first pass at once), the control
     /// plane's resync of a node that owes one (a third of the steps after), and one pass of
     /// every node whose start check is not settled (a step stands for one `RETRY`).
     async fn node_life(&mut self) {
-        let Some(rng) = &mut self.life_rng else {
+        let Some((rng, times)) = &mut self.life_rng else {
             return;
         };
+        let times = *times;
         let what = rng.random_range(0..100u32);
         let n = rng.random_range(0..NODES);
         let kind = match rng.random_range(0..3u32) {
@@ -408,11 +413,11 @@ impl World {
         let resyncs: Vec<bool> = (0..NODES).map(|_| rng.random_ratio(1, 3)).collect();
         let step = self.step;
         match what {
-            0..=1 => {
+            w if w < 2 * times => {
                 self.nodes[n].snapshot(step);
                 self.log.push(format!("     node{n}'s store snapshotted"));
             }
-            2..=4 => {
+            w if w < 5 * times => {
                 let kind = if kind == Restart::Restore && self.nodes[n].life.snapshot.is_none() {
                     Restart::Crash
                 } else {
