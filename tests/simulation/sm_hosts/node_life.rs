@@ -112,6 +112,8 @@ pub struct Life {
     pub restarts: usize,
     pub restores: usize,
     pub rollbacks: usize,
+    /// Rollback verdicts that marked nothing because `STORE_ROLLED_BACK` already stood.
+    pub rollbacks_while_standing: usize,
     pub withheld: usize,
 }
 
@@ -260,6 +262,14 @@ impl Node {
                 self.raise_rolled_back();
                 lines.extend(self.check_restored(held));
                 changed = true;
+            } else {
+                // The runner raises and marks only when the condition does not stand; it stands
+                // from the store (a snapshot taken before its life's first acknowledgement).
+                self.life.rollbacks_while_standing += 1;
+                lines.push(format!(
+                    "{} rollback verdict, nothing withheld: STORE_ROLLED_BACK already stands ({detail})",
+                    self.id.as_str()
+                ));
             }
         }
         let name = self.id.as_str().to_owned();

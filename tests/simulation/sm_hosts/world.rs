@@ -32,6 +32,8 @@ pub struct Stats {
     pub node_restarts: usize,
     pub node_restores: usize,
     pub node_rollbacks: usize,
+    /// Rollback verdicts that withheld nothing: `STORE_ROLLED_BACK` already stood.
+    pub rollbacks_while_standing: usize,
     pub withheld: usize,
 }
 
@@ -390,6 +392,11 @@ impl World {
         self.stats.node_restores = self.nodes.iter().map(|n| n.life.restores).sum();
         self.stats.node_rollbacks = self.nodes.iter().map(|n| n.life.rollbacks).sum();
         self.stats.withheld = self.nodes.iter().map(|n| n.life.withheld).sum();
+        self.stats.rollbacks_while_standing = self
+            .nodes
+            .iter()
+            .map(|n| n.life.rollbacks_while_standing)
+            .sum();
         self.stats.active = self.nodes.iter().map(|n| n.active_count).sum();
         oracle::check(self, old, restarted_beside.map(|h| (h, &before)))
     }
