@@ -296,32 +296,28 @@ fn assert_node_life_seeds_pass(seeds: &[u64], times: u32) {
 }
 
 /// Found by this simulation (issue 40, `FABRIC_SIM_SM_HOSTS_NODE_LIFE=10`, seeds 287, 313,
-/// 322, 439, 775): a rollback verdict withholds nothing while `STORE_ROLLED_BACK` stands, and
-/// it stands from the store itself when the snapshot put back was taken after an earlier
-/// rollback was raised and before that life's first acknowledgement (the condition is durable,
-/// cleared only by the first pass after an acknowledgement). An attachment created or
-/// confirmed in that window is unmarked in the snapshot; released and RELEASED after it, it is
-/// sent again after the restore (seed 322, step 30: node2's 0x0a03). `runner::start` raises and
-/// marks only `if !self.conditions.stands(StoreRolledBack)` (the stale-generation path has the
-/// same gate, `Conditions::rolled_back`). In the model, marking on every rollback verdict (the
-/// event only when it does not stand) makes these seeds pass.
+/// 322, 439, 775; with `FABRIC_SIM_SM_HOSTS_REJOIN_WHILE_FENCED=1` also 91, 127, 129, 261, 277,
+/// 314, 479): a rollback verdict withheld nothing while `STORE_ROLLED_BACK` stood, and it stood
+/// from the store itself when the snapshot put back was taken after an earlier rollback was
+/// raised and before that life's first acknowledgement. An attachment attached or confirmed in
+/// that window was unmarked in the snapshot; released after it, it was sent again after the
+/// restore (seed 322, step 30: node2's 0x0a03). Passes since a rollback found at start is raised
+/// and marks once per life whether or not the condition stands (`runner::start`, e4e711e).
 #[test]
-#[ignore = "open (issue 40): a rollback verdict marks nothing while a restored store says STORE_ROLLED_BACK stands"]
 fn a_rollback_found_while_the_restored_store_says_rolled_back_still_withholds() {
     assert_node_life_seeds_pass(&[287, 313, 322, 439, 775], 10);
 }
 
 /// Found by this simulation (issue 40, `FABRIC_SIM_SM_HOSTS_NODE_LIFE=10`, seed 820, step 64):
-/// a release that leaves no trace on the fabric side. The snapshot holds an attachment whose
-/// key was never sent (node2's 0x0a01, re-attached by the control plane while the start check
+/// a release that left no trace on the fabric side. The snapshot held an attachment whose key
+/// was never sent (node2's 0x0a01, attached again by the control plane while the start check
 /// waited, so only removals went out); the lost life released it (RELEASED) and sent the same
-/// set as before ({}), within the generation block the snapshot had reserved. After the restore
-/// every host holds exactly what the store recorded as sent (`sending`), below its reservation,
-/// and vouches for its acknowledged set: no rule of `judge` can see the lost life, and the key
-/// goes out. The ledger recording the highest generation sent (the lead's change to `SentSet`)
-/// would show a host holding a generation above it, if that record is written before every send.
+/// set as before, within the generation block the snapshot had reserved: every host held what
+/// the store recorded in `sending`, below its reservation, and `judge` had no evidence. Passes
+/// since the ledger bounds every generation sent (`SentSet::through`, written before a send
+/// above it) and a start after a lost life with a change unsent settles every attachment by
+/// the first port read (`runner::start::withhold_unsent`, e4e711e).
 #[test]
-#[ignore = "open (issue 40): the release of a key never sent leaves no evidence for the start check"]
 fn a_release_of_a_key_never_sent_is_seen_after_a_restore() {
     assert_node_life_seeds_pass(&[820], 10);
 }

@@ -21,9 +21,11 @@
 //!   refusal without a transport cause `Refused`, any other status, an unconvertible set or
 //!   another node's set `NoAnswer`; a cut link or a host whose agent is down is `NoAnswer`.
 //! - `start_check`: `runner::start::start_check` (an apply acknowledged in this life ends the
-//!   check; the leap or move past the highest generation; on a rollback verdict, when
-//!   `STORE_ROLLED_BACK` does not stand, the raise and the marks; settled when every host
-//!   answered; asked again every `RETRY`, after the bound every `RETRY_AFTER_BOUND`);
+//!   check; at its first pass `withhold_unsent`: after a lost life, when the set to send is not
+//!   the one the store recorded sending, every attachment that wants its key is settled by the
+//!   read; the leap or move past the highest generation; on a rollback verdict the raise and
+//!   the marks, once per life, whether or not `STORE_ROLLED_BACK` stands; settled when every
+//!   host answered; asked again every `RETRY`, after the bound every `RETRY_AFTER_BOUND`);
 //!   `sendable` (`runner::start::sendable`).
 //! - `raise_rolled_back`: the store's `mark_restored` (every live attachment that wants its key
 //!   marked `AwaitingRead`) and the standing condition (durable; cleared by the first pass after
@@ -45,7 +47,7 @@ use super::real::start_check::{self, ThisLife, Verdict};
 use fabric_agent::agent::SmKnowledge;
 use fabric_agent::api::sm_v1::convert::memberships_from_proto;
 use fabric_agent::domain::{
-    ApplyLedger, Attachment, AttachmentState, Membership, NodeMemberships, Restored,
+    set_digest, ApplyLedger, Attachment, AttachmentState, Membership, NodeMemberships, Restored,
 };
 use fabric_agent::sm::{HostStoredSet, StoredSetAnswer};
 use std::collections::BTreeMap;
@@ -71,6 +73,10 @@ pub struct Check {
     next_try: usize,
     verdict: Option<Verdict>,
     pub life: ThisLife,
+    /// This check raised the rollback it found (once per life).
+    raised: bool,
+    /// The unsent change after a lost life was looked for (`withhold_unsent`).
+    unsent_checked: bool,
 }
 
 /// How a node agent restarts.
@@ -112,7 +118,7 @@ pub struct Life {
     pub restarts: usize,
     pub restores: usize,
     pub rollbacks: usize,
-    /// Rollback verdicts that marked nothing because `STORE_ROLLED_BACK` already stood.
+    /// Rollbacks raised while `STORE_ROLLED_BACK` already stood (from a restored store).
     pub rollbacks_while_standing: usize,
     pub withheld: usize,
 }
@@ -173,6 +179,8 @@ impl Node {
             began: step,
             next_try: step,
             verdict: None,
+            raised: false,
+            unsent_checked: false,
             life: ThisLife {
                 reserved_at_start,
                 follows_lost_life,
@@ -244,10 +252,18 @@ impl Node {
             self.life.check = None;
             return (false, lines);
         }
+        let mut changed = false;
+        if !check.unsent_checked {
+            changed = self.withhold_unsent(held, desired, &mut lines);
+        }
+        let Some(check) = &self.life.check else {
+            return (changed, lines);
+        };
         if step < check.next_try {
-            return (false, lines);
+            return (changed, lines);
         }
         let life = check.life.clone();
+        let raised = check.raised;
         let answers = self.ask(hosts).await;
         let verdict = start_check::judge(self.ledger.acked, desired, &answers, &life);
         if life.follows_lost_life || verdict.rolled_back.is_some() {
@@ -255,22 +271,19 @@ impl Node {
         } else {
             self.knows.move_past(verdict.highest);
         }
-        let mut changed = false;
-        if let Some(detail) = &verdict.rolled_back {
-            if !self.life.rolled_back_stands {
-                lines.push(format!("{} STORE_ROLLED_BACK: {detail}", self.id.as_str()));
-                self.raise_rolled_back();
-                lines.extend(self.check_restored(held));
-                changed = true;
-            } else {
-                // The runner raises and marks only when the condition does not stand; it stands
-                // from the store (a snapshot taken before its life's first acknowledgement).
+        if let (Some(detail), false) = (&verdict.rolled_back, raised) {
+            // Raised once per life, even when the condition already stands (a copy taken while
+            // an earlier rollback was still reported).
+            if self.life.rolled_back_stands {
                 self.life.rollbacks_while_standing += 1;
-                lines.push(format!(
-                    "{} rollback verdict, nothing withheld: STORE_ROLLED_BACK already stands ({detail})",
-                    self.id.as_str()
-                ));
             }
+            lines.push(format!("{} STORE_ROLLED_BACK: {detail}", self.id.as_str()));
+            if let Some(check) = &mut self.life.check {
+                check.raised = true;
+            }
+            self.raise_rolled_back();
+            lines.extend(self.check_restored(held));
+            changed = true;
         }
         let name = self.id.as_str().to_owned();
         if verdict.unanswered.is_empty() {
@@ -297,6 +310,36 @@ impl Node {
         (changed, lines)
     }
 
+    /// After a start that may follow a lost life, when the set the node would send is not the
+    /// one its store recorded sending: every attachment that wants its key is settled by this
+    /// read, as after a rollback (model of `runner::start::withhold_unsent`). Returns whether
+    /// the attachments changed.
+    fn withhold_unsent(
+        &mut self,
+        held: &BTreeMap<u32, bool>,
+        desired: &NodeMemberships,
+        lines: &mut Vec<String>,
+    ) -> bool {
+        let Some(check) = &mut self.life.check else {
+            return false;
+        };
+        check.unsent_checked = true;
+        let recorded = check.life.sending_at_start.map(|s| s.digest);
+        if !check.life.follows_lost_life || recorded == Some(set_digest(desired)) {
+            return false;
+        }
+        if !self.attachments.iter().any(Attachment::wants_key) {
+            return false;
+        }
+        lines.push(format!(
+            "{} follows an unclean stop that left a change unsent: settled by the port read",
+            self.id.as_str()
+        ));
+        self.mark_awaiting_read();
+        lines.extend(self.check_restored(held));
+        true
+    }
+
     /// What may be sent now (model of `runner::start::sendable`, with the real
     /// `removals_only`).
     pub fn sendable(&self, desired: &NodeMemberships, step: usize) -> Option<NodeMemberships> {
@@ -316,8 +359,14 @@ impl Node {
         self.life.rolled_back_stands = true;
         self.life.rollbacks += 1;
         self.life.cp.resync_due = true;
+        self.mark_awaiting_read();
+    }
+
+    /// Every live attachment that wants its key marked `AwaitingRead` (the store's
+    /// `mark_restored`, the runner's `awaiting_read`).
+    fn mark_awaiting_read(&mut self) {
         for a in &mut self.attachments {
-            if a.state.wants_key() && a.restored.is_none() {
+            if a.wants_key() {
                 a.restored = Some(Restored::AwaitingRead);
             }
         }

@@ -32,7 +32,7 @@ pub struct Stats {
     pub node_restarts: usize,
     pub node_restores: usize,
     pub node_rollbacks: usize,
-    /// Rollback verdicts that withheld nothing: `STORE_ROLLED_BACK` already stood.
+    /// Rollbacks raised while `STORE_ROLLED_BACK` already stood (from a restored store).
     pub rollbacks_while_standing: usize,
     pub withheld: usize,
 }
