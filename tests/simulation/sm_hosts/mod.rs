@@ -305,7 +305,8 @@ fn assert_node_life_seeds_pass(seeds: &[u64], times: u32) {
 /// and marks once per life whether or not the condition stands (`runner::start`, e4e711e).
 #[test]
 fn a_rollback_found_while_the_restored_store_says_rolled_back_still_withholds() {
-    assert_node_life_seeds_pass(&[287, 313, 322, 439, 775], 10);
+    // Two of the seeds (all five and the rejoin ones pass: docs/SIMULATION.md), to keep CI short.
+    assert_node_life_seeds_pass(&[322, 287], 10);
 }
 
 /// Found by this simulation (issue 40, `FABRIC_SIM_SM_HOSTS_NODE_LIFE=10`, seed 820, step 64):
