@@ -275,6 +275,23 @@ impl Host {
             .map(|r| r.into_inner())
     }
 
+    /// The node's stored set through the real `Partitions` service's `GetNodeMemberships`
+    /// (what the node's start check asks; a held-back set is an UNAVAILABLE there).
+    pub async fn stored(&self, node: &str) -> Result<pb::NodeMemberships, tonic::Status> {
+        let Some(agent) = &self.agent else {
+            return Err(tonic::Status::unavailable("agent down"));
+        };
+        let mut request = tonic::Request::new(pb::GetNodeMembershipsRequest {
+            node_id: node.to_owned(),
+        });
+        request.extensions_mut().insert(Caller::InsecureTest);
+        agent
+            .service
+            .get_node_memberships(request)
+            .await
+            .map(|r| r.into_inner())
+    }
+
     /// Whether the partitions file gives `key` to the port `guid` (either membership).
     pub fn file_gives(&self, key: u32, guid: Guid) -> bool {
         let bytes = std::fs::read(&self.file).unwrap();

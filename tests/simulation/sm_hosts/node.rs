@@ -5,13 +5,16 @@
 //! `fold_answers` (the host-set rule of `api::sm_v1::host_set`: identities, the known and fenced
 //! hosts, `SM_HOST_SET_INCOMPLETE`); `SmKnowledge` records the outcome as the reconciler does.
 //! After every step the node reads its port and `agent::plan` decides ACTIVE and RELEASED.
+//! Restarts and the start check, which every apply passes through while it is not settled:
+//! `node_life`.
 
 use super::hosts::{host_name, Host};
+use super::node_life::Life;
 use fabric_agent::agent::{desired, plan, Observed, SmKnowledge};
 use fabric_agent::api::sm_v1::client::{fold_answers, HostAnswer};
 use fabric_agent::domain::{
-    ApplyLedger, Attachment, AttachmentState, Guid, InstanceId, Inventory, LinkLayer, Membership,
-    NodeId, PKey, PKeyValue, Partition, PortInfo, PortState,
+    set_digest, ApplyLedger, Attachment, AttachmentState, Guid, InstanceId, Inventory, LinkLayer,
+    Membership, NodeId, PKey, PKeyValue, Partition, PortInfo, PortState,
 };
 use fabric_agent::sm::SmError;
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,15 +33,16 @@ pub struct Node {
     /// Hosts this node cannot reach.
     pub cut: BTreeSet<usize>,
     /// On plaintext, the name each endpoint last stated (the remote backend keeps it).
-    remembered: BTreeMap<usize, String>,
+    pub remembered: BTreeMap<usize, String>,
     pub attachments: Vec<Attachment>,
     pub knows: SmKnowledge,
-    ledger: ApplyLedger,
+    pub ledger: ApplyLedger,
     /// Hosts whose answer was positive in the apply last acknowledged, and its step.
     pub acked_by: (Vec<usize>, usize),
     /// Step at which each ACTIVE attachment's key was acknowledged (instance -> step, hosts).
     pub active_since: BTreeMap<String, (usize, Vec<usize>)>,
-    /// Keys reported RELEASED and not attached again since.
+    /// Keys reported RELEASED and not attached again since (the control plane's view: a
+    /// restore of the node does not take it back).
     pub released: BTreeSet<u32>,
     /// Counted RELEASED transitions.
     pub released_count: usize,
@@ -46,6 +50,13 @@ pub struct Node {
     next_instance: usize,
     /// The rule switched off to show the oracle fails: a host-set problem still counts.
     pub ignore_host_set: bool,
+    /// Restarts, the start check, the control plane's view (`node_life`).
+    pub life: Life,
+}
+
+/// The partition key `key` (a valid one).
+pub fn pkey(key: u32) -> PKey {
+    PKey::new(key).unwrap()
 }
 
 fn partition(key: u32) -> Partition {
@@ -78,6 +89,7 @@ impl Node {
             active_count: 0,
             next_instance: 0,
             ignore_host_set: false,
+            life: Life::default(),
         }
     }
 
@@ -113,12 +125,24 @@ impl Node {
             .any(|a| u32::from(u16::from(a.partition.pkey)) == key)
     }
 
+    /// The control plane attaches a new instance with `key`.
     pub fn attach(&mut self, key: u32) {
         self.next_instance += 1;
+        let id = format!("vm{}", self.next_instance);
+        self.life.cp.wanted.insert(id.clone(), key);
+        self.create(&id, key);
+        // The key is covered in the ledger with the attach (`Agent::attach`).
+        if let Some(l) = SmKnowledge::ledger_for_attach(&self.ledger, pkey(key)) {
+            self.ledger = l;
+        }
+    }
+
+    /// A new attachment of instance `id` with `key` (admission's `Create`).
+    pub fn create(&mut self, id: &str, key: u32) {
         self.released.remove(&key);
         self.attachments.push(Attachment {
             grant: None,
-            instance_id: InstanceId::parse(&format!("vm{}", self.next_instance)).unwrap(),
+            instance_id: InstanceId::parse(id).unwrap(),
             partition: partition(key),
             membership: Membership::Full,
             state: AttachmentState::Pending,
@@ -132,19 +156,31 @@ impl Node {
         });
     }
 
-    /// Releases the attachment of `key` that wants it; false when none does.
+    /// The control plane releases the instance it attached with `key`; false when it wants
+    /// none. The node's attachment of it goes RELEASING (a restored one is settled by it).
     pub fn release(&mut self, key: u32) -> bool {
-        match self
+        let Some(id) = self
+            .life
+            .cp
+            .wanted
+            .iter()
+            .find(|(_, k)| **k == key)
+            .map(|(id, _)| id.clone())
+        else {
+            return false;
+        };
+        self.life.cp.wanted.remove(&id);
+        self.life.cp.terminated.insert(id.clone(), key);
+        if let Some(a) = self
             .attachments
             .iter_mut()
-            .find(|a| u32::from(u16::from(a.partition.pkey)) == key && a.wants_key())
+            .find(|a| a.instance_id.as_str() == id && !a.state.is_released_or_releasing())
         {
-            Some(a) => {
-                a.state = AttachmentState::Releasing;
-                true
-            }
-            None => false,
+            a.state = AttachmentState::Releasing;
+            a.restored = None;
+            a.reason.clear();
         }
+        true
     }
 
     /// Whether an apply is owed: the last one was not acknowledged, or the desired set differs
@@ -152,23 +188,49 @@ impl Node {
     pub fn owes_apply(&self, held: &BTreeMap<u32, bool>) -> bool {
         let inv = self.inventory(held);
         let want = desired(&self.id, vec![self.guid], Some(&inv), &self.attachments);
-        self.knows.unacked() || self.knows.ack().is_none_or(|a| a.set.keys != want.keys)
+        self.life.check.is_some()
+            || self.life.force_apply
+            || self.knows.unacked()
+            || self.knows.ack().is_none_or(|a| a.set.keys != want.keys)
     }
 
-    /// One apply to every endpoint, judged by the node's real fold.
+    /// One pass that applies: the start check while it is not settled (`node_life`), then one
+    /// apply of what may be sent to every endpoint, judged by the node's real fold. The trace
+    /// lines of the check go to `lines`.
     pub async fn apply(
         &mut self,
         hosts: &[Host],
         held: &BTreeMap<u32, bool>,
         step: usize,
+        lines: &mut Vec<String>,
     ) -> Outcome {
+        self.life.last_pass = step;
+        lines.extend(self.check_restored(held));
         let inv = self.inventory(held);
-        let set = desired(&self.id, vec![self.guid], Some(&inv), &self.attachments);
+        let mut set = desired(&self.id, vec![self.guid], Some(&inv), &self.attachments);
+        if self.life.check.is_some() {
+            let (changed, checked) = self.start_check(hosts, held, step, &set).await;
+            lines.extend(checked);
+            if changed {
+                set = desired(&self.id, vec![self.guid], Some(&inv), &self.attachments);
+            }
+            match self.sendable(&set, step) {
+                Some(s) => set = s,
+                None => {
+                    return Outcome::NotAcknowledged(
+                        "start check: no SM host said what it stores yet, nothing sent".into(),
+                    )
+                }
+            }
+        }
         let (generation, ledger) = self.knows.begin_apply(&self.ledger, &set);
         if let Some(l) = ledger {
             self.ledger = l;
         }
         self.knows.carrying(&set, generation);
+        if let Some(check) = &mut self.life.check {
+            check.life.sent.insert((generation, set_digest(&set)));
+        }
         let endpoints: Vec<String> = self
             .endpoints
             .iter()
@@ -215,10 +277,19 @@ impl Node {
                     self.ledger = l;
                 }
                 self.acked_by = (positive.clone(), step);
+                self.life.force_apply = false;
                 Outcome::Acknowledged { by: positive }
             }
             Err(SmError::StaleGeneration { stored, .. }) => {
                 self.knows.move_past(stored);
+                // Before this life's first acknowledgement a newer generation proves the store
+                // lost writes (`runner::apply`, model): raised, and the marks settled from
+                // this read (the runner's next pass, at once).
+                if self.knows.ack().is_none() && !self.life.rolled_back_stands {
+                    self.knows.leap_past_lost_life(stored);
+                    self.raise_rolled_back();
+                    lines.extend(self.check_restored(held));
+                }
                 Outcome::NotAcknowledged(format!("stale generation, the SM hosts hold {stored}"))
             }
             Err(e) => Outcome::NotAcknowledged(e.to_string()),
@@ -258,7 +329,12 @@ impl Node {
                 }
                 AttachmentState::Released => {
                     self.released_count += 1;
-                    self.released.insert(key);
+                    // Guarded until attached again: not when the control plane already wants
+                    // another instance with the key (a restore and the resync's attach can put
+                    // two on one node).
+                    if !self.life.cp.wanted.values().any(|k| *k == key) {
+                        self.released.insert(key);
+                    }
                     lines.push(format!("{} {key:#06x} RELEASED", self.id.as_str()));
                 }
                 _ => {}
@@ -267,6 +343,11 @@ impl Node {
         self.attachments
             .retain(|a| a.state != AttachmentState::Released);
         self.knows.forget_released();
+        // The pass's conditions: `STORE_ROLLED_BACK` stands until this life's first
+        // acknowledgement (`agent::conditions`).
+        if self.knows.ack().is_some() {
+            self.life.rolled_back_stands = false;
+        }
         lines
     }
 }

@@ -1,13 +1,16 @@
 //! The simulated fabric: SM hosts, nodes, the links between them, the model OpenSM master and
-//! the ports it programs, and one step of a seeded schedule.
+//! the ports it programs, and one step of a seeded schedule. The nodes' snapshots and restarts
+//! (`node_life`) come from a stream of their own (`World::life_rng`), drawn after the step's
+//! own draw, so a seed's other steps are the ones it has without them.
 
 use super::hosts::{host_name, Host, Net, SharedNet};
 use super::node::{Node, Outcome};
+use super::node_life::Restart;
 use super::oracle;
 use fabric_agent::domain::PKey;
 use fabric_agent::sm::opensm::members::members_of;
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +29,12 @@ pub struct Stats {
     pub restarts_beside_opensm: usize,
     pub failovers: usize,
     pub host_set_incomplete: usize,
+    pub node_restarts: usize,
+    pub node_restores: usize,
+    pub node_rollbacks: usize,
+    /// Rollbacks raised while `STORE_ROLLED_BACK` already stood (from a restored store).
+    pub rollbacks_while_standing: usize,
+    pub withheld: usize,
 }
 
 /// Which rule a run switches off (to show the oracle fails).
@@ -36,6 +45,8 @@ pub enum Mutation {
     StaleEndpointsCount,
     /// Fencing's physical evidence always says the peer's SM is silent.
     EvidenceLies,
+    /// A node agent's start runs no start check: the restored set is sent at once.
+    SkipStartCheck,
 }
 
 pub struct World {
@@ -52,6 +63,9 @@ pub struct World {
     /// Whether an OpenSM may start on a host that a peer holds fenced (see `sm_hosts` docs:
     /// the code does not prevent it today, and the oracle then fails).
     pub rejoin_while_fenced: bool,
+    /// The nodes' snapshots and restarts, when drawn (None: none), and how many times the
+    /// usual rate.
+    pub life_rng: Option<(StdRng, u32)>,
 }
 
 impl World {
@@ -71,6 +85,7 @@ impl World {
                 let endpoints = (0..HOSTS).filter(|h| stale != Some((i, *h))).collect();
                 let mut n = Node::new(i, endpoints);
                 n.ignore_host_set = mutation == Mutation::StaleEndpointsCount;
+                n.life.skip_check = mutation == Mutation::SkipStartCheck;
                 n
             })
             .collect();
@@ -91,6 +106,7 @@ impl World {
             log: Vec::new(),
             stats: Stats::default(),
             rejoin_while_fenced: false,
+            life_rng: None,
         };
         if let Some((n, h)) = stale {
             w.log.push(format!("node{n}'s endpoints miss smhost{h}"));
@@ -186,9 +202,25 @@ impl World {
         old
     }
 
+    /// Draws a seed's node snapshots and restarts from a stream of its own, at `times` the
+    /// usual rate (at most 10).
+    pub fn draw_node_life(&mut self, seed: u64, times: u32) {
+        let rng = StdRng::seed_from_u64(seed ^ 0x4E0D_E11F_E000_0001);
+        self.life_rng = Some((rng, times.min(10)));
+    }
+
     async fn apply(&mut self, n: usize) -> String {
         let step = self.step;
-        let outcome = self.nodes[n].apply(&self.hosts, &self.ports[n], step).await;
+        let mut lines = Vec::new();
+        let outcome = self.nodes[n]
+            .apply(&self.hosts, &self.ports[n], step, &mut lines)
+            .await;
+        // The check's lines came first: the apply sent what it allowed.
+        let checked: String = lines.iter().map(|l| format!("{l}\n       ")).collect();
+        format!("{checked}{}", self.describe(outcome))
+    }
+
+    fn describe(&mut self, outcome: Outcome) -> String {
         match outcome {
             Outcome::Acknowledged { by } => format!("acknowledged by {by:?}"),
             Outcome::NotAcknowledged(why) => {
@@ -340,6 +372,7 @@ impl World {
             }
         };
         self.log.push(format!("{:>4} {line}", self.step));
+        self.node_life().await;
         let master = (0..HOSTS).find(|h| self.opensm(*h));
         if master != self.master {
             self.log
@@ -355,8 +388,69 @@ impl World {
                 .extend(lines.into_iter().map(|l| format!("     {l}")));
         }
         self.stats.released = self.nodes.iter().map(|n| n.released_count).sum();
+        self.stats.node_restarts = self.nodes.iter().map(|n| n.life.restarts).sum();
+        self.stats.node_restores = self.nodes.iter().map(|n| n.life.restores).sum();
+        self.stats.node_rollbacks = self.nodes.iter().map(|n| n.life.rollbacks).sum();
+        self.stats.withheld = self.nodes.iter().map(|n| n.life.withheld).sum();
+        self.stats.rollbacks_while_standing = self
+            .nodes
+            .iter()
+            .map(|n| n.life.rollbacks_while_standing)
+            .sum();
         self.stats.active = self.nodes.iter().map(|n| n.active_count).sum();
         oracle::check(self, old, restarted_beside.map(|h| (h, &before)))
+    }
+
+    /// After the step's own event: a node snapshot or restart drawn from the node-life stream
+    /// (2 % and 3 % of steps, or `times` that; a restart runs the new life's first pass at once), the control
+    /// plane's resync of a node that owes one (a third of the steps after), and one pass of
+    /// every node whose start check is not settled (a step stands for one `RETRY`).
+    async fn node_life(&mut self) {
+        let Some((rng, times)) = &mut self.life_rng else {
+            return;
+        };
+        let times = *times;
+        let what = rng.random_range(0..100u32);
+        let n = rng.random_range(0..NODES);
+        let kind = match rng.random_range(0..3u32) {
+            0 => Restart::Clean,
+            1 => Restart::Crash,
+            _ => Restart::Restore,
+        };
+        let resyncs: Vec<bool> = (0..NODES).map(|_| rng.random_ratio(1, 3)).collect();
+        let step = self.step;
+        match what {
+            w if w < 2 * times => {
+                self.nodes[n].snapshot(step);
+                self.log.push(format!("     node{n}'s store snapshotted"));
+            }
+            w if w < 5 * times => {
+                let kind = if kind == Restart::Restore && self.nodes[n].life.snapshot.is_none() {
+                    Restart::Crash
+                } else {
+                    kind
+                };
+                let line = self.nodes[n].restart(kind, step);
+                self.log.push(format!("     {line}"));
+                // The new life's first pass, at once.
+                let out = self.apply(n).await;
+                self.log.push(format!("     node{n}'s first pass: {out}"));
+            }
+            _ => {}
+        }
+        for (i, due) in resyncs.into_iter().enumerate() {
+            if due && self.nodes[i].life.cp.resync_due {
+                let line = self.nodes[i].resync();
+                self.log.push(format!("     {line}"));
+            }
+        }
+        for i in 0..NODES {
+            let node = &self.nodes[i];
+            if node.life.check_due(step) && node.life.last_pass != step {
+                let out = self.apply(i).await;
+                self.log.push(format!("     node{i} passes: {out}"));
+            }
+        }
     }
 
     /// Hosts that some host holds fenced (stored: a fence outlives its agent's crash).

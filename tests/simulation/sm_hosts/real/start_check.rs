@@ -1,0 +1,1 @@
+../../../../src/agent/start_check.rs
