@@ -19,7 +19,7 @@ mod runner;
 mod schedule;
 mod sm_knowledge;
 mod stall;
-mod start_check;
+pub mod start_check;
 mod status;
 mod watch;
 
@@ -27,7 +27,7 @@ pub use admission::{AttachRequest, Covered};
 pub use clock::{Clock, RuntimeClock, SystemClock};
 pub use error::{AgentError, CursorError, Refusal, StreamEnd};
 // The truth rules, pure, for the SM-hosts simulation (tests/simulation/sm_hosts): no behaviour.
-pub use plan::{desired, plan, Observed, Transition};
+pub use plan::{desired, plan, restore_checks, Observed, RestoreCheck, Transition};
 pub use reconciler_config::ReconcilerConfig;
 pub use sm_knowledge::{Ack, SmKnowledge};
 pub use status::{ApplyInFlight, NodeView, SmStatus};

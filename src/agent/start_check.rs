@@ -31,7 +31,9 @@
 //! that every answering host already holds with the same membership, and nothing at all before
 //! any host answered.
 
-use crate::domain::{set_digest, AckedSet, NodeMemberships, SentSet};
+use crate::domain::{
+    set_digest, AckedSet, Attachment, InstanceId, Inventory, NodeMemberships, SentSet,
+};
 use crate::sm::{HostStoredSet, StoredSetAnswer};
 use std::time::Duration;
 
@@ -189,6 +191,34 @@ fn unvouched(
         acked.generation,
         behind.join(", ")
     ))
+}
+
+/// After a start that may follow a lost life, the attachments whose key a lost life may have
+/// released without any write the SM hosts could show: when the set the node would send now
+/// (`desired`) is not the one its ledger recorded sending, those that want their key and that
+/// the recorded set does not give to every port they cover (their key was never sent; a release
+/// of one the recorded set carries is a send of another set, which [`judge`] sees). Each is to
+/// be settled by the first port read, as after a rollback. Empty when the life follows no lost
+/// one, or nothing is unsent.
+pub fn unsent(
+    life: &ThisLife,
+    desired: &NodeMemberships,
+    attachments: &[Attachment],
+    inventory: Option<&Inventory>,
+) -> Vec<InstanceId> {
+    let recorded = life.sending_at_start.as_ref();
+    if !life.follows_lost_life || recorded.map(|s| s.digest) == Some(set_digest(desired)) {
+        return Vec::new();
+    }
+    attachments
+        .iter()
+        .filter(|a| a.wants_key())
+        .filter(|a| {
+            let guids = a.covered_guids(inventory);
+            recorded.and_then(|s| s.gave_all(a.partition.pkey, &guids)) != Some(true)
+        })
+        .map(|a| a.instance_id.clone())
+        .collect()
 }
 
 /// What may be sent while the check is incomplete: `desired` with only the keys every host in

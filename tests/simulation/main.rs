@@ -6,12 +6,3 @@
 mod clock_steps;
 mod seeds;
 mod sm_hosts;
-
-// The node's start check is compiled into this binary from its source (`sm_hosts::real`): it
-// names its imports from the library's root, which these two paths give it here.
-mod domain {
-    pub use fabric_agent::domain::*;
-}
-mod sm {
-    pub use fabric_agent::sm::*;
-}

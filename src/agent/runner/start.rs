@@ -5,7 +5,7 @@
 use super::super::start_check::{self, Verdict};
 use super::Loop;
 use crate::domain::ConditionKind;
-use crate::domain::{set_digest, Attachment, EventKind, Inventory, NodeMemberships, Restored};
+use crate::domain::{Attachment, EventKind, Inventory, NodeMemberships, Restored};
 use crate::store::Batch;
 use tokio::time::Instant;
 
@@ -174,27 +174,7 @@ impl Loop {
             return Ok(false);
         };
         check.unsent_checked = true;
-        let life = &check.life;
-        let recorded = &life.sending_at_start;
-        if !life.follows_lost_life
-            || recorded.as_ref().map(|s| s.digest) == Some(set_digest(desired))
-        {
-            return Ok(false);
-        }
-        // Sent: the recorded set gives its key to every port it covers. Releasing it needs a
-        // send the start check sees (a generation above the record's bound).
-        let unsent = |a: &Attachment| {
-            let guids = a.covered_guids(Some(inventory));
-            recorded
-                .as_ref()
-                .and_then(|s| s.gave_all(a.partition.pkey, &guids))
-                != Some(true)
-        };
-        let unsent: Vec<String> = attachments
-            .iter()
-            .filter(|a| a.wants_key() && unsent(a))
-            .map(|a| a.instance_id.to_string())
-            .collect();
+        let unsent = start_check::unsent(&check.life, desired, attachments, Some(inventory));
         if unsent.is_empty() {
             return Ok(false);
         }
@@ -206,7 +186,7 @@ impl Loop {
             // Read under the lock: a command that settled one meanwhile wins.
             let _guard = self.agent.shared.write.lock().await;
             let mut upserts = awaiting_read(self.agent.store().live_attachments()?);
-            upserts.retain(|a| unsent.iter().any(|id| id == a.instance_id.as_str()));
+            upserts.retain(|a| unsent.contains(&a.instance_id));
             self.agent.commit(Batch {
                 upserts,
                 ..Default::default()

@@ -15,6 +15,7 @@
 use super::convert::memberships_to_proto;
 use super::host_answer::classify;
 pub use super::host_answer::HostAnswer;
+pub use super::stored_set::answer_of as stored_set_answer;
 use crate::api::grant_v1::signed_grant_to_proto;
 use crate::domain::{NodeId, NodeMemberships, SignedGrant};
 use crate::proto::sm as pb;

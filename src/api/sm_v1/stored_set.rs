@@ -34,8 +34,11 @@ pub(super) async fn query<'a>(
     .await
 }
 
-/// One host's reply as the check reads it.
-fn answer_of(reply: Result<pb::NodeMemberships, tonic::Status>, node: &NodeId) -> StoredSetAnswer {
+/// One host's reply to `GetNodeMemberships` for `node`, as the start check reads it.
+pub fn answer_of(
+    reply: Result<pb::NodeMemberships, tonic::Status>,
+    node: &NodeId,
+) -> StoredSetAnswer {
     match reply {
         Ok(m) => {
             let (set, generation) = match memberships_from_proto(m) {

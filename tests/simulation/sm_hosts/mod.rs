@@ -63,7 +63,6 @@ mod hosts;
 mod node;
 mod node_life;
 mod oracle;
-mod real;
 mod world;
 
 use rand::rngs::StdRng;

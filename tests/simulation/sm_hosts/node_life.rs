@@ -11,19 +11,16 @@
 //! start check's `ThisLife` (nothing sent, the reservation, whether the life follows a lost one,
 //! the ledger's `sending`) as the runner builds it.
 //!
-//! **Real code**: `start_check::judge`, `removals_only`, `ThisLife` and `BOUND`/`RETRY`/
-//! `RETRY_AFTER_BOUND` (the library's source, `real`); the SM hosts' `GetNodeMemberships` (the
-//! real `Partitions` service); `memberships_from_proto`; `SmKnowledge` (`resume`,
+//! **Real code**: `start_check::judge`, `removals_only`, `unsent`, `ThisLife` and
+//! `BOUND`/`RETRY`/`RETRY_AFTER_BOUND`; the SM hosts' `GetNodeMemberships` (the real
+//! `Partitions` service) read by the remote backend's `stored_set_answer`; `SmKnowledge` (`resume`,
 //! `leap_past_lost_life`, `move_past`, `ledger_for_attach`).
 //!
 //! **Models** (runner and store rules that are not public, kept small):
-//! - `ask`: the remote backend's `stored_set::answer_of` (private): NOT_FOUND is `NotStored`, a
-//!   refusal without a transport cause `Refused`, any other status, an unconvertible set or
-//!   another node's set `NoAnswer`; a cut link or a host whose agent is down is `NoAnswer`.
+//! - `ask`: a cut link is `NoAnswer` (the real reply otherwise).
 //! - `start_check`: `runner::start::start_check` (an apply acknowledged in this life ends the
-//!   check; at its first pass `withhold_unsent`: after a lost life, when the set to send is not
-//!   the one the store recorded sending, every attachment that wants its key is settled by the
-//!   read; the leap or move past the highest generation; on a rollback verdict the raise and
+//!   check; at its first round `withhold_unsent`: the attachments the real `unsent` names are
+//!   settled by the read; the leap or move past the highest generation; on a rollback verdict the raise and
 //!   the marks, once per life, whether or not `STORE_ROLLED_BACK` stands; settled when every
 //!   host answered; asked again every `RETRY`, after the bound every `RETRY_AFTER_BOUND`);
 //!   `sendable` (`runner::start::sendable`).
@@ -43,11 +40,11 @@
 
 use super::hosts::{host_name, Host};
 use super::node::{pkey, Node};
-use super::real::start_check::{self, ThisLife, Verdict};
+use fabric_agent::agent::start_check::{self, ThisLife, Verdict};
 use fabric_agent::agent::SmKnowledge;
-use fabric_agent::api::sm_v1::convert::memberships_from_proto;
+use fabric_agent::api::sm_v1::client::stored_set_answer;
 use fabric_agent::domain::{
-    set_digest, ApplyLedger, Attachment, AttachmentState, Membership, NodeMemberships, Restored,
+    ApplyLedger, Attachment, AttachmentState, Membership, NodeMemberships, Restored,
 };
 use fabric_agent::sm::{HostStoredSet, StoredSetAnswer};
 use std::collections::BTreeMap;
@@ -184,7 +181,7 @@ impl Node {
             life: ThisLife {
                 reserved_at_start,
                 follows_lost_life,
-                sending_at_start: self.ledger.sending,
+                sending_at_start: self.ledger.sending.clone(),
                 ..ThisLife::default()
             },
         });
@@ -200,32 +197,14 @@ impl Node {
         )
     }
 
-    /// What each endpoint stores for this node (model of the remote backend's `answer_of`).
+    /// What each endpoint stores for this node (the remote backend's reading of each reply).
     async fn ask(&self, hosts: &[Host]) -> Vec<HostStoredSet> {
         let mut out = Vec::with_capacity(self.endpoints.len());
         for h in &self.endpoints {
             let answer = if self.cut.contains(h) {
                 StoredSetAnswer::NoAnswer("node cut from the SM host".into())
             } else {
-                match hosts[*h].stored(self.id.as_str()).await {
-                    Ok(m) => match memberships_from_proto(m) {
-                        Ok((set, _)) if set.node_id != self.id => {
-                            StoredSetAnswer::NoAnswer("another node's set".into())
-                        }
-                        Ok((set, generation)) => StoredSetAnswer::Stored(generation, set),
-                        Err(s) => StoredSetAnswer::NoAnswer(format!("unreadable: {}", s.message())),
-                    },
-                    Err(s) if s.code() == tonic::Code::NotFound => StoredSetAnswer::NotStored,
-                    Err(s)
-                        if matches!(
-                            s.code(),
-                            tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
-                        ) =>
-                    {
-                        StoredSetAnswer::Refused(s.message().to_owned())
-                    }
-                    Err(s) => StoredSetAnswer::NoAnswer(format!("{:?}: {}", s.code(), s.message())),
-                }
+                stored_set_answer(hosts[*h].stored(self.id.as_str()).await, &self.id)
             };
             out.push(HostStoredSet {
                 host: host_name(*h),
@@ -311,31 +290,33 @@ impl Node {
     }
 
     /// After a start that may follow a lost life, when the set the node would send is not the
-    /// one its store recorded sending: every attachment that wants its key is settled by this
-    /// read, as after a rollback (model of `runner::start::withhold_unsent`). Returns whether
-    /// the attachments changed.
+    /// one its store recorded sending: the attachments the real `start_check::unsent` names
+    /// are settled by this read, as after a rollback (model of `runner::start::withhold_unsent`
+    /// around it). Returns whether the attachments changed.
     fn withhold_unsent(
         &mut self,
         held: &BTreeMap<u32, bool>,
         desired: &NodeMemberships,
         lines: &mut Vec<String>,
     ) -> bool {
+        let inventory = self.inventory(held);
         let Some(check) = &mut self.life.check else {
             return false;
         };
         check.unsent_checked = true;
-        let recorded = check.life.sending_at_start.map(|s| s.digest);
-        if !check.life.follows_lost_life || recorded == Some(set_digest(desired)) {
-            return false;
-        }
-        if !self.attachments.iter().any(Attachment::wants_key) {
+        let unsent = start_check::unsent(&check.life, desired, &self.attachments, Some(&inventory));
+        if unsent.is_empty() {
             return false;
         }
         lines.push(format!(
-            "{} follows an unclean stop that left a change unsent: settled by the port read",
+            "{} follows an unclean stop that left a change unsent: {unsent:?} settled by the port read",
             self.id.as_str()
         ));
-        self.mark_awaiting_read();
+        for a in &mut self.attachments {
+            if unsent.contains(&a.instance_id) {
+                a.restored = Some(Restored::AwaitingRead);
+            }
+        }
         lines.extend(self.check_restored(held));
         true
     }

@@ -1,1 +1,0 @@
-../../../../src/agent/start_check.rs
