@@ -171,15 +171,24 @@ impl Node {
         };
         self.life.cp.wanted.remove(&id);
         self.life.cp.terminated.insert(id.clone(), key);
-        if let Some(a) = self
+        self.begin_release(&id);
+        true
+    }
+
+    /// The control plane's release of instance `id` reaches the node: a live attachment of it
+    /// goes RELEASING (withheld or not). Returns whether one did.
+    pub fn begin_release(&mut self, id: &str) -> bool {
+        let Some(a) = self
             .attachments
             .iter_mut()
             .find(|a| a.instance_id.as_str() == id && !a.state.is_released_or_releasing())
-        {
-            a.state = AttachmentState::Releasing;
-            a.restored = None;
-            a.reason.clear();
-        }
+        else {
+            return false;
+        };
+        a.state = AttachmentState::Releasing;
+        a.restored = None;
+        a.reason.clear();
+        a.evidence = None;
         true
     }
 

@@ -408,16 +408,9 @@ impl Node {
                 self.ledger = l;
             }
         }
-        for id in self.life.cp.terminated.keys() {
-            if let Some(a) = self
-                .attachments
-                .iter_mut()
-                .find(|a| a.instance_id.as_str() == id && !a.state.is_released_or_releasing())
-            {
-                a.state = AttachmentState::Releasing;
-                a.restored = None;
-                a.reason.clear();
-                a.evidence = None;
+        let terminated: Vec<String> = self.life.cp.terminated.keys().cloned().collect();
+        for id in terminated {
+            if self.begin_release(&id) {
                 did.push(format!("releases {id} again"));
             }
         }
