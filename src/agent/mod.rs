@@ -130,6 +130,9 @@ struct Shared {
     /// The store's open found it restored from a copy and restarted its log (this life's log
     /// is already one no watcher followed before).
     log_restarted_at_open: bool,
+    /// Instances the control plane attached (or attached again) in this life: newer than any
+    /// copy the store may have come from, so the start check's unsent rule leaves them alone.
+    attached_this_life: Mutex<std::collections::HashSet<crate::domain::InstanceId>>,
 }
 
 /// Unix time in nanoseconds, from the system clock (the agent itself reads its
@@ -176,6 +179,7 @@ impl Agent {
                 metrics,
                 follows_lost_life,
                 log_restarted_at_open,
+                attached_this_life: Mutex::default(),
             }),
         })
     }
@@ -224,7 +228,7 @@ impl Agent {
                 .inventory
                 .clone()
                 .ok_or(AgentError::PortsNotRead)?;
-            match admission::admit(
+            let admitted = match admission::admit(
                 &request,
                 &self.shared.parts.fabric,
                 &attachments,
@@ -284,7 +288,14 @@ impl Agent {
                     })?;
                     (a, true)
                 }
-            }
+            };
+            // Under the write lock: the start check's unsent rule reads it there.
+            self.shared
+                .attached_this_life
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(admitted.0.instance_id.clone());
+            admitted
         };
         self.shared.wake.notify_one();
         let attachment = match wait {

@@ -311,6 +311,11 @@ async fn agents_and_opensm_killed_mid_flow_converge_without_losing_events() {
     assert!(fabric.pkeys("node1").contains(&0x8a12));
     agents[3].spawn(&fabric);
     let mut c4 = agents[3].client().await;
+    // The control plane resyncs on node4's new epoch (an unclean stop) and sends again the
+    // attach of every instance it wants that is not ACTIVE: i-5's attach was committed and
+    // perhaps not yet sent when the agent died, and the node withholds such an attach until
+    // then (a copy of the running node looks the same: docs/TRUTH-RULES.md, the start check).
+    attach_now(&mut c4, attach("i-5", partition("ibpart_d", 0x0d44), None)).await;
     // (i-3 and i-5 may have reached OpenSM before the crashes; i-4 cannot have.)
     assert_ne!(
         state(&get(&mut c3, "i-4").await),

@@ -185,8 +185,18 @@ impl Loop {
         {
             // Read under the lock: a command that settled one meanwhile wins.
             let _guard = self.agent.shared.write.lock().await;
+            let attached = self
+                .agent
+                .shared
+                .attached_this_life
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             let mut upserts = awaiting_read(self.agent.store().live_attachments()?);
-            upserts.retain(|a| unsent.contains(&a.instance_id));
+            // An attach of this life (the control plane's resync, or a new one) is newer than
+            // any copy: it confirms the attachment.
+            upserts
+                .retain(|a| unsent.contains(&a.instance_id) && !attached.contains(&a.instance_id));
             self.agent.commit(Batch {
                 upserts,
                 ..Default::default()
