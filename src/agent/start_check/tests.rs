@@ -333,3 +333,76 @@ fn a_set_the_store_never_sent_at_or_above_its_record_is_a_rollback() {
         assert_eq!(v.rolled_back, None, "{answers:?} {v:?}");
     }
 }
+
+/// An attachment of instance `id` with key `key` (full) on the named ports `guids`.
+fn attachment(
+    id: &str,
+    key: u32,
+    state: crate::domain::AttachmentState,
+    guids: &[u64],
+) -> Attachment {
+    Attachment {
+        grant: None,
+        instance_id: InstanceId::parse(id).unwrap(),
+        partition: crate::domain::Partition::new("ibpart_a", "a", "ws", "acct", "fab1", key)
+            .unwrap(),
+        membership: Membership::Full,
+        state,
+        reason: String::new(),
+        created_unix_ns: 0,
+        updated_unix_ns: 0,
+        ports: guids
+            .iter()
+            .map(|g| crate::domain::AttachmentPort {
+                device: "mlx5_0".into(),
+                port_number: 1,
+                port_guid: Guid(*g),
+            })
+            .collect(),
+        named_ports: true,
+        restored: None,
+        evidence: None,
+    }
+}
+
+#[test]
+fn after_a_lost_life_only_attachments_the_recorded_set_does_not_carry_are_unsent() {
+    use crate::domain::AttachmentState::{Active, Pending, Releasing};
+    // The store recorded sending {a} (on both ports); then b was attached and c released,
+    // and the agent stopped before sending: b was never sent.
+    let recorded = SentSet::new(&set(&[0xa]), 1025);
+    let life = ThisLife {
+        follows_lost_life: true,
+        sending_at_start: Some(recorded.clone()),
+        ..ThisLife::default()
+    };
+    let attachments = [
+        attachment("i-a", 0xa, Active, &[1, 2]),
+        attachment("i-b", 0xb, Pending, &[1]),
+        attachment("i-c", 0xc, Releasing, &[2]),
+        // Its key was sent, but not to port 3 (a port the recorded set did not give it).
+        attachment("i-d", 0xa, Pending, &[3]),
+    ];
+    let desired = set(&[0xa, 0xb]);
+    let ids = |v: Vec<InstanceId>| v.iter().map(|i| i.as_str().to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        ids(unsent(&life, &desired, &attachments, None)),
+        ["i-b", "i-d"]
+    );
+    // The same set as recorded, a clean stop, or no record at all.
+    assert!(unsent(&life, &set(&[0xa]), &attachments, None).is_empty());
+    let clean = ThisLife {
+        follows_lost_life: false,
+        ..life.clone()
+    };
+    assert!(unsent(&clean, &desired, &attachments, None).is_empty());
+    let unrecorded = ThisLife {
+        sending_at_start: None,
+        ..life
+    };
+    assert_eq!(
+        ids(unsent(&unrecorded, &desired, &attachments, None)),
+        ["i-a", "i-b", "i-d"],
+        "no record: every attachment that wants its key"
+    );
+}
