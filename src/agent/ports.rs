@@ -177,28 +177,7 @@ mod tests {
     }
 
     fn covering(instance: &str, state: AttachmentState, guids: &[u64]) -> Attachment {
-        Attachment {
-            grant: None,
-            instance_id: crate::domain::InstanceId::parse(instance).unwrap(),
-            partition: crate::domain::Partition::new("ibpart_a", "a", "ws", "acct", "fab1", 0x12)
-                .unwrap(),
-            membership: crate::domain::Membership::Full,
-            state,
-            reason: String::new(),
-            created_unix_ns: 0,
-            updated_unix_ns: 0,
-            ports: guids
-                .iter()
-                .map(|g| crate::domain::AttachmentPort {
-                    device: "d".into(),
-                    port_number: 1,
-                    port_guid: Guid(*g),
-                })
-                .collect(),
-            named_ports: true,
-            restored: None,
-            evidence: None,
-        }
+        Attachment::on_named_ports(instance, 0x12, state, guids)
     }
 
     #[tokio::test]

@@ -171,6 +171,40 @@ impl Restored {
     }
 }
 
+#[cfg(test)]
+impl Attachment {
+    /// A test attachment: instance `instance` of partition `ibpart_a` with `key` (full), in
+    /// `state`, on the named ports `guids`.
+    pub(crate) fn on_named_ports(
+        instance: &str,
+        key: u32,
+        state: AttachmentState,
+        guids: &[u64],
+    ) -> Attachment {
+        Attachment {
+            grant: None,
+            instance_id: InstanceId::parse(instance).unwrap(),
+            partition: Partition::new("ibpart_a", "a", "ws", "acct", "fab1", key).unwrap(),
+            membership: Membership::Full,
+            state,
+            reason: String::new(),
+            created_unix_ns: 0,
+            updated_unix_ns: 0,
+            ports: guids
+                .iter()
+                .map(|g| AttachmentPort {
+                    device: "mlx5_0".into(),
+                    port_number: 1,
+                    port_guid: Guid(*g),
+                })
+                .collect(),
+            named_ports: true,
+            restored: None,
+            evidence: None,
+        }
+    }
+}
+
 impl Attachment {
     /// Whether the node asks the fabric side for this attachment's key now: its state wants
     /// the key and it is not a restored attachment awaiting confirmation.

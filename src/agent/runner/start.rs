@@ -122,9 +122,7 @@ impl Loop {
                 check.raised = true;
             }
             self.raise_rolled_back(detail.clone()).await?;
-            *attachments = self.agent.store().live_attachments()?;
-            self.check_restored(attachments, inventory).await?;
-            *attachments = self.agent.store().live_attachments()?;
+            self.settle_marked(attachments, inventory).await?;
             changed = true;
         }
         for (host, why) in &verdict.refused {
@@ -162,7 +160,8 @@ impl Loop {
     /// control plane sends its attach again (the resync every new epoch asks for). A plain
     /// crash in that window costs the attachments it caught one resync of the control plane;
     /// a key never sent consumed no grant. An attachment the recorded set carries is left
-    /// alone: releasing it took a send above the record's bound, which the start check sees.
+    /// alone: releasing it took a send of another set at or above the record's generation,
+    /// which the start check sees.
     /// Returns whether the attachments changed (re-read into `attachments`).
     async fn withhold_unsent(
         &mut self,
@@ -185,27 +184,38 @@ impl Loop {
         {
             // Read under the lock: a command that settled one meanwhile wins.
             let _guard = self.agent.shared.write.lock().await;
+            let mut upserts = awaiting_read(self.agent.store().live_attachments()?);
+            // An attach of this life (the control plane's resync, or a new one) is newer than
+            // any copy: it confirms the attachment.
             let attached = self
                 .agent
                 .shared
                 .attached_this_life
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            let mut upserts = awaiting_read(self.agent.store().live_attachments()?);
-            // An attach of this life (the control plane's resync, or a new one) is newer than
-            // any copy: it confirms the attachment.
+                .unwrap_or_else(|p| p.into_inner());
             upserts
                 .retain(|a| unsent.contains(&a.instance_id) && !attached.contains(&a.instance_id));
+            drop(attached);
             self.agent.commit(Batch {
                 upserts,
                 ..Default::default()
             })?;
         }
+        self.settle_marked(attachments, inventory).await?;
+        Ok(true)
+    }
+
+    /// After attachments were marked [`Restored::AwaitingRead`]: settles them from this pass's
+    /// port read (taken before any apply of this life), re-reading `attachments` around it.
+    async fn settle_marked(
+        &self,
+        attachments: &mut Vec<Attachment>,
+        inventory: &Inventory,
+    ) -> Result<(), super::super::AgentError> {
         *attachments = self.agent.store().live_attachments()?;
         self.check_restored(attachments, inventory).await?;
         *attachments = self.agent.store().live_attachments()?;
-        Ok(true)
+        Ok(())
     }
 
     /// What may be sent now: `desired`, or while the start check waits for an SM host (within

@@ -334,37 +334,6 @@ fn a_set_the_store_never_sent_at_or_above_its_record_is_a_rollback() {
     }
 }
 
-/// An attachment of instance `id` with key `key` (full) on the named ports `guids`.
-fn attachment(
-    id: &str,
-    key: u32,
-    state: crate::domain::AttachmentState,
-    guids: &[u64],
-) -> Attachment {
-    Attachment {
-        grant: None,
-        instance_id: InstanceId::parse(id).unwrap(),
-        partition: crate::domain::Partition::new("ibpart_a", "a", "ws", "acct", "fab1", key)
-            .unwrap(),
-        membership: Membership::Full,
-        state,
-        reason: String::new(),
-        created_unix_ns: 0,
-        updated_unix_ns: 0,
-        ports: guids
-            .iter()
-            .map(|g| crate::domain::AttachmentPort {
-                device: "mlx5_0".into(),
-                port_number: 1,
-                port_guid: Guid(*g),
-            })
-            .collect(),
-        named_ports: true,
-        restored: None,
-        evidence: None,
-    }
-}
-
 #[test]
 fn after_a_lost_life_only_attachments_the_recorded_set_does_not_carry_are_unsent() {
     use crate::domain::AttachmentState::{Active, Pending, Releasing};
@@ -377,11 +346,11 @@ fn after_a_lost_life_only_attachments_the_recorded_set_does_not_carry_are_unsent
         ..ThisLife::default()
     };
     let attachments = [
-        attachment("i-a", 0xa, Active, &[1, 2]),
-        attachment("i-b", 0xb, Pending, &[1]),
-        attachment("i-c", 0xc, Releasing, &[2]),
+        Attachment::on_named_ports("i-a", 0xa, Active, &[1, 2]),
+        Attachment::on_named_ports("i-b", 0xb, Pending, &[1]),
+        Attachment::on_named_ports("i-c", 0xc, Releasing, &[2]),
         // Its key was sent, but not to port 3 (a port the recorded set did not give it).
-        attachment("i-d", 0xa, Pending, &[3]),
+        Attachment::on_named_ports("i-d", 0xa, Pending, &[3]),
     ];
     let desired = set(&[0xa, 0xb]);
     let ids = |v: Vec<InstanceId>| v.iter().map(|i| i.as_str().to_owned()).collect::<Vec<_>>();
